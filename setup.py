@@ -1,0 +1,73 @@
+"""Builds the two native modules.
+
+shadecache._core  the shared-memory cache engine (csrc/cache, csrc/common)
+shadecache._io    the packed-store batch reader (csrc/io, csrc/common); uses liburing when found
+
+SHADECACHE_BUILD_ONLY=_io (or _core) builds one of them: a development convenience so that work on
+one layer does not wait for the other to compile.
+SHADECACHE_NO_LIBURING=1 builds _io without io_uring (pread pool only), as on a machine without it.
+"""
+import glob
+import os
+import shutil
+import subprocess
+import tempfile
+
+from pybind11.setup_helpers import Pybind11Extension, build_ext
+from setuptools import setup
+
+CXXFLAGS = ["-O3", "-Wall", "-Wextra", "-Wno-unused-parameter", "-fvisibility=hidden"]
+
+
+def have_liburing() -> bool:
+    """True when a small program including liburing.h links with -luring."""
+    if os.environ.get("SHADECACHE_NO_LIBURING"):
+        return False
+    cc = os.environ.get("CC", "cc")
+    if shutil.which(cc) is None:
+        return False
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "probe.c")
+        with open(src, "w") as f:
+            f.write("#include <liburing.h>\nint main(void){struct io_uring r;"
+                    " return io_uring_queue_init(1,&r,0) > 1;}\n")
+        res = subprocess.run([cc, src, "-o", os.path.join(tmp, "probe"), "-luring"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return res.returncode == 0
+
+
+def sources(*patterns):
+    out = []
+    for p in patterns:
+        out.extend(sorted(glob.glob(p)))
+    return out
+
+
+common = sources("csrc/common/*.cc", "csrc/bindings/errors.cc")
+core = Pybind11Extension(
+    "shadecache._core",
+    common + sources("csrc/cache/*.cc", "csrc/bindings/core_module.cc"),
+    include_dirs=["csrc"],
+    cxx_std=17,
+    extra_compile_args=CXXFLAGS,
+    libraries=["rt", "pthread"],
+)
+io_macros, io_libs = [], ["pthread"]
+if have_liburing():
+    io_macros.append(("SHADECACHE_HAVE_LIBURING", "1"))
+    io_libs.append("uring")
+else:
+    print("shadecache: liburing not found; _io builds with the pread backend only")
+io = Pybind11Extension(
+    "shadecache._io",
+    common + sources("csrc/io/*.cc", "csrc/bindings/io_module.cc"),
+    include_dirs=["csrc"],
+    cxx_std=17,
+    extra_compile_args=CXXFLAGS,
+    define_macros=io_macros,
+    libraries=io_libs,
+)
+only = os.environ.get("SHADECACHE_BUILD_ONLY")
+exts = [e for e in (core, io) if not only or e.name.endswith(only)]
+
+setup(ext_modules=exts, cmdclass={"build_ext": build_ext})

@@ -1,0 +1,49 @@
+"""shadecache: an importance-aware, node-wide shared-memory sample cache for PyTorch training.
+
+Names are loaded on first use, so `import shadecache` neither builds a dependency on torch nor
+loads a native module the caller does not need.
+"""
+import importlib
+
+from ._version import __version__
+from .errors import (  # noqa: F401
+    CapacityError,
+    ClosedError,
+    CorruptionError,
+    CorruptSampleError,
+    LayoutVersionError,
+    ShadecacheError,
+    StoreFormatError,
+    ValueTooLargeError,
+)
+
+# public name -> module that defines it
+_LAZY = {
+    "Cache": ".cache",
+    "POLICIES": ".cache",
+    "PackWriter": ".store",
+    "PackedStore": ".store",
+    "FolderStore": ".store",
+    "pack": ".store",
+    "rank_weights": ".importance",
+    "ImportanceTable": ".importance",
+    "ShadeSampler": ".sampler",
+    "CachedDataset": ".dataset",
+}
+
+__all__ = sorted(list(_LAZY) + ["__version__", "CapacityError", "ClosedError", "CorruptionError",
+                                "CorruptSampleError", "LayoutVersionError", "ShadecacheError",
+                                "StoreFormatError", "ValueTooLargeError"])
+
+
+def __getattr__(name):
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'shadecache' has no attribute {name!r}")
+    value = getattr(importlib.import_module(mod, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__
