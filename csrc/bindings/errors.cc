@@ -13,7 +13,7 @@ PyObject* g_classes[12] = {};
 
 PyObject* cls(const char* name) {
   py::object errors = py::module_::import("shadecache.errors");
-  return errors.attr(name).release().ptr();
+  return py::object(errors.attr(name)).release().ptr();
 }
 
 void raise(const Error& e) {
