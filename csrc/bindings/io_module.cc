@@ -1,0 +1,231 @@
+// shadecache._io: the packed-store writer and readers, and the folder reader.
+//
+// GIL contract (docs/store_format.md): every method that waits on I/O releases the GIL for the
+// whole native batch. Result bytes objects of a packed read are allocated, with the GIL held,
+// BEFORE the batch (their sizes are in the directory) and filled without it, as os.read() does:
+// they are private to this call until returned. Folder reads learn sizes only during the batch,
+// so their bytes objects are made after the GIL is taken back. No Python object is touched
+// while the GIL is released.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "bindings/errors.h"
+#include "common/crc32c.h"
+#include "common/error.h"
+#include "io/folder_reader.h"
+#include "io/pack_writer.h"
+#include "io/packed_reader.h"
+
+namespace py = pybind11;
+using namespace shadecache;
+
+namespace {
+
+using IdArray = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+
+// Ids as a contiguous int64 array; a Python list of ints is converted once.
+IdArray as_ids(const py::handle& ids) {
+  IdArray a = IdArray::ensure(ids);
+  if (!a) throw Error(ErrorKind::kInvalidArgument, "ids must be a sequence of integers");
+  if (a.ndim() != 1) throw Error(ErrorKind::kInvalidArgument, "ids must be one-dimensional");
+  return a;
+}
+
+py::list packed_read_many(PackedReader& r, const py::handle& ids_obj) {
+  IdArray ids = as_ids(ids_obj);
+  const int64_t* p = ids.data();
+  size_t n = static_cast<size_t>(ids.size());
+  std::vector<py::object> out(n);
+  std::vector<char*> dests(n);
+  for (size_t k = 0; k < n; ++k) {  // range-check everything before any I/O
+    const store::Entry& e = r.entry(p[k]);
+    PyObject* b = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(e.length));
+    if (b == nullptr) throw py::error_already_set();
+    out[k] = py::reinterpret_steal<py::object>(b);
+    dests[k] = PyBytes_AS_STRING(b);
+  }
+  {
+    py::gil_scoped_release nogil;
+    r.read_into(p, n, dests.data());
+  }
+  py::list list(n);
+  for (size_t k = 0; k < n; ++k) PyList_SET_ITEM(list.ptr(), k, out[k].release().ptr());
+  return list;
+}
+
+py::bytes packed_read(PackedReader& r, int64_t id) {
+  const store::Entry& e = r.entry(id);
+  PyObject* b = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(e.length));
+  if (b == nullptr) throw py::error_already_set();
+  auto obj = py::reinterpret_steal<py::bytes>(b);
+  char* dest = PyBytes_AS_STRING(b);
+  {
+    py::gil_scoped_release nogil;
+    r.read_into(&id, 1, &dest);
+  }
+  return obj;
+}
+
+template <typename T>
+py::array_t<T> column(const PackedReader& r, T store::Entry::*field) {
+  const auto& d = r.directory();
+  py::array_t<T> a(static_cast<py::ssize_t>(d.size()));
+  T* out = a.mutable_data();
+  for (size_t i = 0; i < d.size(); ++i) out[i] = d[i].*field;
+  return a;
+}
+
+py::list folder_read_many(FolderReader& r, const py::handle& ids_obj) {
+  IdArray ids = as_ids(ids_obj);
+  const int64_t* p = ids.data();
+  size_t n = static_cast<size_t>(ids.size());
+  for (size_t k = 0; k < n; ++k) r.path(p[k]);
+  std::vector<FileRead> files;
+  {
+    py::gil_scoped_release nogil;
+    r.read(p, n, files);
+  }
+  py::list list(n);
+  for (size_t k = 0; k < n; ++k) {
+    PyObject* b = PyBytes_FromStringAndSize(files[k].data.get(),
+                                            static_cast<Py_ssize_t>(files[k].size));
+    if (b == nullptr) throw py::error_already_set();
+    PyList_SET_ITEM(list.ptr(), k, b);
+  }
+  return list;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_io, m) {
+  register_error_translator(m);
+  m.doc() = "shadecache native I/O: packed store writer/reader, folder reader (io_uring or pread)";
+
+  m.attr("FORMAT_VERSION") = store::kVersion;
+  m.attr("ALIGN") = store::kAlign;
+  m.attr("ENTRY_BYTES") = sizeof(store::Entry);
+  m.def("built_with_uring", &built_with_uring, "True when this build links liburing.");
+  m.def(
+      "crc32c",
+      [](py::buffer data, uint32_t seed) {
+        py::buffer_info info = data.request();
+        return crc32c(info.ptr, static_cast<size_t>(info.size * info.itemsize), seed);
+      },
+      py::arg("data"), py::arg("seed") = 0);
+  m.def(
+      "probe_backend",
+      [](const std::string& kind, unsigned queue_depth) {
+        BackendSlot slot(parse_backend_kind(kind), queue_depth);
+        return py::make_tuple(slot.name(), slot.fallback_reason());
+      },
+      py::arg("backend") = "auto", py::arg("queue_depth") = 64,
+      "(name, fallback_reason) of the backend this process would use.");
+
+  py::class_<PackWriter>(m, "PackWriter")
+      .def(py::init<const std::string&>(), py::arg("path"))
+      .def(
+          "add",
+          [](PackWriter& w, py::buffer data, int64_t label) {
+            py::buffer_info info = data.request();
+            if (!PyBuffer_IsContiguous(info.view(), 'C'))
+              throw Error(ErrorKind::kInvalidArgument, "sample data must be C-contiguous");
+            size_t n = static_cast<size_t>(info.size * info.itemsize);
+            py::gil_scoped_release nogil;  // crc + copy + write; the buffer stays alive in `info`
+            return w.add(info.ptr, n, label);
+          },
+          py::arg("data"), py::arg("label"))
+      .def(
+          "close",
+          [](PackWriter& w, const std::string& meta) {
+            py::gil_scoped_release nogil;
+            w.close(meta);
+          },
+          py::arg("meta") = "")
+      .def("abort", &PackWriter::abort)
+      .def_property_readonly("num_samples", &PackWriter::num_samples)
+      .def_property_readonly("is_open", &PackWriter::is_open)
+      .def_property_readonly("path", &PackWriter::path)
+      .def_property_readonly("temp_path", &PackWriter::temp_path);
+
+  py::class_<PackedReader>(m, "PackedReader")
+      .def(py::init([](const std::string& path, const std::string& backend, bool direct,
+                       unsigned queue_depth, bool verify) {
+             auto r = std::make_unique<PackedReader>(path, parse_backend_kind(backend), direct,
+                                                     queue_depth, verify);
+             r->backend().name();  // create the ring (or pool) now, so fallback shows at open
+             return r;
+           }),
+           py::arg("path"), py::arg("backend") = "auto", py::arg("direct") = false,
+           py::arg("queue_depth") = 64, py::arg("verify") = true)
+      .def("__len__", &PackedReader::size)
+      .def("read", &packed_read, py::arg("id"))
+      .def("read_many", &packed_read_many, py::arg("ids"))
+      .def(
+          "label", [](const PackedReader& r, int64_t id) { return r.entry(id).label; },
+          py::arg("id"))
+      .def(
+          "length", [](const PackedReader& r, int64_t id) { return r.entry(id).length; },
+          py::arg("id"))
+      .def(
+          "offset", [](const PackedReader& r, int64_t id) { return r.entry(id).offset; },
+          py::arg("id"))
+      .def("labels", [](const PackedReader& r) { return column(r, &store::Entry::label); })
+      .def("lengths", [](const PackedReader& r) { return column(r, &store::Entry::length); })
+      .def("offsets", [](const PackedReader& r) { return column(r, &store::Entry::offset); })
+      .def(
+          "find_corrupt",
+          [](PackedReader& r, int64_t first, int64_t count) {
+            py::gil_scoped_release nogil;
+            return r.find_corrupt(first, count);
+          },
+          py::arg("first"), py::arg("count"))
+      .def_property_readonly("meta",
+                             [](const PackedReader& r) { return py::bytes(r.meta()); })
+      .def_property_readonly("version", [](const PackedReader& r) { return r.header().version; })
+      .def_property_readonly("file_bytes",
+                             [](const PackedReader& r) { return r.header().file_bytes; })
+      .def_property_readonly("path", &PackedReader::path)
+      .def_property_readonly("direct", &PackedReader::direct)
+      .def_property_readonly("verify", &PackedReader::verify)
+      .def_property_readonly("queue_depth",
+                             [](PackedReader& r) { return r.backend().queue_depth(); })
+      .def_property_readonly("backend", [](PackedReader& r) { return r.backend().name(); })
+      .def_property_readonly("fallback_reason",
+                             [](PackedReader& r) { return r.backend().fallback_reason(); })
+      .def_property_readonly("backend_pid", [](PackedReader& r) { return r.backend().owner_pid(); })
+      .def_property_readonly("closed", &PackedReader::closed)
+      .def("close", &PackedReader::close);
+
+  py::class_<FolderReader>(m, "FolderReader")
+      .def(py::init([](std::vector<std::string> paths, const std::string& backend,
+                       unsigned queue_depth) {
+             auto r = std::make_unique<FolderReader>(std::move(paths), parse_backend_kind(backend),
+                                                     queue_depth);
+             r->backend().name();
+             return r;
+           }),
+           py::arg("paths"), py::arg("backend") = "auto", py::arg("queue_depth") = 64)
+      .def("__len__", &FolderReader::size)
+      .def("read_many", &folder_read_many, py::arg("ids"))
+      .def(
+          "read",
+          [](FolderReader& r, int64_t id) {
+            py::list l = folder_read_many(r, py::cast(std::vector<int64_t>{id}));
+            return py::reinterpret_borrow<py::bytes>(l[0]);
+          },
+          py::arg("id"))
+      .def(
+          "path", [](const FolderReader& r, int64_t id) { return r.path(id); }, py::arg("id"))
+      .def_property_readonly("queue_depth",
+                             [](FolderReader& r) { return r.backend().queue_depth(); })
+      .def_property_readonly("backend", [](FolderReader& r) { return r.backend().name(); })
+      .def_property_readonly("fallback_reason",
+                             [](FolderReader& r) { return r.backend().fallback_reason(); })
+      .def_property_readonly("backend_pid",
+                             [](FolderReader& r) { return r.backend().owner_pid(); });
+}

@@ -1,0 +1,103 @@
+// The interface every batch-I/O backend implements (io_uring in uring_backend.h, a pread thread
+// pool in pread_backend.h), and the choice between them.
+//
+// Contract shared by all backends:
+// - A call submits a whole batch and returns when every operation has finished; nothing is left
+//   in flight when it returns or throws (buffers the caller frees afterwards are never written).
+// - Short reads, EINTR and EAGAIN are retried until the bytes asked for are in; every completion
+//   is checked. The first hard failure is thrown after the batch has drained.
+// - Backends are not thread-safe and not fork-safe: BackendSlot (below) gives each process its own
+//   and serialises callers.
+// - The GIL is not touched here: callers release it around these calls.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace shadecache {
+
+// A range of a file to read into `dest` (exactly `len` bytes).
+struct RangeRead {
+  uint64_t offset;
+  uint32_t len;
+  char* dest;
+};
+
+// A whole file to read: open, size with fstat, read, close. Filled in by the backend.
+struct FileRead {
+  const char* path = nullptr;
+  std::unique_ptr<char[]> data;  // `size` bytes, uninitialised beyond them
+  size_t size = 0;
+  int err = 0;                   // errno of the failed step, 0 on success
+  const char* failed_step = "";  // "open", "fstat", "read", "close"
+};
+
+// Called once per finished range, from the thread that saw it finish (a pool thread for the
+// pread backend): must be thread-safe and must not throw. The reader verifies checksums here, so
+// that checking overlaps with the reads still in flight.
+using RangeDone = std::function<void(size_t index)>;
+
+class IoBackend {
+ public:
+  virtual ~IoBackend() = default;
+  virtual const char* name() const = 0;
+
+  // Reads every range of `fd`. With `direct` the fd was opened O_DIRECT: offsets are multiples of
+  // 4096 and the file extends to at least align_up(offset + len), so the backend reads whole
+  // aligned blocks into its own aligned bounce buffers and copies `len` bytes to dest.
+  // A read that hits end of file early throws kFormat (truncated file) naming the offset.
+  virtual void read_ranges(int fd, bool direct, RangeRead* ops, size_t n,
+                           const RangeDone& done) = 0;
+
+  // Reads every file whole. Failures are recorded per file (err, failed_step), not thrown, so the
+  // caller can name the path; only a failure of the backend itself throws.
+  virtual void read_files(FileRead* ops, size_t n) = 0;
+};
+
+enum class BackendKind { kAuto, kUring, kPread };
+
+BackendKind parse_backend_kind(const std::string& s);  // "auto" | "io_uring" | "pread"
+
+// Whether this build has io_uring support compiled in.
+bool built_with_uring();
+
+// One process's backend, created on first use in that process. After fork() the child finds a
+// slot owned by its parent's pid and builds its own (the parent's ring and threads are not usable
+// in the child, and are deliberately leaked there rather than torn down: their locks may be held).
+class BackendSlot {
+ public:
+  BackendSlot(BackendKind kind, unsigned queue_depth);
+  ~BackendSlot();
+
+  // Runs fn(backend) with the per-process backend, callers serialised by a mutex.
+  void with(const std::function<void(IoBackend&)>& fn);
+
+  // Name of the backend this process uses ("io_uring" or "pread"), creating it if needed.
+  std::string name();
+  // Why io_uring is not used ("" when it is, or when pread was asked for).
+  std::string fallback_reason();
+  pid_t owner_pid();  // pid that created the current backend (for tests of fork safety)
+  unsigned queue_depth() const { return queue_depth_; }
+
+ private:
+  struct PerProcess {
+    pid_t pid;
+    std::mutex mu;
+    std::unique_ptr<IoBackend> backend;
+    std::string fallback_reason;
+  };
+  PerProcess* current();
+
+  BackendKind kind_;
+  unsigned queue_depth_;
+  std::atomic<PerProcess*> slot_{nullptr};
+};
+
+}  // namespace shadecache

@@ -1,0 +1,65 @@
+// Reads a packed sample store (store_format.h). The open validates the header and loads the
+// whole sample directory into memory (24 bytes per sample); every read then costs one I/O per
+// sample, issued in batches through the process's backend (io_backend.h).
+//
+// Contract: methods that do I/O (read_into, find_corrupt) must be called WITHOUT the GIL and touch
+// no Python object; they are safe to call from several threads (the backend serialises them) and
+// from forked children (each process gets its own ring or pool). close() must not race with reads.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "io/io_backend.h"
+#include "io/store_format.h"
+
+namespace shadecache {
+
+class PackedReader {
+ public:
+  // Throws kNotFound for a missing file, kFormat for anything malformed (with the reason).
+  PackedReader(const std::string& path, BackendKind kind, bool direct, unsigned queue_depth,
+               bool verify);
+  ~PackedReader();
+  PackedReader(const PackedReader&) = delete;
+  PackedReader& operator=(const PackedReader&) = delete;
+
+  uint64_t size() const { return dir_.size(); }
+  // The directory entry of `id`; throws kOutOfRange naming the id and the store's size.
+  const store::Entry& entry(int64_t id) const;
+  const std::vector<store::Entry>& directory() const { return dir_; }
+  const store::Header& header() const { return header_; }
+  const std::string& meta() const { return meta_; }
+  const std::string& path() const { return path_; }
+  bool direct() const { return direct_; }
+  bool verify() const { return verify_; }
+  BackendSlot& backend() { return slot_; }
+
+  // Reads sample ids[k] into dests[k] (entry(ids[k]).length bytes each; ids already checked).
+  // With verify, a checksum mismatch throws CorruptSample naming the id and its file offset
+  // (the lowest position k in the batch that failed).
+  void read_into(const int64_t* ids, size_t n, char* const* dests);
+  // Reads samples [first, first + count) and returns the ids whose checksum does not match.
+  std::vector<int64_t> find_corrupt(int64_t first, int64_t count);
+
+  void close();
+  bool closed() const { return fd_ < 0; }
+
+ private:
+  void load(int fd);  // validates header, directory and metadata
+  [[noreturn]] void format_error(const std::string& why) const;
+  void check_open() const;
+
+  std::string path_;
+  int fd_ = -1;         // buffered reads
+  int direct_fd_ = -1;  // O_DIRECT reads (when direct_)
+  bool direct_, verify_;
+  store::Header header_{};
+  std::vector<store::Entry> dir_;
+  std::string meta_;
+  BackendSlot slot_;
+};
+
+}  // namespace shadecache

@@ -1,0 +1,216 @@
+#include "io/pread_backend.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <thread>
+
+#include "common/error.h"
+#include "io/store_format.h"
+
+namespace shadecache {
+namespace {
+
+// Reads exactly n bytes at off, retrying EINTR/EAGAIN and short reads. Returns the bytes read
+// (< n only at end of file) or -errno.
+ssize_t pread_full(int fd, char* buf, size_t n, uint64_t off) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = ::pread(fd, buf + got, n - got, static_cast<off_t>(off + got));
+    if (r < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return -errno;
+    }
+    if (r == 0) break;
+    got += static_cast<size_t>(r);
+  }
+  return static_cast<ssize_t>(got);
+}
+
+// An aligned buffer per thread for O_DIRECT reads, grown on demand.
+struct Bounce {
+  char* p = nullptr;
+  size_t n = 0;
+  ~Bounce() { std::free(p); }
+  char* get(size_t want) {
+    if (want > n) {
+      std::free(p);
+      p = nullptr;
+      n = 0;
+      void* q = nullptr;
+      if (posix_memalign(&q, store::kAlign, want) != 0) return nullptr;
+      p = static_cast<char*>(q);
+      n = want;
+    }
+    return p;
+  }
+};
+
+class PreadBackend final : public IoBackend {
+ public:
+  explicit PreadBackend(unsigned threads) : nthreads_(std::max(1u, threads)) {}
+
+  ~PreadBackend() override {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      quit_ = true;
+    }
+    cv_work_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+
+  const char* name() const override { return "pread"; }
+
+  void read_ranges(int fd, bool direct, RangeRead* ops, size_t n, const RangeDone& done) override {
+    run(n, [&](size_t i) {
+      const RangeRead& op = ops[i];
+      ssize_t r;
+      if (direct) {
+        static thread_local Bounce bounce;
+        size_t want = std::max<size_t>(store::align_up(op.len), store::kAlign);
+        char* buf = bounce.get(want);
+        if (buf == nullptr)
+          throw Error(ErrorKind::kCapacity, "pread: cannot allocate an O_DIRECT buffer");
+        r = pread_full(fd, buf, want, op.offset);
+        if (r >= static_cast<ssize_t>(op.len)) std::memcpy(op.dest, buf, op.len);
+      } else {
+        r = pread_full(fd, op.dest, op.len, op.offset);
+      }
+      if (r < 0)
+        throw Error(ErrorKind::kOs,
+                    "pread of " + std::to_string(op.len) + " bytes at offset " +
+                        std::to_string(op.offset) + ": " + std::strerror(static_cast<int>(-r)),
+                    static_cast<int>(-r));
+      if (r < static_cast<ssize_t>(op.len))
+        throw Error(ErrorKind::kFormat, "data file truncated: end of file at offset " +
+                                            std::to_string(op.offset + r) + " while reading " +
+                                            std::to_string(op.len) + " bytes at offset " +
+                                            std::to_string(op.offset));
+      done(i);
+    });
+  }
+
+  void read_files(FileRead* ops, size_t n) override {
+    run(n, [&](size_t i) {
+      FileRead& op = ops[i];
+      int fd = ::open(op.path, O_RDONLY | O_CLOEXEC);
+      if (fd < 0) {
+        op.err = errno;
+        op.failed_step = "open";
+        return;
+      }
+      struct stat st;
+      if (::fstat(fd, &st) != 0) {
+        op.err = errno;
+        op.failed_step = "fstat";
+      } else if (st.st_size > 0) {
+        op.data.reset(new char[st.st_size]);
+        ssize_t r = pread_full(fd, op.data.get(), static_cast<size_t>(st.st_size), 0);
+        if (r < 0) {
+          op.err = static_cast<int>(-r);
+          op.failed_step = "read";
+        } else {
+          op.size = static_cast<size_t>(r);  // fewer if the file shrank since fstat
+        }
+      }
+      if (::close(fd) != 0 && op.err == 0) {
+        op.err = errno;
+        op.failed_step = "close";
+      }
+    });
+  }
+
+ private:
+  // Runs fn(i) for every i in [0, n) on the pool and the calling thread; returns when all are
+  // done; rethrows the first exception fn threw (later indices are skipped once one has failed).
+  void run(size_t n, const std::function<void(size_t)>& fn) {
+    if (n == 0) return;
+    start_threads();
+    std::exception_ptr first;
+    std::atomic<bool> failed{false};
+    std::mutex err_mu;
+    auto body = [&] {
+      for (;;) {
+        size_t i = next_.fetch_add(1, std::memory_order_relaxed);
+        if (i >= job_n_ || failed.load(std::memory_order_relaxed)) return;
+        try {
+          fn(i);
+        } catch (...) {
+          std::lock_guard<std::mutex> lk(err_mu);
+          if (!first) first = std::current_exception();
+          failed.store(true, std::memory_order_relaxed);
+        }
+      }
+    };
+    std::function<void()> body_fn = body;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      job_ = &body_fn;
+      job_n_ = n;
+      next_.store(0, std::memory_order_relaxed);
+      // Wake only as many helpers as there is work for beyond the caller's own share.
+      busy_ = static_cast<unsigned>(std::min<size_t>(threads_.size(), n - 1));
+      wake_ = busy_;
+      ++generation_;
+    }
+    if (busy_ > 0) cv_work_.notify_all();
+    body();
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_done_.wait(lk, [&] { return busy_ == 0; });
+      job_ = nullptr;
+    }
+    if (first) std::rethrow_exception(first);
+  }
+
+  void start_threads() {
+    if (!threads_.empty() || nthreads_ <= 1) return;
+    for (unsigned t = 0; t + 1 < nthreads_; ++t) threads_.emplace_back([this] { worker(); });
+  }
+
+  void worker() {
+    uint64_t seen = 0;
+    for (;;) {
+      const std::function<void()>* job;
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_work_.wait(lk, [&] { return quit_ || (generation_ != seen && wake_ > 0); });
+        if (quit_) return;
+        seen = generation_;
+        --wake_;
+        job = job_;
+      }
+      (*job)();
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (--busy_ == 0) cv_done_.notify_one();
+      }
+    }
+  }
+
+  unsigned nthreads_;
+  std::vector<std::thread> threads_;
+  std::mutex mu_;
+  std::condition_variable cv_work_, cv_done_;
+  const std::function<void()>* job_ = nullptr;  // guarded by mu_
+  size_t job_n_ = 0;
+  std::atomic<size_t> next_{0};
+  unsigned busy_ = 0, wake_ = 0;  // helpers still running / still to pick up this job
+  uint64_t generation_ = 0;
+  bool quit_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<IoBackend> make_pread_backend(unsigned threads) {
+  return std::make_unique<PreadBackend>(threads);
+}
+
+}  // namespace shadecache

@@ -1,0 +1,330 @@
+#include "io/uring_backend.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "common/error.h"
+#include "io/store_format.h"
+
+#ifdef SHADECACHE_HAVE_LIBURING
+#include <fcntl.h>
+#include <liburing.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#endif
+
+namespace shadecache {
+
+#ifndef SHADECACHE_HAVE_LIBURING
+
+std::unique_ptr<IoBackend> make_uring_backend(unsigned) {
+  throw Error(ErrorKind::kOs, "io_uring: this build of shadecache has no liburing support",
+              ENOSYS);
+}
+
+#else
+
+namespace {
+
+bool disabled_by_env() {
+  const char* v = std::getenv("SHADECACHE_IOURING_DISABLE");
+  return v != nullptr && v[0] != '\0' && std::strcmp(v, "0") != 0;
+}
+
+// The O_DIRECT bounce arena never grows past this (unless one sample alone is larger): with large
+// samples the batch then keeps fewer reads in flight instead of pinning unbounded memory.
+constexpr size_t kArenaCapBytes = 64u << 20;
+
+class UringBackend final : public IoBackend {
+ public:
+  explicit UringBackend(unsigned queue_depth) : qd_(queue_depth) {
+    int r = io_uring_queue_init(qd_, &ring_, 0);
+    if (r < 0) throw_errno("io_uring_queue_init(" + std::to_string(qd_) + ")", -r);
+  }
+
+  ~UringBackend() override {
+    if (registered_) io_uring_unregister_buffers(&ring_);
+    io_uring_queue_exit(&ring_);
+    std::free(arena_);
+  }
+
+  const char* name() const override { return "io_uring"; }
+
+  void read_ranges(int fd, bool direct, RangeRead* ops, size_t n, const RangeDone& done) override;
+  void read_files(FileRead* ops, size_t n) override;
+
+ private:
+  // Submits what is queued and waits for at least one completion; EINTR/EAGAIN/EBUSY just mean
+  // "try again" (completions are then reaped by the caller's loop).
+  void submit_and_wait() {
+    int r = io_uring_submit_and_wait(&ring_, 1);
+    if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY) {
+      // Cannot happen with a valid ring; reads may still be in flight into caller buffers, so the
+      // only safe answer is to stop the process rather than return and let them be freed.
+      std::fprintf(stderr, "shadecache: io_uring_submit_and_wait failed: %s\n", std::strerror(-r));
+      std::abort();
+    }
+  }
+  io_uring_sqe* sqe() {
+    io_uring_sqe* s = io_uring_get_sqe(&ring_);
+    if (s == nullptr) {  // SQ full: the ring holds >= qd_ entries, so flushing frees room
+      io_uring_submit(&ring_);
+      s = io_uring_get_sqe(&ring_);
+    }
+    return s;
+  }
+  // Makes room for `slots` aligned buffers of `slot_bytes` each, registered with the ring.
+  void ensure_arena(size_t slot_bytes, unsigned slots);
+
+  io_uring ring_;
+  unsigned qd_;
+  char* arena_ = nullptr;
+  size_t arena_bytes_ = 0;
+  bool registered_ = false;
+};
+
+void UringBackend::ensure_arena(size_t slot_bytes, unsigned slots) {
+  size_t need = slot_bytes * slots;
+  if (need <= arena_bytes_) return;
+  if (registered_) {
+    io_uring_unregister_buffers(&ring_);
+    registered_ = false;
+  }
+  std::free(arena_);
+  arena_ = nullptr;
+  arena_bytes_ = 0;
+  void* p = nullptr;
+  if (posix_memalign(&p, store::kAlign, need) != 0)
+    throw Error(ErrorKind::kCapacity, "io_uring: cannot allocate " + std::to_string(need) +
+                                          " bytes of O_DIRECT buffers");
+  arena_ = static_cast<char*>(p);
+  arena_bytes_ = need;
+  iovec iov{arena_, need};
+  // Registration can fail under a small RLIMIT_MEMLOCK; plain reads into the arena still work.
+  registered_ = io_uring_register_buffers(&ring_, &iov, 1) == 0;
+}
+
+void UringBackend::read_ranges(int fd, bool direct, RangeRead* ops, size_t n,
+                               const RangeDone& done) {
+  if (n == 0) return;
+  unsigned depth = qd_;
+  size_t slot_bytes = 0;
+  std::vector<unsigned> free_slots, slot_of;
+  if (direct) {
+    for (size_t i = 0; i < n; ++i)
+      slot_bytes = std::max<size_t>(slot_bytes, store::align_up(ops[i].len));
+    slot_bytes = std::max<size_t>(slot_bytes, store::kAlign);
+    size_t cap_slots = std::max<size_t>(1, kArenaCapBytes / slot_bytes);
+    depth = static_cast<unsigned>(std::min<size_t>(depth, cap_slots));
+    ensure_arena(slot_bytes, depth);
+    // Slots are carved from the arena by the slot size of this batch.
+    for (unsigned s = depth; s-- > 0;) free_slots.push_back(s);
+    slot_of.assign(n, 0);
+  }
+  std::vector<uint32_t> got(n, 0);  // bytes in so far (aligned target for direct)
+  std::vector<size_t> retry;        // ops whose next piece must be (re)submitted
+  size_t next = 0;
+  unsigned inflight = 0;
+  bool stop = false;
+  int err = 0;
+  ErrorKind err_kind = ErrorKind::kOs;
+  std::string err_what;
+
+  auto fail = [&](ErrorKind kind, const std::string& what, int e) {
+    if (!stop) {
+      err_kind = kind;
+      err_what = what;
+      err = e;
+    }
+    stop = true;
+  };
+
+  for (;;) {
+    while (!stop && inflight < depth) {
+      size_t i;
+      if (!retry.empty()) {
+        i = retry.back();
+        retry.pop_back();
+      } else if (next < n) {
+        i = next++;
+        if (direct) {
+          slot_of[i] = free_slots.back();
+          free_slots.pop_back();
+        }
+      } else {
+        break;
+      }
+      io_uring_sqe* s = sqe();
+      const RangeRead& op = ops[i];
+      if (direct) {
+        char* buf = arena_ + static_cast<size_t>(slot_of[i]) * slot_bytes + got[i];
+        unsigned want = static_cast<unsigned>(store::align_up(op.len) - got[i]);
+        if (want == 0) want = store::kAlign;  // a 0-byte sample still reads (and checks) a block
+        if (registered_)
+          io_uring_prep_read_fixed(s, fd, buf, want, op.offset + got[i], 0);
+        else
+          io_uring_prep_read(s, fd, buf, want, op.offset + got[i]);
+      } else {
+        io_uring_prep_read(s, fd, op.dest + got[i], op.len - got[i], op.offset + got[i]);
+      }
+      io_uring_sqe_set_data64(s, i);
+      ++inflight;
+    }
+    if (inflight == 0) break;
+    submit_and_wait();
+    unsigned head, seen = 0;
+    io_uring_cqe* cqe;
+    io_uring_for_each_cqe(&ring_, head, cqe) {
+      ++seen;
+      --inflight;
+      size_t i = static_cast<size_t>(io_uring_cqe_get_data64(cqe));
+      int res = cqe->res;
+      const RangeRead& op = ops[i];
+      bool finished = false;
+      if (res == -EAGAIN || res == -EINTR) {
+        retry.push_back(i);
+      } else if (res < 0) {
+        fail(ErrorKind::kOs, "io_uring read of " + std::to_string(op.len) + " bytes at offset " +
+                                 std::to_string(op.offset + got[i]) + ": " + std::strerror(-res),
+             -res);
+        finished = true;
+      } else if (res == 0 && got[i] < op.len) {
+        fail(ErrorKind::kFormat, "data file truncated: end of file at offset " +
+                                     std::to_string(op.offset + got[i]) + " while reading " +
+                                     std::to_string(op.len) + " bytes at offset " +
+                                     std::to_string(op.offset),
+             0);
+        finished = true;
+      } else {
+        got[i] += static_cast<uint32_t>(res);
+        if (got[i] >= op.len) {
+          if (direct)
+            std::memcpy(op.dest, arena_ + static_cast<size_t>(slot_of[i]) * slot_bytes, op.len);
+          done(i);
+          finished = true;
+        } else {
+          retry.push_back(i);  // short read: ask for the rest
+        }
+      }
+      if (finished && direct) free_slots.push_back(slot_of[i]);
+    }
+    io_uring_cq_advance(&ring_, seen);
+  }
+  if (stop) throw Error(err_kind, err_what, err);
+}
+
+void UringBackend::read_files(FileRead* ops, size_t n) {
+  // Each file goes OPEN -> (fstat, synchronous: the inode is in memory once open returns) ->
+  // READ (repeated on short reads) -> CLOSE. At most qd_ files are between open and close, so
+  // at most qd_ descriptors and qd_ ring operations exist at any time.
+  enum Step : uint64_t { kOpen = 0, kRead = 1, kClose = 2 };
+  std::vector<int> fds(n, -1);
+  std::vector<size_t> got(n, 0);
+  std::vector<std::pair<size_t, Step>> ready;  // next step of files already open
+  size_t next = 0;
+  unsigned active = 0, inflight = 0;
+
+  auto fail = [&](size_t i, const char* step, int e) {
+    if (ops[i].err == 0) {
+      ops[i].err = e;
+      ops[i].failed_step = step;
+    }
+  };
+  for (;;) {
+    while (!ready.empty()) {
+      auto [i, step] = ready.back();
+      ready.pop_back();
+      io_uring_sqe* s = sqe();
+      if (step == kRead)
+        io_uring_prep_read(s, fds[i], ops[i].data.get() + got[i],
+                           static_cast<unsigned>(std::min<size_t>(ops[i].size - got[i], 1u << 30)),
+                           got[i]);
+      else if (step == kClose)
+        io_uring_prep_close(s, fds[i]);
+      else
+        io_uring_prep_openat(s, AT_FDCWD, ops[i].path, O_RDONLY | O_CLOEXEC, 0);
+      io_uring_sqe_set_data64(s, (static_cast<uint64_t>(i) << 2) | step);
+      ++inflight;
+    }
+    while (active < qd_ && next < n) {
+      size_t i = next++;
+      io_uring_sqe* s = sqe();
+      io_uring_prep_openat(s, AT_FDCWD, ops[i].path, O_RDONLY | O_CLOEXEC, 0);
+      io_uring_sqe_set_data64(s, (static_cast<uint64_t>(i) << 2) | kOpen);
+      ++active;
+      ++inflight;
+    }
+    if (inflight == 0) break;
+    submit_and_wait();
+    unsigned head, seen = 0;
+    io_uring_cqe* cqe;
+    io_uring_for_each_cqe(&ring_, head, cqe) {
+      ++seen;
+      --inflight;
+      uint64_t ud = io_uring_cqe_get_data64(cqe);
+      size_t i = static_cast<size_t>(ud >> 2);
+      Step step = static_cast<Step>(ud & 3);
+      int res = cqe->res;
+      if (res == -EAGAIN || res == -EINTR) {
+        ready.emplace_back(i, step);
+        continue;
+      }
+      FileRead& op = ops[i];
+      if (step == kOpen) {
+        if (res < 0) {
+          fail(i, "open", -res);
+          --active;
+          continue;
+        }
+        fds[i] = res;
+        struct stat st;
+        if (::fstat(res, &st) != 0) {
+          fail(i, "fstat", errno);
+          ready.emplace_back(i, kClose);
+          continue;
+        }
+        op.size = static_cast<size_t>(st.st_size);
+        if (op.size == 0) {
+          ready.emplace_back(i, kClose);
+          continue;
+        }
+        op.data.reset(new char[op.size]);
+        ready.emplace_back(i, kRead);
+      } else if (step == kRead) {
+        if (res < 0) {
+          fail(i, "read", -res);
+          ready.emplace_back(i, kClose);
+        } else if (res == 0) {  // the file shrank since fstat: keep what it has
+          op.size = got[i];
+          ready.emplace_back(i, kClose);
+        } else {
+          got[i] += static_cast<size_t>(res);
+          ready.emplace_back(i, got[i] < op.size ? kRead : kClose);
+        }
+      } else {
+        if (res < 0) fail(i, "close", -res);
+        --active;
+      }
+    }
+    io_uring_cq_advance(&ring_, seen);
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<IoBackend> make_uring_backend(unsigned queue_depth) {
+  if (disabled_by_env())
+    throw Error(ErrorKind::kOs,
+                "io_uring_queue_init: Operation not permitted (simulated: "
+                "SHADECACHE_IOURING_DISABLE is set)",
+                EPERM);
+  return std::make_unique<UringBackend>(queue_depth);
+}
+
+#endif  // SHADECACHE_HAVE_LIBURING
+
+}  // namespace shadecache

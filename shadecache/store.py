@@ -1,0 +1,395 @@
+"""The backing store that cache misses are read from.
+
+- ``PackWriter`` / ``pack``: turn a data set into one packed file (format: docs/store_format.md).
+- ``PackedStore``: read a packed file; the sample directory lives in memory, every batch of reads
+  goes to the kernel at once through io_uring (or a pread thread pool where io_uring is refused).
+- ``FolderStore``: the same interface over one file per sample (an ImageFolder tree), for users who
+  will not convert their data; batches open/read/close through the same backends.
+
+The native work lives in ``shadecache._io`` (csrc/io); this module adds the Python conveniences:
+argument checking, the one-time fallback warning, pickling for spawned workers, and the sources
+``pack`` accepts.
+"""
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from . import _io
+from ._version import __version__
+
+__all__ = ["PackWriter", "PackedStore", "FolderStore", "pack", "scan_image_folder"]
+
+FORMAT_VERSION = _io.FORMAT_VERSION
+_BACKENDS = ("auto", "io_uring", "pread")
+_warned: set = set()  # fallback reasons already reported in this process
+
+
+def _warn_fallback(reason: str) -> None:
+    """Says once per process (and per reason) that io_uring is not used, and why."""
+    if reason and reason not in _warned:
+        _warned.add(reason)
+        warnings.warn(f"shadecache: io_uring unavailable ({reason}); using the pread thread pool",
+                      RuntimeWarning, stacklevel=3)
+
+
+def _check_backend_args(backend: str, queue_depth: int) -> None:
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend must be one of {_BACKENDS}, not {backend!r}")
+    if not isinstance(queue_depth, (int, np.integer)) or not 1 <= queue_depth <= 4096:
+        raise ValueError(f"queue_depth must be an integer in [1, 4096], not {queue_depth!r}")
+
+
+def probe_backend(backend: str = "auto", queue_depth: int = 64) -> tuple:
+    """(name, fallback_reason) of the I/O backend this process would get (``shadecache info``)."""
+    _check_backend_args(backend, queue_depth)
+    return tuple(_io.probe_backend(backend, queue_depth))
+
+
+class PackWriter:
+    """Writes a packed store atomically: nothing appears at ``path`` until ``close()``.
+
+    >>> with PackWriter("train.shc", meta={"classes": ["cat", "dog"]}) as w:
+    ...     w.add(b"...", 1)
+
+    Leaving the ``with`` block by an exception (or dropping an unclosed writer) discards the
+    temporary file; an existing store at ``path`` is replaced only by a successful close.
+    """
+
+    def __init__(self, path: str | os.PathLike, meta: dict | None = None):
+        self.path = os.fspath(path)
+        if os.path.isdir(self.path):
+            raise IsADirectoryError(f"PackWriter: {self.path} is a directory")
+        self.meta = dict(meta or {})
+        self._w = _io.PackWriter(self.path)
+
+    def add(self, data, label: int = 0) -> int:
+        """Appends one sample (any contiguous bytes-like object); returns its id."""
+        return self._w.add(data, int(label))
+
+    def close(self) -> str:
+        """Writes the directory and header, fsyncs and renames into place; returns the path."""
+        if self._w.is_open:
+            meta = dict(self.meta)
+            meta.setdefault("created_by", f"shadecache {__version__}")
+            self._w.close(json.dumps(meta, sort_keys=True))
+        return self.path
+
+    def abort(self) -> None:
+        """Discards everything written; ``path`` is left as it was."""
+        self._w.abort()
+
+    @property
+    def temp_path(self) -> str:
+        return self._w.temp_path
+
+    def __len__(self) -> int:
+        return self._w.num_samples
+
+    def __enter__(self) -> "PackWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+class _StoreBase:
+    """What PackedStore and FolderStore share: the read interface and the map-style data set view
+    (``store[i] -> (bytes, label)``), so a store can itself be packed or put behind a DataLoader."""
+
+    _r: Any
+    _labels: np.ndarray
+
+    def read(self, i: int) -> bytes:
+        """The bytes of sample ``i`` (checksum verified for packed stores unless verify=False)."""
+        return self._r.read(i)
+
+    def read_many(self, ids: Sequence[int] | np.ndarray) -> list:
+        """The bytes of every id, read as one batch with the GIL released while it waits."""
+        return self._r.read_many(ids)
+
+    def label(self, i: int) -> int:
+        if not 0 <= i < len(self._labels):
+            raise IndexError(f"sample id {i} out of range [0, {len(self._labels)})")
+        return int(self._labels[i])
+
+    @property
+    def labels(self) -> np.ndarray:
+        """Labels of all samples (a read-only int64 array)."""
+        return self._labels
+
+    @property
+    def backend(self) -> str:
+        """The I/O backend this process uses: "io_uring" or "pread"."""
+        return self._r.backend
+
+    @property
+    def fallback_reason(self) -> str:
+        """Why io_uring is not in use ("" when it is, or when pread was asked for)."""
+        return self._r.fallback_reason
+
+    @property
+    def queue_depth(self) -> int:
+        return self._r.queue_depth
+
+    def __len__(self) -> int:
+        return len(self._labels)
+
+    def __getitem__(self, i: int) -> tuple:
+        return self._r.read(i), self.label(i)
+
+    def __getitems__(self, ids: Sequence[int]) -> list:
+        """Batched fetch that torch's DataLoader calls with a whole batch of ids."""
+        return list(zip(self._r.read_many(ids), (int(self._labels[i]) for i in ids)))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        pass
+
+
+class PackedStore(_StoreBase):
+    """A packed sample store opened for reading.
+
+    backend: "auto" (io_uring, or the pread pool with a one-time warning when io_uring is
+    refused), "io_uring" (refusal is an error) or "pread". direct: read with O_DIRECT (bypass the
+    page cache; samples are 4096-aligned for it). queue_depth: reads kept in flight per batch.
+    verify: check every sample's crc32c (a mismatch raises CorruptSampleError).
+
+    Fork-safe: a forked DataLoader worker builds its own ring on first use; spawned workers get
+    the store by pickling, which reopens it by path with the same options.
+    """
+
+    def __init__(self, path: str | os.PathLike, backend: str = "auto", direct: bool = False,
+                 queue_depth: int = 64, verify: bool = True):
+        _check_backend_args(backend, queue_depth)
+        self.path = os.fspath(path)
+        self._options = (backend, bool(direct), int(queue_depth), bool(verify))
+        self._r = _io.PackedReader(self.path, backend, bool(direct), int(queue_depth), bool(verify))
+        _warn_fallback(self._r.fallback_reason)
+        self._labels = self._r.labels()
+        self._labels.flags.writeable = False
+        self._lengths = None
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Byte length of every sample (uint32)."""
+        if self._lengths is None:
+            self._lengths = self._r.lengths()
+            self._lengths.flags.writeable = False
+        return self._lengths
+
+    @property
+    def version(self) -> int:
+        return self._r.version
+
+    @property
+    def file_bytes(self) -> int:
+        return self._r.file_bytes
+
+    @property
+    def direct(self) -> bool:
+        return self._r.direct
+
+    @property
+    def meta(self) -> dict:
+        """Metadata stored at pack time (class names, source, creator)."""
+        raw = self._r.meta
+        return json.loads(raw) if raw else {}
+
+    @property
+    def classes(self) -> list | None:
+        return self.meta.get("classes")
+
+    def offset(self, i: int) -> int:
+        """File offset of sample ``i`` (what CorruptSampleError reports)."""
+        return self._r.offset(i)
+
+    def verify(self, progress: bool = False, batch_bytes: int = 64 << 20) -> list:
+        """Reads every sample and returns the ids whose checksum does not match (sorted)."""
+        from tqdm import tqdm
+
+        n = len(self)
+        bad: list = []
+        lengths = self.lengths.astype(np.int64)
+        ends = np.cumsum(lengths)
+        with tqdm(total=n, unit="sample", desc="verify", disable=not progress) as bar:
+            first = 0
+            while first < n:
+                # the largest run of samples starting at `first` whose bytes fit in batch_bytes
+                base = ends[first - 1] if first else 0
+                last = int(np.searchsorted(ends, base + batch_bytes, side="right"))
+                count = max(1, min(last, n) - first)
+                bad.extend(self._r.find_corrupt(first, count))
+                first += count
+                bar.update(count)
+        return bad
+
+    def close(self) -> None:
+        self._r.close()
+
+    def __reduce__(self):
+        return (PackedStore, (self.path,) + self._options)
+
+    def __repr__(self) -> str:
+        return (f"PackedStore({self.path!r}, {len(self)} samples, backend={self.backend!r}, "
+                f"direct={self.direct}, queue_depth={self.queue_depth})")
+
+
+def scan_image_folder(root: str | os.PathLike) -> tuple:
+    """(paths, labels, classes) of an ImageFolder tree: root/<class>/<...>/<file>.
+
+    Classes are the sorted subfolder names and labels their index; files are taken in sorted order
+    within each class (recursively, as torchvision does); hidden entries (".name") are skipped.
+    Raises ValueError when the tree holds no sample.
+    """
+    root = os.fspath(root)
+    if not os.path.isdir(root):
+        if os.path.exists(root):
+            raise NotADirectoryError(f"{root} is not a directory (expected root/<class>/<file>)")
+        raise FileNotFoundError(f"no such directory: {root}")
+    classes = sorted(e.name for e in os.scandir(root)
+                     if e.is_dir() and not e.name.startswith("."))
+    paths, labels = [], []
+    for label, cls in enumerate(classes):
+        for dirpath, dirnames, filenames in os.walk(os.path.join(root, cls), followlinks=True):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            for name in sorted(filenames):
+                if not name.startswith("."):
+                    paths.append(os.path.join(dirpath, name))
+                    labels.append(label)
+    if not paths:
+        raise ValueError(f"no samples found under {root}: expected files in class folders "
+                         f"({root}/<class>/<file>), found {len(classes)} class folder(s) "
+                         "and no files in them")
+    return paths, labels, classes
+
+
+class FolderStore(_StoreBase):
+    """The PackedStore interface over one file per sample (an ImageFolder tree, or explicit paths).
+
+    Ids follow sorted order (classes sorted, files sorted in each); labels are class indices.
+    ``read_many`` opens, reads and closes a whole batch of files through io_uring (up to
+    queue_depth files at a time), or the pread pool where io_uring is refused.
+    """
+
+    def __init__(self, root: str | os.PathLike | None = None, backend: str = "auto",
+                 queue_depth: int = 64, *, files: Iterable | None = None):
+        _check_backend_args(backend, queue_depth)
+        if (root is None) == (files is None):
+            raise ValueError("FolderStore needs a root folder or files=[(path, label), ...]")
+        if root is not None:
+            self.root = os.fspath(root)
+            paths, labels, self.classes = scan_image_folder(self.root)
+        else:
+            self.root = None
+            pairs = list(files)
+            if not pairs:
+                raise ValueError("FolderStore: the list of files is empty")
+            paths = [os.path.abspath(os.fspath(p)) for p, _ in pairs]
+            labels = [int(lab) for _, lab in pairs]
+            self.classes = None
+        self._options = (backend, int(queue_depth))
+        self._files = files if root is None else None
+        self._r = _io.FolderReader(paths, backend, int(queue_depth))
+        _warn_fallback(self._r.fallback_reason)
+        self._labels = np.asarray(labels, dtype=np.int64)
+        self._labels.flags.writeable = False
+
+    def path(self, i: int) -> str:
+        return self._r.path(i)
+
+    @property
+    def paths(self) -> list:
+        return [self._r.path(i) for i in range(len(self))]
+
+    def __reduce__(self):
+        if self.root is not None:
+            return (FolderStore, (self.root,) + self._options)
+        files = list(zip(self.paths, self._labels.tolist()))
+        return (_folder_from_files, (files,) + self._options)
+
+    def __repr__(self) -> str:
+        return (f"FolderStore({self.root!r}, {len(self)} samples, backend={self.backend!r}, "
+                f"queue_depth={self.queue_depth})")
+
+
+def _folder_from_files(files, backend, queue_depth):
+    return FolderStore(None, backend, queue_depth, files=files)
+
+
+def _is_path(x) -> bool:
+    return isinstance(x, (str, os.PathLike))
+
+
+def pack(src, dst: str | os.PathLike, *, progress: bool = True, meta: dict | None = None,
+         batch: int = 256, backend: str = "auto") -> int:
+    """Packs ``src`` into the store file ``dst`` atomically; returns the number of samples.
+
+    src may be:
+    - a folder in ImageFolder layout (``src/<class>/<file>``): labels are class indices and the
+      class names are kept in the store's metadata;
+    - a list of ``(path, label)`` pairs: each file becomes one sample;
+    - any map-style data set (``len()`` and ``ds[i] -> (bytes-like, label)``), e.g. a PackedStore.
+    Files are read in batches through a FolderStore (io_uring where available).
+    """
+    from tqdm import tqdm
+
+    dst = os.fspath(dst)
+    meta = dict(meta or {})
+    folder = None
+    if _is_path(src):
+        folder = FolderStore(src, backend=backend)
+        meta.setdefault("classes", folder.classes)
+        meta.setdefault("source", os.path.abspath(os.fspath(src)))
+    elif isinstance(src, (list, tuple)) and src and _is_pair_of_path(src[0]):
+        folder = FolderStore(None, backend=backend, files=src)
+        meta.setdefault("source", "file list")
+    elif not (hasattr(src, "__len__") and hasattr(src, "__getitem__")):
+        raise TypeError("pack: src must be a folder, a list of (path, label) or a map-style data "
+                        f"set yielding (bytes, label), not {type(src).__name__}")
+    n = len(folder) if folder is not None else len(src)
+    if n == 0:
+        raise ValueError(f"pack: the source {src!r} is empty; there is nothing to pack")
+    if folder is None:
+        meta.setdefault("source", type(src).__name__)
+    with PackWriter(dst, meta=meta) as w, \
+            tqdm(total=n, unit="sample", desc=f"pack {os.path.basename(dst)}",
+                 disable=not progress) as bar:
+        if folder is not None:
+            labels = folder.labels
+            for start in range(0, n, batch):
+                ids = np.arange(start, min(start + batch, n))
+                for i, data in zip(ids, folder.read_many(ids)):
+                    w.add(data, int(labels[i]))
+                bar.update(len(ids))
+        else:
+            for i in range(n):
+                item = src[i]
+                try:
+                    data, label = item
+                except (TypeError, ValueError):
+                    raise TypeError(f"pack: item {i} of the data set is not a (bytes, label) "
+                                    f"pair: {type(item).__name__}") from None
+                try:
+                    w.add(data, label)
+                except TypeError:
+                    raise TypeError(f"pack: item {i}: data must be bytes-like, not "
+                                    f"{type(data).__name__}") from None
+                bar.update(1)
+    return n
+
+
+def _is_pair_of_path(x) -> bool:
+    return isinstance(x, (tuple, list)) and len(x) == 2 and _is_path(x[0])
