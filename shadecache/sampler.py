@@ -1,0 +1,296 @@
+"""ShadeSampler: SHADE's importance sampling with cache-aware ordering, as a stock torch Sampler.
+
+Each epoch the whole order is drawn up front, in four steps:
+
+1. draw   `total` ids WITH replacement, each with probability proportional to its importance score
+          (or a plain permutation when importance=False, the uniform baseline); the same global
+          draw on every rank, because every rank holds the same merged scores and the same seed;
+2. floor  (guardrail, on by default) every sample not drawn in the last `coverage_epochs - 1`
+          epochs replaces a duplicate slot of the draw, so every sample is trained at least once
+          every `coverage_epochs` epochs; these ids are never substituted away in step 3;
+3. share  rank r keeps positions r, r + world, r + 2*world, ... of the global draw;
+4. PADS   against one snapshot of the cache's cached set: each cached id of the share may replace
+          up to `rep_factor` misses (a fractional factor is rounded at random), then cached ids go
+          first and misses after, each group shuffled.
+
+`rep_factor` is the number of EXTRA copies each cached draw may take in place of a miss: 0 means
+ordering only, 1 means a cached sample drawn once is trained up to twice while one miss fewer is
+read from the store.
+
+Scores: `update(idx, losses)` takes the ids the DataLoader returned WITH the batch (CachedDataset
+yields (sample, target, index)), so each rank weight goes to the sample whose loss produced it, and
+pushes the new scores to the cache's shared score table (eviction and admission use them). SHADE's
+public sampler instead kept the raw draw and wrote each batch's weights to the positions of that
+draw taken before its PADS reordering, so the scores landed on other samples. At `end_epoch` the
+epoch's observations, coverage and losses are summed across ranks (torch.distributed, any
+backend that reduces CPU tensors, e.g. gloo) and folded into the scores.
+"""
+import math
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.utils.data import Sampler
+
+from .importance import ImportanceTable
+
+
+def _dist_world():
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return 1, 0
+
+
+def _as_numpy(x, dtype):
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu().numpy()
+    return np.asarray(x).astype(dtype, copy=False)
+
+
+class ShadeSampler(Sampler):
+    """Importance + cache-aware sampler (see the module docstring for the algorithm).
+
+    data_source      a sized data set (or an int N)
+    cache            a shadecache.Cache whose cached set orders the epoch and whose score table
+                     receives the scores; None for importance sampling without a cache
+    batch_size       the training batch size (sets the prior score of unseen samples)
+    rep_factor       extra copies a cached draw may take in place of a miss (>= 0)
+    importance       False: a seeded permutation per epoch (uniform baseline, no replacement)
+    pads             order cached ids first (ignored without a cache)
+    coverage_epochs  K: every sample is drawn at least once every K epochs; 0/None disables
+    epoch_size       samples per epoch over all ranks (default N)
+    smoothing        the floor of the loss-trend blend (see ImportanceTable)
+    num_replicas/rank  default: from torch.distributed when initialized, else 1/0
+    """
+
+    def __init__(self, data_source, cache=None, batch_size: int = 64, rep_factor: float = 1.0,
+                 seed: int = 0, importance: bool = True, pads: bool = True,
+                 coverage_epochs=3, epoch_size=None, smoothing: float = 0.5,
+                 num_replicas=None, rank=None):
+        n = data_source if isinstance(data_source, (int, np.integer)) else len(data_source)
+        if n < 1:
+            raise ValueError(f"ShadeSampler needs at least one sample, got {n}")
+        if rep_factor < 0 or not math.isfinite(rep_factor):
+            raise ValueError(f"rep_factor must be a finite number >= 0, got {rep_factor}")
+        if coverage_epochs is not None and coverage_epochs < 0:
+            raise ValueError(f"coverage_epochs must be >= 0 or None, got {coverage_epochs}")
+        world, r = _dist_world()
+        self.num_replicas = int(num_replicas if num_replicas is not None else world)
+        self.rank = int(rank if rank is not None else r)
+        if not 0 <= self.rank < self.num_replicas:
+            raise ValueError(f"rank {self.rank} is not in 0..{self.num_replicas - 1}")
+        self.n = int(n)
+        self.cache = cache
+        if cache is not None and cache.num_samples != self.n:
+            raise ValueError(f"cache {cache.name!r} holds {cache.num_samples} sample ids, the data "
+                             f"set has {self.n}")
+        self.batch_size = int(batch_size)
+        self.rep_factor = float(rep_factor)
+        self.seed = int(seed)
+        self.importance = bool(importance)
+        self.pads = bool(pads)
+        self.coverage_epochs = int(coverage_epochs or 0)
+        size = self.n if epoch_size is None else int(epoch_size)
+        self.num_samples = math.ceil(size / self.num_replicas)     # this rank's share
+        self.total_size = self.num_samples * self.num_replicas
+        self.table = ImportanceTable(self.n, self.batch_size, smoothing)
+        self.last_drawn = np.full(self.n, -1, dtype=np.int64)   # last epoch each id was trained
+        self.coverage_history = []                              # distinct ids trained / N, per epoch
+        self.epoch = 0
+        self._order = None          # this rank's order for self.epoch, once drawn
+        self._forced = None         # ids the coverage floor added this epoch (global)
+        self._consumed = 0          # samples reported through update() this epoch
+        self._start = 0             # where the next __iter__ starts (set by load_state_dict)
+        self._loss_sum = 0.0
+        self._loss_cnt = 0
+        self.last_epoch_stats = {}
+        self._push_scores(np.arange(self.n, dtype=np.int64), self.table.scores)
+
+    # ---- the epoch's order -------------------------------------------------------------------
+    def __len__(self):
+        return self.num_samples
+
+    def set_epoch(self, epoch: int):
+        epoch = int(epoch)
+        if epoch != self.epoch:
+            self.epoch = epoch
+            self._order = None
+            self._consumed = 0
+            self._start = 0
+
+    def _rng(self, stream: int):
+        # one independent stream per (seed, epoch, purpose); rank only where it must differ
+        return np.random.default_rng([self.seed, self.epoch, stream])
+
+    def global_draw(self):
+        """The epoch's draw over all ranks after the coverage floor: (ids, forced ids)."""
+        rng = self._rng(0)
+        if not self.importance:
+            reps = math.ceil(self.total_size / self.n)
+            g = np.concatenate([rng.permutation(self.n) for _ in range(reps)])[:self.total_size]
+            return g.astype(np.int64), np.empty(0, dtype=np.int64)
+        w = self.table.scores
+        g = rng.choice(self.n, size=self.total_size, replace=True, p=w / w.sum()).astype(np.int64)
+        forced = np.empty(0, dtype=np.int64)
+        if self.coverage_epochs > 0:
+            in_draw = np.zeros(self.n, dtype=bool)
+            in_draw[g] = True
+            overdue = np.flatnonzero((self.last_drawn <= self.epoch - self.coverage_epochs)
+                                     & ~in_draw)
+            if overdue.size:
+                # duplicate slots: every occurrence of an id after its first one
+                order = np.argsort(g, kind="stable")
+                gs = g[order]
+                dup_slots = order[np.r_[False, gs[1:] == gs[:-1]]]
+                take = min(overdue.size, dup_slots.size)
+                if take < overdue.size:  # epoch_size < N: keep the most overdue ones
+                    overdue = overdue[np.argsort(self.last_drawn[overdue], kind="stable")[:take]]
+                slots = rng.choice(dup_slots, size=take, replace=False)
+                forced = rng.permutation(overdue)
+                g[slots] = forced
+        return g, forced
+
+    def _draw_share(self):
+        g, forced = self.global_draw()
+        share = g[self.rank::self.num_replicas].copy()
+        rng = self._rng(1 + self.rank)
+        stats = {"substituted": 0, "planned_hits": 0}
+        if self.cache is None or not (self.pads or self.rep_factor > 0):
+            if self.importance:
+                rng.shuffle(share)   # forced ids were placed at random slots; keep order random
+            return share, forced, stats
+        cached = np.asarray(self.cache.cached_mask(), dtype=bool)
+        hit = cached[share]
+        hits, misses = share[hit], share[~hit]
+        if self.rep_factor > 0 and hits.size and misses.size:
+            protected = np.isin(misses, forced)
+            free = np.flatnonzero(~protected)
+            want = self.rep_factor * hits.size
+            want = int(math.floor(want) + (rng.random() < want - math.floor(want)))
+            k = min(want, free.size)
+            if k:
+                drop = rng.choice(free, size=k, replace=False)
+                copies = np.tile(rng.permutation(hits), math.ceil(self.rep_factor))[:k]
+                keep = np.ones(misses.size, dtype=bool)
+                keep[drop] = False
+                misses = misses[keep]
+                hits = np.concatenate([hits, copies])
+                stats["substituted"] = int(k)
+        stats["planned_hits"] = int(hits.size)
+        if self.pads:
+            order = np.concatenate([rng.permutation(hits), rng.permutation(misses)])
+        else:
+            order = rng.permutation(np.concatenate([hits, misses]))
+        return order.astype(np.int64), forced, stats
+
+    def order(self) -> np.ndarray:
+        """This rank's order for the current epoch (drawn on first use, then fixed)."""
+        if self._order is None:
+            self._order, self._forced, self.last_epoch_stats = self._draw_share()
+        return self._order
+
+    def __iter__(self):
+        order = self.order()
+        start, self._start = self._start, 0
+        if start == 0:
+            self._consumed = 0
+        return iter(order[start:].tolist())
+
+    # ---- scores ------------------------------------------------------------------------------
+    def update(self, idx, losses):
+        """Give each per-sample loss of one minibatch to the sample id that produced it.
+
+        idx: the index tensor the DataLoader returned with the batch; losses: per-sample losses
+        (reduction="none"), same length. Returns the updated ids and their new scores.
+        """
+        ids = _as_numpy(idx, np.int64).reshape(-1)
+        lo = _as_numpy(losses, np.float64).reshape(-1)
+        if ids.size != lo.size:
+            raise ValueError(f"update: {ids.size} sample ids but {lo.size} losses")
+        touched, scores = self.table.update(ids, lo)
+        self._push_scores(touched, scores)
+        self._consumed += int(ids.size)
+        self._loss_sum += float(lo.sum())
+        self._loss_cnt += int(lo.size)
+        return touched, scores
+
+    def _push_scores(self, ids, scores):
+        if self.cache is not None and ids.size:
+            self.cache.update_scores(ids, np.asarray(scores, dtype=np.float32))
+
+    @property
+    def scores(self) -> np.ndarray:
+        return self.table.scores
+
+    def end_epoch(self, mean_loss=None):
+        """Close the epoch: merge observations, coverage and loss across ranks, fold them into the
+        scores, record coverage, and move to the next epoch. mean_loss defaults to the mean of the
+        losses passed to update() (over all ranks)."""
+        # coverage counts what this epoch's order held (drawn = scheduled for training)
+        trained = np.zeros(self.n, dtype=np.float64)
+        if self._order is not None:
+            trained[self._order] = 1.0
+        obs_sum, obs_cnt = self.table.observations()
+        loss = np.array([self._loss_sum, self._loss_cnt,
+                         float(mean_loss) if mean_loss is not None else 0.0], dtype=np.float64)
+        world, _ = _dist_world()
+        if world > 1:
+            # views share memory with the numpy arrays, so all_reduce updates them in place
+            for arr in (obs_sum, obs_cnt, trained, loss):
+                dist.all_reduce(torch.from_numpy(arr), op=dist.ReduceOp.SUM)
+            if mean_loss is not None:
+                mean_loss = loss[2] / world
+        if mean_loss is None and loss[1] > 0:
+            mean_loss = loss[0] / loss[1]
+        self.last_drawn[trained > 0] = self.epoch
+        self.coverage_history.append(float((trained > 0).sum()) / self.n)
+        self.table.end_epoch(mean_loss)
+        self._push_scores(np.arange(self.n, dtype=np.int64), self.table.scores)
+        self._loss_sum, self._loss_cnt = 0.0, 0
+        self.epoch += 1
+        self._order = None
+        self._consumed = 0
+        self._start = 0
+
+    # ---- coverage ----------------------------------------------------------------------------
+    def coverage(self) -> dict:
+        """Coverage so far: distinct samples trained per epoch (fraction of N), the lowest over
+        epochs, and how many samples were not trained within the last K epochs (K =
+        coverage_epochs, or 1 when the floor is off)."""
+        k = self.coverage_epochs or 1
+        h = self.coverage_history
+        stale = int((self.last_drawn <= self.epoch - 1 - k).sum()) if h else 0
+        return {"per_epoch": list(h), "last": h[-1] if h else None,
+                "min": min(h) if h else None, "window_epochs": k,
+                "not_seen_in_window": stale}
+
+    # ---- checkpoint --------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Everything needed to resume mid-epoch with the same order and scores."""
+        return {"n": self.n, "seed": self.seed, "epoch": self.epoch,
+                "table": self.table.state_dict(), "last_drawn": self.last_drawn.copy(),
+                "coverage_history": list(self.coverage_history),
+                "order": None if self._order is None else self._order.copy(),
+                "forced": None if self._forced is None else self._forced.copy(),
+                "consumed": self._consumed, "loss_sum": self._loss_sum,
+                "loss_cnt": self._loss_cnt, "rank": self.rank,
+                "num_replicas": self.num_replicas}
+
+    def load_state_dict(self, state: dict):
+        if int(state["n"]) != self.n:
+            raise ValueError(f"sampler state is for {state['n']} samples, this data set has {self.n}")
+        if (int(state["rank"]), int(state["num_replicas"])) != (self.rank, self.num_replicas):
+            raise ValueError(f"sampler state is for rank {state['rank']} of {state['num_replicas']}, "
+                             f"this is rank {self.rank} of {self.num_replicas}")
+        self.seed = int(state["seed"])
+        self.epoch = int(state["epoch"])
+        self.table.load_state_dict(state["table"])
+        self.last_drawn = np.asarray(state["last_drawn"], dtype=np.int64).copy()
+        self.coverage_history = list(state["coverage_history"])
+        self._order = None if state["order"] is None else np.asarray(state["order"], np.int64).copy()
+        self._forced = None if state["forced"] is None else np.asarray(state["forced"], np.int64)
+        self._consumed = int(state["consumed"])
+        self._start = self._consumed if self._order is not None else 0
+        self._loss_sum = float(state["loss_sum"])
+        self._loss_cnt = int(state["loss_cnt"])
+        self._push_scores(np.arange(self.n, dtype=np.int64), self.table.scores)
