@@ -1,0 +1,330 @@
+// Python bindings of the cache engine: shadecache._core.CacheCore.
+//
+// GIL contract: reads (get, get_many, get_into, contains, snapshots) never wait, so they keep the
+// GIL; every call that takes the cache mutex (put, put_many, remove, update_scores, stats, check)
+// releases it first, after the arguments have been turned into native values. Values are only
+// borrowed (Py_buffer) while the GIL is released; the caller's references keep them alive.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <vector>
+
+#include "bindings/errors.h"
+#include "cache/cache.h"
+#include "cache/segment.h"
+
+namespace py = pybind11;
+using namespace shadecache;
+
+namespace {
+
+// A borrowed, read-only view of any bytes-like object, released when it goes out of scope.
+class Borrowed {
+ public:
+  explicit Borrowed(PyObject* o) {
+    if (PyObject_GetBuffer(o, &view_, PyBUF_SIMPLE) != 0) {
+      PyErr_Clear();
+      throw py::type_error(std::string("cache values must be bytes-like (bytes, bytearray, memoryview, "
+                                       "contiguous numpy array), got ") + Py_TYPE(o)->tp_name);
+    }
+    held_ = true;
+  }
+  Borrowed(Borrowed&& o) noexcept : view_(o.view_), held_(o.held_) { o.held_ = false; }
+  Borrowed(const Borrowed&) = delete;
+  ~Borrowed() {
+    if (held_) PyBuffer_Release(&view_);
+  }
+  const char* data() const { return static_cast<const char*>(view_.buf); }
+  uint64_t size() const { return static_cast<uint64_t>(view_.len); }
+
+ private:
+  Py_buffer view_{};
+  bool held_ = false;
+};
+
+int64_t as_id(PyObject* o) {
+  long long v = PyLong_AsLongLong(o);
+  if (v == -1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    throw py::type_error(std::string("sample ids must be integers, got ") + Py_TYPE(o)->tp_name);
+  }
+  return v;
+}
+
+uint64_t checked_id(Cache& c, int64_t id) {
+  c.check_id_signed(id);
+  return static_cast<uint64_t>(id);
+}
+
+// Copies the value of `id` into a new bytes object; None on a miss.
+py::object get_bytes(Cache& c, uint64_t id) {
+  PyObject* obj = nullptr;
+  auto alloc = [&obj](uint32_t n) -> char* {
+    if (obj && PyBytes_GET_SIZE(obj) == static_cast<Py_ssize_t>(n)) return PyBytes_AS_STRING(obj);
+    Py_XDECREF(obj);
+    obj = PyBytes_FromStringAndSize(nullptr, n);
+    if (!obj) throw py::error_already_set();
+    return PyBytes_AS_STRING(obj);
+  };
+  int64_t len;
+  try {
+    len = c.read(id, alloc);
+  } catch (...) {
+    Py_XDECREF(obj);
+    throw;
+  }
+  if (len < 0) {
+    Py_XDECREF(obj);
+    return py::none();
+  }
+  return py::reinterpret_steal<py::object>(obj);
+}
+
+// Ids from a list/tuple of ints (fast path) or anything numpy turns into int64.
+std::vector<int64_t> ids_of(py::handle ids) {
+  std::vector<int64_t> out;
+  PyObject* o = ids.ptr();
+  if (PyList_Check(o) || PyTuple_Check(o)) {
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
+    PyObject** items = PySequence_Fast_ITEMS(o);
+    out.resize(n);
+    for (Py_ssize_t i = 0; i < n; ++i) out[i] = as_id(items[i]);
+    return out;
+  }
+  auto arr = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(ids);
+  if (!arr) {
+    PyErr_Clear();
+    throw py::type_error("ids must be a sequence or array of integers");
+  }
+  if (arr.ndim() != 1) throw py::value_error("ids must be one-dimensional");
+  out.assign(arr.data(), arr.data() + arr.size());
+  return out;
+}
+
+PyObject* const* fast_items(py::handle seq, Py_ssize_t* n, py::object* keep) {
+  *keep = py::reinterpret_steal<py::object>(PySequence_Fast(seq.ptr(), "values must be a sequence"));
+  if (!*keep) throw py::error_already_set();
+  *n = PySequence_Fast_GET_SIZE(keep->ptr());
+  return PySequence_Fast_ITEMS(keep->ptr());
+}
+
+py::array_t<float> scores_of(py::handle s, size_t n, const char* what) {
+  auto arr = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(s);
+  if (!arr) {
+    PyErr_Clear();
+    throw py::type_error(std::string(what) + " must be an array or sequence of numbers");
+  }
+  if (arr.ndim() != 1 || static_cast<size_t>(arr.size()) != n)
+    throw py::value_error(std::string(what) + " must be one-dimensional with one entry per id (" + std::to_string(n) +
+                          "), got shape of size " + std::to_string(arr.size()));
+  return arr;
+}
+
+py::dict stats_dict(const CacheStats& s) {
+  static const char* kPolicies[] = {"importance", "lru", "fifo", "static"};
+  py::dict d;
+  d["hits"] = s.hits;
+  d["misses"] = s.misses;
+  d["read_retries"] = s.read_retries;
+  d["inserts"] = s.inserts;
+  d["updates"] = s.updates;
+  d["evictions"] = s.evictions;
+  d["rejected"] = s.rejected;
+  d["page_moves"] = s.page_moves;
+  d["recoveries"] = s.recoveries;
+  d["score_updates"] = s.score_updates;
+  d["items"] = s.items;
+  d["bytes_used"] = s.bytes_used;
+  d["capacity_bytes"] = s.capacity_bytes;
+  d["num_samples"] = s.num_samples;
+  d["page_size"] = s.page_size;
+  d["num_pages"] = s.num_pages;
+  d["free_pages"] = s.free_pages;
+  d["segment_bytes"] = s.segment_bytes;
+  d["max_item_bytes"] = s.max_item_bytes;
+  d["creator_pid"] = s.creator_pid;
+  d["policy"] = s.policy < 4 ? kPolicies[s.policy] : "unknown";
+  uint64_t lookups = s.hits + s.misses;
+  d["hit_ratio"] = lookups ? static_cast<double>(s.hits) / lookups : 0.0;
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "shadecache cache engine (see shadecache.Cache for the documented API)";
+  register_error_translator(m);
+
+  py::class_<Cache>(m, "CacheCore")
+      .def_static(
+          "create",
+          [](const std::string& name, uint64_t num_samples, uint64_t capacity_bytes, uint64_t max_item_bytes,
+             uint32_t policy) {
+            CacheOptions o;
+            o.num_samples = num_samples;
+            o.capacity_bytes = capacity_bytes;
+            o.max_item_bytes = max_item_bytes;
+            o.policy = static_cast<Policy>(policy);
+            py::gil_scoped_release nogil;  // reserving and zeroing the segment can take a while
+            return Cache::create(name, o);
+          },
+          py::arg("name"), py::arg("num_samples"), py::arg("capacity_bytes"), py::arg("max_item_bytes"),
+          py::arg("policy"))
+      .def_static("attach", [](const std::string& name) { return Cache::attach(name); }, py::arg("name"))
+      .def_static("unlink", &Segment::unlink, py::arg("name"))
+      .def_static("list", &Segment::list)
+      .def_static("path", &Segment::path, py::arg("name"))
+      .def_static(
+          "segment_bytes",
+          [](uint64_t num_samples, uint64_t capacity_bytes, uint64_t max_item_bytes, uint32_t policy) {
+            CacheOptions o{num_samples, capacity_bytes, max_item_bytes, static_cast<Policy>(policy)};
+            return Cache::segment_bytes(o);
+          })
+      .def_static("read_creator",
+                  [](const std::string& name) -> py::object {
+                    int64_t pid;
+                    uint64_t start;
+                    if (!Cache::read_creator(name, &pid, &start)) return py::none();
+                    return py::make_tuple(pid, start);
+                  })
+      .def_property_readonly("name", &Cache::name)
+      .def_property_readonly("num_samples", &Cache::num_samples)
+      .def_property_readonly("max_item_bytes", [](Cache& c) { c.check_open(); return c.max_value_len(); })
+      .def_property_readonly("closed", &Cache::closed)
+      .def("get", [](Cache& c, int64_t id) { return get_bytes(c, checked_id(c, id)); }, py::arg("id"))
+      .def("get_many",
+           [](Cache& c, py::handle ids) {
+             std::vector<int64_t> v = ids_of(ids);
+             py::list out(v.size());
+             for (size_t i = 0; i < v.size(); ++i) {
+               py::object b = get_bytes(c, checked_id(c, v[i]));
+               PyList_SET_ITEM(out.ptr(), i, b.release().ptr());
+             }
+             return out;
+           },
+           py::arg("ids"))
+      .def("get_into",
+           [](Cache& c, int64_t id, py::buffer buf) {
+             py::buffer_info info = buf.request(true);
+             uint64_t cap = static_cast<uint64_t>(info.size) * info.itemsize;
+             char* dst = static_cast<char*>(info.ptr);
+             return c.read(checked_id(c, id), [&](uint32_t n) -> char* {
+               if (n > cap)
+                 throw py::value_error("buffer of " + std::to_string(cap) + " bytes is too small for sample id " +
+                                       std::to_string(id) + " (" + std::to_string(n) + " bytes)");
+               return dst;
+             });
+           },
+           py::arg("id"), py::arg("buffer"))
+      .def("contains", [](Cache& c, int64_t id) { return c.contains(checked_id(c, id)); }, py::arg("id"))
+      .def("put",
+           [](Cache& c, int64_t id, py::handle data, py::object score) {
+             Borrowed b(data.ptr());
+             std::vector<PutItem> items{c.make_item(checked_id(c, id), b.data(), b.size())};
+             float s = score.is_none() ? 0.0f : score.cast<float>();
+             uint8_t admitted = 0;
+             {
+               py::gil_scoped_release nogil;
+               c.put_many(items, score.is_none() ? nullptr : &s, &admitted);
+             }
+             return admitted != 0;
+           },
+           py::arg("id"), py::arg("data"), py::arg("score") = py::none())
+      .def("put_many",
+           [](Cache& c, py::handle ids, py::handle values, py::object scores) {
+             std::vector<int64_t> v = ids_of(ids);
+             py::object keep;
+             Py_ssize_t n;
+             PyObject* const* vals = fast_items(values, &n, &keep);
+             if (static_cast<size_t>(n) != v.size())
+               throw py::value_error("put_many got " + std::to_string(v.size()) + " ids but " + std::to_string(n) +
+                                     " values");
+             std::vector<Borrowed> bufs;
+             bufs.reserve(n);
+             std::vector<PutItem> items;
+             items.reserve(n);
+             for (Py_ssize_t i = 0; i < n; ++i) {
+               bufs.emplace_back(vals[i]);
+               items.push_back(c.make_item(checked_id(c, v[i]), bufs.back().data(), bufs.back().size()));
+             }
+             py::array_t<float> sc;
+             if (!scores.is_none()) sc = scores_of(scores, v.size(), "scores");
+             py::array_t<bool> admitted(static_cast<py::ssize_t>(v.size()));
+             auto* out = reinterpret_cast<uint8_t*>(admitted.mutable_data());
+             const float* sp = scores.is_none() ? nullptr : sc.data();
+             {
+               py::gil_scoped_release nogil;
+               c.put_many(items, sp, out);
+             }
+             return admitted;
+           },
+           py::arg("ids"), py::arg("values"), py::arg("scores") = py::none())
+      .def("remove",
+           [](Cache& c, int64_t id) {
+             uint64_t i = checked_id(c, id);
+             py::gil_scoped_release nogil;
+             return c.remove(i);
+           },
+           py::arg("id"))
+      .def("update_scores",
+           [](Cache& c, py::handle ids, py::handle scores) {
+             auto idarr = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(ids);
+             if (!idarr) {
+               PyErr_Clear();
+               throw py::type_error("ids must be an array or sequence of integers");
+             }
+             if (idarr.ndim() != 1) throw py::value_error("ids must be one-dimensional");
+             auto sc = scores_of(scores, static_cast<size_t>(idarr.size()), "scores");
+             const int64_t* ip = idarr.data();
+             const float* sp = sc.data();
+             size_t n = static_cast<size_t>(idarr.size());
+             py::gil_scoped_release nogil;
+             c.update_scores(ip, sp, n);
+           },
+           py::arg("ids"), py::arg("scores"))
+      .def("cached_mask",
+           [](Cache& c) {
+             py::array_t<bool> out(static_cast<py::ssize_t>(c.num_samples()));
+             c.cached_mask(reinterpret_cast<uint8_t*>(out.mutable_data()));
+             return out;
+           })
+      .def("scores",
+           [](Cache& c) {
+             py::array_t<float> out(static_cast<py::ssize_t>(c.num_samples()));
+             c.scores_snapshot(out.mutable_data());
+             return out;
+           })
+      .def("stats",
+           [](Cache& c) {
+             CacheStats s;
+             {
+               py::gil_scoped_release nogil;
+               s = c.stats();
+             }
+             return stats_dict(s);
+           })
+      .def("check",
+           [](Cache& c) {
+             py::gil_scoped_release nogil;
+             c.check();
+           })
+      .def("close", &Cache::close);
+
+  // Test-only: SIGKILL this process at crash point `point` after `countdown` passes (0 disarms).
+  m.def("_arm_crash_point", [](int point, long countdown) {
+    g_crash_countdown.store(countdown);
+    g_crash_point.store(countdown > 0 ? point : 0);
+  });
+  py::dict points;
+  points["put_after_alloc"] = static_cast<int>(CrashPoint::kPutAfterAlloc);
+  points["put_mid_write"] = static_cast<int>(CrashPoint::kPutMidWrite);
+  points["put_after_write"] = static_cast<int>(CrashPoint::kPutAfterWrite);
+  points["put_after_publish"] = static_cast<int>(CrashPoint::kPutAfterPublish);
+  points["evict_after_unpublish"] = static_cast<int>(CrashPoint::kEvictAfterUnpublish);
+  points["evict_after_free"] = static_cast<int>(CrashPoint::kEvictAfterFree);
+  points["move_page_mid"] = static_cast<int>(CrashPoint::kMovePageMid);
+  points["scores_mid"] = static_cast<int>(CrashPoint::kScoresMid);
+  m.attr("CRASH_POINTS") = points;
+  m.attr("LAYOUT_VERSION") = kLayoutVersion;
+}

@@ -1,0 +1,624 @@
+#include "cache/cache.h"
+
+#include <time.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "cache/robust_mutex.h"
+#include "common/crc32c.h"
+
+namespace shadecache {
+namespace {
+
+constexpr uint64_t kMinPageSize = 64 * 1024;
+
+uint64_t next_pow2(uint64_t v) {
+  uint64_t p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+
+uint64_t page_size_for(uint64_t max_item_bytes) {
+  uint64_t ps = next_pow2(max_item_bytes + sizeof(SlotHeader));
+  return ps < kMinPageSize ? kMinPageSize : ps;
+}
+
+// Field 22 of /proc/<pid>/stat (start time in clock ticks since boot): with the pid it names a
+// process uniquely, so `gc` does not mistake a reused pid for a live creator.
+uint64_t process_start_time(int64_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  size_t close = s.rfind(')');  // the command name may hold spaces and parentheses
+  if (close == std::string::npos) return 0;
+  std::istringstream rest(s.substr(close + 2));
+  std::string field;
+  for (int i = 3; i <= 22 && rest >> field; ++i)
+    if (i == 22) return std::stoull(field);
+  return 0;
+}
+
+struct Layout {
+  uint64_t page_size, num_pages, off_index, off_heap_pos, off_scores, off_ticks, off_heap, off_pages,
+      off_classes, off_data, total;
+};
+
+Layout compute_layout(const CacheOptions& o) {
+  Layout l{};
+  l.page_size = page_size_for(o.max_item_bytes);
+  l.num_pages = o.capacity_bytes / l.page_size;
+  uint64_t n = o.num_samples;
+  uint64_t off = align_up(sizeof(Header), kAlign);
+  auto take = [&](uint64_t bytes) {
+    uint64_t at = off;
+    off = align_up(off + bytes, kAlign);
+    return at;
+  };
+  l.off_index = take(n * sizeof(std::atomic<uint64_t>));
+  l.off_heap_pos = take(n * sizeof(uint32_t));
+  l.off_scores = take(n * sizeof(std::atomic<float>));
+  bool ticked = o.policy == Policy::kLru || o.policy == Policy::kFifo;
+  l.off_ticks = take(ticked ? n * sizeof(std::atomic<uint64_t>) : 0);
+  l.off_heap = take(n * sizeof(HeapNode));
+  l.off_pages = take(l.num_pages * sizeof(PageMeta));
+  l.off_classes = take(kMaxClasses * sizeof(ClassMeta));
+  l.off_data = align_up(off, 4096);
+  l.total = l.off_data + l.num_pages * l.page_size;
+  return l;
+}
+
+void validate(const CacheOptions& o) {
+  if (o.num_samples == 0 || o.num_samples >= kNoId)
+    throw Error(ErrorKind::kInvalidArgument,
+                "num_samples must be in [1, " + std::to_string(kNoId - 1) + "], got " + std::to_string(o.num_samples));
+  if (o.max_item_bytes == 0 || o.max_item_bytes > (uint64_t{1} << 30))
+    throw Error(ErrorKind::kInvalidArgument, "max_item_bytes must be in [1, 1 GiB], got " + std::to_string(o.max_item_bytes));
+  uint64_t ps = page_size_for(o.max_item_bytes);
+  if (o.capacity_bytes < ps)
+    throw Error(ErrorKind::kInvalidArgument,
+                "capacity_bytes=" + std::to_string(o.capacity_bytes) + " is smaller than one slab page (" +
+                    std::to_string(ps) + " bytes for max_item_bytes=" + std::to_string(o.max_item_bytes) +
+                    "); raise capacity_bytes or lower max_item_bytes");
+  if (o.capacity_bytes > kMaxDataBytes)
+    throw Error(ErrorKind::kInvalidArgument, "capacity_bytes may be at most 256 GiB");
+}
+
+}  // namespace
+
+// ---- construction --------------------------------------------------------------------------
+
+uint64_t Cache::segment_bytes(const CacheOptions& opts) {
+  validate(opts);
+  return compute_layout(opts).total;
+}
+
+std::unique_ptr<Cache> Cache::create(const std::string& name, const CacheOptions& opts) {
+  validate(opts);
+  Layout l = compute_layout(opts);
+  Segment seg = Segment::create(name, l.total);
+  // The segment is zero-filled (tmpfs): index empty, heap_pos "absent", scores 0, ticks 0.
+  auto* h = new (seg.base()) Header();
+  h->layout_version = kLayoutVersion;
+  h->header_size = sizeof(Header);
+  h->slot_header_size = sizeof(SlotHeader);
+  h->page_meta_size = sizeof(PageMeta);
+  h->class_meta_size = sizeof(ClassMeta);
+  h->heap_node_size = sizeof(HeapNode);
+  h->policy = static_cast<uint32_t>(opts.policy);
+  h->num_samples = opts.num_samples;
+  h->page_size = l.page_size;
+  h->num_pages = l.num_pages;
+  h->capacity_bytes = l.num_pages * l.page_size;
+  h->total_size = l.total;
+  h->off_index = l.off_index;
+  h->off_heap_pos = l.off_heap_pos;
+  h->off_scores = l.off_scores;
+  h->off_ticks = l.off_ticks;
+  h->off_heap = l.off_heap;
+  h->off_pages = l.off_pages;
+  h->off_classes = l.off_classes;
+  h->off_data = l.off_data;
+  h->creator_pid = ::getpid();
+  h->creator_start_time = process_start_time(h->creator_pid);
+  h->created_unix_ns = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+  std::snprintf(h->name, sizeof h->name, "%s", name.c_str());
+  robust_mutex_init(&h->mutex);
+  h->num_classes = Slab::build_classes(reinterpret_cast<ClassMeta*>(seg.base() + l.off_classes), l.page_size);
+  std::unique_ptr<Cache> c(new Cache());
+  c->bind(std::move(seg), name);
+  c->slab_.init();
+  // Publish: an attacher that sees the magic (acquire) sees every field above.
+  h->magic.store(kMagic, std::memory_order_release);
+  return c;
+}
+
+std::unique_ptr<Cache> Cache::attach(const std::string& name) {
+  Segment seg = Segment::attach(name);
+  if (seg.size() < sizeof(Header))
+    throw Error(ErrorKind::kLayout, "'" + Segment::path(name) + "' is too small to be a shadecache segment");
+  auto* h = reinterpret_cast<Header*>(seg.base());
+  // The creator publishes the magic last; give a creator that is still initializing a moment.
+  uint64_t magic = h->magic.load(std::memory_order_acquire);
+  for (int i = 0; magic == 0 && i < 200; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    magic = h->magic.load(std::memory_order_acquire);
+  }
+  if (magic == 0)
+    throw Error(ErrorKind::kLayout, "cache '" + name + "' was never finished by its creator (pid " +
+                                        std::to_string(h->creator_pid) + "); remove it with `shadecache rm " + name + "`");
+  if (magic != kMagic)
+    throw Error(ErrorKind::kLayout, "'" + Segment::path(name) + "' is not a shadecache segment (bad magic)");
+  if (h->layout_version != kLayoutVersion || h->header_size != sizeof(Header) ||
+      h->slot_header_size != sizeof(SlotHeader) || h->page_meta_size != sizeof(PageMeta) ||
+      h->class_meta_size != sizeof(ClassMeta) || h->heap_node_size != sizeof(HeapNode))
+    throw Error(ErrorKind::kLayout, "cache '" + name + "' has layout version " + std::to_string(h->layout_version) +
+                                        " but this shadecache reads version " + std::to_string(kLayoutVersion) +
+                                        "; recreate the cache with this version");
+  if (h->total_size != seg.size())
+    throw Error(ErrorKind::kLayout, "cache '" + name + "' is " + std::to_string(seg.size()) + " bytes but its header says " +
+                                        std::to_string(h->total_size));
+  std::unique_ptr<Cache> c(new Cache());
+  c->bind(std::move(seg), name);
+  return c;
+}
+
+bool Cache::read_creator(const std::string& name, int64_t* pid, uint64_t* start_time) {
+  Segment seg = Segment::attach(name);
+  if (seg.size() < sizeof(Header)) return false;
+  auto* h = reinterpret_cast<Header*>(seg.base());
+  *pid = h->creator_pid;
+  *start_time = h->creator_start_time;
+  return true;
+}
+
+void Cache::bind(Segment seg, const std::string& name) {
+  seg_ = std::move(seg);
+  name_ = name;
+  char* b = seg_.base();
+  hdr_ = reinterpret_cast<Header*>(b);
+  n_ = hdr_->num_samples;
+  index_ = reinterpret_cast<std::atomic<uint64_t>*>(b + hdr_->off_index);
+  heap_pos_ = reinterpret_cast<uint32_t*>(b + hdr_->off_heap_pos);
+  scores_ = reinterpret_cast<std::atomic<float>*>(b + hdr_->off_scores);
+  ticks_ = reinterpret_cast<std::atomic<uint64_t>*>(b + hdr_->off_ticks);
+  pages_ = reinterpret_cast<PageMeta*>(b + hdr_->off_pages);
+  data_ = b + hdr_->off_data;
+  page_size_ = hdr_->page_size;
+  data_bytes_ = hdr_->num_pages * page_size_;
+  slab_ = Slab(data_, pages_, reinterpret_cast<ClassMeta*>(b + hdr_->off_classes), &hdr_->free_page_head,
+               hdr_->num_pages, page_size_, hdr_->num_classes);
+  heap_ = IndexedHeap(reinterpret_cast<HeapNode*>(b + hdr_->off_heap), heap_pos_, &hdr_->heap_size);
+}
+
+WriteLock::WriteLock(Cache* c) : c_(c) {
+  c->check_open();
+  if (robust_mutex_lock(&c->hdr_->mutex, [c] { c->do_repair(); }))
+    c->hdr_->stats.recoveries.fetch_add(1, std::memory_order_relaxed);
+}
+
+WriteLock::~WriteLock() { robust_mutex_unlock(&c_->hdr_->mutex); }
+
+// ---- readers --------------------------------------------------------------------------------
+
+bool Cache::contains(uint64_t id) {
+  check_open();
+  check_id(id);
+  return index_[id].load(std::memory_order_acquire) != 0;
+}
+
+void Cache::cached_mask(uint8_t* out) {
+  check_open();
+  for (uint64_t i = 0; i < n_; ++i) out[i] = index_[i].load(std::memory_order_relaxed) != 0;
+}
+
+void Cache::scores_snapshot(float* out) {
+  check_open();
+  for (uint64_t i = 0; i < n_; ++i) out[i] = scores_[i].load(std::memory_order_relaxed);
+}
+
+CacheStats Cache::stats() {
+  check_open();
+  const Stats& s = hdr_->stats;
+  auto r = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+  CacheStats out{};
+  out.hits = r(s.hits);
+  out.misses = r(s.misses);
+  out.read_retries = r(s.read_retries);
+  out.inserts = r(s.inserts);
+  out.updates = r(s.updates);
+  out.evictions = r(s.evictions);
+  out.rejected = r(s.rejected);
+  out.page_moves = r(s.page_moves);
+  out.recoveries = r(s.recoveries);
+  out.score_updates = r(s.score_updates);
+  {
+    // items/bytes_used are writer state; reading them under the lock gives a consistent pair.
+    WriteLock lock(this);
+    out.items = hdr_->items;
+    out.bytes_used = hdr_->bytes_used;
+    uint64_t free_pages = 0;
+    for (uint64_t p = 0; p < hdr_->num_pages; ++p) free_pages += pages_[p].cls == kFreePage;
+    out.free_pages = free_pages;
+  }
+  out.capacity_bytes = hdr_->capacity_bytes;
+  out.num_samples = n_;
+  out.page_size = page_size_;
+  out.num_pages = hdr_->num_pages;
+  out.segment_bytes = hdr_->total_size;
+  out.max_item_bytes = slab_.max_value_len();
+  out.creator_pid = hdr_->creator_pid;
+  out.creator_start_time = hdr_->creator_start_time;
+  out.policy = hdr_->policy;
+  return out;
+}
+
+// ---- writers --------------------------------------------------------------------------------
+
+PutItem Cache::make_item(uint64_t id, const char* data, uint64_t len) {
+  check_open();
+  check_id(id);
+  int cls = slab_.class_for(len);
+  if (cls < 0 || len > hdr_->capacity_bytes)
+    throw Error(ErrorKind::kTooLarge, "value for sample id " + std::to_string(id) + " is " + std::to_string(len) +
+                                          " bytes; cache '" + name_ + "' holds values of at most " +
+                                          std::to_string(slab_.max_value_len()) +
+                                          " bytes (create it with a larger max_item_bytes)");
+  return PutItem{static_cast<uint32_t>(id), data, static_cast<uint32_t>(len), crc32c(data, len),
+                 cls};
+}
+
+void Cache::put_many(std::vector<PutItem>& items, const float* scores, uint8_t* admitted) {
+  if (scores)
+    for (size_t i = 0; i < items.size(); ++i) check_score(items[i].id, scores[i]);
+  WriteLock lock(this);
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (scores) do_set_score(items[i].id, scores[i]);
+    admitted[i] = do_put(items[i]);
+  }
+}
+
+bool Cache::remove(uint64_t id) {
+  check_open();
+  check_id(id);
+  WriteLock lock(this);
+  if (index_[id].load(std::memory_order_relaxed) == 0) return false;
+  do_evict(static_cast<uint32_t>(id), true);
+  return true;
+}
+
+void Cache::update_scores(const int64_t* ids, const float* scores, size_t n) {
+  check_open();
+  // Validate the whole batch before changing anything: a bad id or score loses nothing.
+  for (size_t i = 0; i < n; ++i) {
+    check_id_signed(ids[i]);
+    check_score(ids[i], scores[i]);
+  }
+  WriteLock lock(this);
+  for (size_t i = 0; i < n; ++i) {
+    if (i == n / 2) crash_point(CrashPoint::kScoresMid);
+    do_set_score(static_cast<uint32_t>(ids[i]), scores[i]);
+  }
+  hdr_->stats.score_updates.fetch_add(n, std::memory_order_relaxed);
+}
+
+void Cache::do_set_score(uint32_t id, float score) {
+  scores_[id].store(score, std::memory_order_relaxed);
+  if (hdr_->policy == static_cast<uint32_t>(Policy::kImportance) && heap_.contains(id)) heap_.update(id, score);
+}
+
+double Cache::do_new_key(uint32_t id) {
+  switch (static_cast<Policy>(hdr_->policy)) {
+    case Policy::kImportance:
+      return scores_[id].load(std::memory_order_relaxed);
+    case Policy::kLru:
+    case Policy::kFifo: {
+      uint64_t t = hdr_->clock.fetch_add(1, std::memory_order_relaxed) + 1;
+      ticks_[id].store(t, std::memory_order_relaxed);
+      return static_cast<double>(t);
+    }
+    case Policy::kStatic:
+      return 0.0;
+  }
+  return 0.0;
+}
+
+double Cache::do_repair_key(uint32_t id) const {
+  switch (static_cast<Policy>(hdr_->policy)) {
+    case Policy::kImportance:
+      return scores_[id].load(std::memory_order_relaxed);
+    case Policy::kLru:
+    case Policy::kFifo:
+      return static_cast<double>(ticks_[id].load(std::memory_order_relaxed));
+    case Policy::kStatic:
+      return 0.0;
+  }
+  return 0.0;
+}
+
+// Seqlock write of one slot: odd seq, fence, body, even seq with release (readers: see read()).
+void Cache::write_slot(SlotHeader* s, const PutItem& it) {
+  uint64_t seq = s->seq.load(std::memory_order_relaxed);
+  s->seq.store(seq + 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  s->id = it.id;
+  s->len = it.len;
+  s->crc = it.crc;
+  uint64_t off = reinterpret_cast<char*>(s) - data_;
+  size_t half = it.len / 2;
+  std::memcpy(slab_.value(off), it.data, half);
+  crash_point(CrashPoint::kPutMidWrite);
+  std::memcpy(slab_.value(off) + half, it.data + half, it.len - half);
+  s->seq.store(seq + 2, std::memory_order_release);
+}
+
+bool Cache::do_put(const PutItem& it) {
+  hdr_->op_in_progress = 1;
+  uint64_t cur = index_[it.id].load(std::memory_order_relaxed);
+  if (cur) {
+    uint64_t off = cur - 1;
+    SlotHeader* s = slab_.slot(off);
+    if (pages_[slab_.page_of(off)].cls == static_cast<uint32_t>(it.cls)) {
+      // Same size class: rewrite in place; readers racing it retry on the seqlock.
+      hdr_->bytes_used += static_cast<uint64_t>(it.len) - s->len;
+      write_slot(s, it);
+      if (hdr_->policy == static_cast<uint32_t>(Policy::kLru)) heap_.update(it.id, do_new_key(it.id));
+      hdr_->stats.updates.fetch_add(1, std::memory_order_relaxed);
+      hdr_->op_in_progress = 0;
+      return true;
+    }
+    do_evict(it.id, true);  // another class: drop the old copy, insert anew below
+    hdr_->stats.updates.fetch_add(1, std::memory_order_relaxed);
+  }
+  double key = do_new_key(it.id);
+  uint64_t u = do_alloc_slot(static_cast<uint32_t>(it.cls), key);
+  if (u == 0) {
+    hdr_->stats.rejected.fetch_add(1, std::memory_order_relaxed);
+    hdr_->op_in_progress = 0;
+    return false;
+  }
+  uint64_t off = u - 1;
+  crash_point(CrashPoint::kPutAfterAlloc);
+  write_slot(slab_.slot(off), it);
+  crash_point(CrashPoint::kPutAfterWrite);
+  index_[it.id].store(off + 1, std::memory_order_release);  // publish
+  crash_point(CrashPoint::kPutAfterPublish);
+  heap_.push(it.id, key);
+  PageMeta& pm = pages_[slab_.page_of(off)];
+  ++pm.live;
+  ++slab_.cls(pm.cls).items;
+  ++hdr_->items;
+  hdr_->bytes_used += it.len;
+  hdr_->stats.inserts.fetch_add(1, std::memory_order_relaxed);
+  hdr_->op_in_progress = 0;
+  return true;
+}
+
+// Finds a free slot of class `cls` for a value whose priority will be `key`, evicting if needed.
+// Returns the slot offset + 1, or 0 when the policy refuses (static full, or importance admission
+// fails because `key` does not beat the lowest cached priority).
+uint64_t Cache::do_alloc_slot(uint32_t cls, double key) {
+  const auto policy = static_cast<Policy>(hdr_->policy);
+  // Under "importance" a full cache admits a value only if it beats the lowest cached score. A
+  // cache is full when no page is free and its free slots are under 1/8 of the capacity: the few
+  // slots a page move frees beyond the one it needed must not let low-score values in through the
+  // side door (with a mix of sizes, nearly every admission would otherwise take such a slot).
+  if (policy == Policy::kImportance && hdr_->free_page_head == 0 && !heap_.empty() &&
+      !(key > heap_.top().key) && slab_.free_slot_bytes() < hdr_->capacity_bytes / 8)
+    return 0;
+  if (uint64_t u = slab_.do_pop_free_slot(cls)) return u;
+  if (slab_.do_take_free_page(cls)) return slab_.do_pop_free_slot(cls);
+  if (policy == Policy::kStatic) return 0;
+  while (!heap_.empty()) {
+    HeapNode top = heap_.top();
+    if (policy == Policy::kLru) {
+      // Readers bump ticks without the lock, so heap keys lag: refresh the top and look again.
+      double now = static_cast<double>(ticks_[top.id].load(std::memory_order_relaxed));
+      if (now > top.key) {
+        heap_.update(top.id, now);
+        continue;
+      }
+    }
+    if (policy == Policy::kImportance && !(key > top.key)) return 0;
+    uint64_t voff = index_[top.id].load(std::memory_order_relaxed) - 1;
+    uint64_t vpage = slab_.page_of(voff);
+    if (pages_[vpage].cls == cls) {
+      do_evict(top.id, true);
+      hdr_->stats.evictions.fetch_add(1, std::memory_order_relaxed);
+      return slab_.do_pop_free_slot(cls);
+    }
+    // The lowest-priority value sits in another size class: move its whole page to ours. This is
+    // how memory follows the size mix (a cache full of 3 KB values can take 100 KB ones).
+    do_move_page(vpage, cls);
+    return slab_.do_pop_free_slot(cls);
+  }
+  return 0;
+}
+
+void Cache::do_evict(uint32_t id, bool to_free_list) {
+  uint64_t off = index_[id].load(std::memory_order_relaxed) - 1;
+  SlotHeader* s = slab_.slot(off);
+  index_[id].store(0, std::memory_order_release);  // new readers miss from here on
+  crash_point(CrashPoint::kEvictAfterUnpublish);
+  uint64_t seq = s->seq.load(std::memory_order_relaxed);
+  s->seq.store(seq + 1, std::memory_order_relaxed);  // readers mid-copy see the change and retry
+  std::atomic_thread_fence(std::memory_order_release);
+  s->id = kNoId;
+  s->seq.store(seq + 2, std::memory_order_release);
+  PageMeta& pm = pages_[slab_.page_of(off)];
+  if (to_free_list) slab_.do_push_free_slot(pm.cls, off);
+  crash_point(CrashPoint::kEvictAfterFree);
+  if (heap_.contains(id)) heap_.remove(id);
+  --pm.live;
+  --slab_.cls(pm.cls).items;
+  --hdr_->items;
+  hdr_->bytes_used -= s->len;
+}
+
+void Cache::do_move_page(uint64_t p, uint32_t cls) {
+  PageMeta& pm = pages_[p];
+  uint32_t old = pm.cls;
+  const ClassMeta& ocm = slab_.cls(old);
+  uint64_t base = p * page_size_;
+  for (uint32_t i = 0; i < ocm.slots_per_page; ++i) {
+    uint64_t off = base + static_cast<uint64_t>(i) * ocm.slot_size;
+    SlotHeader* s = slab_.slot(off);
+    if (s->id == kNoId) {
+      slab_.do_unlink_free_slot(old, off);
+    } else {
+      do_evict(s->id, false);
+      hdr_->stats.evictions.fetch_add(1, std::memory_order_relaxed);
+    }
+    if (i == ocm.slots_per_page / 2) crash_point(CrashPoint::kMovePageMid);
+  }
+  --slab_.cls(old).pages;
+  slab_.do_cut_page(p, cls);
+  hdr_->stats.page_moves.fetch_add(1, std::memory_order_relaxed);
+}
+
+// ---- repair -----------------------------------------------------------------------------------
+
+// Runs when a writer died holding the mutex. The ground truth is the index plus the slot headers
+// (each changed by single aligned stores in an order that keeps them meaningful): a slot is live
+// iff its seq is even, it names an id, and index[id] points at it. Everything else (free lists,
+// page and class counts, the heap, items, bytes_used) is derived again from that truth. Idempotent:
+// a repairer killed half way leaves EOWNERDEAD for the next locker, which starts over.
+void Cache::do_repair() {
+  heap_.clear();
+  std::memset(heap_pos_, 0, n_ * sizeof(uint32_t));
+  uint64_t page_count = hdr_->num_pages;
+  // Pages: classes keep their pages; a page caught mid-move becomes free (none of its slots can be
+  // live: the mover unpublished them all before cutting it).
+  for (uint32_t c = 0; c < slab_.num_classes(); ++c) {
+    ClassMeta& cm = slab_.cls(c);
+    cm.free_head = cm.free_slots = cm.pages = cm.items = 0;
+  }
+  hdr_->free_page_head = 0;
+  hdr_->items = 0;
+  hdr_->bytes_used = 0;
+  for (uint64_t p = page_count; p-- > 0;) {
+    PageMeta& pm = pages_[p];
+    uint64_t g = pm.gen.load(std::memory_order_relaxed);
+    if (g & 1) {
+      pm.gen.store(g + 1, std::memory_order_release);
+      pm.cls = kFreePage;
+    }
+    if (pm.cls >= slab_.num_classes()) {
+      slab_.do_push_free_page(p);
+      continue;
+    }
+    ClassMeta& cm = slab_.cls(pm.cls);
+    ++cm.pages;
+    pm.live = 0;
+    for (uint32_t i = cm.slots_per_page; i-- > 0;) {
+      uint64_t off = p * page_size_ + static_cast<uint64_t>(i) * cm.slot_size;
+      SlotHeader* s = slab_.slot(off);
+      uint64_t seq = s->seq.load(std::memory_order_relaxed);
+      bool live = !(seq & 1) && s->id < n_ && index_[s->id].load(std::memory_order_relaxed) == off + 1 &&
+                  s->len <= cm.slot_size - sizeof(SlotHeader);
+      if (live) {
+        heap_.append(s->id, do_repair_key(s->id));
+        ++pm.live;
+        ++cm.items;
+        ++hdr_->items;
+        hdr_->bytes_used += s->len;
+      } else {
+        if (seq & 1) s->seq.store(seq + 1, std::memory_order_release);  // torn write: readers retry
+        s->id = kNoId;
+        slab_.do_push_free_slot(pm.cls, off);
+      }
+    }
+  }
+  // Index entries that do not name a live slot (a put that died before its slot was stable, an
+  // eviction that died after unpublishing) are cleared.
+  for (uint64_t id = 0; id < n_; ++id) {
+    uint64_t v = index_[id].load(std::memory_order_relaxed);
+    if (v && heap_pos_[id] == 0) index_[id].store(0, std::memory_order_release);
+  }
+  heap_.heapify();
+  hdr_->op_in_progress = 0;
+}
+
+// ---- check --------------------------------------------------------------------------------------
+
+void Cache::check() {
+  check_open();
+  std::string fault;
+  {
+    WriteLock lock(this);
+    fault = do_check();
+  }
+  if (!fault.empty()) throw Error(ErrorKind::kCorruption, "cache '" + name_ + "': " + fault);
+}
+
+std::string Cache::do_check() {
+  std::string f = heap_.check(n_);
+  if (!f.empty()) return f;
+  f = slab_.check_free_lists();
+  if (!f.empty()) return f;
+  uint64_t items = 0, bytes = 0, free_pages = 0;
+  std::vector<uint64_t> class_pages(slab_.num_classes()), class_items(slab_.num_classes());
+  const auto policy = static_cast<Policy>(hdr_->policy);
+  for (uint64_t p = 0; p < hdr_->num_pages; ++p) {
+    const PageMeta& pm = pages_[p];
+    if (pm.gen.load(std::memory_order_relaxed) & 1) return "page " + std::to_string(p) + " is stuck mid-move";
+    if (pm.cls == kFreePage) {
+      ++free_pages;
+      continue;
+    }
+    if (pm.cls >= slab_.num_classes()) return "page " + std::to_string(p) + " has invalid class " + std::to_string(pm.cls);
+    const ClassMeta& cm = slab_.cls(pm.cls);
+    ++class_pages[pm.cls];
+    uint32_t live = 0;
+    for (uint32_t i = 0; i < cm.slots_per_page; ++i) {
+      uint64_t off = p * page_size_ + static_cast<uint64_t>(i) * cm.slot_size;
+      const SlotHeader* s = slab_.slot(off);
+      if (s->id == kNoId) continue;
+      std::string where = "slot at offset " + std::to_string(off) + " (id " + std::to_string(s->id) + ")";
+      if (s->id >= n_) return where + " names an id out of range";
+      if (s->seq.load(std::memory_order_relaxed) & 1) return where + " is stuck mid-write";
+      if (index_[s->id].load(std::memory_order_relaxed) != off + 1) return where + " is not the one the index names";
+      if (s->len > cm.slot_size - sizeof(SlotHeader)) return where + " claims a length larger than its slot";
+      if (crc32c(slab_.value(off), s->len) != s->crc) return where + " fails its checksum";
+      if (!heap_.contains(s->id)) return where + " is not in the eviction heap";
+      double key = heap_.key_of(s->id);
+      if (policy == Policy::kImportance && key != scores_[s->id].load(std::memory_order_relaxed))
+        return where + " has heap key " + std::to_string(key) + " but score " + std::to_string(scores_[s->id].load());
+      if (policy == Policy::kFifo && key != static_cast<double>(ticks_[s->id].load()))
+        return where + " has a heap key that is not its insert tick";
+      if (policy == Policy::kLru && key > static_cast<double>(ticks_[s->id].load()))
+        return where + " has a heap key newer than its last access";
+      ++live;
+      bytes += s->len;
+    }
+    if (live != pm.live) return "page " + std::to_string(p) + " counts " + std::to_string(pm.live) + " live slots, holds " + std::to_string(live);
+    class_items[pm.cls] += live;
+    items += live;
+  }
+  for (uint32_t c = 0; c < slab_.num_classes(); ++c) {
+    const ClassMeta& cm = slab_.cls(c);
+    if (cm.pages != class_pages[c] || cm.items != class_items[c])
+      return "class " + std::to_string(c) + " counts disagree with its pages";
+    if (cm.items + cm.free_slots != cm.pages * cm.slots_per_page)
+      return "class " + std::to_string(c) + ": items + free slots != slots in its pages";
+  }
+  uint64_t listed = 0;
+  for (uint64_t u = hdr_->free_page_head; u && listed <= hdr_->num_pages; u = pages_[u - 1].next_free_page) {
+    if (u > hdr_->num_pages || pages_[u - 1].cls != kFreePage) return "free page list names a page in use";
+    ++listed;
+  }
+  if (listed != free_pages) return "free page list holds " + std::to_string(listed) + " pages, " + std::to_string(free_pages) + " are free";
+  if (items != hdr_->items || items != heap_.size())
+    return "items: header " + std::to_string(hdr_->items) + ", heap " + std::to_string(heap_.size()) + ", slots " + std::to_string(items);
+  if (bytes != hdr_->bytes_used) return "bytes_used says " + std::to_string(hdr_->bytes_used) + ", slots hold " + std::to_string(bytes);
+  uint64_t indexed = 0;
+  for (uint64_t id = 0; id < n_; ++id) indexed += index_[id].load(std::memory_order_relaxed) != 0;
+  if (indexed != items) return std::to_string(indexed) + " index entries for " + std::to_string(items) + " live slots";
+  return "";
+}
+
+}  // namespace shadecache

@@ -1,0 +1,197 @@
+// The node cache: one shared-memory segment holding values for dense sample ids 0..N-1, a score
+// for every id, an eviction heap and a slab allocator. Many processes map it at once.
+//
+// Contracts (docs/shared_memory.md has the full protocol):
+// - Readers (read, contains, snapshots, stats) take no lock. A reader copies a value out under the
+//   slot's seqlock and the page's generation and retries if a writer raced it; a reader that dies
+//   holds nothing.
+// - Writers (put, remove, update_scores, check) take the segment's one robust mutex. Methods named
+//   do_* require it held. A writer killed anywhere leaves a state that the next locker repairs
+//   (do_repair rebuilds every derived structure from the index and the slot headers).
+// - Nothing here knows Python; the bindings release the GIL around every method that can block.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cache/crash_point.h"
+#include "cache/heap.h"
+#include "cache/layout.h"
+#include "cache/segment.h"
+#include "cache/slab.h"
+#include "common/error.h"
+
+namespace shadecache {
+
+struct CacheOptions {
+  uint64_t num_samples = 0;
+  uint64_t capacity_bytes = 0;   // bytes of slab memory for values (rounded down to whole pages)
+  uint64_t max_item_bytes = 1 << 20;  // largest value accepted; sets the slab page size
+  Policy policy = Policy::kImportance;
+};
+
+struct CacheStats {
+  uint64_t hits, misses, read_retries, inserts, updates, evictions, rejected, page_moves,
+      recoveries, score_updates, items, bytes_used, capacity_bytes, num_samples, page_size,
+      num_pages, free_pages, segment_bytes, max_item_bytes;
+  int64_t creator_pid;
+  uint64_t creator_start_time;
+  uint32_t policy;
+};
+
+// One value of a batch put: id, bytes, and the crc32c computed outside the lock.
+struct PutItem {
+  uint32_t id;
+  const char* data;
+  uint32_t len;
+  uint32_t crc;
+  int cls;
+};
+
+class Cache {
+ public:
+  static std::unique_ptr<Cache> create(const std::string& name, const CacheOptions& opts);
+  static std::unique_ptr<Cache> attach(const std::string& name);
+  // Size a segment for `opts` would take (header + arrays + data), after rounding.
+  static uint64_t segment_bytes(const CacheOptions& opts);
+  // pid and start time of the process that created segment `name`, read without taking its lock.
+  static bool read_creator(const std::string& name, int64_t* pid, uint64_t* start_time);
+
+  ~Cache() = default;
+  void close() { seg_.unmap(); }
+  bool closed() const { return !seg_.mapped(); }
+  const std::string& name() const { return name_; }
+  uint64_t num_samples() const { return n_; }
+  Policy policy() const { return static_cast<Policy>(hdr_->policy); }
+  uint64_t max_value_len() const { return slab_.max_value_len(); }
+
+  // ---- readers: no lock -------------------------------------------------------------------
+  // Copies the value of `id` into alloc(len) and returns len, or returns -1 on a miss. alloc may
+  // be called again (with a new length) when a writer raced the copy.
+  template <class Alloc>
+  int64_t read(uint64_t id, Alloc&& alloc);
+  bool contains(uint64_t id);
+  void cached_mask(uint8_t* out);   // out[N]
+  void scores_snapshot(float* out);  // out[N]
+  CacheStats stats();
+
+  // ---- writers: take the mutex --------------------------------------------------------------
+  // Validates, then inserts each item (one lock for the batch). admitted[i] = 0 where admission
+  // refused it. scores, when given, are set first (they drive admission under "importance").
+  void put_many(std::vector<PutItem>& items, const float* scores, uint8_t* admitted);
+  // Builds a PutItem (validating id and length, computing the crc); call without the lock.
+  PutItem make_item(uint64_t id, const char* data, uint64_t len);
+  bool remove(uint64_t id);
+  void update_scores(const int64_t* ids, const float* scores, size_t n);
+  // Walks every structure under the lock; throws Error(kCorruption) describing the first fault.
+  void check();
+
+  void check_open() const {
+    if (!seg_.mapped()) throw Error(ErrorKind::kClosed, "cache '" + name_ + "' is closed");
+  }
+  void check_id(uint64_t id) const {
+    if (id >= n_)
+      throw Error(ErrorKind::kOutOfRange, "sample id " + std::to_string(id) + " is out of range for cache '" +
+                                              name_ + "' with num_samples=" + std::to_string(n_));
+  }
+
+  void check_id_signed(int64_t id) const {
+    if (id < 0)
+      throw Error(ErrorKind::kOutOfRange, "sample id " + std::to_string(id) + " is negative (cache '" + name_ + "')");
+    check_id(static_cast<uint64_t>(id));
+  }
+  void check_score(int64_t id, float score) const {
+    if (score != score)
+      throw Error(ErrorKind::kInvalidArgument, "score for sample id " + std::to_string(id) + " is NaN");
+  }
+
+ private:
+  friend class WriteLock;
+  Cache() = default;
+  void bind(Segment seg, const std::string& name);
+
+  // All do_* run with the mutex held.
+  bool do_put(const PutItem& it);
+  uint64_t do_alloc_slot(uint32_t cls, double key);
+  void do_evict(uint32_t id, bool to_free_list);
+  void do_move_page(uint64_t page, uint32_t cls);
+  void do_set_score(uint32_t id, float score);
+  double do_new_key(uint32_t id);
+  double do_repair_key(uint32_t id) const;
+  void do_repair();
+  std::string do_check();
+  void write_slot(SlotHeader* s, const PutItem& it);
+
+  Segment seg_;
+  std::string name_;
+  Header* hdr_ = nullptr;
+  uint64_t n_ = 0;
+  std::atomic<uint64_t>* index_ = nullptr;
+  uint32_t* heap_pos_ = nullptr;
+  std::atomic<float>* scores_ = nullptr;
+  std::atomic<uint64_t>* ticks_ = nullptr;
+  PageMeta* pages_ = nullptr;
+  char* data_ = nullptr;
+  uint64_t data_bytes_ = 0;
+  uint64_t page_size_ = 0;
+  Slab slab_;
+  IndexedHeap heap_;
+};
+
+// Holds the cache mutex for a scope, repairing a dead owner's state on the way in.
+class WriteLock {
+ public:
+  explicit WriteLock(Cache* c);
+  ~WriteLock();
+  WriteLock(const WriteLock&) = delete;
+  WriteLock& operator=(const WriteLock&) = delete;
+
+ private:
+  Cache* c_;
+};
+
+// ---- the lock-free read path (inline: it is the hot path) -------------------------------------
+
+constexpr int kMaxReadAttempts = 64;
+
+template <class Alloc>
+int64_t Cache::read(uint64_t id, Alloc&& alloc) {
+  check_open();
+  check_id(id);
+  std::atomic<uint64_t>& entry = index_[id];
+  for (int attempt = 0; attempt < kMaxReadAttempts; ++attempt) {
+    if (attempt) hdr_->stats.read_retries.fetch_add(1, std::memory_order_relaxed);
+    uint64_t v = entry.load(std::memory_order_acquire);
+    if (v == 0) break;
+    uint64_t off = v - 1;
+    if (off >= data_bytes_) break;  // only a corrupt segment gets here; check() reports it
+    PageMeta& page = pages_[off / page_size_];
+    uint64_t g1 = page.gen.load(std::memory_order_acquire);
+    // Reading the index again after the generation proves `off` was published within this page
+    // layout, so it is a slot header and not the middle of some other value.
+    if ((g1 & 1) || entry.load(std::memory_order_acquire) != v) continue;
+    SlotHeader* s = slab_.slot(off);
+    uint64_t s1 = s->seq.load(std::memory_order_acquire);
+    if (s1 & 1) continue;
+    uint32_t sid = __atomic_load_n(&s->id, __ATOMIC_RELAXED);
+    uint32_t len = __atomic_load_n(&s->len, __ATOMIC_RELAXED);
+    if (sid != id || len > page_size_ - off % page_size_ - sizeof(SlotHeader)) continue;
+    char* dst = alloc(len);
+    std::memcpy(dst, slab_.value(off), len);
+    // Acquire fence: the seq/gen loads below cannot move above the copy, so an unchanged seq and
+    // gen prove no writer touched the slot during it (the writer's release fence pairs with this).
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (s->seq.load(std::memory_order_relaxed) != s1 || page.gen.load(std::memory_order_relaxed) != g1) continue;
+    hdr_->stats.hits.fetch_add(1, std::memory_order_relaxed);
+    if (hdr_->policy == static_cast<uint32_t>(Policy::kLru))
+      ticks_[id].store(hdr_->clock.fetch_add(1, std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    return len;
+  }
+  hdr_->stats.misses.fetch_add(1, std::memory_order_relaxed);
+  return -1;
+}
+
+}  // namespace shadecache

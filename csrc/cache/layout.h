@@ -1,0 +1,144 @@
+// The shared-memory layout of one cache segment. Everything in the segment is addressed by offsets
+// from the segment base, never by pointers, because every process maps it at its own address.
+//
+//   [Header | index[N] | heap_pos[N] | scores[N] | ticks[N] | heap[N] | pages[P] | classes[C] | data]
+//
+// index[id]     u64 atomic: 0 = not cached, else (offset of the slot in the data area) + 1
+// heap_pos[id]  u32: 0 = not in the eviction heap, else position + 1 (so a zeroed segment is valid)
+// scores[id]    f32 atomic: importance of EVERY sample, cached or not (SHADE's ghost cache)
+// ticks[id]     u64 atomic: last access (lru) or insert (fifo) clock value; 0 entries for other policies
+// heap[k]       HeapNode{key, id}: indexed min-heap over the eviction priority (csrc/cache/heap.h)
+// pages[p]      PageMeta: the size class a slab page belongs to and its generation (seqlock)
+// classes[c]    ClassMeta: slot size, free list head, counts
+// data          P pages of page_size bytes; a page is cut into slots of its class's slot_size;
+//               each slot is a SlotHeader followed by the value bytes.
+//
+// docs/shared_memory.md explains the protocols (who writes what, under which lock, with which
+// memory ordering). Changing any struct here requires bumping kLayoutVersion.
+#pragma once
+
+#include <pthread.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace shadecache {
+
+constexpr uint64_t kMagic = 0x3148434544414853ull;  // "SHADECH1" little-endian
+constexpr uint32_t kLayoutVersion = 1;
+constexpr uint32_t kNoId = 0xFFFFFFFFu;
+constexpr uint32_t kFreePage = 0xFFFFFFFFu;
+constexpr uint32_t kMaxClasses = 64;
+constexpr size_t kAlign = 64;  // cache line: every array and every slot starts on one
+constexpr uint64_t kMaxDataBytes = (uint64_t{1} << 32) * kAlign;  // see SlotHeader::next_free
+
+enum class Policy : uint32_t { kImportance = 0, kLru = 1, kFifo = 2, kStatic = 3 };
+
+// Stats words are written with relaxed atomics (by readers too: hits/misses); they are counters,
+// nobody orders other memory by them.
+struct alignas(64) Stats {
+  std::atomic<uint64_t> hits;
+  std::atomic<uint64_t> misses;
+  std::atomic<uint64_t> read_retries;  // a reader raced a writer and read again
+  std::atomic<uint64_t> pad_[5];
+  // Writer-side counters: updated under the mutex, on their own line so readers do not bounce it.
+  std::atomic<uint64_t> inserts;
+  std::atomic<uint64_t> updates;     // put of an id that was already cached
+  std::atomic<uint64_t> evictions;
+  std::atomic<uint64_t> rejected;    // admission refused
+  std::atomic<uint64_t> page_moves;  // slab pages moved from one size class to another
+  std::atomic<uint64_t> recoveries;  // EOWNERDEAD repairs
+  std::atomic<uint64_t> score_updates;
+  std::atomic<uint64_t> pad2_;
+};
+
+struct alignas(64) Header {
+  // ---- identity: written once by the creator before `magic`, read-only afterwards.
+  std::atomic<uint64_t> magic;  // stored last with release: a reader that sees it sees the rest
+  uint32_t layout_version;
+  uint32_t header_size;        // sizeof(Header), and the struct sizes below, checked at attach
+  uint32_t slot_header_size;
+  uint32_t page_meta_size;
+  uint32_t class_meta_size;
+  uint32_t heap_node_size;
+  uint32_t policy;
+  uint32_t num_classes;
+  uint64_t num_samples;
+  uint64_t capacity_bytes;     // size of the data area = num_pages * page_size
+  uint64_t page_size;
+  uint64_t num_pages;
+  uint64_t total_size;         // whole segment
+  uint64_t off_index, off_heap_pos, off_scores, off_ticks, off_heap, off_pages, off_classes, off_data;
+  int64_t creator_pid;
+  uint64_t creator_start_time;  // /proc/<pid>/stat field 22: tells a reused pid from the creator
+  uint64_t created_unix_ns;
+  char name[128];
+
+  // ---- writer state: only read or written with `mutex` held.
+  alignas(64) pthread_mutex_t mutex;  // process-shared, robust
+  uint64_t heap_size;
+  uint64_t free_page_head;  // page index + 1 of the first free page, 0 = none
+  uint64_t items;
+  uint64_t bytes_used;      // sum of cached value lengths
+  uint64_t op_in_progress;  // nonzero while a writer is mid-operation (diagnostics after a crash)
+
+  // ---- clock for lru/fifo ticks: readers bump it (relaxed) on every hit under lru.
+  alignas(64) std::atomic<uint64_t> clock;
+
+  alignas(64) Stats stats;
+};
+
+// A slot: the header of one cached value; the value bytes follow it.
+// seq is a seqlock: even = stable, odd = being written. A writer bumps it to odd, changes the slot,
+// then bumps it to even with release. id == kNoId marks a free slot.
+struct SlotHeader {
+  std::atomic<uint64_t> seq;
+  uint32_t id;
+  uint32_t len;
+  uint32_t crc;             // crc32c of the value: check() verifies every cached value with it
+  uint32_t reserved;
+  // Free list links (doubly linked, so a page leaving its class unlinks its free slots in O(1)
+  // each), in units of kAlign bytes of the data area, + 1; 0 = none. Hence a data area of at most
+  // 2^32 * 64 B = 256 GiB.
+  uint32_t next_free;
+  uint32_t prev_free;
+};
+
+// gen is a seqlock over the page's layout: odd while the page is being moved to another class.
+struct PageMeta {
+  std::atomic<uint64_t> gen;
+  uint32_t cls;             // size class, or kFreePage
+  uint32_t live;            // live slots on the page (writer-only)
+  uint64_t next_free_page;  // free page list link: page index + 1, 0 = end
+  uint64_t reserved;
+};
+
+struct ClassMeta {
+  uint32_t slot_size;       // header + largest value, a multiple of kAlign
+  uint32_t slots_per_page;
+  uint64_t free_head;       // first free slot, as SlotHeader::next_free; 0 = none
+  uint64_t free_slots;
+  uint64_t pages;
+  uint64_t items;
+  uint64_t reserved[3];
+};
+
+struct HeapNode {
+  double key;   // eviction priority: the smallest is evicted first
+  uint32_t id;
+  uint32_t reserved;
+};
+
+static_assert(sizeof(SlotHeader) == 32, "SlotHeader layout changed: bump kLayoutVersion");
+static_assert(sizeof(PageMeta) == 32, "PageMeta layout changed: bump kLayoutVersion");
+static_assert(sizeof(ClassMeta) == 64, "ClassMeta layout changed: bump kLayoutVersion");
+static_assert(sizeof(HeapNode) == 16, "HeapNode layout changed: bump kLayoutVersion");
+static_assert(sizeof(std::atomic<uint64_t>) == 8 && std::atomic<uint64_t>::is_always_lock_free,
+              "64-bit atomics must be lock-free to live in shared memory");
+static_assert(sizeof(std::atomic<float>) == 4 && std::atomic<float>::is_always_lock_free,
+              "float atomics must be lock-free to live in shared memory");
+
+inline size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+}  // namespace shadecache

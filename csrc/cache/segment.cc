@@ -1,0 +1,157 @@
+#include "cache/segment.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "common/error.h"
+
+namespace shadecache {
+namespace {
+
+constexpr const char* kPrefix = "shadecache.";
+constexpr const char* kShmDir = "/dev/shm";
+
+std::string shm_name(const std::string& name) { return std::string("/") + kPrefix + name; }
+
+std::string human(size_t n) {
+  char buf[32];
+  snprintf(buf, sizeof buf, "%.1f MiB", n / 1048576.0);
+  return buf;
+}
+
+// Closes the fd on every path out of create/attach.
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+}  // namespace
+
+void Segment::validate_name(const std::string& name) {
+  if (name.empty() || name.size() > 100)
+    throw Error(ErrorKind::kInvalidArgument, "cache name must be 1..100 characters, got '" + name + "'");
+  for (char c : name) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '-' || c == '_' || c == '.';
+    if (!ok)
+      throw Error(ErrorKind::kInvalidArgument,
+                  "cache name '" + name + "' may only hold letters, digits, '-', '_' and '.'");
+  }
+}
+
+std::string Segment::path(const std::string& name) {
+  return std::string(kShmDir) + "/" + kPrefix + name;
+}
+
+Segment Segment::create(const std::string& name, size_t size) {
+  validate_name(name);
+  struct statvfs vfs;
+  if (::statvfs(kShmDir, &vfs) == 0) {
+    size_t avail = static_cast<size_t>(vfs.f_bavail) * vfs.f_frsize;
+    if (size > avail)
+      throw Error(ErrorKind::kCapacity, "cache '" + name + "' needs " + human(size) + " of shared memory but " +
+                                            kShmDir + " has only " + human(avail) + " free");
+  }
+  Fd f;
+  f.fd = ::shm_open(shm_name(name).c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (f.fd < 0) {
+    int err = errno;
+    if (err == EEXIST)
+      throw Error(ErrorKind::kExists, "cache '" + name + "' already exists (" + path(name) +
+                                          "); attach to it, or remove it with `shadecache rm " + name + "`",
+                  err);
+    throw_errno("shm_open(" + path(name) + ")", err);
+  }
+  // From here on a failure must remove the half-made segment.
+  try {
+    if (::ftruncate(f.fd, static_cast<off_t>(size)) != 0) throw_errno("ftruncate(" + path(name) + ")", errno);
+    int rc = ::posix_fallocate(f.fd, 0, static_cast<off_t>(size));
+    if (rc == ENOSPC || rc == ENOMEM)
+      throw Error(ErrorKind::kCapacity, "cache '" + name + "': " + kShmDir + " ran out of space reserving " +
+                                            human(size) + " (posix_fallocate: " + std::strerror(rc) + ")",
+                  rc);
+    if (rc != 0 && rc != EOPNOTSUPP) throw_errno("posix_fallocate(" + path(name) + ")", rc);
+    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, f.fd, 0);
+    if (p == MAP_FAILED) throw_errno("mmap(" + path(name) + ")", errno);
+    Segment s;
+    s.base_ = static_cast<char*>(p);
+    s.size_ = size;
+    return s;
+  } catch (...) {
+    ::shm_unlink(shm_name(name).c_str());
+    throw;
+  }
+}
+
+Segment Segment::attach(const std::string& name) {
+  validate_name(name);
+  Fd f;
+  f.fd = ::shm_open(shm_name(name).c_str(), O_RDWR, 0);
+  if (f.fd < 0) {
+    int err = errno;
+    if (err == ENOENT)
+      throw Error(ErrorKind::kNotFound, "no cache named '" + name + "' on this node (" + path(name) +
+                                            " does not exist); `shadecache ls` lists them",
+                  err);
+    throw_errno("shm_open(" + path(name) + ")", err);
+  }
+  struct stat st;
+  if (::fstat(f.fd, &st) != 0) throw_errno("fstat(" + path(name) + ")", errno);
+  if (st.st_size <= 0)
+    throw Error(ErrorKind::kLayout, "cache '" + name + "' is empty: its creator died while creating it; "
+                                    "remove it with `shadecache rm " + name + "`");
+  size_t size = static_cast<size_t>(st.st_size);
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, f.fd, 0);
+  if (p == MAP_FAILED) throw_errno("mmap(" + path(name) + ")", errno);
+  Segment s;
+  s.base_ = static_cast<char*>(p);
+  s.size_ = size;
+  return s;
+}
+
+bool Segment::unlink(const std::string& name) {
+  validate_name(name);
+  if (::shm_unlink(shm_name(name).c_str()) == 0) return true;
+  if (errno == ENOENT) return false;
+  throw_errno("shm_unlink(" + path(name) + ")", errno);
+}
+
+std::vector<std::string> Segment::list() {
+  std::vector<std::string> out;
+  DIR* d = ::opendir(kShmDir);
+  if (!d) return out;
+  size_t plen = std::strlen(kPrefix);
+  while (dirent* e = ::readdir(d)) {
+    if (std::strncmp(e->d_name, kPrefix, plen) == 0 && e->d_name[plen] != '\0') out.emplace_back(e->d_name + plen);
+  }
+  ::closedir(d);
+  return out;
+}
+
+Segment& Segment::operator=(Segment&& o) noexcept {
+  if (this != &o) {
+    unmap();
+    base_ = o.base_;
+    size_ = o.size_;
+    o.base_ = nullptr;
+    o.size_ = 0;
+  }
+  return *this;
+}
+
+void Segment::unmap() {
+  if (base_) ::munmap(base_, size_);
+  base_ = nullptr;
+  size_ = 0;
+}
+
+}  // namespace shadecache

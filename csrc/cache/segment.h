@@ -1,0 +1,44 @@
+// A POSIX shared-memory segment: create (exclusive, mode 0600, space reserved up front), attach,
+// unlink. Knows nothing of what lives inside it.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace shadecache {
+
+class Segment {
+ public:
+  // Creates "/shadecache.<name>" of `size` bytes. Fails with kExists if the name is taken and with
+  // kCapacity (before creating anything) if /dev/shm lacks the room. The pages are reserved with
+  // posix_fallocate, so a full tmpfs is an error here and never a SIGBUS on first touch later.
+  static Segment create(const std::string& name, size_t size);
+  // Maps an existing segment read-write. kNotFound if there is none.
+  static Segment attach(const std::string& name);
+  // Removes the name (mappings stay valid until unmapped). Returns false if it did not exist.
+  static bool unlink(const std::string& name);
+  // Names (without prefix) of every shadecache segment on this node.
+  static std::vector<std::string> list();
+  // The file system path of a segment, for messages: /dev/shm/shadecache.<name>.
+  static std::string path(const std::string& name);
+  static void validate_name(const std::string& name);
+
+  Segment() = default;
+  Segment(Segment&& o) noexcept { *this = std::move(o); }
+  Segment& operator=(Segment&& o) noexcept;
+  Segment(const Segment&) = delete;
+  Segment& operator=(const Segment&) = delete;
+  ~Segment() { unmap(); }
+
+  void unmap();
+  char* base() const { return base_; }
+  size_t size() const { return size_; }
+  bool mapped() const { return base_ != nullptr; }
+
+ private:
+  char* base_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace shadecache

@@ -1,0 +1,80 @@
+// The slab allocator: the data area is cut into pages of page_size bytes; each page belongs to one
+// size class (or is free) and is cut into equal slots of that class. Pages move between classes
+// when the size mix changes (the cache decides when; see Cache::do_alloc_slot).
+//
+// Every do_ method is called with the cache mutex held. Readers only ever look at slot headers and
+// page generations (see docs/shared_memory.md for the seqlock protocol).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "cache/layout.h"
+
+namespace shadecache {
+
+class Slab {
+ public:
+  Slab() = default;
+  // free_page_head: the head of the free page list (page index + 1, 0 = none), kept in the Header.
+  Slab(char* data, PageMeta* pages, ClassMeta* classes, uint64_t* free_page_head, uint64_t num_pages,
+       uint64_t page_size, uint32_t num_classes)
+      : data_(data), pages_(pages), classes_(classes), free_page_head_(free_page_head),
+        num_pages_(num_pages), page_size_(page_size), num_classes_(num_classes) {}
+
+  // Fills classes[] with slot sizes growing by ~1.25x from 128 B to page_size; returns the count.
+  static uint32_t build_classes(ClassMeta* classes, uint64_t page_size);
+  // Creator, and repair: every page free, every class empty, no free slot anywhere.
+  void init();
+
+  // Smallest class whose slot holds a SlotHeader plus `value_len` bytes; -1 if none does.
+  int class_for(uint64_t value_len) const;
+  uint64_t max_value_len() const { return classes_[num_classes_ - 1].slot_size - sizeof(SlotHeader); }
+
+  SlotHeader* slot(uint64_t off) const { return reinterpret_cast<SlotHeader*>(data_ + off); }
+  char* value(uint64_t off) const { return data_ + off + sizeof(SlotHeader); }
+  uint64_t page_of(uint64_t off) const { return off / page_size_; }
+  PageMeta& page(uint64_t p) const { return pages_[p]; }
+  ClassMeta& cls(uint32_t c) const { return classes_[c]; }
+  uint64_t num_pages() const { return num_pages_; }
+  uint64_t page_size() const { return page_size_; }
+  uint32_t num_classes() const { return num_classes_; }
+  // True when `off` is the start of a slot in a page currently cut for some class.
+  bool is_slot_start(uint64_t off) const;
+
+  // Bytes in free slots of every class (not counting free pages). O(classes).
+  uint64_t free_slot_bytes() const {
+    uint64_t b = 0;
+    for (uint32_t c = 0; c < num_classes_; ++c) b += classes_[c].free_slots * classes_[c].slot_size;
+    return b;
+  }
+
+  // Free slots of a class (doubly linked through the slot headers).
+  uint64_t do_pop_free_slot(uint32_t c);  // slot offset + 1, or 0 when the class has none
+  void do_push_free_slot(uint32_t c, uint64_t off);
+  void do_unlink_free_slot(uint32_t c, uint64_t off);
+
+  // Free pages. do_take_free_page cuts a free page for class c and frees its slots; false if none.
+  bool do_take_free_page(uint32_t c);
+  void do_push_free_page(uint64_t p);
+  // Recuts page p (which holds no live slot and none of whose slots is on a free list) for class c.
+  // Bumps the page generation around the change so that readers holding a stale offset retry.
+  void do_cut_page(uint64_t p, uint32_t c);
+
+  // Walks the free lists and pages; returns "" or a description of the first fault found.
+  std::string check_free_lists() const;
+
+ private:
+  static uint32_t unit(uint64_t off) { return static_cast<uint32_t>(off / kAlign + 1); }
+  static uint64_t offset(uint32_t u) { return static_cast<uint64_t>(u - 1) * kAlign; }
+
+  char* data_ = nullptr;
+  PageMeta* pages_ = nullptr;
+  ClassMeta* classes_ = nullptr;
+  uint64_t* free_page_head_ = nullptr;
+  uint64_t num_pages_ = 0;
+  uint64_t page_size_ = 0;
+  uint32_t num_classes_ = 0;
+};
+
+}  // namespace shadecache

@@ -1,0 +1,41 @@
+import os
+import uuid
+
+import pytest
+
+from shadecache import _core
+
+
+def _creator(name):
+    info = _core.CacheCore.read_creator(name)
+    return info[0] if info else None
+
+
+def _segments():
+    return set(_core.CacheCore.list())
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_leaked_segments():
+    """Every test leaves /dev/shm as it found it (after `gc` of killed creators)."""
+    before = _segments()
+    yield
+    from shadecache.cache import gc
+
+    gc()
+    from shadecache.cache import creator_alive
+
+    # Segments of other live processes on this machine (another test run) are not ours.
+    leaked = {n for n in _segments() - before if creator_alive(n) is not True or _creator(n) == os.getpid()}
+    assert not leaked, f"tests left shared-memory segments behind: {sorted(leaked)}"
+
+
+@pytest.fixture
+def cache_name(request):
+    """A unique cache name; the segment is removed after the test even if the test failed."""
+    name = f"t-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    yield name
+    try:
+        _core.CacheCore.unlink(name)
+    except OSError:
+        pass
