@@ -1,0 +1,281 @@
+"""Packed store: round trip, sources of pack(), and every kind of bad input.
+
+Real files in tmp_path; both backends (io_uring where this machine allows it, and the pread pool)
+and both buffered and O_DIRECT reads.
+"""
+import os
+import struct
+
+import numpy as np
+import pytest
+
+import shadecache as sc
+from shadecache import _io
+
+HEADER = 4096
+# header field offsets (csrc/io/store_format.h)
+OFF_VERSION, OFF_NUM, OFF_DIR, OFF_HCRC = 8, 24, 32, 124
+
+SIZES = [0, 1, 4096, 4095, 4097, 8192, 12345, 3 * 2**20 + 7, 1, 0, 100]
+
+MODES = [("pread", False), ("pread", True)]
+if _io.built_with_uring() and _io.probe_backend("io_uring", 8)[0] == "io_uring":
+    MODES += [("io_uring", False), ("io_uring", True)]
+
+
+def make_samples(seed=0, sizes=SIZES):
+    rng = np.random.default_rng(seed)
+    return [rng.bytes(s) for s in sizes], [int(x) for x in rng.integers(-5, 1000, len(sizes))]
+
+
+@pytest.fixture
+def packed(tmp_path):
+    data, labels = make_samples()
+    path = tmp_path / "s.shc"
+    with sc.PackWriter(path, meta={"note": "test"}) as w:
+        for d, lab in zip(data, labels):
+            w.add(d, lab)
+    return path, data, labels
+
+
+@pytest.mark.parametrize("backend,direct", MODES)
+def test_round_trip_every_size(packed, backend, direct):
+    path, data, labels = packed
+    with sc.PackedStore(path, backend=backend, direct=direct, queue_depth=4) as s:
+        assert s.backend == backend
+        assert len(s) == len(data)
+        assert [s.read(i) for i in range(len(s))] == data
+        # a batch larger than the queue depth, with repeats and an odd order
+        ids = list(range(len(s)))[::-1] * 3 + [7, 7, 0]
+        assert s.read_many(ids) == [data[i] for i in ids]
+        assert s.read_many(np.array(ids, dtype=np.int32)) == [data[i] for i in ids]
+        assert s.read_many([]) == []
+        assert [s.label(i) for i in range(len(s))] == labels
+        assert s.labels.tolist() == labels
+        assert s.lengths.tolist() == [len(d) for d in data]
+        assert s[3] == (data[3], labels[3])
+        assert s.__getitems__([2, 1]) == [(data[2], labels[2]), (data[1], labels[1])]
+        assert s.version == sc.store.FORMAT_VERSION == 1
+        assert s.meta["note"] == "test"
+
+
+def test_layout_is_aligned_and_compact(packed):
+    path, data, _ = packed
+    s = sc.PackedStore(path)
+    offs = [s.offset(i) for i in range(len(s))]
+    assert all(o % 4096 == 0 for o in offs)
+    # every sample begins where the previous one's padding ends: no wasted blocks
+    for i in range(1, len(offs)):
+        assert offs[i] == offs[i - 1] + -(-len(data[i - 1]) // 4096) * 4096
+    assert s.file_bytes == os.path.getsize(path)
+
+
+def test_large_batch_many_samples(tmp_path):
+    rng = np.random.default_rng(1)
+    data = [rng.bytes(int(n)) for n in rng.integers(0, 20000, 3000)]
+    path = tmp_path / "many.shc"
+    assert sc.pack([(d, i % 7) for i, d in enumerate(data)], path, progress=False) == 3000
+    ids = rng.integers(0, 3000, 5000)
+    for backend, direct in MODES:
+        s = sc.PackedStore(path, backend=backend, direct=direct, queue_depth=32)
+        assert s.read_many(ids) == [data[i] for i in ids], (backend, direct)
+
+
+def test_pack_sources(tmp_path):
+    data, labels = make_samples(2, [10, 0, 5000, 77])
+    # an ImageFolder tree: classes sorted, files sorted, labels = class index
+    root = tmp_path / "tree"
+    layout = {"b_dog": [("x2.bin", data[0]), ("x1.bin", data[1])], "a_cat": [("z.bin", data[2])],
+              "c_emu": [("sub/q.bin", data[3])]}
+    for cls, files in layout.items():
+        for name, d in files:
+            p = root / cls / name
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(d)
+    (root / ".hidden").mkdir()
+    (root / ".hidden" / "f").write_bytes(b"ignored")
+    (root / "a_cat" / ".DS_Store").write_bytes(b"ignored")
+    assert sc.pack(root, tmp_path / "tree.shc", progress=False) == 4
+    s = sc.PackedStore(tmp_path / "tree.shc")
+    assert s.read_many(range(4)) == [data[2], data[1], data[0], data[3]]
+    assert s.labels.tolist() == [0, 1, 1, 2]
+    assert s.classes == ["a_cat", "b_dog", "c_emu"]
+
+    # a list of (path, label)
+    files = [(root / "b_dog" / "x2.bin", 5), (str(root / "a_cat" / "z.bin"), 6)]
+    assert sc.pack(files, tmp_path / "list.shc", progress=False) == 2
+    s = sc.PackedStore(tmp_path / "list.shc")
+    assert s.read_many([0, 1]) == [data[0], data[2]] and s.labels.tolist() == [5, 6]
+
+    # a map-style data set: another store, and numpy arrays as data
+    assert sc.pack(sc.PackedStore(tmp_path / "tree.shc"), tmp_path / "copy.shc",
+                   progress=False) == 4
+    assert sc.PackedStore(tmp_path / "copy.shc").read_many(range(4)) == \
+        sc.PackedStore(tmp_path / "tree.shc").read_many(range(4))
+    arrays = [(np.arange(n, dtype=np.float32), n) for n in (0, 3, 1000)]
+    sc.pack(arrays, tmp_path / "np.shc", progress=False)
+    s = sc.PackedStore(tmp_path / "np.shc")
+    assert [np.frombuffer(b, np.float32).tolist() for b in s.read_many([0, 1, 2])] == \
+        [a.tolist() for a, _ in arrays]
+
+
+def test_pack_replaces_existing_store_atomically(tmp_path):
+    path = tmp_path / "r.shc"
+    sc.pack([(b"old", 1)], path, progress=False)
+    w = sc.PackWriter(path)
+    w.add(b"new", 2)
+    assert sc.PackedStore(path).read(0) == b"old"  # untouched until close
+    w.close()
+    assert sc.PackedStore(path).read(0) == b"new"
+    assert os.listdir(tmp_path) == ["r.shc"]  # no temporary left behind
+
+
+def test_writer_abort_and_exception_leave_nothing(tmp_path):
+    path = tmp_path / "a.shc"
+    with pytest.raises(RuntimeError):
+        with sc.PackWriter(path) as w:
+            w.add(b"x" * 10000, 0)
+            assert os.path.exists(w.temp_path)
+            raise RuntimeError("boom")
+    assert os.listdir(tmp_path) == []
+    w = sc.PackWriter(path)
+    w.add(b"y", 0)
+    tmp = w.temp_path
+    del w
+    assert not os.path.exists(tmp) and not os.path.exists(path)
+
+
+# ---- bad input -------------------------------------------------------------------------------
+
+def flip_byte(path, offset):
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0x40]))
+
+
+@pytest.mark.parametrize("backend,direct", MODES)
+def test_flipped_byte_names_id_and_offset(packed, backend, direct):
+    path, data, _ = packed
+    s0 = sc.PackedStore(path)
+    victim = 6  # 12345 bytes
+    off = s0.offset(victim)
+    flip_byte(path, off + 5000)
+    s = sc.PackedStore(path, backend=backend, direct=direct)
+    with pytest.raises(sc.CorruptSampleError) as ei:
+        s.read(victim)
+    assert ei.value.sample_id == victim and ei.value.offset == off
+    assert f"sample {victim}" in str(ei.value) and str(off) in str(ei.value)
+    with pytest.raises(sc.CorruptSampleError) as ei:
+        s.read_many([0, 2, victim, 3])
+    assert ei.value.sample_id == victim
+    # the other samples still read, the store is usable after the error
+    assert s.read_many([2, 3]) == [data[2], data[3]]
+    assert s.verify() == [victim]
+    # verification can be switched off: the damaged bytes come back as they are
+    raw = sc.PackedStore(path, backend=backend, direct=direct, verify=False).read(victim)
+    assert raw != data[victim] and len(raw) == len(data[victim])
+
+
+def test_truncated_data_file(packed, tmp_path):
+    path, data, _ = packed
+    size = os.path.getsize(path)
+    for cut in (size - 1, HEADER + 100, 100, 0):
+        p = tmp_path / f"cut{cut}.shc"
+        p.write_bytes(path.read_bytes()[:cut])
+        with pytest.raises(sc.StoreFormatError) as ei:
+            sc.PackedStore(p)
+        assert str(p) in str(ei.value)
+    with pytest.raises(sc.StoreFormatError, match="truncated"):
+        sc.PackedStore(tmp_path / f"cut{size - 1}.shc")
+
+
+def test_missing_or_damaged_directory(packed, tmp_path):
+    path, data, _ = packed
+    raw = path.read_bytes()
+    dir_off = struct.unpack_from("<Q", raw, OFF_DIR)[0]
+    # directory cut off entirely
+    p = tmp_path / "nodir.shc"
+    p.write_bytes(raw[:dir_off])
+    with pytest.raises(sc.StoreFormatError, match="directory at offset .* is missing"):
+        sc.PackedStore(p)
+    # one byte of the directory flipped
+    p = tmp_path / "baddir.shc"
+    p.write_bytes(raw)
+    flip_byte(p, dir_off + 30)
+    with pytest.raises(sc.StoreFormatError, match="sample directory damaged"):
+        sc.PackedStore(p)
+    # header damaged
+    p = tmp_path / "badhdr.shc"
+    p.write_bytes(raw)
+    flip_byte(p, OFF_NUM)
+    with pytest.raises(sc.StoreFormatError, match="header damaged"):
+        sc.PackedStore(p)
+    # not a store at all
+    p = tmp_path / "junk.shc"
+    p.write_bytes(b"hello" * 2000)
+    with pytest.raises(sc.StoreFormatError, match="bad magic"):
+        sc.PackedStore(p)
+
+
+def test_other_format_version(packed, tmp_path):
+    path, _, _ = packed
+    raw = bytearray(path.read_bytes())
+    struct.pack_into("<I", raw, OFF_VERSION, 2)
+    # a consistent header of version 2 (checksum updated), as a future writer would produce
+    struct.pack_into("<I", raw, OFF_HCRC, _io.crc32c(bytes(raw[:OFF_HCRC])))
+    p = tmp_path / "v2.shc"
+    p.write_bytes(bytes(raw))
+    with pytest.raises(sc.StoreFormatError, match="format version 2.*reads version 1"):
+        sc.PackedStore(p)
+
+
+def test_id_out_of_range_and_bad_arguments(packed, tmp_path):
+    path, data, _ = packed
+    s = sc.PackedStore(path)
+    n = len(data)
+    for bad in (n, -1, 10**12):
+        with pytest.raises(IndexError, match=f"sample id {bad} out of range"):
+            s.read(bad)
+        with pytest.raises(IndexError):
+            s.read_many([0, bad])
+        with pytest.raises(IndexError):
+            s.label(bad)
+    with pytest.raises(ValueError, match="backend"):
+        sc.PackedStore(path, backend="spdk")
+    with pytest.raises(ValueError, match="queue_depth"):
+        sc.PackedStore(path, queue_depth=0)
+    with pytest.raises(FileNotFoundError):
+        sc.PackedStore(tmp_path / "nope.shc")
+    s.close()
+    with pytest.raises(sc.ClosedError):
+        s.read(0)
+
+
+def test_empty_sources_are_errors(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="no samples found under"):
+        sc.pack(tmp_path / "empty", tmp_path / "e.shc", progress=False)
+    (tmp_path / "empty" / "cls").mkdir()
+    with pytest.raises(ValueError, match="1 class folder"):
+        sc.pack(tmp_path / "empty", tmp_path / "e.shc", progress=False)
+    with pytest.raises(ValueError, match="empty"):
+        sc.pack([], tmp_path / "e.shc", progress=False)
+    with pytest.raises(FileNotFoundError):
+        sc.pack(tmp_path / "absent", tmp_path / "e.shc", progress=False)
+    with pytest.raises(TypeError, match="item 0"):
+        sc.pack([(b"x", 1, 2)], tmp_path / "e.shc", progress=False)
+    with pytest.raises(TypeError, match="bytes-like"):
+        sc.pack([(12345, 1)], tmp_path / "e.shc", progress=False)
+    assert os.listdir(tmp_path) == ["empty"]  # failed packs leave no file
+
+
+def test_pickle_reopens_by_path_with_options(packed):
+    import pickle
+
+    path, data, _ = packed
+    s = sc.PackedStore(path, backend="pread", direct=True, queue_depth=7, verify=False)
+    t = pickle.loads(pickle.dumps(s))
+    assert (t.backend, t.direct, t.queue_depth, t.path) == ("pread", True, 7, s.path)
+    assert t.read_many(range(len(data))) == data
