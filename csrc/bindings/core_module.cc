@@ -206,7 +206,13 @@ PYBIND11_MODULE(_core, m) {
            py::arg("ids"))
       .def("get_into",
            [](Cache& c, int64_t id, py::buffer buf) {
-             py::buffer_info info = buf.request(true);
+             py::buffer_info info;
+             try {
+               info = buf.request(true);
+             } catch (py::error_already_set&) {
+               throw py::type_error("get_into needs a writable buffer (bytearray, numpy array, ...), got " +
+                                    std::string(Py_TYPE(buf.ptr())->tp_name));
+             }
              uint64_t cap = static_cast<uint64_t>(info.size) * info.itemsize;
              char* dst = static_cast<char*>(info.ptr);
              return c.read(checked_id(c, id), [&](uint32_t n) -> char* {

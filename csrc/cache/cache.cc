@@ -111,6 +111,7 @@ std::unique_ptr<Cache> Cache::create(const std::string& name, const CacheOptions
   h->policy = static_cast<uint32_t>(opts.policy);
   h->num_samples = opts.num_samples;
   h->page_size = l.page_size;
+  h->max_item_bytes = opts.max_item_bytes;
   h->num_pages = l.num_pages;
   h->capacity_bytes = l.num_pages * l.page_size;
   h->total_size = l.total;
@@ -250,7 +251,7 @@ CacheStats Cache::stats() {
   out.page_size = page_size_;
   out.num_pages = hdr_->num_pages;
   out.segment_bytes = hdr_->total_size;
-  out.max_item_bytes = slab_.max_value_len();
+  out.max_item_bytes = hdr_->max_item_bytes;
   out.creator_pid = hdr_->creator_pid;
   out.creator_start_time = hdr_->creator_start_time;
   out.policy = hdr_->policy;
@@ -263,10 +264,10 @@ PutItem Cache::make_item(uint64_t id, const char* data, uint64_t len) {
   check_open();
   check_id(id);
   int cls = slab_.class_for(len);
-  if (cls < 0 || len > hdr_->capacity_bytes)
+  if (cls < 0 || len > hdr_->max_item_bytes)
     throw Error(ErrorKind::kTooLarge, "value for sample id " + std::to_string(id) + " is " + std::to_string(len) +
                                           " bytes; cache '" + name_ + "' holds values of at most " +
-                                          std::to_string(slab_.max_value_len()) +
+                                          std::to_string(hdr_->max_item_bytes) +
                                           " bytes (create it with a larger max_item_bytes)");
   return PutItem{static_cast<uint32_t>(id), data, static_cast<uint32_t>(len), crc32c(data, len),
                  cls};

@@ -67,6 +67,7 @@ struct alignas(64) Header {
   uint64_t num_samples;
   uint64_t capacity_bytes;     // size of the data area = num_pages * page_size
   uint64_t page_size;
+  uint64_t max_item_bytes;     // largest value accepted (<= page_size - sizeof(SlotHeader))
   uint64_t num_pages;
   uint64_t total_size;         // whole segment
   uint64_t off_index, off_heap_pos, off_scores, off_ticks, off_heap, off_pages, off_classes, off_data;

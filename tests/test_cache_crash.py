@@ -1,0 +1,111 @@
+"""Writers SIGKILLed at every step of put / evict / page move / score update, 200+ times.
+
+Two kinds of kill: a writer arms one of the engine's crash points and kills itself exactly
+there (every step of every write is covered), or the test kills it from outside after a random
+delay (wherever it happens to be). After each kill a survivor keeps reading and writing, the next
+locker repairs, check() passes, and no read ever returns wrong bytes.
+"""
+import multiprocessing as mp
+import os
+import random
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import shadecache as sc
+from shadecache import _core
+from values import make_value, verify_value
+
+N = 3000
+SIZES = (200, 1500, 6000, 14_000)
+KILLS = int(os.environ.get("SHADECACHE_CRASH_KILLS", "240"))
+
+
+def _write_forever(name, seed, point, countdown):
+    cache = sc.Cache.attach(name)
+    rng = random.Random(seed)
+    if point:
+        _core._arm_crash_point(point, countdown)
+    step = 0
+    while True:
+        step += 1
+        op = rng.random()
+        if op < 0.4:
+            ids = [rng.randrange(N) for _ in range(8)]
+            cache.put_many(ids, [make_value(i, seed * 100_000 + step, rng.choice(SIZES)) for i in ids],
+                           scores=[rng.random() for _ in ids])
+        elif op < 0.7:
+            i = rng.randrange(N)
+            cache.put(i, make_value(i, seed * 100_000 + step, rng.choice(SIZES)), score=rng.random() * 2)
+        elif op < 0.9:
+            cache.update_scores(np.array([rng.randrange(N) for _ in range(64)]), np.random.rand(64))
+        else:
+            cache.remove(rng.randrange(N))
+
+
+def _survivor(name, stop, out):
+    """Reads (verifying every value) and writes until told to stop; reports faults."""
+    cache = sc.Cache.attach(name)
+    rng = random.Random(12345)
+    reads = faults = 0
+    first = []
+    step = 0
+    while not stop.is_set():
+        step += 1
+        ids = [rng.randrange(N) for _ in range(16)]
+        for i, v in zip(ids, cache.get_many(ids)):
+            if v is not None:
+                reads += 1
+                err = verify_value(i, v)
+                if err:
+                    faults += 1
+                    first.append(err)
+        if step % 8 == 0:
+            i = rng.randrange(N)
+            cache.put(i, make_value(i, 999_000_000 + step, rng.choice(SIZES)), score=rng.random())
+    out.put((reads, faults, first[:5]))
+
+
+def test_sigkill_writers_at_every_step(cache_name):
+    points = sorted(_core.CRASH_POINTS.values())
+    ctx = mp.get_context("fork")
+    rng = random.Random(7)
+    with sc.Cache.create(cache_name, num_samples=N, capacity_bytes=2 << 20, max_item_bytes=16 << 10) as cache:
+        stop, out = ctx.Event(), ctx.Queue()
+        survivor = ctx.Process(target=_survivor, args=(cache_name, stop, out))
+        survivor.start()
+        armed_kills = outside_kills = 0
+        for k in range(KILLS):
+            armed = k % 2 == 0
+            point = points[(k // 2) % len(points)] if armed else 0
+            w = ctx.Process(target=_write_forever, args=(cache_name, k + 1, point, rng.randint(1, 40)))
+            w.start()
+            if armed:
+                w.join(timeout=5)
+            else:
+                time.sleep(rng.uniform(0.001, 0.02))
+            if w.exitcode is None:
+                os.kill(w.pid, signal.SIGKILL)
+                w.join()
+            assert w.exitcode == -signal.SIGKILL, f"writer {k} ended with {w.exitcode}, not by SIGKILL"
+            armed_kills += armed
+            outside_kills += not armed
+            # The next locker repairs whatever the dead writer left; the structure must be whole.
+            cache.put(k % N, make_value(k % N, 5, 100), score=0.5)
+            cache.check()
+        stop.set()
+        reads, faults, first = out.get(timeout=60)
+        survivor.join(timeout=30)
+        assert survivor.exitcode == 0
+        assert faults == 0, first
+        assert reads > 1000
+        s = cache.stats()
+        # Every armed kill happened with the mutex held, so each one needed a repair.
+        assert s["recoveries"] >= armed_kills, s
+        assert armed_kills + outside_kills >= 200
+        cache.check()
+        # Everything still readable is intact.
+        for i, v in enumerate(cache.get_many(range(N))):
+            assert v is None or verify_value(i, v) == ""

@@ -1,0 +1,136 @@
+"""Bad input: each case is a clear exception naming what was wrong, and nothing cached is lost."""
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import shadecache as sc
+from shadecache import _core
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def filled(cache_name):
+    with sc.Cache.create(cache_name, num_samples=100, capacity_bytes=2 * MiB, max_item_bytes=64 << 10) as c:
+        for i in range(50):
+            c.put(i, bytes([i]) * 1000, score=float(i))
+        yield c
+        # Whatever the test did, everything put before it is still there and intact.
+        assert [c.get(i) for i in range(50)] == [bytes([i]) * 1000 for i in range(50)]
+        c.check()
+
+
+def test_ids_out_of_range(filled):
+    for bad in (100, 10**12, -1):
+        with pytest.raises(IndexError, match=f"sample id {bad}"):
+            filled.get(bad)
+    with pytest.raises(IndexError, match="sample id 100 is out of range.*num_samples=100"):
+        filled.put(100, b"x")
+    with pytest.raises(IndexError, match="-5"):
+        filled.get_many([1, 2, -5])
+    # A batch with one bad id changes nothing: validation happens before the lock.
+    with pytest.raises(IndexError, match="sample id 100"):
+        filled.put_many([60, 100], [b"a", b"b"])
+    assert not filled.contains(60)
+    with pytest.raises(IndexError, match="sample id 100"):
+        filled.update_scores([1, 100], [9.0, 9.0])
+    assert filled.scores()[1] == 1.0
+
+
+def test_values_too_large(filled):
+    with pytest.raises(sc.ValueTooLargeError, match="sample id 3 is 70000 bytes.*at most 65536"):
+        filled.put(3, b"z" * 70_000)
+    with pytest.raises(ValueError):  # ValueTooLargeError is a ValueError
+        filled.put_many([70, 71], [b"ok", b"z" * 200_000])
+    assert not filled.contains(70)
+
+
+def test_value_larger_than_whole_cache(cache_name):
+    # max_item_bytes above the capacity: no page could ever hold it, refused at create.
+    with pytest.raises(ValueError, match="smaller than one slab page"):
+        sc.Cache.create(cache_name, num_samples=10, capacity_bytes=MiB, max_item_bytes=4 * MiB)
+
+
+def test_wrong_types(filled):
+    with pytest.raises(TypeError):
+        filled.get("3")
+    with pytest.raises(TypeError, match="bytes-like"):
+        filled.put(3, "a str is not bytes")
+    with pytest.raises(TypeError, match="bytes-like.*int"):
+        filled.put_many([60, 61], [b"ok", 5])
+    assert not filled.contains(60)
+    with pytest.raises(TypeError, match="integers"):
+        filled.get_many(["a", "b"])
+    with pytest.raises(ValueError, match="2 ids but 1 values"):
+        filled.put_many([60, 61], [b"a"])
+    with pytest.raises(ValueError, match="one entry per id"):
+        filled.update_scores([1, 2], [1.0])
+    with pytest.raises(ValueError, match="NaN"):
+        filled.update_scores([1], [float("nan")])
+    with pytest.raises(TypeError, match="num_samples must be an int"):
+        sc.Cache.create("x-never", num_samples="10", capacity_bytes=MiB)
+    with pytest.raises(ValueError, match="unknown policy 'mru'"):
+        sc.Cache.create("x-never", num_samples=10, capacity_bytes=MiB, policy="mru")
+    with pytest.raises(ValueError, match="may only hold letters"):
+        sc.Cache.create("bad/name", num_samples=10, capacity_bytes=MiB)
+    buf = bytearray(10)
+    with pytest.raises(ValueError, match="too small for sample id 1"):
+        filled.get_into(1, buf)
+    with pytest.raises(TypeError, match="writable buffer"):
+        filled.get_into(1, b"read-only bytes")
+
+
+def test_name_taken_and_missing(filled):
+    with pytest.raises(FileExistsError, match=f"cache '{filled.name}' already exists"):
+        sc.Cache.create(filled.name, num_samples=10, capacity_bytes=MiB)
+    with pytest.raises(FileNotFoundError, match="no cache named 'no-such-cache'"):
+        sc.Cache.attach("no-such-cache")
+
+
+def test_use_after_close(cache_name):
+    c = sc.Cache.create(cache_name, num_samples=10, capacity_bytes=MiB)
+    c.put(1, b"a")
+    other = sc.Cache.attach(cache_name)
+    c.close()
+    for call in (lambda: c.get(1), lambda: c.put(2, b"b"), lambda: c.get_many([1]), c.stats, c.check,
+                 lambda: c.update_scores([1], [1.0]), c.cached_mask):
+        with pytest.raises(sc.ClosedError, match="closed"):
+            call()
+    assert other.get(1) == b"a", "closing one handle does not disturb another"
+    other.close()
+    c.unlink()
+
+
+def test_shm_too_small(cache_name):
+    free = shutil.disk_usage("/dev/shm").free
+    with pytest.raises(sc.CapacityError, match=r"needs .* of shared memory but /dev/shm has only"):
+        sc.Cache.create(cache_name, num_samples=10, capacity_bytes=free + (64 << 30))
+    assert cache_name not in _core.CacheCore.list(), "a refused create leaves no segment behind"
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare(1) to mount a small tmpfs")
+def test_full_tmpfs_is_an_error_not_a_sigbus(cache_name, tmp_path):
+    """In a private mount namespace with a 4 MiB /dev/shm, a 16 MiB cache fails cleanly at create
+    (free-space check) and a cache that fits works; the process never dies of SIGBUS."""
+    script = f"""
+import shadecache as sc
+try:
+    sc.Cache.create("{cache_name}", num_samples=10, capacity_bytes=16 << 20)
+    raise SystemExit("created a cache larger than /dev/shm")
+except sc.CapacityError as e:
+    print("refused:", e)
+with sc.Cache.create("{cache_name}", num_samples=10, capacity_bytes=2 << 20) as c:
+    c.put(1, b"fits")
+    assert c.get(1) == b"fits"
+print("ok")
+"""
+    cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+           f"mount -t tmpfs -o size=4m tmpfs /dev/shm && {sys.executable} -c '{script}'"]
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=str(__import__('pathlib').Path(__file__).parents[1]))
+    if res.returncode != 0 and "Operation not permitted" in res.stderr:
+        pytest.skip("mount namespaces are not permitted here: " + res.stderr.strip())
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "refused: cache" in res.stdout and "/dev/shm has only" in res.stdout and "ok" in res.stdout
