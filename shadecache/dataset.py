@@ -1,0 +1,143 @@
+"""CachedDataset: a map-style torch Dataset over a sample store, behind a shared-memory Cache.
+
+A DataLoader worker fetches a whole batch in one call (`__getitems__`, used by torch's fetcher
+when the data set defines it):
+
+  1. `cache.get_many(ids)`                   hits are copied out of shared memory, no lock;
+  2. `store.read_many(unique missed ids)`    one batch of I/O for all the misses;
+  3. `cache.put_many(ids, values, scores)`   one lock; scores are the samples' current importance
+                                             scores from the cache's shared table, so importance
+                                             admission compares like with like.
+
+Items are (sample, target, index): the index travels with the batch so that the training loop can
+give each loss to the sample that produced it (ShadeSampler.update).
+
+Hits, misses, bytes read from the store and samples served are counted in a small shared array
+(multiprocessing.RawArray, which travels to fork and spawn workers alike), one row per process:
+row 0 for the main process and 1 + worker id for a DataLoader worker, so no process ever writes
+another's row and no lock is needed (no lock object could be shared between a fork-context parent
+and spawn-context workers anyway). `stats()` sums the rows. Two DataLoaders iterating the SAME
+CachedDataset object at the same time would share worker rows; give each its own object.
+"""
+import multiprocessing as mp
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, get_worker_info
+
+_FIELDS = ("hits", "misses", "bytes_read", "samples", "store_reads")
+_ROWS = 65   # row 0: the main process; rows 1..64: DataLoader workers by worker id (mod 64)
+
+
+def _default_decode(data):
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+class CachedDataset(Dataset):
+    """Items (decode(bytes) -> transform, target, index) of a store, read through a cache.
+
+    store      anything with len(), read_many(ids) -> list of bytes, label(i) (sc.PackedStore,
+               sc.FolderStore)
+    cache      a sc.Cache with num_samples == len(store), or None (every read goes to the store)
+    decode     bytes -> sample (default: a uint8 tensor of the bytes)
+    transform  sample -> sample, applied after decode (augmentation: the cache holds raw bytes)
+    admit      insert missed samples into the cache (False: read-through only)
+
+    Picklable: a spawned DataLoader worker re-attaches the cache by name and reopens the store
+    (both pickle that way); the shared counters travel with the worker when it is started.
+    """
+
+    def __init__(self, store, cache=None, decode=None, transform=None, admit: bool = True):
+        self.store = store
+        self.cache = cache
+        n = len(store)
+        if cache is not None and cache.num_samples != n:
+            raise ValueError(f"cache {cache.name!r} holds {cache.num_samples} sample ids but the "
+                             f"store has {n} samples")
+        self._importance = cache is not None and cache.policy == "importance"
+        self.decode = decode or _default_decode
+        self.transform = transform
+        self.admit = bool(admit)
+        self._n = n
+        self._counters = mp.RawArray("q", _ROWS * len(_FIELDS))
+        self._view = None
+
+    def __len__(self):
+        return self._n
+
+    def label(self, i: int) -> int:
+        return int(self.store.label(i))
+
+    # ---- the batched path --------------------------------------------------------------------
+    def fetch_bytes(self, ids):
+        """Raw bytes of each id, in order: cache first, then one store read for the misses."""
+        ids = [self._check(i) for i in ids]
+        if self.cache is not None:
+            values = self.cache.get_many(np.asarray(ids, dtype=np.int64))
+        else:
+            values = [None] * len(ids)
+        missed = [i for i, v in zip(ids, values) if v is None]
+        hits = len(ids) - len(missed)
+        nbytes = 0
+        reads = 0
+        if missed:
+            uniq = list(dict.fromkeys(missed))          # a batch may hold an id twice
+            data = self.store.read_many(uniq)
+            reads = len(uniq)
+            got = dict(zip(uniq, data))
+            nbytes = sum(len(d) for d in data)
+            values = [got[i] if v is None else v for i, v in zip(ids, values)]
+            if self.cache is not None and self.admit:
+                uid = np.asarray(uniq, dtype=np.int64)
+                scores = None
+                if self._importance:   # other policies ignore scores
+                    scores = np.asarray(self.cache.scores(), dtype=np.float32)[uid]
+                self.cache.put_many(uid, data, scores)
+        info = get_worker_info()
+        row = self._table()[0 if info is None else 1 + info.id % (_ROWS - 1)]
+        row += (hits, len(missed), nbytes, len(ids), reads)   # this process's row only
+        return values
+
+    def __getitems__(self, ids):
+        values = self.fetch_bytes(ids)
+        out = []
+        for i, data in zip(ids, values):
+            x = self.decode(data)
+            if self.transform is not None:
+                x = self.transform(x)
+            out.append((x, self.label(i), int(i)))
+        return out
+
+    def __getitem__(self, i):
+        return self.__getitems__([i])[0]
+
+    def _check(self, i):
+        try:
+            j = int(i)
+        except (TypeError, ValueError):
+            raise TypeError(f"sample id must be an integer, got {i!r}") from None
+        if not 0 <= j < self._n:
+            raise IndexError(f"sample id {j} is out of range 0..{self._n - 1}")
+        return j
+
+    # ---- counters ----------------------------------------------------------------------------
+    def _table(self) -> np.ndarray:
+        if self._view is None:
+            self._view = np.frombuffer(self._counters, dtype=np.int64).reshape(_ROWS, len(_FIELDS))
+        return self._view
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_view"] = None      # rebuilt over the shared array in the receiving process
+        return state
+
+    def stats(self) -> dict:
+        """Counts over every process that used this data set: hits, misses, bytes_read (from the
+        store), samples, store_reads (distinct ids read), and hit_ratio."""
+        d = dict(zip(_FIELDS, (int(v) for v in self._table().sum(axis=0))))
+        d["hit_ratio"] = d["hits"] / d["samples"] if d["samples"] else 0.0
+        return d
+
+    def reset_stats(self):
+        """Zero the counters (call it while no worker is fetching)."""
+        self._table()[:] = 0

@@ -1,0 +1,286 @@
+"""ShadeSampler: determinism, importance, coverage floor, PADS + substitution against a real Cache,
+score mapping through a real DataLoader, resume, and DDP shares with 2 real gloo ranks."""
+import math
+import os
+import uuid
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as tmp_mp
+from torch.utils.data import DataLoader, Dataset
+
+import shadecache as sc
+from shadecache.importance import rank_weights
+
+
+def drain(sampler):
+    return np.fromiter(iter(sampler), dtype=np.int64)
+
+
+@pytest.fixture
+def cache_factory():
+    made = []
+
+    def make(n, capacity=1 << 20, policy="lru"):
+        c = sc.Cache.create(f"sc-test-sampler-{uuid.uuid4().hex[:10]}", num_samples=n,
+                            capacity_bytes=capacity, policy=policy)
+        made.append(c)
+        return c
+    yield make
+    for c in made:
+        c.close()
+        c.unlink()
+
+
+def test_same_seed_same_order_other_seed_other_order():
+    a = drain(sc.ShadeSampler(200, seed=7))
+    b = drain(sc.ShadeSampler(200, seed=7))
+    c = drain(sc.ShadeSampler(200, seed=8))
+    assert np.array_equal(a, b)
+    assert not np.array_equal(a, c)
+    assert a.size == 200 and a.min() >= 0 and a.max() < 200
+    s = sc.ShadeSampler(200, seed=7)
+    s.set_epoch(1)
+    assert not np.array_equal(drain(s), a)     # epochs differ
+    u = sc.ShadeSampler(200, seed=7, importance=False)
+    assert sorted(drain(u).tolist()) == list(range(200))   # uniform baseline: a permutation
+
+
+def test_draw_follows_the_scores_with_replacement():
+    n = 4
+    s = sc.ShadeSampler(n, batch_size=2, seed=1, coverage_epochs=0, epoch_size=40_000)
+    s.table.scores[:] = [1.0, 1.0, 1.0, 5.0]
+    counts = np.bincount(drain(s), minlength=n) / 40_000
+    assert counts == pytest.approx([0.125, 0.125, 0.125, 0.625], abs=0.01)
+
+
+def test_coverage_floor_draws_every_sample_every_k_epochs():
+    n = 300
+    for k in (2, 3):
+        s = sc.ShadeSampler(n, seed=0, coverage_epochs=k)
+        seen_by_epoch = []
+        for epoch in range(7):
+            s.set_epoch(epoch)
+            s.table.scores[:] = 1e-6
+            s.table.scores[:10] = 1.0          # ten samples hold almost all the weight
+            seen = np.zeros(n, dtype=bool)
+            seen[drain(s)] = True
+            seen_by_epoch.append(seen)
+            s.end_epoch()
+        for e in range(k - 1, 7):
+            window = np.logical_or.reduce(seen_by_epoch[e - k + 1:e + 1])
+            assert window.all(), f"K={k}: {int((~window).sum())} samples unseen in epochs " \
+                                 f"{e - k + 1}..{e}"
+        assert s.coverage()["not_seen_in_window"] == 0
+    # without the floor the same scores starve most samples
+    off = sc.ShadeSampler(n, seed=0, coverage_epochs=0)
+    for epoch in range(3):
+        off.set_epoch(epoch)
+        off.table.scores[:] = 1e-6
+        off.table.scores[:10] = 1.0
+        drain(off)
+        off.end_epoch()
+    assert off.coverage()["last"] < 0.1
+
+
+def test_pads_puts_cached_first_and_substitutes_misses(cache_factory):
+    n = 400
+    cache = cache_factory(n)
+    cached = np.arange(0, n, 4)                    # a quarter of the ids
+    cache.put_many(cached, [b"x" * 8] * cached.size)
+    mask = cache.cached_mask()
+    assert mask.sum() == cached.size
+    plain = sc.ShadeSampler(n, cache=cache, seed=3, rep_factor=0.0, coverage_epochs=0)
+    o0 = drain(plain)
+    hits0 = int(mask[o0].sum())
+    assert mask[o0[:hits0]].all() and not mask[o0[hits0:]].any()   # hits first, then misses
+    for rep in (1.0, 2.0, 0.5):
+        s = sc.ShadeSampler(n, cache=cache, seed=3, rep_factor=rep, coverage_epochs=0)
+        o = drain(s)
+        assert o.size == n
+        hits = int(mask[o].sum())
+        assert mask[o[:hits]].all() and not mask[o[hits:]].any()
+        sub = s.last_epoch_stats["substituted"]
+        assert hits == hits0 + sub
+        assert sub == min(n - hits0, round(rep * hits0)) or (rep == 0.5 and abs(sub - rep * hits0) <= 1)
+        # the misses left are a sub-multiset of the misses drawn; nothing new appears
+        left = np.bincount(o[~mask[o]], minlength=n)
+        drawn = np.bincount(o0[~mask[o0]], minlength=n)
+        assert (left <= drawn).all()
+
+
+def test_forced_samples_are_never_substituted(cache_factory):
+    n = 200
+    cache = cache_factory(n)
+    cache.put_many(np.arange(100), [b"y"] * 100)   # half cached
+    s = sc.ShadeSampler(n, cache=cache, seed=5, rep_factor=3.0, coverage_epochs=2)
+    s.table.scores[:] = 1e-6
+    s.table.scores[:100] = 1.0                     # the draw lands on cached ids only
+    seen = np.zeros(n, dtype=bool)
+    for epoch in range(2):
+        s.set_epoch(epoch)
+        o = drain(s)
+        seen[o] = True
+        if epoch == 1:
+            forced = s._forced
+            assert forced.size > 0
+            assert np.isin(forced, o).all()
+        s.end_epoch()
+    assert seen.all()                               # floor of 2 epochs held despite rep 3
+
+
+class IdEncodedData(Dataset):
+    """Sample i is the tensor [i]; its "loss" is a function of the CONTENT, not of the index."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return torch.tensor([float(i)]), 0, i
+
+
+def content_loss(x):
+    v = x[:, 0]
+    return (v * 7919.0) % 101.0      # scrambles the order: loss rank != id rank
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_score_goes_to_the_sample_whose_loss_produced_it(cache_factory, workers):
+    n, b = 96, 8
+    cache = cache_factory(n)
+    cache.put_many(np.arange(0, n, 3), [b"z"] * len(range(0, n, 3)))
+    s = sc.ShadeSampler(n, cache=cache, batch_size=b, seed=11, rep_factor=1.0)
+    loader = DataLoader(IdEncodedData(n), batch_size=b, sampler=s, num_workers=workers)
+    expected_sum = np.zeros(n)
+    expected_cnt = np.zeros(n)
+    for x, _, idx in loader:
+        losses = content_loss(x)
+        s.update(idx, losses)
+        ids = x[:, 0].long().numpy()          # who produced each loss, read from the content
+        np.add.at(expected_sum, ids, rank_weights(losses.numpy()))
+        np.add.at(expected_cnt, ids, 1)
+    seen = expected_cnt > 0
+    # epoch 0 blends with a = 1: each seen id's score is exactly the mean weight of its own losses
+    assert np.allclose(s.scores[seen], expected_sum[seen] / expected_cnt[seen])
+    assert np.allclose(s.scores[~seen], s.table.prior)
+    assert np.allclose(cache.scores()[seen], (expected_sum[seen] / expected_cnt[seen]), atol=1e-5)
+    # SHADE's public sampler wrote batch k's weights to positions k*b..k*b+b-1 of the raw draw,
+    # taken before PADS reordered it: that puts most scores on other samples
+    raw, _ = s.global_draw()
+    order = s.order()
+    assert not np.array_equal(raw, order)
+    shade_sum = np.zeros(n)
+    shade_cnt = np.zeros(n)
+    for k in range(0, n, b):
+        w = rank_weights(content_loss(torch.tensor(order[k:k + b], dtype=torch.float32)[:, None]))
+        np.add.at(shade_sum, raw[k:k + b], w)
+        np.add.at(shade_cnt, raw[k:k + b], 1)
+    both = seen & (shade_cnt > 0)
+    wrong = ~np.isclose(shade_sum[both] / shade_cnt[both], expected_sum[both] / expected_cnt[both])
+    assert wrong.mean() > 0.5
+
+
+def run_epochs(s, n_epochs, b, stop_after=None):
+    """Drive a sampler like a training loop; returns the ids in order. stop_after=(epoch, batches)
+    returns early with the state at that point."""
+    out = []
+    for epoch in range(s.epoch, n_epochs):
+        s.set_epoch(epoch)
+        order = drain(s)
+        for k in range(0, order.size, b):
+            if stop_after == (epoch, k // b):
+                return out
+            ids = order[k:k + b]
+            out.append(ids)
+            s.update(ids, content_loss(torch.tensor(ids, dtype=torch.float32)[:, None]))
+        s.end_epoch()
+    return out
+
+
+def test_resume_mid_epoch_reproduces_order_and_scores():
+    n, b = 120, 10
+    ref = sc.ShadeSampler(n, batch_size=b, seed=4)
+    full = run_epochs(ref, 4, b)
+    first = sc.ShadeSampler(n, batch_size=b, seed=4)
+    part = run_epochs(first, 4, b, stop_after=(2, 5))
+    state = first.state_dict()
+    resumed = sc.ShadeSampler(n, batch_size=b, seed=4)
+    resumed.load_state_dict(state)
+    rest = run_epochs(resumed, 4, b)
+    got = np.concatenate(part + rest)
+    assert np.array_equal(got, np.concatenate(full))
+    assert np.array_equal(resumed.scores, ref.scores)
+    assert resumed.coverage() == ref.coverage()
+    with pytest.raises(ValueError, match="state is for 120 samples"):
+        sc.ShadeSampler(121).load_state_dict(state)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="rep_factor"):
+        sc.ShadeSampler(10, rep_factor=-1)
+    with pytest.raises(ValueError, match="rank 2"):
+        sc.ShadeSampler(10, num_replicas=2, rank=2)
+    s = sc.ShadeSampler(10)
+    with pytest.raises(IndexError, match="sample id 10"):
+        s.update(torch.tensor([1, 10]), torch.tensor([0.1, 0.2]))
+    with pytest.raises(ValueError, match="2 sample ids but 1 losses"):
+        s.update(torch.tensor([1, 2]), torch.tensor([0.1]))
+
+
+# ---- DDP: two real processes, gloo over loopback (a file rendezvous) ----------------------------
+def _ddp_worker(rank, world, init_file, out_dir, n, b, epochs):
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world)
+    s = sc.ShadeSampler(n, batch_size=b, seed=21, coverage_epochs=2)
+    assert (s.num_replicas, s.rank) == (world, rank)
+    for epoch in range(epochs):
+        s.set_epoch(epoch)
+        share = drain(s)
+        raw, _ = s.global_draw()
+        np.save(os.path.join(out_dir, f"share-{rank}-{epoch}.npy"), share)
+        np.save(os.path.join(out_dir, f"raw-{rank}-{epoch}.npy"), raw)
+        for k in range(0, share.size, b):
+            ids = share[k:k + b]
+            s.update(ids, content_loss(torch.tensor(ids, dtype=torch.float32)[:, None]))
+        s.end_epoch()
+        np.save(os.path.join(out_dir, f"scores-{rank}-{epoch}.npy"), s.scores)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_ddp_two_ranks_share_the_draw_and_merge_scores(tmp_path):
+    n, b, world, epochs = 101, 5, 2, 3
+    tmp_mp.spawn(_ddp_worker, args=(world, str(tmp_path / "rdzv"), str(tmp_path), n, b, epochs),
+                 nprocs=world, join=True)
+    ref = sc.ShadeSampler(n, batch_size=b, seed=21, coverage_epochs=2)   # one process, same draws
+    seen = np.zeros(n, dtype=bool)
+    for epoch in range(epochs):
+        shares = [np.load(tmp_path / f"share-{r}-{epoch}.npy") for r in range(world)]
+        raws = [np.load(tmp_path / f"raw-{r}-{epoch}.npy") for r in range(world)]
+        assert np.array_equal(raws[0], raws[1])              # every rank draws the same
+        assert all(sh.size == math.ceil(n / world) for sh in shares)
+        # together the shares are exactly the global draw (each rank a shuffled stride of it)
+        together = np.sort(np.concatenate(shares))
+        assert np.array_equal(together, np.sort(raws[0]))
+        for r in range(world):
+            assert np.array_equal(np.sort(shares[r]), np.sort(raws[0][r::world]))
+        for sh in shares:
+            seen[sh] = True
+        # the merged scores equal one table fed every rank's batches
+        ref.set_epoch(epoch)
+        for sh in shares:
+            for k in range(0, sh.size, b):
+                ids = sh[k:k + b]
+                ref.update(ids, content_loss(torch.tensor(ids, dtype=torch.float32)[:, None]))
+        ref._order = np.concatenate(shares)
+        ref.end_epoch()
+        s0 = np.load(tmp_path / f"scores-0-{epoch}.npy")
+        s1 = np.load(tmp_path / f"scores-1-{epoch}.npy")
+        assert np.array_equal(s0, s1)
+        assert np.allclose(s0, ref.scores)
+    assert seen.all()        # coverage floor of 2 epochs holds across ranks
