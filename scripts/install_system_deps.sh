@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# System packages the tests and benchmarks use, from Debian's archive:
+#   liburing-dev  the io_uring backend of the packed store (without it _io builds with pread only)
+#   redis-server  the Redis baseline in bench/ (its tests skip with a message when absent)
+#   fio           the physical-limit baseline of the store benchmark
+# Best effort: without root or without the archive the build still works, on the fallbacks.
+set -u
+pkgs="liburing-dev redis-server fio"
+missing=""
+for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+if [ -z "$missing" ]; then
+  echo "system packages present:$pkgs"
+  exit 0
+fi
+SUDO=""
+[ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null && SUDO="sudo"
+if ! { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing; }; then
+  echo "warning: could not install$missing; continuing with the fallbacks" >&2
+fi
+exit 0
