@@ -64,6 +64,7 @@ class Config:
     score_value_size: int = 3 * KB
     score_calls_per_rep: int = 20_000
     capacity_slack: float = 1.5          # cache capacity / bytes of values it must hold in full
+    capacity_extra: int = 16 << 20       # plus this much: whole slab pages for each size class
     policy: str = "importance"           # the policy the get/update_scores caches run under
 
     @classmethod
@@ -190,13 +191,13 @@ def _cache_name(tag):
 
 
 @contextlib.contextmanager
-def open_cache(tag, num_samples, capacity_bytes, policy, max_item_bytes):
-    """A fresh cache, unlinked at exit whatever happened."""
+def open_cache(tag, num_samples, capacity_bytes, policy):
+    """A fresh cache with the default max_item_bytes (as a user gets it), unlinked at exit
+    whatever happened."""
     import shadecache as sc
 
     cache = sc.Cache.create(_cache_name(tag), num_samples=num_samples,
-                            capacity_bytes=int(capacity_bytes), policy=policy,
-                            max_item_bytes=max_item_bytes)
+                            capacity_bytes=int(capacity_bytes), policy=policy)
     try:
         yield cache
     finally:
@@ -206,15 +207,18 @@ def open_cache(tag, num_samples, capacity_bytes, policy, max_item_bytes):
             cache.close()
 
 
-def fill_cache(cache, values, ids=None, chunk=4096):
-    """put_many every value (or those of `ids`); returns how many were admitted."""
+def fill_cache(cache, values, ids=None, chunk=4096, scores=None):
+    """put_many every value (or those of `ids`, with `scores[k]` for `ids[k]` when given);
+    returns how many were admitted."""
     ids = list(range(values.n)) if ids is None else list(ids)
     admitted = 0
     with tqdm(total=len(ids) * values.size, desc=f"cache fill {values.size} B", unit="B",
               unit_scale=True, leave=False, mininterval=0.5) as bar:
         for lo in range(0, len(ids), chunk):
             part = ids[lo:lo + chunk]
-            ok = cache.put_many(np.asarray(part, dtype=np.int64), [values.value(i) for i in part])
+            part_scores = None if scores is None else np.asarray(scores[lo:lo + chunk], dtype=np.float32)
+            ok = cache.put_many(np.asarray(part, dtype=np.int64), [values.value(i) for i in part],
+                                part_scores)
             admitted += int(np.count_nonzero(ok))
             bar.update(len(part) * values.size)
     return admitted
@@ -249,8 +253,8 @@ def small_setup(cfg, redis_server="redis-server"):
     s.redis_keys = [[[baselines.redis_key(i) for i in b] for b in rep] for rep in s.batches]
     with contextlib.ExitStack() as stack:
         s.cache = stack.enter_context(open_cache("get-small", s.values.n,
-                                                 s.values.total_bytes * cfg.capacity_slack,
-                                                 cfg.policy, cfg.small))
+                                                 s.values.total_bytes * cfg.capacity_slack + cfg.capacity_extra,
+                                                 cfg.policy))
         fill_cache(s.cache, s.values)
         _require_all_cached(s.cache, s.values)
         s.shm = stack.enter_context(baselines.ShmDictStore(s.values))
@@ -283,8 +287,8 @@ def large_setup(cfg):
     s.ids = [ids[r * cfg.large_gets_per_rep:(r + 1) * cfg.large_gets_per_rep] for r in range(cfg.reps)]
     with contextlib.ExitStack() as stack:
         s.cache = stack.enter_context(open_cache("get-large", s.values.n,
-                                                 s.values.total_bytes * cfg.capacity_slack,
-                                                 cfg.policy, cfg.large))
+                                                 s.values.total_bytes * cfg.capacity_slack + cfg.capacity_extra,
+                                                 cfg.policy))
         fill_cache(s.cache, s.values, chunk=256)
         _require_all_cached(s.cache, s.values)
         s.shm = stack.enter_context(baselines.ShmDictStore(s.values))
@@ -344,9 +348,13 @@ def full_cache_setup(cfg, policy):
     size = cfg.small
     fits = int(cfg.put_cache_bytes // size)
     values = ValueSet(2 * fits, size, seed=5)  # twice what fits: uncached ids never run out
-    with open_cache(f"put-{policy}", values.n, cfg.put_cache_bytes, policy, size) as cache:
+    with open_cache(f"put-{policy}", values.n, cfg.put_cache_bytes, policy) as cache:
         overfill = fits + fits // 4
-        fill_cache(cache, values, ids=range(overfill))
+        # Under importance a cache counts as full for low scores while up to 1/8 of it is still
+        # free; rising (negative) scores make every fill put admitted, so every slot gets used
+        # and each timed put (scores from 1.0 up) really evicts.
+        fill_cache(cache, values, ids=range(overfill),
+                   scores=np.arange(-overfill, 0, dtype=np.float64) if policy == "importance" else None)
         if cache.stats()["items"] >= overfill:
             raise RuntimeError(f"cache of {cfg.put_cache_bytes} B is not full after "
                                f"{overfill} puts of {size} B")
@@ -378,8 +386,8 @@ def scores_setup(cfg):
                         for _ in range(cfg.reps)]
                  for kind, (low, high) in (("cached", (0, cfg.score_items)),
                                            ("ghost", (cfg.score_items, num_samples)))}
-    with open_cache("scores", num_samples, values.total_bytes * cfg.capacity_slack,
-                    "importance", cfg.score_value_size) as cache:
+    with open_cache("scores", num_samples, values.total_bytes * cfg.capacity_slack + cfg.capacity_extra,
+                    "importance") as cache:
         s.cache = cache
         fill_cache(cache, values, chunk=16384)
         _require_all_cached(cache, values)
