@@ -9,6 +9,7 @@ The `*_loop` functions are the timed loops, written as tightly as a user would w
 methods they call are bound to locals first, the keys are prepared beforehand, and every get
 makes a `bytes` copy, as `Cache.get` does.
 """
+import itertools
 import os
 import shutil
 import subprocess
@@ -17,6 +18,9 @@ import time
 from multiprocessing import shared_memory
 
 from tqdm import tqdm
+
+
+_shm_serial = itertools.count()
 
 
 def _progress(total, desc, unit="B"):
@@ -34,6 +38,8 @@ class ShmDictStore:
 
     def __init__(self, values, name=None):
         self.values = values
+        if name is None:  # a recognisable name, so a leak is easy to attribute
+            name = f"shadecache-bench-shm-{os.getpid()}-{next(_shm_serial)}"
         self.shm = shared_memory.SharedMemory(name=name, create=True, size=max(values.total_bytes, 1))
         try:
             self.buf = self.shm.buf
