@@ -196,9 +196,17 @@ PYBIND11_MODULE(_core, m) {
       .def("get_many",
            [](Cache& c, py::handle ids) {
              std::vector<int64_t> v = ids_of(ids);
+             c.check_open();
+             for (int64_t id : v) c.check_id_signed(id);  // a bad id fails the batch up front
              py::list out(v.size());
-             for (size_t i = 0; i < v.size(); ++i) {
-               py::object b = get_bytes(c, checked_id(c, v[i]));
+             const size_t n = v.size();
+             // Software pipeline: index entries 8 ahead, values 4 ahead, copy the current one.
+             for (size_t i = 0; i < n && i < 8; ++i) c.prefetch_index(v[i]);
+             for (size_t i = 0; i < n && i < 4; ++i) c.prefetch_value(v[i]);
+             for (size_t i = 0; i < n; ++i) {
+               if (i + 8 < n) c.prefetch_index(v[i + 8]);
+               if (i + 4 < n) c.prefetch_value(v[i + 4]);
+               py::object b = get_bytes(c, static_cast<uint64_t>(v[i]));
                PyList_SET_ITEM(out.ptr(), i, b.release().ptr());
              }
              return out;

@@ -74,6 +74,18 @@ class Cache {
   template <class Alloc>
   int64_t read(uint64_t id, Alloc&& alloc);
   bool contains(uint64_t id);
+  // Batch reads call these a few ids ahead so that the index entry, then the slot header and the
+  // first lines of the value, are on their way from DRAM while an earlier value is being copied
+  // (a batch over a working set larger than the CPU caches is bound by these misses). Hints only:
+  // no ordering, no effect on correctness; `id` must already be range-checked.
+  void prefetch_index(uint64_t id) const { __builtin_prefetch(&index_[id]); }
+  void prefetch_value(uint64_t id) const {
+    uint64_t v = index_[id].load(std::memory_order_relaxed);
+    if (v == 0 || v - 1 >= data_bytes_) return;
+    const char* p = data_ + (v - 1);
+    __builtin_prefetch(&pages_[(v - 1) / page_size_]);
+    for (int line = 0; line < 8; ++line) __builtin_prefetch(p + line * 64);
+  }
   void cached_mask(uint8_t* out);   // out[N]
   void scores_snapshot(float* out);  // out[N]
   CacheStats stats();

@@ -42,7 +42,9 @@ constexpr size_t kArenaCapBytes = 64u << 20;
 class UringBackend final : public IoBackend {
  public:
   explicit UringBackend(unsigned queue_depth) : qd_(queue_depth) {
-    int r = io_uring_queue_init(qd_, &ring_, 0);
+    unsigned flags = 0;
+    if (const char* f = std::getenv("SC_URING_FLAGS")) flags = static_cast<unsigned>(std::atoi(f));
+    int r = io_uring_queue_init(qd_, &ring_, flags);
     if (r < 0) throw_errno("io_uring_queue_init(" + std::to_string(qd_) + ")", -r);
   }
 
