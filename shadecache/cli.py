@@ -4,34 +4,48 @@
   store_cli.register   pack, verify, info     (shadecache/store_cli.py)
   demo.register        demo                   (shadecache/demo.py)
 
-A module that fails to import (say torch is missing for `demo`) does not take the others down.
+Only the area of the command being run is imported (`shadecache ls` must not pay for importing
+torch); `--help` imports them all. An area that fails to import (torch missing for `demo`) does not
+take the others down.
 """
 import argparse
 import importlib
 import sys
 
-_AREAS = (".cache_cli", ".store_cli", ".demo")
+_COMMANDS = {
+    "ls": ".cache_cli", "stats": ".cache_cli", "rm": ".cache_cli", "gc": ".cache_cli",
+    "pack": ".store_cli", "verify": ".store_cli", "info": ".store_cli",
+    "demo": ".demo",
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(areas) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shadecache", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for area in _AREAS:
+    for area in areas:
         try:
             mod = importlib.import_module(area, __package__)
         except ImportError as e:  # an optional extra (torch) may be absent
-            missing = str(e)
-            p = sub.add_parser(area.strip(".").split("_")[0], help=f"unavailable: {missing}")
-            p.set_defaults(func=lambda args, m=missing: sys.exit(f"shadecache: {m}"))
+            for cmd in [c for c, a in _COMMANDS.items() if a == area]:
+                p = sub.add_parser(cmd, help=f"unavailable: {e}")
+                p.set_defaults(func=lambda args, m=str(e): sys.exit(f"shadecache: {m}"))
             continue
         mod.register(sub)
     return parser
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    rc = args.func(args)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    first = next((a for a in argv if not a.startswith("-")), None)
+    area = _COMMANDS.get(first)
+    areas = [area] if area else list(dict.fromkeys(_COMMANDS.values()))
+    args = build_parser(areas).parse_args(argv)
+    try:
+        rc = args.func(args)
+    except (OSError, ValueError) as e:  # a clear message, not a traceback, for the user's mistakes
+        print(f"shadecache {args.command}: {e}", file=sys.stderr)
+        return 1
     return int(rc or 0)
 
 
