@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -309,7 +311,7 @@ void Cache::update_scores(const int64_t* ids, const float* scores, size_t n) {
 
 void Cache::do_set_score(uint32_t id, float score) {
   scores_[id].store(score, std::memory_order_relaxed);
-  if (hdr_->policy == static_cast<uint32_t>(Policy::kImportance) && heap_.contains(id)) heap_.update(id, score);
+  if (hdr_->policy == static_cast<uint32_t>(Policy::kImportance) && heap_.contains(id)) do_rekey(id, score);
 }
 
 double Cache::do_new_key(uint32_t id) {
@@ -367,7 +369,7 @@ bool Cache::do_put(const PutItem& it) {
       // Same size class: rewrite in place; readers racing it retry on the seqlock.
       hdr_->bytes_used += static_cast<uint64_t>(it.len) - s->len;
       write_slot(s, it);
-      if (hdr_->policy == static_cast<uint32_t>(Policy::kLru)) heap_.update(it.id, do_new_key(it.id));
+      if (hdr_->policy == static_cast<uint32_t>(Policy::kLru)) do_rekey(it.id, do_new_key(it.id));
       hdr_->stats.updates.fetch_add(1, std::memory_order_relaxed);
       hdr_->op_in_progress = 0;
       return true;
@@ -390,6 +392,7 @@ bool Cache::do_put(const PutItem& it) {
   crash_point(CrashPoint::kPutAfterPublish);
   heap_.push(it.id, key);
   PageMeta& pm = pages_[slab_.page_of(off)];
+  pm.key_sum += key;
   ++pm.live;
   ++slab_.cls(pm.cls).items;
   ++hdr_->items;
@@ -420,7 +423,7 @@ uint64_t Cache::do_alloc_slot(uint32_t cls, double key) {
       // Readers bump ticks without the lock, so heap keys lag: refresh the top and look again.
       double now = static_cast<double>(ticks_[top.id].load(std::memory_order_relaxed));
       if (now > top.key) {
-        heap_.update(top.id, now);
+        do_rekey(top.id, now);
         continue;
       }
     }
@@ -432,12 +435,41 @@ uint64_t Cache::do_alloc_slot(uint32_t cls, double key) {
       hdr_->stats.evictions.fetch_add(1, std::memory_order_relaxed);
       return slab_.do_pop_free_slot(cls);
     }
-    // The lowest-priority value sits in another size class: move its whole page to ours. This is
-    // how memory follows the size mix (a cache full of 3 KB values can take 100 KB ones).
-    do_move_page(vpage, cls);
+    // The lowest-priority value sits in another size class: memory must move to ours, a page at a
+    // time. This is how memory follows the size mix (a cache full of 3 KB values can take 100 KB
+    // ones). Move the page of another class whose values matter least on average (lowest mean
+    // key), not merely the victim's page: that one holds a random sample of its class, and moving
+    // it would evict values of every priority.
+    do_move_page(do_pick_page_to_move(cls, vpage), cls);
     return slab_.do_pop_free_slot(cls);
   }
   return 0;
+}
+
+// Changes the eviction key of cached `id`, keeping its page's key_sum in step.
+void Cache::do_rekey(uint32_t id, double key) {
+  uint64_t off = index_[id].load(std::memory_order_relaxed) - 1;
+  pages_[slab_.page_of(off)].key_sum += key - heap_.key_of(id);
+  heap_.update(id, key);
+}
+
+// The page, outside class `cls`, with the lowest mean key (an empty page first). O(pages): runs
+// once per page move, i.e. at most once per slots-per-page allocations of the class.
+uint64_t Cache::do_pick_page_to_move(uint32_t cls, uint64_t fallback) const {
+  uint64_t best = fallback;
+  double best_mean = 0;
+  bool found = false;
+  for (uint64_t p = 0; p < hdr_->num_pages; ++p) {
+    const PageMeta& pm = pages_[p];
+    if (pm.cls == cls || pm.cls >= slab_.num_classes()) continue;
+    double mean = pm.live ? pm.key_sum / pm.live : -std::numeric_limits<double>::infinity();
+    if (!found || mean < best_mean) {
+      best = p;
+      best_mean = mean;
+      found = true;
+    }
+  }
+  return best;
 }
 
 void Cache::do_evict(uint32_t id, bool to_free_list) {
@@ -453,8 +485,12 @@ void Cache::do_evict(uint32_t id, bool to_free_list) {
   PageMeta& pm = pages_[slab_.page_of(off)];
   if (to_free_list) slab_.do_push_free_slot(pm.cls, off);
   crash_point(CrashPoint::kEvictAfterFree);
-  if (heap_.contains(id)) heap_.remove(id);
+  if (heap_.contains(id)) {
+    pm.key_sum -= heap_.key_of(id);
+    heap_.remove(id);
+  }
   --pm.live;
+  if (pm.live == 0) pm.key_sum = 0;  // drop the rounding residue of the additions
   --slab_.cls(pm.cls).items;
   --hdr_->items;
   hdr_->bytes_used -= s->len;
@@ -515,6 +551,7 @@ void Cache::do_repair() {
     ClassMeta& cm = slab_.cls(pm.cls);
     ++cm.pages;
     pm.live = 0;
+    pm.key_sum = 0;
     for (uint32_t i = cm.slots_per_page; i-- > 0;) {
       uint64_t off = p * page_size_ + static_cast<uint64_t>(i) * cm.slot_size;
       SlotHeader* s = slab_.slot(off);
@@ -522,7 +559,9 @@ void Cache::do_repair() {
       bool live = !(seq & 1) && s->id < n_ && index_[s->id].load(std::memory_order_relaxed) == off + 1 &&
                   s->len <= cm.slot_size - sizeof(SlotHeader);
       if (live) {
-        heap_.append(s->id, do_repair_key(s->id));
+        double key = do_repair_key(s->id);
+        heap_.append(s->id, key);
+        pm.key_sum += key;
         ++pm.live;
         ++cm.items;
         ++hdr_->items;
@@ -575,6 +614,7 @@ std::string Cache::do_check() {
     const ClassMeta& cm = slab_.cls(pm.cls);
     ++class_pages[pm.cls];
     uint32_t live = 0;
+    double key_sum = 0;
     for (uint32_t i = 0; i < cm.slots_per_page; ++i) {
       uint64_t off = p * page_size_ + static_cast<uint64_t>(i) * cm.slot_size;
       const SlotHeader* s = slab_.slot(off);
@@ -594,9 +634,13 @@ std::string Cache::do_check() {
       if (policy == Policy::kLru && key > static_cast<double>(ticks_[s->id].load()))
         return where + " has a heap key newer than its last access";
       ++live;
+      key_sum += key;
       bytes += s->len;
     }
     if (live != pm.live) return "page " + std::to_string(p) + " counts " + std::to_string(pm.live) + " live slots, holds " + std::to_string(live);
+    if (std::fabs(key_sum - pm.key_sum) > 1e-6 * (std::fabs(key_sum) + live + 1))
+      return "page " + std::to_string(p) + " key sum " + std::to_string(pm.key_sum) + " but its values' keys add to " +
+             std::to_string(key_sum);
     class_items[pm.cls] += live;
     items += live;
   }

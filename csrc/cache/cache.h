@@ -129,6 +129,8 @@ class Cache {
   bool do_put(const PutItem& it);
   uint64_t do_alloc_slot(uint32_t cls, double key);
   void do_evict(uint32_t id, bool to_free_list);
+  void do_rekey(uint32_t id, double key);
+  uint64_t do_pick_page_to_move(uint32_t cls, uint64_t fallback) const;
   void do_move_page(uint64_t page, uint32_t cls);
   void do_set_score(uint32_t id, float score);
   double do_new_key(uint32_t id);

@@ -112,7 +112,8 @@ struct PageMeta {
   uint32_t cls;             // size class, or kFreePage
   uint32_t live;            // live slots on the page (writer-only)
   uint64_t next_free_page;  // free page list link: page index + 1, 0 = end
-  uint64_t reserved;
+  double key_sum;           // sum of the eviction keys of the page's live values (writer-only):
+                            // picks the page to move when memory must change size class
 };
 
 struct ClassMeta {

@@ -122,6 +122,7 @@ void Slab::do_cut_page(uint64_t p, uint32_t c) {
   ClassMeta& cm = classes_[c];
   pm.cls = c;
   pm.live = 0;
+  pm.key_sum = 0;
   ++cm.pages;
   uint64_t base = p * page_size_;
   for (uint32_t i = cm.slots_per_page; i-- > 0;) {
