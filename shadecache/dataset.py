@@ -68,14 +68,37 @@ class CachedDataset(Dataset):
     def label(self, i: int) -> int:
         return int(self.store.label(i))
 
+    def _labels_of(self, ids: np.ndarray) -> list:
+        labels = getattr(self.store, "labels", None)   # the store's in-memory label array
+        if isinstance(labels, np.ndarray) and labels.shape == (self._n,):
+            return labels[ids].tolist()
+        return [int(self.store.label(i)) for i in ids.tolist()]
+
     # ---- the batched path --------------------------------------------------------------------
+    def check_ids(self, ids) -> np.ndarray:
+        """ids as an int64 array, every one in 0..N-1 (TypeError / IndexError naming the id)."""
+        a = np.asarray(ids)
+        if a.ndim != 1:
+            a = a.reshape(-1)
+        if a.size and a.dtype.kind not in "iu":
+            for i in a.tolist():
+                if not isinstance(i, (int, np.integer)) or isinstance(i, bool):
+                    raise TypeError(f"sample id must be an integer, got {i!r}")
+            a = a.astype(np.int64)
+        a = a.astype(np.int64, copy=False)
+        if a.size and (a.min() < 0 or a.max() >= self._n):
+            bad = np.flatnonzero((a < 0) | (a >= self._n))
+            raise IndexError(f"sample id {int(a[bad[0]])} is out of range 0..{self._n - 1}")
+        return a
+
     def fetch_bytes(self, ids):
         """Raw bytes of each id, in order: cache first, then one store read for the misses."""
-        ids = [self._check(i) for i in ids]
+        a = ids if isinstance(ids, np.ndarray) and ids.dtype == np.int64 else self.check_ids(ids)
         if self.cache is not None:
-            values = self.cache.get_many(np.asarray(ids, dtype=np.int64))
+            values = self.cache.get_many(a)
         else:
-            values = [None] * len(ids)
+            values = [None] * a.size
+        ids = a.tolist()
         missed = [i for i, v in zip(ids, values) if v is None]
         hits = len(ids) - len(missed)
         nbytes = 0
@@ -99,26 +122,17 @@ class CachedDataset(Dataset):
         return values
 
     def __getitems__(self, ids):
-        values = self.fetch_bytes(ids)
-        out = []
-        for i, data in zip(ids, values):
-            x = self.decode(data)
-            if self.transform is not None:
-                x = self.transform(x)
-            out.append((x, self.label(i), int(i)))
-        return out
+        a = self.check_ids(ids)
+        values = self.fetch_bytes(a)
+        decode, transform = self.decode, self.transform
+        if transform is None:
+            xs = [decode(v) for v in values]
+        else:
+            xs = [transform(decode(v)) for v in values]
+        return list(zip(xs, self._labels_of(a), a.tolist()))
 
     def __getitem__(self, i):
         return self.__getitems__([i])[0]
-
-    def _check(self, i):
-        try:
-            j = int(i)
-        except (TypeError, ValueError):
-            raise TypeError(f"sample id must be an integer, got {i!r}") from None
-        if not 0 <= j < self._n:
-            raise IndexError(f"sample id {j} is out of range 0..{self._n - 1}")
-        return j
 
     # ---- counters ----------------------------------------------------------------------------
     def _table(self) -> np.ndarray:

@@ -38,23 +38,39 @@ class RunConfig:
     batch_size: int = 64
     num_workers: int = 0
     lr: float = 2e-3
+    augment: dict = field(default_factory=dict)   # Augment's options; None: no augmentation
     seed: int = 0
     extra: dict = field(default_factory=dict)
+
+
+class Augment:
+    """A label-preserving random view of a grating, made after the cache (the cache holds raw
+    bytes): a circular shift of up to `shift` pixels each way (a phase change; the blob moves) and
+    fresh pixel noise. Uses torch's RNG, which DataLoader seeds per worker from the main seed."""
+
+    def __init__(self, size: int = 16, shift: int = 2, noise: float = 0.15):
+        self.size, self.shift, self.noise = size, shift, noise
+
+    def __call__(self, x):
+        img = torch.from_numpy(np.asarray(x, dtype=np.float32)).view(self.size, self.size)
+        dy, dx = torch.randint(-self.shift, self.shift + 1, (2,)).tolist()
+        img = torch.roll(img, shifts=(dy, dx), dims=(0, 1))
+        return (img + self.noise * torch.randn_like(img)).reshape(-1)
 
 
 def make_model(in_features: int, num_classes: int) -> nn.Module:
     return nn.Sequential(nn.Linear(in_features, 128), nn.ReLU(), nn.Linear(128, num_classes))
 
 
-def build_data(workdir: str, n_train: int, n_test: int, seed: int = 0, size: int = 16):
+def build_data(workdir: str, n_train: int, n_test: int, seed: int = 0, size: int = 16, **kw):
     """Make the data set, pack the training part into `workdir/train.shc`.
 
     Returns (store path, test images as a float32 tensor (n_test, size*size), test labels)."""
     import shadecache as sc
-    train = synthetic.SyntheticImages(n_train, seed=seed, size=size)
+    train = synthetic.SyntheticImages(n_train, seed=seed, size=size, **kw)
     path = os.path.join(workdir, "train.shc")
     sc.pack(train, path, progress=False)
-    timgs, tlabels = synthetic.make_images(n_test, seed=seed + 10_000, size=size)
+    timgs, tlabels = synthetic.make_images(n_test, seed=seed + 10_000, size=size, **kw)
     tx = torch.from_numpy((timgs.reshape(n_test, -1).astype(np.float32) - 127.5) / 127.5)
     return path, tx, torch.from_numpy(tlabels)
 
@@ -118,7 +134,9 @@ def train_run(store, cfg: RunConfig, test, cache_name: str, progress: bool = Fal
            "coverage": [], "cached_fraction": []}
     with sc.Cache.create(cache_name, num_samples=n, capacity_bytes=capacity,
                          policy=cfg.policy, max_item_bytes=item_bytes) as cache:
-        ds = sc.CachedDataset(store, cache, decode=functools.partial(synthetic.decode, size=size))
+        aug = cfg.extra.get("augment", cfg.augment)
+        ds = sc.CachedDataset(store, cache, decode=functools.partial(synthetic.decode, size=size),
+                              transform=Augment(size, **aug) if aug is not None else None)
         shade = cfg.sampler == "shade"
         kw = dict(rep_factor=cfg.rep_factor if shade else 0.0, importance=shade, pads=shade,
                   coverage_epochs=cfg.coverage_epochs, seed=cfg.seed)

@@ -6,8 +6,9 @@ Each epoch the whole order is drawn up front, in four steps:
           (or a plain permutation when importance=False, the uniform baseline); the same global
           draw on every rank, because every rank holds the same merged scores and the same seed;
 2. floor  (guardrail, on by default) every sample not drawn in the last `coverage_epochs - 1`
-          epochs replaces a duplicate slot of the draw, so every sample is trained at least once
-          every `coverage_epochs` epochs; these ids are never substituted away in step 3;
+          epochs and absent from the draw replaces a duplicate slot of it, so every sample is
+          trained at least once every `coverage_epochs` epochs; step 4 never substitutes away the
+          one occurrence of a sample that is due;
 3. share  rank r keeps positions r, r + world, r + 2*world, ... of the global draw;
 4. PADS   against one snapshot of the cache's cached set: each cached id of the share may replace
           up to `rep_factor` misses (a fractional factor is rounded at random), then cached ids go
@@ -65,8 +66,8 @@ class ShadeSampler(Sampler):
 
     def __init__(self, data_source, cache=None, batch_size: int = 64, rep_factor: float = 1.0,
                  seed: int = 0, importance: bool = True, pads: bool = True,
-                 coverage_epochs=3, epoch_size=None, smoothing: float = 0.5,
-                 num_replicas=None, rank=None):
+                 coverage_epochs=2, epoch_size=None, smoothing: float = 0.5,
+                 draw: str = "systematic", num_replicas=None, rank=None):
         n = data_source if isinstance(data_source, (int, np.integer)) else len(data_source)
         if n < 1:
             raise ValueError(f"ShadeSampler needs at least one sample, got {n}")
@@ -87,6 +88,9 @@ class ShadeSampler(Sampler):
         self.batch_size = int(batch_size)
         self.rep_factor = float(rep_factor)
         self.seed = int(seed)
+        if draw not in ("systematic", "multinomial"):
+            raise ValueError(f"draw must be 'systematic' or 'multinomial', got {draw!r}")
+        self.draw = draw
         self.importance = bool(importance)
         self.pads = bool(pads)
         self.coverage_epochs = int(coverage_epochs or 0)
@@ -130,7 +134,17 @@ class ShadeSampler(Sampler):
             g = np.concatenate([rng.permutation(self.n) for _ in range(reps)])[:self.total_size]
             return g.astype(np.int64), np.empty(0, dtype=np.int64)
         w = self.table.scores
-        g = rng.choice(self.n, size=self.total_size, replace=True, p=w / w.sum()).astype(np.int64)
+        p = w / w.sum()
+        if self.draw == "multinomial":
+            g = rng.choice(self.n, size=self.total_size, replace=True, p=p).astype(np.int64)
+        else:
+            # systematic: one uniform offset, total_size evenly spaced points over the cumulative
+            # weights. Sample i is drawn floor or ceil of total_size * p_i times (the same
+            # expectation as multinomial draws), so far fewer samples are left out by chance.
+            cum = np.cumsum(p)
+            cum[-1] = 1.0
+            points = (rng.random() + np.arange(self.total_size)) / self.total_size
+            g = rng.permutation(np.searchsorted(cum, points, side="right")).astype(np.int64)
         forced = np.empty(0, dtype=np.int64)
         if self.coverage_epochs > 0:
             in_draw = np.zeros(self.n, dtype=bool)
@@ -163,7 +177,13 @@ class ShadeSampler(Sampler):
         hit = cached[share]
         hits, misses = share[hit], share[~hit]
         if self.rep_factor > 0 and hits.size and misses.size:
-            protected = np.isin(misses, forced)
+            # the floor: one occurrence of every id due this epoch (not drawn in the last K-1
+            # epochs; the floor added those absent from the raw draw) must stay
+            protected = np.zeros(misses.size, dtype=bool)
+            if self.coverage_epochs > 0:
+                due = self.last_drawn[misses] <= self.epoch - self.coverage_epochs
+                _, first = np.unique(misses, return_index=True)
+                protected[first] = due[first]
             free = np.flatnonzero(~protected)
             want = self.rep_factor * hits.size
             want = int(math.floor(want) + (rng.random() < want - math.floor(want)))

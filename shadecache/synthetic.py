@@ -14,7 +14,7 @@ Samples are made in the same order for the same seed, on any machine (numpy's PC
 import numpy as np
 
 
-def _images(rng, labels, size, num_classes, noise, jitter_deg):
+def _images(rng, labels, size, num_classes, noise, jitter_deg, contrast_range):
     n = labels.size
     yy, xx = np.mgrid[0:size, 0:size].astype(np.float32)
     yy = (yy - (size - 1) / 2.0)[None]
@@ -22,7 +22,7 @@ def _images(rng, labels, size, num_classes, noise, jitter_deg):
     theta = labels * (np.pi / num_classes) + np.deg2rad(rng.normal(0.0, jitter_deg, n))
     freq = rng.uniform(0.12, 0.30, n)               # cycles per pixel
     phase = rng.uniform(0.0, 2 * np.pi, n)
-    contrast = rng.uniform(0.15, 0.5, n)
+    contrast = rng.uniform(contrast_range[0], contrast_range[1], n)
     c, s = np.cos(theta)[:, None, None], np.sin(theta)[:, None, None]
     proj = xx * c + yy * s
     img = contrast[:, None, None] * np.sin(2 * np.pi * freq[:, None, None] * proj
@@ -38,7 +38,7 @@ def _images(rng, labels, size, num_classes, noise, jitter_deg):
 
 
 def make_images(n: int, seed: int = 0, size: int = 16, num_classes: int = 10,
-                noise: float = 0.5, jitter_deg: float = 4.0):
+                noise: float = 0.5, jitter_deg: float = 4.0, contrast_range=(0.15, 0.5)):
     """n images as a uint8 array (n, size, size) and int64 labels (n,), balanced classes."""
     if n < 1 or size < 4 or num_classes < 2:
         raise ValueError(f"make_images needs n >= 1, size >= 4, num_classes >= 2; got "
@@ -48,7 +48,8 @@ def make_images(n: int, seed: int = 0, size: int = 16, num_classes: int = 10,
     imgs = np.empty((n, size, size), dtype=np.uint8)
     step = 4096   # bounded memory for large n
     for a in range(0, n, step):
-        imgs[a:a + step] = _images(rng, labels[a:a + step], size, num_classes, noise, jitter_deg)
+        imgs[a:a + step] = _images(rng, labels[a:a + step], size, num_classes, noise, jitter_deg,
+                                     contrast_range)
     return imgs, labels
 
 

@@ -49,10 +49,31 @@ def test_same_seed_same_order_other_seed_other_order():
 
 def test_draw_follows_the_scores_with_replacement():
     n = 4
-    s = sc.ShadeSampler(n, batch_size=2, seed=1, coverage_epochs=0, epoch_size=40_000)
+    s = sc.ShadeSampler(n, batch_size=2, seed=1, coverage_epochs=0, epoch_size=40_000,
+                        draw="multinomial")
     s.table.scores[:] = [1.0, 1.0, 1.0, 5.0]
     counts = np.bincount(drain(s), minlength=n) / 40_000
     assert counts == pytest.approx([0.125, 0.125, 0.125, 0.625], abs=0.01)
+    assert counts.tolist() != [0.125, 0.125, 0.125, 0.625]     # multinomial: random counts
+
+
+def test_systematic_draw_gives_each_sample_floor_or_ceil_of_its_share():
+    n, total = 50, 300
+    rng = np.random.default_rng(0)
+    scores = rng.uniform(0.5, 3.0, n)
+    for epoch in range(5):
+        s = sc.ShadeSampler(n, seed=9, coverage_epochs=0, epoch_size=total)
+        s.set_epoch(epoch)
+        s.table.scores[:] = scores
+        counts = np.bincount(drain(s), minlength=n)
+        expect = total * scores / scores.sum()
+        assert counts.sum() == total
+        assert ((counts == np.floor(expect)) | (counts == np.ceil(expect))).all()
+    # equal scores (the first epoch, before any loss): every sample exactly once
+    s = sc.ShadeSampler(n, seed=9)
+    assert sorted(drain(s).tolist()) == list(range(n))
+    with pytest.raises(ValueError, match="draw must be"):
+        sc.ShadeSampler(n, draw="poisson")
 
 
 def test_coverage_floor_draws_every_sample_every_k_epochs():
