@@ -3,9 +3,9 @@ benchmark group per comparison.
 
     python -m pytest bench/bench_cache.py --benchmark-only
 
-Every round runs one repetition's whole loop (100k gets, 1,562 get_many calls of 64, 5k gets of
-100 KB, 100k puts or 20k update_scores calls; see extra_info["ops_per_round"]), over ids not used
-by the round before. pytest-benchmark reports seconds per round; the ratios and the PASS/FAIL
+Every round runs one repetition's whole loop (the sizes of cache_table.Config: gets, get_many
+calls of 64, puts or update_scores calls; extra_info["ops_per_round"] says how many), over ids not
+used by the round before. pytest-benchmark reports seconds per round; the ratios and the PASS/FAIL
 against each target come from bench/cache_table.py, which runs the same loops side by side.
 """
 import pytest

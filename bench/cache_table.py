@@ -1,12 +1,13 @@
 """Every speed target of the shared-memory Cache (issue 2), measured against its alternatives in one run.
 
-    python bench/cache_table.py            # ~3-4 minutes; prints the table, writes BENCHMARKS.md
+    python bench/cache_table.py            # ~2-3 minutes; prints the table, writes BENCHMARKS.md
                                            # and docs/img/cache_bench.png
 
 Each comparison builds its stores outside the timed region (values, keys, id orders and batches
-are all prepared beforehand), times every contender round-robin `reps` times and keeps medians
-(workload.run_interleaved), then checks outside the timed region that the cache returned the
-right bytes, missed nothing and is consistent (`check()`). Every cache, shared-memory block,
+are all prepared beforehand), times every contender round-robin `reps` times (figures are
+medians, ratios medians of per-repetition ratios: workload.run_interleaved), then checks outside
+the timed region that the cache returned the right bytes, missed nothing and is consistent
+(`check()`). Every cache, shared-memory block,
 server and temporary directory is removed in a `finally`, whatever fails.
 
 Targets (issue 2, acceptance item 5):
@@ -55,14 +56,14 @@ class Config:
     small: int = 3 * KB
     large: int = 100 * KB
     batch: int = 64
-    reps: int = 7
-    gets_per_rep: int = 100_000          # 3 KB gets (and ids fetched through get_many)
-    large_gets_per_rep: int = 5_000      # 100 KB gets
+    reps: int = 21                       # short repetitions, many of them: see workload.Timings
+    gets_per_rep: int = 25_000           # 3 KB gets (and ids fetched through get_many)
+    large_gets_per_rep: int = 2_000      # 100 KB gets
     put_cache_bytes: int = 1 << 30       # the full cache that every timed put evicts from
-    puts_per_rep: int = 100_000
+    puts_per_rep: int = 25_000
     score_items: int = 1_000_000         # items cached while update_scores is timed
     score_value_size: int = 3 * KB
-    score_calls_per_rep: int = 20_000
+    score_calls_per_rep: int = 5_000
     capacity_slack: float = 1.5          # cache capacity / bytes of values it must hold in full
     capacity_extra: int = 16 << 20       # plus this much: whole slab pages for each size class
     policy: str = "importance"           # the policy the get/update_scores caches run under
@@ -86,11 +87,14 @@ class Row:
     kind: str = "ratio"
     target: float = None
     note: str = ""
+    paired_ratio: float = None   # median of per-repetition ratios (workload.Timings.speedup)
 
     @property
     def ratio(self):
         if self.kind != "ratio":
             return float("nan")
+        if self.paired_ratio is not None:
+            return self.paired_ratio
         return self.cache_figure / self.alternative_figure
 
     @property
@@ -432,18 +436,18 @@ def compare_small_gets(cfg, redis_server="redis-server"):
     rows = [
         Row(f"`get` {size}", g / t["cache.get"], "gets/s",
             "`multiprocessing.shared_memory` + dict index, bytes copy", g / t["shm+dict"],
-            target=1.25),
+            target=1.25, paired_ratio=t.speedup("cache.get", "shm+dict")),
         Row(f"`get` {size}", g / t["cache.get"], "gets/s",
             "LMDB, one read txn per get + copy", g / t["lmdb"], target=2.0,
-            note="readonly, lock=False"),
+            note="readonly, lock=False", paired_ratio=t.speedup("cache.get", "lmdb")),
         Row(f"`get` {size} (a second pass)", g / t_locked["cache.get"], "gets/s",
             "LMDB, one read txn per get + copy", g / t_locked["lmdb"],
-            note="LMDB's default lock=True"),
+            note="LMDB's default lock=True", paired_ratio=t_locked.speedup("cache.get", "lmdb")),
     ]
     if s.redis is not None:
         rows.append(Row(f"`get_many({cfg.batch})` {size}", n_batched / t["cache.get_many"], "gets/s",
                         f"Redis MGET×{cfg.batch}, hiredis, unix socket", n_batched / t["redis"],
-                        target=4.0))
+                        target=4.0, paired_ratio=t.speedup("cache.get_many", "redis")))
     else:
         rows.append(Row(f"`get_many({cfg.batch})` {size}", n_batched / t["cache.get_many"], "gets/s",
                         f"Redis MGET×{cfg.batch}: skipped", note=s.redis_skip))
@@ -463,9 +467,10 @@ def compare_large_gets(cfg):
     return [
         Row(f"`get` {size}", nbytes / t["cache.get"], "GB/s",
             f"plain {size} bytes copy, random offsets of a shm mapping", nbytes / t["copy"],
-            target=0.9),
+            target=0.9, paired_ratio=t.speedup("cache.get", "copy")),
         Row(f"`get` {size}", nbytes / t["cache.get"], "GB/s",
-            "`multiprocessing.shared_memory` + dict index, bytes copy", nbytes / t["shm+dict"]),
+            "`multiprocessing.shared_memory` + dict index, bytes copy", nbytes / t["shm+dict"],
+            paired_ratio=t.speedup("cache.get", "shm+dict")),
     ]
 
 
@@ -495,7 +500,7 @@ def measure_update_scores(cfg):
             kind: (lambda r, kind=kind: timed(cache_update_scores_loop, s.cache, *s.batches[kind][r]))
             for kind in ("cached", "ghost")
         }, cfg.reps)
-    per_id = {k: v / (cfg.score_calls_per_rep * cfg.batch) for k, v in t.items()}
+    per_id = {k: t[k] / (cfg.score_calls_per_rep * cfg.batch) for k in ("cached", "ghost")}
     items = f"{cfg.score_items / 1e6:g}M" if cfg.score_items >= 1e6 else f"{cfg.score_items}"
     return [
         Row(f"`update_scores` of {cfg.batch} cached ids, {items} items cached", per_id["cached"],
@@ -522,10 +527,14 @@ def run_all(cfg, comparisons=COMPARISONS):
 # outputs: BENCHMARKS.md section and the PNG
 # --------------------------------------------------------------------------------------------
 def _git_revision():
+    """HEAD's short hash, with "+dirty" when the engine or package differs from it."""
     try:
-        rev = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=10).stdout.strip()
-        return rev or "unknown"
+        def git(*args):
+            return subprocess.run(["git", "-C", REPO, *args], capture_output=True, text=True,
+                                  timeout=10).stdout.strip()
+
+        rev = git("rev-parse", "--short", "HEAD") or "unknown"
+        return rev + ("+dirty" if git("status", "--porcelain", "--", "csrc", "shadecache", "bench") else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
@@ -538,8 +547,9 @@ def section_text(rows, cfg, command, png_rel=None):
         f"Reproduce: `{command}` (commit {_git_revision()}, {when}, {os.cpu_count()} vCPUs, "
         f"Python {platform.python_version()}).",
         "",
-        f"Medians of {cfg.reps} repetitions, every contender timed in turn within each repetition, "
-        f"in one process. Working set {ws} of values per store (L3 here: 300 MiB); ids are a "
+        f"{cfg.reps} repetitions, every contender timed in turn within each repetition (order "
+        f"rotating), in one process; figures are medians, ratios the median of the per-repetition "
+        f"ratios. Working set {ws} of values per store (L3 here: 300 MiB); ids are a "
         f"random permutation prepared outside the timed region; every loop binds its method to a "
         f"local first and makes a bytes copy per value. The caches run the `{cfg.policy}` policy "
         f"unless stated.",
@@ -611,7 +621,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--working-set-gib", type=float, default=None,
                     help="bytes of values per store for the get comparisons (default 2)")
-    ap.add_argument("--reps", type=int, default=None, help="repetitions per contender (default 7)")
+    ap.add_argument("--reps", type=int, default=None, help="repetitions per contender (default 21)")
     ap.add_argument("--tiny", action="store_true", help="seconds-long run with tiny sizes")
     ap.add_argument("--md", default=DEFAULT_MD, help="Markdown file whose issue-2 section is rewritten")
     ap.add_argument("--png", default=DEFAULT_PNG, help="where the bar chart goes")

@@ -6,8 +6,9 @@ Contracts:
   random block, so no two neighbouring values are equal and nothing compresses.
 - Access orders (ids, batches, offsets) are generated here, outside any timed region, as the
   plain Python objects a training loop would hand over (lists of ints).
-- `run_interleaved` times every contender once per repetition, in turn, and keeps the median:
-  on these noisy machines only ratios measured side by side in one run mean anything.
+- `run_interleaved` times every contender once per repetition, in turn, and keeps every time;
+  figures are medians and ratios are medians of per-repetition ratios: on these noisy, shared
+  machines only ratios measured side by side mean anything.
 """
 import gc
 import statistics
@@ -77,20 +78,41 @@ def random_offsets(span, size, count, align=8, seed=2):
     return (rng.integers(0, (span - size) // align + 1, size=count) * align).tolist()
 
 
+class Timings:
+    """Seconds per repetition of each contender. `t[name]` is the median; `speedup(fast, slow)`
+    the median over repetitions of slow/fast, each ratio taken within one repetition, so a slow
+    spell of the machine (other processes on the other vCPU) cancels out of it."""
+
+    def __init__(self, times):
+        self.times = times
+
+    def __getitem__(self, name):
+        return statistics.median(self.times[name])
+
+    def values(self):
+        return [self[name] for name in self.times]
+
+    def speedup(self, fast, slow):
+        return statistics.median(s / f for f, s in zip(self.times[fast], self.times[slow]))
+
+
 def run_interleaved(contenders, reps):
-    """Time each contender `reps` times, round-robin, and return {name: median seconds}.
+    """Time each contender `reps` times, round-robin, and return their Timings.
 
     `contenders` maps a name to a callable `run(rep) -> seconds` that performs one repetition
     of its loop (over the work prepared for repetition `rep`) and returns the time it measured
-    around the loop alone. A garbage collection before each repetition keeps one contender's
-    garbage from being collected on another's clock.
+    around the loop alone. The order rotates from one repetition to the next, so no contender
+    always runs first (or right after another's garbage); a garbage collection before each run
+    keeps one contender's garbage from being collected on another's clock.
     """
-    times = {name: [] for name in contenders}
+    names = list(contenders)
+    times = {name: [] for name in names}
     for rep in range(reps):
-        for name, run in contenders.items():
+        k = rep % len(names)
+        for name in names[k:] + names[:k]:
             gc.collect()
-            times[name].append(run(rep))
-    return {name: statistics.median(ts) for name, ts in times.items()}
+            times[name].append(contenders[name](rep))
+    return Timings(times)
 
 
 def timed(loop, *args):
