@@ -301,8 +301,18 @@ void Cache::update_scores(const int64_t* ids, const float* scores, size_t n) {
     check_id_signed(ids[i]);
     check_score(ids[i], scores[i]);
   }
-  WriteLock lock(this);
+  // Scattered ids over large arrays: every access is a cache miss. Issue them all at once before
+  // taking the lock (memory-level parallelism), then run a few ids ahead for the heap nodes.
   for (size_t i = 0; i < n; ++i) {
+    __builtin_prefetch(&scores_[ids[i]], 1);
+    __builtin_prefetch(&heap_pos_[ids[i]], 0);
+    __builtin_prefetch(&index_[ids[i]], 0);
+  }
+  constexpr size_t kAhead = 6;
+  WriteLock lock(this);
+  for (size_t i = 0; i < n && i < kAhead; ++i) heap_.prefetch(static_cast<uint32_t>(ids[i]));
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) heap_.prefetch(static_cast<uint32_t>(ids[i + kAhead]));
     if (i == n / 2) crash_point(CrashPoint::kScoresMid);
     do_set_score(static_cast<uint32_t>(ids[i]), scores[i]);
   }
