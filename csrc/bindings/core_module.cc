@@ -1,8 +1,11 @@
 // Python bindings of the cache engine: shadecache._core.CacheCore.
 //
 // GIL contract: reads (get, get_many, get_into, contains, snapshots) never wait, so they keep the
-// GIL; every call that takes the cache mutex (put, put_many, remove, update_scores, stats, check)
-// releases it first, after the arguments have been turned into native values. Values are only
+// GIL; every call that may wait for the cache mutex (put, put_many, remove, update_scores, stats,
+// check) releases it first, after the arguments have been turned into native values. The one
+// exception is put of a small value: it tries the mutex with the GIL held and releases the GIL
+// only if the mutex is busy (then waits without it), because a GIL round trip costs more than the
+// put itself. Values are only
 // borrowed (Py_buffer) while the GIL is released; the caller's references keep them alive.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -235,14 +238,21 @@ PYBIND11_MODULE(_core, m) {
       .def("put",
            [](Cache& c, int64_t id, py::handle data, py::object score) {
              Borrowed b(data.ptr());
-             std::vector<PutItem> items{c.make_item(checked_id(c, id), b.data(), b.size())};
+             uint64_t i = checked_id(c, id);
              float s = score.is_none() ? 0.0f : score.cast<float>();
-             uint8_t admitted = 0;
-             {
+             const float* sp = score.is_none() ? nullptr : &s;
+             // Small values on an uncontended mutex: keep the GIL (releasing it costs more than
+             // the whole put). Large values, or a busy mutex: release it for the copy / the wait.
+             constexpr uint64_t kKeepGilBelow = 64 * 1024;
+             if (b.size() < kKeepGilBelow) {
+               PutItem it = c.make_item(i, b.data(), b.size());
+               int r = c.try_put(it, sp);
+               if (r >= 0) return r == 1;
                py::gil_scoped_release nogil;
-               c.put_many(items, score.is_none() ? nullptr : &s, &admitted);
+               return c.put(it, sp);
              }
-             return admitted != 0;
+             py::gil_scoped_release nogil;
+             return c.put(c.make_item(i, b.data(), b.size()), sp);
            },
            py::arg("id"), py::arg("data"), py::arg("score") = py::none())
       .def("put_many",

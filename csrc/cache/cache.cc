@@ -198,13 +198,22 @@ void Cache::bind(Segment seg, const std::string& name) {
   heap_ = IndexedHeap(reinterpret_cast<HeapNode*>(b + hdr_->off_heap), heap_pos_, &hdr_->heap_size);
 }
 
-WriteLock::WriteLock(Cache* c) : c_(c) {
+WriteLock::WriteLock(Cache* c, Mode mode) : c_(c) {
   c->check_open();
-  if (robust_mutex_lock(&c->hdr_->mutex, [c] { c->do_repair(); }))
-    c->hdr_->stats.recoveries.fetch_add(1, std::memory_order_relaxed);
+  auto repair = [c] { c->do_repair(); };
+  bool repaired = false;
+  if (mode == kTry) {
+    owns_ = robust_mutex_try_lock(&c->hdr_->mutex, repair, &repaired);
+  } else {
+    repaired = robust_mutex_lock(&c->hdr_->mutex, repair);
+    owns_ = true;
+  }
+  if (repaired) c->hdr_->stats.recoveries.fetch_add(1, std::memory_order_relaxed);
 }
 
-WriteLock::~WriteLock() { robust_mutex_unlock(&c_->hdr_->mutex); }
+WriteLock::~WriteLock() {
+  if (owns_) robust_mutex_unlock(&c_->hdr_->mutex);
+}
 
 // ---- readers --------------------------------------------------------------------------------
 
@@ -283,6 +292,21 @@ void Cache::put_many(std::vector<PutItem>& items, const float* scores, uint8_t* 
     if (scores) do_set_score(items[i].id, scores[i]);
     admitted[i] = do_put(items[i]);
   }
+}
+
+int Cache::try_put(const PutItem& it, const float* score) {
+  if (score) check_score(it.id, *score);
+  WriteLock lock(this, WriteLock::kTry);
+  if (!lock.owns()) return -1;
+  if (score) do_set_score(it.id, *score);
+  return do_put(it) ? 1 : 0;
+}
+
+bool Cache::put(const PutItem& it, const float* score) {
+  if (score) check_score(it.id, *score);
+  WriteLock lock(this);
+  if (score) do_set_score(it.id, *score);
+  return do_put(it);
 }
 
 bool Cache::remove(uint64_t id) {

@@ -94,6 +94,10 @@ class Cache {
   // Validates, then inserts each item (one lock for the batch). admitted[i] = 0 where admission
   // refused it. scores, when given, are set first (they drive admission under "importance").
   void put_many(std::vector<PutItem>& items, const float* scores, uint8_t* admitted);
+  // One item. try_put returns -1 without blocking when the mutex is busy, so that the caller can
+  // keep the GIL on the uncontended path and release it only to wait (then call put).
+  int try_put(const PutItem& it, const float* score);
+  bool put(const PutItem& it, const float* score);
   // Builds a PutItem (validating id and length, computing the crc); call without the lock.
   PutItem make_item(uint64_t id, const char* data, uint64_t len);
   bool remove(uint64_t id);
@@ -158,13 +162,16 @@ class Cache {
 // Holds the cache mutex for a scope, repairing a dead owner's state on the way in.
 class WriteLock {
  public:
-  explicit WriteLock(Cache* c);
+  enum Mode { kWait, kTry };
+  explicit WriteLock(Cache* c, Mode mode = kWait);
   ~WriteLock();
   WriteLock(const WriteLock&) = delete;
   WriteLock& operator=(const WriteLock&) = delete;
+  bool owns() const { return owns_; }  // false only for kTry on a busy mutex
 
  private:
   Cache* c_;
+  bool owns_ = false;
 };
 
 // ---- the lock-free read path (inline: it is the hot path) -------------------------------------

@@ -115,20 +115,25 @@ void UringBackend::read_ranges(int fd, bool direct, RangeRead* ops, size_t n,
   if (n == 0) return;
   unsigned depth = qd_;
   size_t slot_bytes = 0;
+  unsigned nslots = 0;
   std::vector<unsigned> free_slots, slot_of;
   if (direct) {
     for (size_t i = 0; i < n; ++i)
       slot_bytes = std::max<size_t>(slot_bytes, store::align_up(ops[i].len));
     slot_bytes = std::max<size_t>(slot_bytes, store::kAlign);
-    size_t cap_slots = std::max<size_t>(1, kArenaCapBytes / slot_bytes);
-    depth = static_cast<unsigned>(std::min<size_t>(depth, cap_slots));
-    ensure_arena(slot_bytes, depth);
-    // Slots are carved from the arena by the slot size of this batch.
-    for (unsigned s = depth; s-- > 0;) free_slots.push_back(s);
+    // Twice as many bounce slots as reads in flight: finished reads are copied out of their slots
+    // while the replacement reads already run in the other half (see the loop below).
+    size_t cap_slots = std::max<size_t>(2, kArenaCapBytes / slot_bytes);
+    nslots = static_cast<unsigned>(std::min<size_t>(2 * static_cast<size_t>(depth), cap_slots));
+    depth = std::max(1u, std::min(depth, nslots / 2));
+    ensure_arena(slot_bytes, nslots);
+    for (unsigned sl = nslots; sl-- > 0;) free_slots.push_back(sl);
     slot_of.assign(n, 0);
   }
-  std::vector<uint32_t> got(n, 0);  // bytes in so far (aligned target for direct)
+  std::vector<uint32_t> got(n, 0);  // bytes in so far (for direct: of the aligned read)
   std::vector<size_t> retry;        // ops whose next piece must be (re)submitted
+  std::vector<size_t> finished;     // ops whose bytes are all in, not yet handed over
+  finished.reserve(depth);
   size_t next = 0;
   unsigned inflight = 0;
   bool stop = false;
@@ -144,14 +149,15 @@ void UringBackend::read_ranges(int fd, bool direct, RangeRead* ops, size_t n,
     }
     stop = true;
   };
-
-  for (;;) {
+  // Queues reads until `depth` are in flight (or nothing is left); returns how many it queued.
+  auto fill = [&]() {
+    unsigned queued = 0;
     while (!stop && inflight < depth) {
       size_t i;
       if (!retry.empty()) {
         i = retry.back();
         retry.pop_back();
-      } else if (next < n) {
+      } else if (next < n && (!direct || !free_slots.empty())) {
         i = next++;
         if (direct) {
           slot_of[i] = free_slots.back();
@@ -175,9 +181,15 @@ void UringBackend::read_ranges(int fd, bool direct, RangeRead* ops, size_t n,
       }
       io_uring_sqe_set_data64(s, i);
       ++inflight;
+      ++queued;
     }
-    if (inflight == 0) break;
+    return queued;
+  };
+
+  fill();
+  while (inflight > 0) {
     submit_and_wait();
+    // 1. Reap: classify every completion, but copy nothing yet.
     unsigned head, seen = 0;
     io_uring_cqe* cqe;
     io_uring_for_each_cqe(&ring_, head, cqe) {
@@ -186,35 +198,44 @@ void UringBackend::read_ranges(int fd, bool direct, RangeRead* ops, size_t n,
       size_t i = static_cast<size_t>(io_uring_cqe_get_data64(cqe));
       int res = cqe->res;
       const RangeRead& op = ops[i];
-      bool finished = false;
       if (res == -EAGAIN || res == -EINTR) {
         retry.push_back(i);
       } else if (res < 0) {
         fail(ErrorKind::kOs, "io_uring read of " + std::to_string(op.len) + " bytes at offset " +
                                  std::to_string(op.offset + got[i]) + ": " + std::strerror(-res),
              -res);
-        finished = true;
+        if (direct) free_slots.push_back(slot_of[i]);
       } else if (res == 0 && got[i] < op.len) {
         fail(ErrorKind::kFormat, "data file truncated: end of file at offset " +
                                      std::to_string(op.offset + got[i]) + " while reading " +
                                      std::to_string(op.len) + " bytes at offset " +
                                      std::to_string(op.offset),
              0);
-        finished = true;
+        if (direct) free_slots.push_back(slot_of[i]);
       } else {
         got[i] += static_cast<uint32_t>(res);
-        if (got[i] >= op.len) {
-          if (direct)
-            std::memcpy(op.dest, arena_ + static_cast<size_t>(slot_of[i]) * slot_bytes, op.len);
-          done(i);
-          finished = true;
-        } else {
+        if (got[i] >= op.len)
+          finished.push_back(i);
+        else
           retry.push_back(i);  // short read: ask for the rest
-        }
       }
-      if (finished && direct) free_slots.push_back(slot_of[i]);
     }
     io_uring_cq_advance(&ring_, seen);
+    // 2. Refill and submit at once: the device gets its next reads before we spend CPU on the
+    //    finished ones (completions arrive in bursts here; copying and checksumming a burst first
+    //    would leave the device idle for that long).
+    if (fill() > 0) io_uring_submit(&ring_);
+    // 3. Hand over the finished reads: copy out of the bounce slot, checksum (in `done`).
+    for (size_t i : finished) {
+      if (direct) {
+        std::memcpy(ops[i].dest, arena_ + static_cast<size_t>(slot_of[i]) * slot_bytes,
+                    ops[i].len);
+        free_slots.push_back(slot_of[i]);
+      }
+      done(i);
+    }
+    finished.clear();
+    fill();  // room freed by the slots just emptied; submitted by the next wait
   }
   if (stop) throw Error(err_kind, err_what, err);
 }
