@@ -602,7 +602,7 @@ def plot(rows, path):
     ax.axvline(1.0, color="black", lw=1)
     ax.set_xscale("log")
     lo, hi = min(margins + [1.0]), max(margins + [1.0])
-    ax.set_xlim(lo / 2.5, hi * 40)
+    ax.set_xlim(lo / 1.5, hi * 5)
     for yi, r, m in zip(y, rows, margins):
         text = (f"{r.ratio:.2f}× (target {r.target:g}×)" if r.kind == "ratio"
                 else f"{fmt_figure(r.measured, r.unit)} (target {fmt_target(r)})")
