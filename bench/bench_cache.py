@@ -36,6 +36,10 @@ class TestSmallValues:
         _run(benchmark, "get 3 KB", cfg.gets_per_rep, baselines.lmdb_get_loop,
              lambda r: (small.lmdb.env, small.lmdb_keys[r % cfg.reps]), cfg)
 
+    def test_plain_copy(self, benchmark, small, cfg):
+        _run(benchmark, "get 3 KB", cfg.gets_per_rep, baselines.plain_copy_loop,
+             lambda r: (small.shm.buf, small.offsets[r % cfg.reps], cfg.small), cfg)
+
     def test_get_many_cache(self, benchmark, small, cfg):
         ops = len(small.batches[0]) * cfg.batch
         _run(benchmark, "get_many(64) 3 KB", ops, ct.cache_get_many_loop,

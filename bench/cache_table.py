@@ -263,6 +263,9 @@ def small_setup(cfg, redis_server="redis-server"):
         _require_all_cached(s.cache, s.values)
         s.shm = stack.enter_context(baselines.ShmDictStore(s.values))
         s.lmdb = stack.enter_context(baselines.LmdbStore(s.values, lock=False))
+        # The copy floor: a bytes copy of one value's size from random offsets of the same mapping.
+        s.offsets = [random_offsets(len(s.shm.buf), cfg.small, cfg.gets_per_rep, seed=20 + r)
+                     for r in range(cfg.reps)]
         s.redis, s.redis_skip = None, ""
         try:
             s.redis = stack.enter_context(baselines.RedisStore(s.values, server=redis_server))
@@ -417,6 +420,7 @@ def compare_small_gets(cfg, redis_server="redis-server"):
             "shm+dict": lambda r: timed(baselines.shm_dict_get_loop, s.shm.buf, s.shm.index, s.ids[r]),
             "lmdb": lambda r: timed(baselines.lmdb_get_loop, s.lmdb.env, s.lmdb_keys[r]),
             "cache.get_many": lambda r: timed(cache_get_many_loop, s.cache, s.batches[r]),
+            "copy": lambda r: timed(baselines.plain_copy_loop, s.shm.buf, s.offsets[r], cfg.small),
         }
         if s.redis is not None:
             contenders["redis"] = lambda r: timed(baselines.redis_mget_loop, s.redis.client,
@@ -440,6 +444,9 @@ def compare_small_gets(cfg, redis_server="redis-server"):
         Row(f"`get` {size}", g / t["cache.get"], "gets/s",
             "LMDB, one read txn per get + copy", g / t["lmdb"], target=2.0,
             note="readonly, lock=False", paired_ratio=t.speedup("cache.get", "lmdb")),
+        Row(f"`get` {size}", g / t["cache.get"], "gets/s",
+            f"plain {size} bytes copy, random offsets of a shm mapping (the copy floor)",
+            g / t["copy"], paired_ratio=t.speedup("cache.get", "copy")),
         Row(f"`get` {size} (a second pass)", g / t_locked["cache.get"], "gets/s",
             "LMDB, one read txn per get + copy", g / t_locked["lmdb"],
             note="LMDB's default lock=True", paired_ratio=t_locked.speedup("cache.get", "lmdb")),

@@ -120,3 +120,16 @@ def test_write_section_rejects_a_file_without_the_section(tmp_path):
     md.write_text("# nothing here\n")
     with pytest.raises(ValueError, match="no section"):
         ct.write_section(str(md), "x\n")
+
+
+def test_pytest_benchmark_file_runs_tiny(no_leaks):
+    import subprocess
+
+    repo = os.path.dirname(BENCH)
+    env = dict(os.environ, SHADECACHE_BENCH_TINY="1")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           os.path.join(BENCH, "bench_cache.py"), "--benchmark-only"],
+                          cwd=repo, env=env, capture_output=True, text=True, timeout=240)
+    tail = proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert proc.returncode == 0, tail
+    assert " passed" in proc.stdout and "failed" not in proc.stdout and "error" not in proc.stdout, tail
