@@ -84,8 +84,9 @@ def summarize(results, args):
         lines.append(f"\n**cache = {size:.0%} of the samples** (holds {held:.1%} of them at the "
                      f"end)\n")
         lines.append("| configuration | hit ratio | vs uniform+static | MB read from store | "
-                     "coverage (min/epoch) | final accuracy % | Δ accuracy vs uniform (points) |")
-        lines.append("|---|---|---|---|---|---|---|")
+                     "coverage (min/epoch) | not drawn for 2 epochs (max) | final accuracy % | "
+                     "Δ accuracy vs uniform (points) |")
+        lines.append("|---|---|---|---|---|---|---|---|")
         for label, *_ in ROWS:
             rs = results[(size, label)]
             hit = [r["total_hit_ratio"] for r in rs]
@@ -93,8 +94,9 @@ def summarize(results, args):
             delta = np.asarray(acc) - np.asarray(uni)
             lines.append(f"| {label} | {ms(hit)} | {np.mean(hit) / max(static_hit, 1e-9):.2f}× | "
                          f"{ms([r['total_bytes_read'] / 1e6 for r in rs], '{:.2f}')} | "
-                         f"{ms([r['min_coverage'] for r in rs])} | {ms(acc, '{:.2f}')} | "
-                         f"{ms(delta, '{:+.2f}')} |")
+                         f"{ms([r['min_coverage'] for r in rs])} | "
+                         f"{max(max(r.get('not_in_window', [0])) for r in rs)} | "
+                         f"{ms(acc, '{:.2f}')} | {ms(delta, '{:+.2f}')} |")
             guarded = label.startswith("SHADE") and "floor off" not in label
             if guarded:
                 checks.append((f"{size:.0%} {label}: accuracy loss vs uniform <= 0.5 points",

@@ -131,7 +131,7 @@ def train_run(store, cfg: RunConfig, test, cache_name: str, progress: bool = Fal
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda k: 0.5 * (1.0 + np.cos(np.pi * min(k, steps_total) / steps_total)))
     out = {"config": asdict(cfg), "acc": [], "hit_ratio": [], "bytes_read": [],
-           "coverage": [], "cached_fraction": []}
+           "coverage": [], "not_in_window": [], "cached_fraction": []}
     with sc.Cache.create(cache_name, num_samples=n, capacity_bytes=capacity,
                          policy=cfg.policy, max_item_bytes=item_bytes) as cache:
         aug = cfg.extra.get("augment", cfg.augment)
@@ -168,7 +168,11 @@ def train_run(store, cfg: RunConfig, test, cache_name: str, progress: bool = Fal
             served = after["samples"] - before["samples"]
             out["hit_ratio"].append((after["hits"] - before["hits"]) / max(served, 1))
             out["bytes_read"].append(after["bytes_read"] - before["bytes_read"])
-            out["coverage"].append(sampler.coverage()["last"])
+            cov = sampler.coverage()
+            out["coverage"].append(cov["last"])
+            # samples not drawn within the last max(K, 2) epochs (0 whenever the floor holds)
+            out["not_in_window"].append(int((sampler.last_drawn
+                                             <= epoch - max(cfg.coverage_epochs, 2)).sum()))
             out["cached_fraction"].append(cache.stats()["items"] / n)
             out["acc"].append(_accuracy(model, tx, ty))
             bar.set_postfix(acc=f"{out['acc'][-1]:.1f}", hit=f"{out['hit_ratio'][-1]:.2f}")
