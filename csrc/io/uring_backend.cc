@@ -42,9 +42,7 @@ constexpr size_t kArenaCapBytes = 64u << 20;
 class UringBackend final : public IoBackend {
  public:
   explicit UringBackend(unsigned queue_depth) : qd_(queue_depth) {
-    unsigned flags = 0;
-    if (const char* f = std::getenv("SC_URING_FLAGS")) flags = static_cast<unsigned>(std::atoi(f));
-    int r = io_uring_queue_init(qd_, &ring_, flags);
+    int r = io_uring_queue_init(qd_, &ring_, 0);
     if (r < 0) throw_errno("io_uring_queue_init(" + std::to_string(qd_) + ")", -r);
   }
 
