@@ -240,7 +240,7 @@ def run_demo(args) -> int:
             print(f"  {cfg.label:<28} hit ratio {r['total_hit_ratio']:.3f}  "
                   f"accuracy {r['final_acc']:.2f}%")
         print()
-        print(f"{args.samples} samples, cache = {args.cache_fraction:.0%} of the data's bytes, "
+        print(f"{args.samples} samples, cache holds {args.cache_fraction:.0%} of them, "
               f"{args.epochs} epochs, batch {args.batch_size}, {args.workers} DataLoader workers")
         print(format_table(runs))
         plot_runs(runs, args.plot, title="shadecache demo: uniform + LRU vs SHADE")
@@ -257,7 +257,7 @@ def register(subparsers):
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--workers", type=int, default=2, help="DataLoader workers (default 2)")
     p.add_argument("--cache-fraction", type=float, default=0.15,
-                   help="cache size as a fraction of the data's bytes (default 0.15)")
+                   help="cache size as a fraction of the samples it can hold (default 0.15)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plot", default="shadecache-demo.png", help="PNG to write")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
