@@ -69,7 +69,7 @@ class Cache:
         self.num_samples = core.num_samples
         self._creator_pid = os.getpid() if owner else None
         # The hot paths are the engine's own methods: no Python frame between the caller and C++.
-        self.get = core.get
+        self.get = _core.fast_get(core)  # same as core.get, minus pybind11's dispatch
         self.get_many = core.get_many
         self.get_into = core.get_into
         self.contains = core.contains

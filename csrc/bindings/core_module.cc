@@ -153,6 +153,81 @@ py::dict stats_dict(const CacheStats& s) {
   return d;
 }
 
+// ---- the raw get: `cache.get(i)` is the hottest call there is ---------------------------------
+//
+// pybind11's dispatcher (argument casters, overload resolution) costs about as much as copying a
+// 3 KB value. get() is therefore also offered as a plain METH_O CPython function whose `self` is a
+// small object holding the Cache and a reference to its pybind11 owner (so the engine cannot be
+// freed while the function lives). Same semantics and errors as CacheCore.get.
+
+struct FastGetSelf {
+  PyObject_HEAD
+  Cache* cache;
+  PyObject* owner;  // the CacheCore object; keeps `cache` alive
+};
+
+void fast_get_dealloc(PyObject* o) {
+  Py_XDECREF(reinterpret_cast<FastGetSelf*>(o)->owner);
+  Py_TYPE(o)->tp_free(o);
+}
+
+PyTypeObject FastGetSelfType;  // zero-initialized (static storage); filled in by ready_fast_get_type
+
+void ready_fast_get_type() {
+  FastGetSelfType.tp_name = "shadecache._core._FastGetSelf";
+  FastGetSelfType.tp_basicsize = sizeof(FastGetSelf);
+  FastGetSelfType.tp_dealloc = fast_get_dealloc;
+  FastGetSelfType.tp_flags = Py_TPFLAGS_DEFAULT;
+  if (PyType_Ready(&FastGetSelfType) < 0) throw py::error_already_set();
+}
+
+PyObject* fast_get(PyObject* self, PyObject* arg) {
+  Cache& c = *reinterpret_cast<FastGetSelf*>(self)->cache;
+  long long id = PyLong_AsLongLong(arg);
+  if (id == -1 && PyErr_Occurred()) {
+    if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+      PyErr_Clear();
+      PyErr_Format(PyExc_TypeError, "sample ids must be integers, got %s", Py_TYPE(arg)->tp_name);
+    }
+    return nullptr;
+  }
+  PyObject* obj = nullptr;
+  try {
+    c.check_id_signed(id);
+    int64_t len = c.read(static_cast<uint64_t>(id), [&obj](uint32_t n) -> char* {
+      if (obj && PyBytes_GET_SIZE(obj) == static_cast<Py_ssize_t>(n)) return PyBytes_AS_STRING(obj);
+      Py_XDECREF(obj);
+      obj = PyBytes_FromStringAndSize(nullptr, n);
+      if (!obj) throw std::bad_alloc();
+      return PyBytes_AS_STRING(obj);
+    });
+    if (len >= 0) return obj;
+    Py_XDECREF(obj);
+    Py_RETURN_NONE;
+  } catch (const Error& e) {
+    Py_XDECREF(obj);
+    set_python_error(e);
+  } catch (const std::bad_alloc&) {
+    Py_XDECREF(obj);
+    if (!PyErr_Occurred()) PyErr_NoMemory();
+  }
+  return nullptr;
+}
+
+PyMethodDef fast_get_def = {"get", fast_get, METH_O,
+                            "get(id) -> bytes | None: a copy of sample `id`, None on a miss."};
+
+py::object make_fast_get(py::object core) {
+  auto* self = PyObject_New(FastGetSelf, &FastGetSelfType);
+  if (!self) throw py::error_already_set();
+  self->cache = &core.cast<Cache&>();
+  self->owner = core.release().ptr();
+  PyObject* fn = PyCFunction_New(&fast_get_def, reinterpret_cast<PyObject*>(self));
+  Py_DECREF(self);
+  if (!fn) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(fn);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -334,6 +409,10 @@ PYBIND11_MODULE(_core, m) {
              c.check();
            })
       .def("close", &Cache::close);
+
+  ready_fast_get_type();
+  m.def("fast_get", &make_fast_get, py::arg("core"),
+        "A plain CPython function equivalent to core.get, without pybind11's dispatch cost.");
 
   // Test-only: SIGKILL this process at crash point `point` after `countdown` passes (0 disarms).
   m.def("_arm_crash_point", [](int point, long countdown) {

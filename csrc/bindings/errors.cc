@@ -42,6 +42,8 @@ void raise(const Error& e) {
 
 }  // namespace
 
+void set_python_error(const Error& e) { raise(e); }
+
 void register_error_translator(py::module_& m) {
   g_classes[static_cast<int>(ErrorKind::kInvalidArgument)] = PyExc_ValueError;
   g_classes[static_cast<int>(ErrorKind::kOutOfRange)] = PyExc_IndexError;
