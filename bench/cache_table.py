@@ -539,14 +539,16 @@ def run_all(cfg, comparisons=COMPARISONS):
 # outputs: BENCHMARKS.md section and the PNG
 # --------------------------------------------------------------------------------------------
 def _git_revision():
-    """HEAD's short hash, with "+dirty" when the engine or package differs from it."""
+    """HEAD's short hash, with "+dirty" when the measured code (engine, Cache, harness) differs from it."""
     try:
         def git(*args):
             return subprocess.run(["git", "-C", REPO, *args], capture_output=True, text=True,
                                   timeout=10).stdout.strip()
 
         rev = git("rev-parse", "--short", "HEAD") or "unknown"
-        return rev + ("+dirty" if git("status", "--porcelain", "--", "csrc", "shadecache", "bench") else "")
+        measured = ["csrc/cache", "csrc/common", "csrc/bindings", "shadecache/cache.py",
+                    "bench/cache_table.py", "bench/baselines.py", "bench/workload.py"]
+        return rev + ("+dirty" if git("status", "--porcelain", "--", *measured) else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
