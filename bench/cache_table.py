@@ -546,7 +546,8 @@ def _git_revision():
                                   timeout=10).stdout.strip()
 
         rev = git("rev-parse", "--short", "HEAD") or "unknown"
-        measured = ["csrc/cache", "csrc/common", "csrc/bindings", "shadecache/cache.py",
+        measured = ["csrc/cache", "csrc/common", "csrc/bindings/core_module.cc", "csrc/bindings/errors.cc",
+                    "shadecache/cache.py",
                     "bench/cache_table.py", "bench/baselines.py", "bench/workload.py"]
         return rev + ("+dirty" if git("status", "--porcelain", "--", *measured) else "")
     except (OSError, subprocess.SubprocessError):
