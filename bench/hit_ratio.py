@@ -129,6 +129,7 @@ def plot(results, args, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker  # noqa: F401
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
     xs = np.asarray(args.sizes) * 100
     for label, *_ in ROWS:
@@ -151,6 +152,7 @@ def plot(results, args, path):
         ax.set_xscale("log")
         ax.set_xticks(xs)
         ax.set_xticklabels([f"{x:g}" for x in xs])
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
     fig.suptitle(f"real training through the cache: {args.samples} samples, {args.epochs} epochs, "
