@@ -253,11 +253,17 @@ def test_bad_arguments():
 
 
 # ---- DDP: two real processes, gloo over loopback (a file rendezvous) ----------------------------
-def _ddp_worker(rank, world, init_file, out_dir, n, b, epochs):
+def _ddp_worker(rank, world, init_file, out_dir, n, b, epochs, cache_name):
     import torch.distributed as dist
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=world)
-    s = sc.ShadeSampler(n, batch_size=b, seed=21, coverage_epochs=2)
+    # both ranks on this node share one cache: rank 0 creates it, rank 1 attaches
+    if rank == 0:
+        cache = sc.Cache.create(cache_name, num_samples=n, capacity_bytes=1 << 20, policy="lru")
+    dist.barrier()
+    if rank != 0:
+        cache = sc.Cache.attach(cache_name)
+    s = sc.ShadeSampler(n, cache=cache, batch_size=b, seed=21, coverage_epochs=2, rep_factor=0.0)
     assert (s.num_replicas, s.rank) == (world, rank)
     for epoch in range(epochs):
         s.set_epoch(epoch)
@@ -271,13 +277,20 @@ def _ddp_worker(rank, world, init_file, out_dir, n, b, epochs):
         s.end_epoch()
         np.save(os.path.join(out_dir, f"scores-{rank}-{epoch}.npy"), s.scores)
     dist.barrier()
+    np.save(os.path.join(out_dir, f"cache-scores-{rank}.npy"), cache.scores())
+    dist.barrier()
+    cache.close()
+    dist.barrier()
+    if rank == 0:
+        cache.unlink()
     dist.destroy_process_group()
 
 
 def test_ddp_two_ranks_share_the_draw_and_merge_scores(tmp_path):
     n, b, world, epochs = 101, 5, 2, 3
-    tmp_mp.spawn(_ddp_worker, args=(world, str(tmp_path / "rdzv"), str(tmp_path), n, b, epochs),
-                 nprocs=world, join=True)
+    name = f"sc-test-ddp-{uuid.uuid4().hex[:10]}"
+    tmp_mp.spawn(_ddp_worker, args=(world, str(tmp_path / "rdzv"), str(tmp_path), n, b, epochs,
+                                    name), nprocs=world, join=True)
     ref = sc.ShadeSampler(n, batch_size=b, seed=21, coverage_epochs=2)   # one process, same draws
     seen = np.zeros(n, dtype=bool)
     for epoch in range(epochs):
@@ -305,3 +318,6 @@ def test_ddp_two_ranks_share_the_draw_and_merge_scores(tmp_path):
         assert np.array_equal(s0, s1)
         assert np.allclose(s0, ref.scores)
     assert seen.all()        # coverage floor of 2 epochs holds across ranks
+    # the shared cache's score table holds the merged scores, as both ranks see it
+    for r in range(world):
+        assert np.allclose(np.load(tmp_path / f"cache-scores-{r}.npy"), ref.scores, atol=1e-5)
