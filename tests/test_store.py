@@ -279,3 +279,14 @@ def test_pickle_reopens_by_path_with_options(packed):
     t = pickle.loads(pickle.dumps(s))
     assert (t.backend, t.direct, t.queue_depth, t.path) == ("pread", True, 7, s.path)
     assert t.read_many(range(len(data))) == data
+
+
+def test_sample_checksum_matches_crc32c():
+    """The store's 3-stream crc32c gives crc32c's value at every length and alignment."""
+    rng = np.random.default_rng(11)
+    buf = rng.bytes(1 << 20)
+    lengths = list(range(0, 2100, 7)) + [1535, 1536, 1537, 4096, 131072, 131075, 1 << 20]
+    for n in lengths:
+        for start in (0, 1, 13):
+            view = memoryview(buf)[start:start + n]
+            assert _io.sample_crc32c(view) == _io.crc32c(view), (n, start)

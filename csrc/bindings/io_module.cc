@@ -10,6 +10,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <malloc.h>
+
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -20,6 +22,7 @@
 #include "io/folder_reader.h"
 #include "io/pack_writer.h"
 #include "io/packed_reader.h"
+#include "io/sample_checksum.h"
 
 namespace py = pybind11;
 using namespace shadecache;
@@ -117,6 +120,25 @@ PYBIND11_MODULE(_io, m) {
         return crc32c(info.ptr, static_cast<size_t>(info.size * info.itemsize), seed);
       },
       py::arg("data"), py::arg("seed") = 0);
+  m.def(
+      "sample_crc32c",
+      [](py::buffer data) {
+        py::buffer_info info = data.request();
+        return sample_crc32c(info.ptr, static_cast<size_t>(info.size * info.itemsize));
+      },
+      py::arg("data"), "The store's 3-stream crc32c (same value as crc32c(data)).");
+  m.def(
+      "tune_malloc",
+      [](size_t mmap_threshold, size_t trim_threshold) {
+#ifdef __GLIBC__
+        return mallopt(M_MMAP_THRESHOLD, static_cast<int>(mmap_threshold)) == 1 &&
+               mallopt(M_TRIM_THRESHOLD, static_cast<int>(trim_threshold)) == 1;
+#else
+        return false;
+#endif
+      },
+      py::arg("mmap_threshold"), py::arg("trim_threshold"),
+      "glibc mallopt(M_MMAP_THRESHOLD, M_TRIM_THRESHOLD); False where unsupported.");
   m.def(
       "probe_backend",
       [](const std::string& kind, unsigned queue_depth) {
