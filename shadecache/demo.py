@@ -250,10 +250,10 @@ def run_demo(args) -> int:
 
 def register(subparsers):
     p = subparsers.add_parser("demo", help="train a small model through the cache: uniform + LRU "
-                                           "vs SHADE (no download, CPU, ~1 minute)")
-    p.add_argument("--samples", type=int, default=12000, help="training images (default 12000)")
+                                           "vs SHADE (no download, CPU, under a minute)")
+    p.add_argument("--samples", type=int, default=10000, help="training images (default 10000)")
     p.add_argument("--test-samples", type=int, default=4000)
-    p.add_argument("--epochs", type=int, default=8)
+    p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--workers", type=int, default=2, help="DataLoader workers (default 2)")
     p.add_argument("--cache-fraction", type=float, default=0.15,
