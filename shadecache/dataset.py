@@ -5,9 +5,9 @@ when the data set defines it):
 
   1. `cache.get_many(ids)`                   hits are copied out of shared memory, no lock;
   2. `store.read_many(unique missed ids)`    one batch of I/O for all the misses;
-  3. `cache.put_many(ids, values, scores)`   one lock; scores are the samples' current importance
-                                             scores from the cache's shared table, so importance
-                                             admission compares like with like.
+  3. `cache.put_many(ids, values)`           one lock; the engine admits each sample by its current
+                                             importance score in the shared table, so admission
+                                             compares like with like.
 
 Items are (sample, target, index): the index travels with the batch so that the training loop can
 give each loss to the sample that produced it (ShadeSampler.update).
@@ -54,7 +54,6 @@ class CachedDataset(Dataset):
         if cache is not None and cache.num_samples != n:
             raise ValueError(f"cache {cache.name!r} holds {cache.num_samples} sample ids but the "
                              f"store has {n} samples")
-        self._importance = cache is not None and cache.policy == "importance"
         self.decode = decode or _default_decode
         self.transform = transform
         self.admit = bool(admit)
@@ -111,11 +110,9 @@ class CachedDataset(Dataset):
             nbytes = sum(len(d) for d in data)
             values = [got[i] if v is None else v for i, v in zip(ids, values)]
             if self.cache is not None and self.admit:
-                uid = np.asarray(uniq, dtype=np.int64)
-                scores = None
-                if self._importance:   # other policies ignore scores
-                    scores = np.asarray(self.cache.scores(), dtype=np.float32)[uid]
-                self.cache.put_many(uid, data, scores)
+                # No scores passed: the engine admits each sample by its current score in the
+                # shared table (importance policy), so nothing is copied out of the table here.
+                self.cache.put_many(np.asarray(uniq, dtype=np.int64), data)
         info = get_worker_info()
         row = self._table()[0 if info is None else 1 + info.id % (_ROWS - 1)]
         row += (hits, len(missed), nbytes, len(ids), reads)   # this process's row only
