@@ -11,6 +11,7 @@ makes a `bytes` copy, as `Cache.get` does.
 """
 import itertools
 import os
+import resource
 import shutil
 import subprocess
 import tempfile
@@ -99,7 +100,7 @@ def lmdb_key(i):
 
 
 class LmdbStore:
-    """An LMDB environment in a temporary directory on tmpfs, read the way a Dataset over LMDB reads it.
+    """An LMDB environment in a temporary directory, read the way a Dataset over LMDB reads it.
 
     By default the read side is opened as the common ImageNet-over-LMDB loaders open it
     (readonly, lock=False, readahead=False), the fastest per-item read path py-lmdb offers;
@@ -111,11 +112,9 @@ class LmdbStore:
         import lmdb
 
         self.values = values
-        # On tmpfs, as a data set on disk with a warm page cache is read, but immune to another
-        # process's `echo 3 > /proc/sys/vm/drop_caches` (which once turned these gets into disk
-        # reads at 3k/s mid-run).
-        shm_dir = "/dev/shm" if os.path.isdir("/dev/shm") else None
-        self.dir = tempfile.mkdtemp(prefix="shadecache-bench-lmdb-", dir=shm_dir)
+        # On disk, as a data set is, read through a warm page cache. (On tmpfs LMDB measured
+        # ~20% slower here: its mapping takes many more minor faults.)
+        self.dir = tempfile.mkdtemp(prefix="shadecache-bench-lmdb-")
         self.env = None
         try:
             self.map_size = int(values.total_bytes * 1.6) + (64 << 20)
@@ -149,6 +148,30 @@ class LmdbStore:
         self.lock = lock
         self.env = lmdb.open(self.dir, readonly=True, lock=lock, readahead=False,
                              map_size=self.map_size)
+
+    def warm(self):
+        """Reads the data file through, so every get is served from the page cache."""
+        with open(os.path.join(self.dir, "data.mdb"), "rb", buffering=0) as f:
+            while f.read(16 << 20):
+                pass
+
+    def timed_gets(self, keys, attempts=3):
+        """Seconds of one `lmdb_get_loop` over `keys`, served from the page cache.
+
+        Another process on a shared machine may drop the page cache (`echo 3 >
+        /proc/sys/vm/drop_caches`); gets then read the disk (this once gave 3k gets/s mid-run). A
+        loop that took major faults is thrown away, the file warmed again and the loop rerun.
+        """
+        for _ in range(attempts):
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+            t0 = time.perf_counter()
+            lmdb_get_loop(self.env, keys)
+            dt = time.perf_counter() - t0
+            if resource.getrusage(resource.RUSAGE_SELF).ru_majflt == before:
+                return dt
+            self.warm()
+        raise RuntimeError(f"LMDB gets in {self.dir} kept reading the disk after {attempts} warm-ups: "
+                           "something keeps dropping the page cache")
 
     def verify(self, ids):
         for i in ids:

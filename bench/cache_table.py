@@ -263,6 +263,7 @@ def small_setup(cfg, redis_server="redis-server"):
         _require_all_cached(s.cache, s.values)
         s.shm = stack.enter_context(baselines.ShmDictStore(s.values))
         s.lmdb = stack.enter_context(baselines.LmdbStore(s.values, lock=False))
+        s.lmdb.warm()
         # The copy floor: a bytes copy of one value's size from random offsets of the same mapping.
         s.offsets = [random_offsets(len(s.shm.buf), cfg.small, cfg.gets_per_rep, seed=20 + r)
                      for r in range(cfg.reps)]
@@ -418,7 +419,7 @@ def compare_small_gets(cfg, redis_server="redis-server"):
         contenders = {
             "cache.get": lambda r: timed(cache_get_loop, s.cache, s.ids[r]),
             "shm+dict": lambda r: timed(baselines.shm_dict_get_loop, s.shm.buf, s.shm.index, s.ids[r]),
-            "lmdb": lambda r: timed(baselines.lmdb_get_loop, s.lmdb.env, s.lmdb_keys[r]),
+            "lmdb": lambda r: s.lmdb.timed_gets(s.lmdb_keys[r]),
             "cache.get_many": lambda r: timed(cache_get_many_loop, s.cache, s.batches[r]),
             "copy": lambda r: timed(baselines.plain_copy_loop, s.shm.buf, s.offsets[r], cfg.small),
         }
@@ -432,7 +433,7 @@ def compare_small_gets(cfg, redis_server="redis-server"):
         s.lmdb.verify(s.ids[0][:1000])
         t_locked = run_interleaved({
             "cache.get": lambda r: timed(cache_get_loop, s.cache, s.ids[r]),
-            "lmdb": lambda r: timed(baselines.lmdb_get_loop, s.lmdb.env, s.lmdb_keys[r]),
+            "lmdb": lambda r: s.lmdb.timed_gets(s.lmdb_keys[r]),
         }, cfg.reps)
     g = cfg.gets_per_rep
     n_batched = len(s.batches[0]) * cfg.batch

@@ -75,6 +75,8 @@ def test_baselines_fill_verify_and_clean_up(no_leaks):
                                        ct.random_offsets(len(shm.buf), 4096, 50), 4096),
         }, 2)
         assert all(v > 0 for v in t.values())
+        lm.warm()
+        assert lm.timed_gets(keys) > 0
 
 
 def test_redis_baseline_or_clear_skip(no_leaks):
