@@ -60,7 +60,7 @@ Layout compute_layout(const CacheOptions& o) {
     off = align_up(off + bytes, kAlign);
     return at;
   };
-  l.off_index = take(n * sizeof(std::atomic<uint64_t>));
+  l.off_index = take(n * sizeof(std::atomic<uint32_t>));
   l.off_heap_pos = take(n * sizeof(uint32_t));
   l.off_scores = take(n * sizeof(std::atomic<float>));
   bool ticked = o.policy == Policy::kLru || o.policy == Policy::kFifo;
@@ -185,7 +185,7 @@ void Cache::bind(Segment seg, const std::string& name) {
   char* b = seg_.base();
   hdr_ = reinterpret_cast<Header*>(b);
   n_ = hdr_->num_samples;
-  index_ = reinterpret_cast<std::atomic<uint64_t>*>(b + hdr_->off_index);
+  index_ = reinterpret_cast<std::atomic<uint32_t>*>(b + hdr_->off_index);
   heap_pos_ = reinterpret_cast<uint32_t*>(b + hdr_->off_heap_pos);
   scores_ = reinterpret_cast<std::atomic<float>*>(b + hdr_->off_scores);
   ticks_ = reinterpret_cast<std::atomic<uint64_t>*>(b + hdr_->off_ticks);
@@ -220,12 +220,12 @@ WriteLock::~WriteLock() {
 bool Cache::contains(uint64_t id) {
   check_open();
   check_id(id);
-  return index_[id].load(std::memory_order_acquire) != 0;
+  return idx_get(id, std::memory_order_acquire) != 0;
 }
 
 void Cache::cached_mask(uint8_t* out) {
   check_open();
-  for (uint64_t i = 0; i < n_; ++i) out[i] = index_[i].load(std::memory_order_relaxed) != 0;
+  for (uint64_t i = 0; i < n_; ++i) out[i] = idx_get(i, std::memory_order_relaxed) != 0;
 }
 
 void Cache::scores_snapshot(float* out) {
@@ -313,7 +313,7 @@ bool Cache::remove(uint64_t id) {
   check_open();
   check_id(id);
   WriteLock lock(this);
-  if (index_[id].load(std::memory_order_relaxed) == 0) return false;
+  if (idx_get(id, std::memory_order_relaxed) == 0) return false;
   do_evict(static_cast<uint32_t>(id), true);
   return true;
 }
@@ -395,7 +395,7 @@ void Cache::write_slot(SlotHeader* s, const PutItem& it) {
 
 bool Cache::do_put(const PutItem& it) {
   hdr_->op_in_progress = 1;
-  uint64_t cur = index_[it.id].load(std::memory_order_relaxed);
+  uint64_t cur = idx_get(it.id, std::memory_order_relaxed);
   if (cur) {
     uint64_t off = cur - 1;
     SlotHeader* s = slab_.slot(off);
@@ -422,7 +422,7 @@ bool Cache::do_put(const PutItem& it) {
   crash_point(CrashPoint::kPutAfterAlloc);
   write_slot(slab_.slot(off), it);
   crash_point(CrashPoint::kPutAfterWrite);
-  index_[it.id].store(off + 1, std::memory_order_release);  // publish
+  idx_set(it.id, off + 1, std::memory_order_release);  // publish
   crash_point(CrashPoint::kPutAfterPublish);
   heap_.push(it.id, key);
   PageMeta& pm = pages_[slab_.page_of(off)];
@@ -462,7 +462,7 @@ uint64_t Cache::do_alloc_slot(uint32_t cls, double key) {
       }
     }
     if (policy == Policy::kImportance && !(key > top.key)) return 0;
-    uint64_t voff = index_[top.id].load(std::memory_order_relaxed) - 1;
+    uint64_t voff = idx_get(top.id, std::memory_order_relaxed) - 1;
     uint64_t vpage = slab_.page_of(voff);
     if (pages_[vpage].cls == cls) {
       do_evict(top.id, true);
@@ -482,7 +482,7 @@ uint64_t Cache::do_alloc_slot(uint32_t cls, double key) {
 
 // Changes the eviction key of cached `id`, keeping its page's key_sum in step.
 void Cache::do_rekey(uint32_t id, double key) {
-  uint64_t off = index_[id].load(std::memory_order_relaxed) - 1;
+  uint64_t off = idx_get(id, std::memory_order_relaxed) - 1;
   pages_[slab_.page_of(off)].key_sum += key - heap_.key_of(id);
   heap_.update(id, key);
 }
@@ -507,9 +507,9 @@ uint64_t Cache::do_pick_page_to_move(uint32_t cls, uint64_t fallback) const {
 }
 
 void Cache::do_evict(uint32_t id, bool to_free_list) {
-  uint64_t off = index_[id].load(std::memory_order_relaxed) - 1;
+  uint64_t off = idx_get(id, std::memory_order_relaxed) - 1;
   SlotHeader* s = slab_.slot(off);
-  index_[id].store(0, std::memory_order_release);  // new readers miss from here on
+  idx_set(id, 0, std::memory_order_release);  // new readers miss from here on
   crash_point(CrashPoint::kEvictAfterUnpublish);
   uint64_t seq = s->seq.load(std::memory_order_relaxed);
   s->seq.store(seq + 1, std::memory_order_relaxed);  // readers mid-copy see the change and retry
@@ -590,7 +590,7 @@ void Cache::do_repair() {
       uint64_t off = p * page_size_ + static_cast<uint64_t>(i) * cm.slot_size;
       SlotHeader* s = slab_.slot(off);
       uint64_t seq = s->seq.load(std::memory_order_relaxed);
-      bool live = !(seq & 1) && s->id < n_ && index_[s->id].load(std::memory_order_relaxed) == off + 1 &&
+      bool live = !(seq & 1) && s->id < n_ && idx_get(s->id, std::memory_order_relaxed) == off + 1 &&
                   s->len <= cm.slot_size - sizeof(SlotHeader);
       if (live) {
         double key = do_repair_key(s->id);
@@ -610,8 +610,8 @@ void Cache::do_repair() {
   // Index entries that do not name a live slot (a put that died before its slot was stable, an
   // eviction that died after unpublishing) are cleared.
   for (uint64_t id = 0; id < n_; ++id) {
-    uint64_t v = index_[id].load(std::memory_order_relaxed);
-    if (v && heap_pos_[id] == 0) index_[id].store(0, std::memory_order_release);
+    uint64_t v = idx_get(id, std::memory_order_relaxed);
+    if (v && heap_pos_[id] == 0) idx_set(id, 0, std::memory_order_release);
   }
   heap_.heapify();
   hdr_->op_in_progress = 0;
@@ -656,7 +656,7 @@ std::string Cache::do_check() {
       std::string where = "slot at offset " + std::to_string(off) + " (id " + std::to_string(s->id) + ")";
       if (s->id >= n_) return where + " names an id out of range";
       if (s->seq.load(std::memory_order_relaxed) & 1) return where + " is stuck mid-write";
-      if (index_[s->id].load(std::memory_order_relaxed) != off + 1) return where + " is not the one the index names";
+      if (idx_get(s->id, std::memory_order_relaxed) != off + 1) return where + " is not the one the index names";
       if (s->len > cm.slot_size - sizeof(SlotHeader)) return where + " claims a length larger than its slot";
       if (crc32c(slab_.value(off), s->len) != s->crc) return where + " fails its checksum";
       if (!heap_.contains(s->id)) return where + " is not in the eviction heap";
@@ -695,7 +695,7 @@ std::string Cache::do_check() {
     return "items: header " + std::to_string(hdr_->items) + ", heap " + std::to_string(heap_.size()) + ", slots " + std::to_string(items);
   if (bytes != hdr_->bytes_used) return "bytes_used says " + std::to_string(hdr_->bytes_used) + ", slots hold " + std::to_string(bytes);
   uint64_t indexed = 0;
-  for (uint64_t id = 0; id < n_; ++id) indexed += index_[id].load(std::memory_order_relaxed) != 0;
+  for (uint64_t id = 0; id < n_; ++id) indexed += idx_get(id, std::memory_order_relaxed) != 0;
   if (indexed != items) return std::to_string(indexed) + " index entries for " + std::to_string(items) + " live slots";
   return "";
 }

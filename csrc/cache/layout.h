@@ -3,7 +3,7 @@
 //
 //   [Header | index[N] | heap_pos[N] | scores[N] | ticks[N] | heap[N] | pages[P] | classes[C] | data]
 //
-// index[id]     u64 atomic: 0 = not cached, else (offset of the slot in the data area) + 1
+// index[id]     u32 atomic: 0 = not cached, else (offset of the slot in the data area) / 64 + 1
 // heap_pos[id]  u32: 0 = not in the eviction heap, else position + 1 (so a zeroed segment is valid)
 // scores[id]    f32 atomic: importance of EVERY sample, cached or not (SHADE's ghost cache)
 // ticks[id]     u64 atomic: last access (lru) or insert (fifo) clock value; 0 entries for other policies
@@ -138,6 +138,8 @@ static_assert(sizeof(ClassMeta) == 64, "ClassMeta layout changed: bump kLayoutVe
 static_assert(sizeof(HeapNode) == 16, "HeapNode layout changed: bump kLayoutVersion");
 static_assert(sizeof(std::atomic<uint64_t>) == 8 && std::atomic<uint64_t>::is_always_lock_free,
               "64-bit atomics must be lock-free to live in shared memory");
+static_assert(sizeof(std::atomic<uint32_t>) == 4 && std::atomic<uint32_t>::is_always_lock_free,
+              "32-bit atomics must be lock-free to live in shared memory");
 static_assert(sizeof(std::atomic<float>) == 4 && std::atomic<float>::is_always_lock_free,
               "float atomics must be lock-free to live in shared memory");
 
