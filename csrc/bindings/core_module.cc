@@ -299,16 +299,21 @@ PYBIND11_MODULE(_core, m) {
            },
            py::arg("ids"))
       .def("get_into",
-           [](Cache& c, int64_t id, py::buffer buf) {
-             py::buffer_info info;
-             try {
-               info = buf.request(true);
-             } catch (py::error_already_set&) {
+           [](Cache& c, int64_t id, py::handle buf) {
+             // PyObject_GetBuffer directly: py::buffer::request builds a buffer_info (shape and
+             // stride vectors) that costs more than a 3 KB copy.
+             Py_buffer view;
+             if (PyObject_GetBuffer(buf.ptr(), &view, PyBUF_WRITABLE) != 0) {
+               PyErr_Clear();
                throw py::type_error("get_into needs a writable buffer (bytearray, numpy array, ...), got " +
                                     std::string(Py_TYPE(buf.ptr())->tp_name));
              }
-             uint64_t cap = static_cast<uint64_t>(info.size) * info.itemsize;
-             char* dst = static_cast<char*>(info.ptr);
+             struct Release {
+               Py_buffer* v;
+               ~Release() { PyBuffer_Release(v); }
+             } release{&view};
+             uint64_t cap = static_cast<uint64_t>(view.len);
+             char* dst = static_cast<char*>(view.buf);
              return c.read(checked_id(c, id), [&](uint32_t n) -> char* {
                if (n > cap)
                  throw py::value_error("buffer of " + std::to_string(cap) + " bytes is too small for sample id " +
