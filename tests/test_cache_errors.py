@@ -134,3 +134,31 @@ print("ok")
         pytest.skip("mount namespaces are not permitted here: " + res.stderr.strip())
     assert res.returncode == 0, res.stdout + res.stderr
     assert "refused: cache" in res.stdout and "/dev/shm has only" in res.stdout and "ok" in res.stdout
+
+
+def test_attach_to_another_layout_version_or_a_foreign_segment(cache_name):
+    """The header names its layout version; attach refuses any other, and any non-shadecache file."""
+    import struct
+
+    with sc.Cache.create(cache_name, num_samples=10, capacity_bytes=MiB) as c:
+        c.put(1, b"kept")
+        path = _core.CacheCore.path(cache_name)
+        with open(path, "r+b") as f:  # layout_version is the u32 right after the 8-byte magic
+            f.seek(8)
+            (version,) = struct.unpack("<I", f.read(4))
+            f.seek(8)
+            f.write(struct.pack("<I", version + 1))
+        with pytest.raises(sc.LayoutVersionError, match=f"layout version {version + 1}.*reads version {version}"):
+            sc.Cache.attach(cache_name)
+        with open(path, "r+b") as f:
+            f.seek(8)
+            f.write(struct.pack("<I", version))
+            f.seek(0)
+            magic = f.read(8)
+            f.seek(0)
+            f.write(b"NOTMAGIC")
+        with pytest.raises(sc.LayoutVersionError, match="not a shadecache segment"):
+            sc.Cache.attach(cache_name)
+        with open(path, "r+b") as f:
+            f.write(magic)
+        assert sc.Cache.attach(cache_name).get(1) == b"kept"
