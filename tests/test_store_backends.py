@@ -133,6 +133,17 @@ def test_concurrent_threads_share_one_store(store_file):
         results = list(ex.map(s.read_many, batches))
     for ids, got in zip(batches, results):
         assert got == [data[i] for i in ids]
+    # short-lived threads one after another (thread ids get reused), and the opener again: the
+    # opener's ring is bound to it (SINGLE_ISSUER), every other thread must be sent elsewhere
+    import threading
+
+    for ids in batches[:6]:
+        out = []
+        t = threading.Thread(target=lambda: out.append(s.read_many(ids)))
+        t.start()
+        t.join()
+        assert out == [[data[i] for i in ids]]
+    assert s.read_many(batches[0]) == [data[i] for i in batches[0]]
 
 
 @pytest.mark.parametrize("backend", ["pread"] + (["io_uring"] if HAVE_URING else []))

@@ -45,7 +45,7 @@ BackendSlot::PerProcess* BackendSlot::current() {
   fresh->pid = me;
   if (kind_ != BackendKind::kPread) {
     try {
-      fresh->backend = make_uring_backend(queue_depth_);
+      fresh->backend = make_uring_backend(queue_depth_, /*bind_to_thread=*/true);
     } catch (const Error& e) {
       if (kind_ == BackendKind::kUring) throw;
       fresh->fallback_reason = e.what();
@@ -62,7 +62,12 @@ BackendSlot::PerProcess* BackendSlot::current() {
 void BackendSlot::with(const std::function<void(IoBackend&)>& fn) {
   PerProcess* p = current();
   std::lock_guard<std::mutex> lk(p->mu);
-  fn(*p->backend);
+  IoBackend* b = p->backend.get();
+  if (b->bound_to_thread() && !b->usable_here()) {
+    if (!p->shared) p->shared = make_uring_backend(queue_depth_, /*bind_to_thread=*/false);
+    b = p->shared.get();
+  }
+  fn(*b);
 }
 
 std::string BackendSlot::name() { return current()->backend->name(); }

@@ -48,6 +48,10 @@ class IoBackend {
  public:
   virtual ~IoBackend() = default;
   virtual const char* name() const = 0;
+  // True when only the thread that created the backend may use it (an io_uring ring set up with
+  // SINGLE_ISSUER); usable_here() then says whether the calling thread is that one.
+  virtual bool bound_to_thread() const { return false; }
+  virtual bool usable_here() { return true; }
 
   // Reads every range of `fd`. With `direct` the fd was opened O_DIRECT: offsets are multiples of
   // 4096 and the file extends to at least align_up(offset + len), so the backend reads whole
@@ -71,6 +75,8 @@ bool built_with_uring();
 // One process's backend, created on first use in that process. After fork() the child finds a
 // slot owned by its parent's pid and builds its own (the parent's ring and threads are not usable
 // in the child, and are deliberately leaked there rather than torn down: their locks may be held).
+// The first backend is bound to the thread that created it where the kernel allows (faster); any
+// other thread reading through the slot shares a second, unbound ring.
 class BackendSlot {
  public:
   BackendSlot(BackendKind kind, unsigned queue_depth);
@@ -90,7 +96,8 @@ class BackendSlot {
   struct PerProcess {
     pid_t pid;
     std::mutex mu;
-    std::unique_ptr<IoBackend> backend;
+    std::unique_ptr<IoBackend> backend;  // may be bound to the thread that made it
+    std::unique_ptr<IoBackend> shared;   // unbound ring for the other threads; guarded by mu
     std::string fallback_reason;
   };
   PerProcess* current();

