@@ -80,12 +80,7 @@ Segment Segment::create(const std::string& name, size_t size) {
                                             human(size) + " (posix_fallocate: " + std::strerror(rc) + ")",
                   rc);
     if (rc != 0 && rc != EOPNOTSUPP) throw_errno("posix_fallocate(" + path(name) + ")", rc);
-    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, f.fd, 0);
-    if (p == MAP_FAILED) throw_errno("mmap(" + path(name) + ")", errno);
-    Segment s;
-    s.base_ = static_cast<char*>(p);
-    s.size_ = size;
-    return s;
+    return map(f.fd, size, name);
   } catch (...) {
     ::shm_unlink(shm_name(name).c_str());
     throw;
@@ -109,8 +104,11 @@ Segment Segment::attach(const std::string& name) {
   if (st.st_size <= 0)
     throw Error(ErrorKind::kLayout, "cache '" + name + "' is empty: its creator died while creating it; "
                                     "remove it with `shadecache rm " + name + "`");
-  size_t size = static_cast<size_t>(st.st_size);
-  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, f.fd, 0);
+  return map(f.fd, static_cast<size_t>(st.st_size), name);
+}
+
+Segment Segment::map(int fd, size_t size, const std::string& name) {
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) throw_errno("mmap(" + path(name) + ")", errno);
   Segment s;
   s.base_ = static_cast<char*>(p);

@@ -37,6 +37,8 @@ class Segment {
   bool mapped() const { return base_ != nullptr; }
 
  private:
+  static Segment map(int fd, size_t size, const std::string& name);  // MAP_SHARED, read-write
+
   char* base_ = nullptr;
   size_t size_ = 0;
 };
