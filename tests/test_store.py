@@ -290,3 +290,27 @@ def test_sample_checksum_matches_crc32c():
         for start in (0, 1, 13):
             view = memoryview(buf)[start:start + n]
             assert _io.sample_crc32c(view) == _io.crc32c(view), (n, start)
+
+
+@pytest.mark.parametrize("backend,direct", MODES)
+def test_file_truncated_after_open(packed, tmp_path, backend, direct):
+    """The reads themselves notice a file cut short under an open store (end of file mid-sample)."""
+    path, data, _ = packed
+    p = tmp_path / "t.shc"
+    p.write_bytes(path.read_bytes())
+    s = sc.PackedStore(p, backend=backend, direct=direct)
+    big = 7  # the 3 MB sample
+    os.truncate(p, s.offset(big) + 8192)
+    with pytest.raises(sc.StoreFormatError, match="truncated"):
+        s.read_many([0, big])
+    assert s.read_many([2, 3]) == [data[2], data[3]]  # the samples before the cut still read
+
+
+def test_verify_lists_every_corrupt_sample(packed):
+    path, data, _ = packed
+    s = sc.PackedStore(path)
+    victims = [2, 7, 10]  # 4 KB, 3 MB, 100 B
+    for v in victims:
+        flip_byte(path, s.offset(v) + len(data[v]) - 1)  # the last byte of each
+    assert sc.PackedStore(path).verify() == victims
+    assert sc.PackedStore(path).verify(batch_bytes=5000) == victims  # many small batches
