@@ -22,7 +22,6 @@
 #include "io/folder_reader.h"
 #include "io/pack_writer.h"
 #include "io/packed_reader.h"
-#include "io/sample_checksum.h"
 
 namespace py = pybind11;
 using namespace shadecache;
@@ -121,12 +120,12 @@ PYBIND11_MODULE(_io, m) {
       },
       py::arg("data"), py::arg("seed") = 0);
   m.def(
-      "sample_crc32c",
+      "crc32c_serial",
       [](py::buffer data) {
         py::buffer_info info = data.request();
-        return sample_crc32c(info.ptr, static_cast<size_t>(info.size * info.itemsize));
+        return crc32c_serial(info.ptr, static_cast<size_t>(info.size * info.itemsize));
       },
-      py::arg("data"), "The store's 3-stream crc32c (same value as crc32c(data)).");
+      py::arg("data"), "crc32c from a single chain: the reference for the interleaved crc32c.");
   m.def(
       "tune_malloc",
       [](size_t mmap_threshold, size_t trim_threshold) {

@@ -1,5 +1,6 @@
 // CRC-32C (Castagnoli). Used for the checksum of every cached value and every stored sample.
-// SSE4.2 crc32 instruction where the CPU has it (checked once at run time), table-driven otherwise.
+// SSE4.2 crc32 instruction where the CPU has it (checked once at run time; three interleaved
+// chains for inputs of 1.5 KiB and more), table-driven otherwise.
 #pragma once
 
 #include <cstddef>
@@ -8,4 +9,6 @@
 namespace shadecache {
 // crc32c(data, n, seed): pass a previous result as seed to continue a running checksum.
 uint32_t crc32c(const void* data, size_t n, uint32_t seed = 0);
+// The same value from a single chain: the reference the interleaved path is tested against.
+uint32_t crc32c_serial(const void* data, size_t n, uint32_t seed = 0);
 }  // namespace shadecache

@@ -10,7 +10,6 @@
 
 #include "common/crc32c.h"
 #include "common/error.h"
-#include "io/sample_checksum.h"
 
 namespace shadecache {
 namespace {
@@ -87,7 +86,7 @@ uint64_t PackWriter::add(const void* data, size_t n, int64_t label) {
   store::Entry e;
   e.offset = pos_;  // always aligned: every previous write ended on a kAlign boundary
   e.length = static_cast<uint32_t>(n);
-  e.crc = sample_crc32c(data, n);
+  e.crc = crc32c(data, n);
   e.label = label;
   write_all(data, n);
   uint64_t pad = store::align_up(pos_) - pos_;

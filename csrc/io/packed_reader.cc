@@ -12,7 +12,6 @@
 
 #include "common/crc32c.h"
 #include "common/error.h"
-#include "io/sample_checksum.h"
 
 namespace shadecache {
 namespace {
@@ -166,7 +165,7 @@ void PackedReader::read_into(const int64_t* ids, size_t n, char* const* dests) {
   RangeDone done = [&](size_t j) {
     if (!verify_) return;
     const RangeRead& op = ops[j];
-    uint32_t c = sample_crc32c(op.dest, op.len);
+    uint32_t c = crc32c(op.dest, op.len);
     if (c != dir_[static_cast<size_t>(ids[pos[j]])].crc) {
       std::lock_guard<std::mutex> lk(mu);
       if (pos[j] < bad) {
@@ -217,7 +216,7 @@ std::vector<int64_t> PackedReader::find_corrupt(int64_t first, int64_t count) {
   std::vector<int64_t> bad;
   RangeDone done = [&](size_t j) {
     const RangeRead& op = ops[j];
-    if (sample_crc32c(op.dest, op.len) != dir_[static_cast<size_t>(op_id[j])].crc) {
+    if (crc32c(op.dest, op.len) != dir_[static_cast<size_t>(op_id[j])].crc) {
       std::lock_guard<std::mutex> lk(mu);
       bad.push_back(op_id[j]);
     }
