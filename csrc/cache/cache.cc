@@ -1,5 +1,6 @@
 #include "cache/cache.h"
 
+#include <pthread.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -90,6 +91,21 @@ void validate(const CacheOptions& o) {
 }
 
 }  // namespace
+
+std::atomic<uint64_t> g_fork_generation{0};
+
+namespace {
+struct ForkWatch {
+  ForkWatch() {
+    pthread_atfork(nullptr, nullptr, [] { g_fork_generation.fetch_add(1, std::memory_order_relaxed); });
+  }
+} g_fork_watch;
+}  // namespace
+
+void Cache::pick_stripe() {
+  stripe_ = &hdr_->reader_stats[static_cast<uint32_t>(::getpid()) % kReaderStripes];
+  stripe_gen_ = g_fork_generation.load(std::memory_order_relaxed);
+}
 
 // ---- construction --------------------------------------------------------------------------
 
@@ -238,9 +254,11 @@ CacheStats Cache::stats() {
   const Stats& s = hdr_->stats;
   auto r = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
   CacheStats out{};
-  out.hits = r(s.hits);
-  out.misses = r(s.misses);
-  out.read_retries = r(s.read_retries);
+  for (const ReaderStats& rs : hdr_->reader_stats) {
+    out.hits += r(rs.hits);
+    out.misses += r(rs.misses);
+    out.read_retries += r(rs.read_retries);
+  }
   out.inserts = r(s.inserts);
   out.updates = r(s.updates);
   out.evictions = r(s.evictions);

@@ -26,6 +26,9 @@
 
 namespace shadecache {
 
+// Bumped in the child after every fork (see cache.cc).
+extern std::atomic<uint64_t> g_fork_generation;
+
 struct CacheOptions {
   uint64_t num_samples = 0;
   uint64_t capacity_bytes = 0;   // bytes of slab memory for values (rounded down to whole pages)
@@ -143,8 +146,18 @@ class Cache {
   std::string do_check();
   void write_slot(SlotHeader* s, const PutItem& it);
 
+  // This process's reader-stats stripe. A forked child must not keep counting in its parent's
+  // stripe: g_fork_generation (bumped by a pthread_atfork child handler) tells it to pick again.
+  ReaderStats& stripe() {
+    if (__builtin_expect(stripe_gen_ != g_fork_generation.load(std::memory_order_relaxed), 0)) pick_stripe();
+    return *stripe_;
+  }
+  void pick_stripe();
+
   Segment seg_;
   std::string name_;
+  ReaderStats* stripe_ = nullptr;
+  uint64_t stripe_gen_ = ~uint64_t{0};
   Header* hdr_ = nullptr;
   uint64_t n_ = 0;
   // index_[id]: 0 = not cached, else slot offset / kAlign + 1 (slots start on kAlign bounds).
@@ -193,7 +206,7 @@ int64_t Cache::read(uint64_t id, Alloc&& alloc) {
   check_open();
   check_id(id);
   for (int attempt = 0; attempt < kMaxReadAttempts; ++attempt) {
-    if (attempt) hdr_->stats.read_retries.fetch_add(1, std::memory_order_relaxed);
+    if (attempt) stripe().read_retries.fetch_add(1, std::memory_order_relaxed);
     uint64_t v = idx_get(id, std::memory_order_acquire);
     if (v == 0) break;
     uint64_t off = v - 1;
@@ -215,12 +228,12 @@ int64_t Cache::read(uint64_t id, Alloc&& alloc) {
     // gen prove no writer touched the slot during it (the writer's release fence pairs with this).
     std::atomic_thread_fence(std::memory_order_acquire);
     if (s->seq.load(std::memory_order_relaxed) != s1 || page.gen.load(std::memory_order_relaxed) != g1) continue;
-    hdr_->stats.hits.fetch_add(1, std::memory_order_relaxed);
+    stripe().hits.fetch_add(1, std::memory_order_relaxed);
     if (hdr_->policy == static_cast<uint32_t>(Policy::kLru))
       ticks_[id].store(hdr_->clock.fetch_add(1, std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     return len;
   }
-  hdr_->stats.misses.fetch_add(1, std::memory_order_relaxed);
+  stripe().misses.fetch_add(1, std::memory_order_relaxed);
   return -1;
 }
 

@@ -35,14 +35,19 @@ constexpr uint64_t kMaxDataBytes = (uint64_t{1} << 32) * kAlign;  // see SlotHea
 
 enum class Policy : uint32_t { kImportance = 0, kLru = 1, kFifo = 2, kStatic = 3 };
 
-// Stats words are written with relaxed atomics (by readers too: hits/misses); they are counters,
-// nobody orders other memory by them.
-struct alignas(64) Stats {
+// Reader counters, striped: each process counts in the stripe of its pid, on its own cache line,
+// so that readers in many processes do not bounce one line between cores on every get. stats()
+// adds the stripes. Relaxed atomics: counters, nobody orders other memory by them.
+constexpr uint32_t kReaderStripes = 64;
+struct alignas(64) ReaderStats {
   std::atomic<uint64_t> hits;
   std::atomic<uint64_t> misses;
   std::atomic<uint64_t> read_retries;  // a reader raced a writer and read again
   std::atomic<uint64_t> pad_[5];
-  // Writer-side counters: updated under the mutex, on their own line so readers do not bounce it.
+};
+
+// Writer-side counters: updated under the mutex (relaxed atomics so stats() may read them unlocked).
+struct alignas(64) Stats {
   std::atomic<uint64_t> inserts;
   std::atomic<uint64_t> updates;     // put of an id that was already cached
   std::atomic<uint64_t> evictions;
@@ -88,6 +93,7 @@ struct alignas(64) Header {
   alignas(64) std::atomic<uint64_t> clock;
 
   alignas(64) Stats stats;
+  ReaderStats reader_stats[kReaderStripes];
 };
 
 // A slot: the header of one cached value; the value bytes follow it.
