@@ -20,6 +20,7 @@ and spawn-context workers anyway). `stats()` sums the rows. Two DataLoaders iter
 CachedDataset object at the same time would share worker rows; give each its own object.
 """
 import multiprocessing as mp
+import os
 
 import numpy as np
 import torch
@@ -60,6 +61,8 @@ class CachedDataset(Dataset):
         self._n = n
         self._counters = mp.RawArray("q", _ROWS * len(_FIELDS))
         self._view = None
+        self._row_view = None
+        self._row_pid = None
 
     def __len__(self):
         return self._n
@@ -98,7 +101,9 @@ class CachedDataset(Dataset):
         else:
             values = [None] * a.size
         ids = a.tolist()
-        missed = [i for i, v in zip(ids, values) if v is None]
+        # `None in values` is one C-level scan: an all-hit batch (the common case once the cache
+        # is warm) builds no Python list of misses.
+        missed = [i for i, v in zip(ids, values) if v is None] if None in values else []
         hits = len(ids) - len(missed)
         nbytes = 0
         reads = 0
@@ -113,10 +118,22 @@ class CachedDataset(Dataset):
                 # No scores passed: the engine admits each sample by its current score in the
                 # shared table (importance policy), so nothing is copied out of the table here.
                 self.cache.put_many(np.asarray(uniq, dtype=np.int64), data)
-        info = get_worker_info()
-        row = self._table()[0 if info is None else 1 + info.id % (_ROWS - 1)]
-        row += (hits, len(missed), nbytes, len(ids), reads)   # this process's row only
+        row = self._row()
+        row[0] += hits                  # this process's row only: plain int64 slots, no lock
+        row[1] += len(missed)
+        row[2] += nbytes
+        row[3] += len(ids)
+        row[4] += reads
         return values
+
+    def _row(self):
+        """This process's counter row, as a memoryview of int64 (cheaper to bump than numpy)."""
+        if self._row_view is None or self._row_pid != os.getpid():
+            info = get_worker_info()
+            r = 0 if info is None else 1 + info.id % (_ROWS - 1)
+            self._row_view = memoryview(self._counters).cast("B").cast("q")[r * len(_FIELDS):(r + 1) * len(_FIELDS)]
+            self._row_pid = os.getpid()
+        return self._row_view
 
     def __getitems__(self, ids):
         a = self.check_ids(ids)
@@ -140,6 +157,8 @@ class CachedDataset(Dataset):
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_view"] = None      # rebuilt over the shared array in the receiving process
+        state["_row_view"] = None
+        state["_row_pid"] = None
         return state
 
     def stats(self) -> dict:

@@ -229,8 +229,15 @@ int64_t Cache::read(uint64_t id, Alloc&& alloc) {
     std::atomic_thread_fence(std::memory_order_acquire);
     if (s->seq.load(std::memory_order_relaxed) != s1 || page.gen.load(std::memory_order_relaxed) != g1) continue;
     stripe().hits.fetch_add(1, std::memory_order_relaxed);
-    if (hdr_->policy == static_cast<uint32_t>(Policy::kLru))
-      ticks_[id].store(hdr_->clock.fetch_add(1, std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    if (hdr_->policy == static_cast<uint32_t>(Policy::kLru)) {
+      // Readers do not advance the clock (a read-modify-write of one shared word by every get in
+      // every process would bounce its cache line between cores); writers advance it on every
+      // insert. So a hit is stamped with the time of the latest insert: recency at the
+      // granularity of inserts, which is what eviction (itself driven by inserts) can observe.
+      // The stamp is only stored when it changes, so repeated hits do not dirty shared lines.
+      uint64_t now = hdr_->clock.load(std::memory_order_relaxed);
+      if (ticks_[id].load(std::memory_order_relaxed) != now) ticks_[id].store(now, std::memory_order_relaxed);
+    }
     return len;
   }
   stripe().misses.fetch_add(1, std::memory_order_relaxed);

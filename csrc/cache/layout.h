@@ -89,7 +89,8 @@ struct alignas(64) Header {
   uint64_t bytes_used;      // sum of cached value lengths
   uint64_t op_in_progress;  // nonzero while a writer is mid-operation (diagnostics after a crash)
 
-  // ---- clock for lru/fifo ticks: readers bump it (relaxed) on every hit under lru.
+  // ---- clock for lru/fifo ticks: writers advance it on every insert; lru readers stamp hits with
+  // its current value (relaxed loads; see Cache::read).
   alignas(64) std::atomic<uint64_t> clock;
 
   alignas(64) Stats stats;
