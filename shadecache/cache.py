@@ -136,7 +136,7 @@ class Cache:
 
     def stats(self) -> dict:
         """Counters and sizes: hits, misses, hit_ratio, inserts, evictions, rejected, items,
-        bytes_used, capacity_bytes, page_moves, recoveries, ... (see docs/cache.md)."""
+        bytes_used, capacity_bytes, page_moves, recoveries, ... (docs/cache.md lists them all)."""
         return self._core.stats()
 
     def __len__(self) -> int:
