@@ -31,7 +31,17 @@ def _progress(total, desc, unit="B"):
 # --------------------------------------------------------------------------------------------
 # multiprocessing.shared_memory + a dict index
 # --------------------------------------------------------------------------------------------
-class ShmDictStore:
+class _Closing:
+    """`with store:` closes it: every baseline store releases what it made (shm, dirs, servers)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class ShmDictStore(_Closing):
     """Values packed back to back in one POSIX shared-memory block; a dict maps id -> (start, end).
 
     No eviction, no locking, no checking: it sits near the copy limit of a Python-level get.
@@ -71,12 +81,6 @@ class ShmDictStore:
         finally:
             shm.unlink()
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
 
 def shm_dict_get_loop(buf, index, ids):
     # memoryview.tobytes() measured ~10% faster here than bytes(view) for 3 KB values.
@@ -99,7 +103,7 @@ def lmdb_key(i):
     return i.to_bytes(8, "big")
 
 
-class LmdbStore:
+class LmdbStore(_Closing):
     """An LMDB environment in a temporary directory, read the way a Dataset over LMDB reads it.
 
     By default the read side is opened as the common ImageNet-over-LMDB loaders open it
@@ -188,12 +192,6 @@ class LmdbStore:
                 shutil.rmtree(self.dir, ignore_errors=True)
                 self.dir = None
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
 
 def lmdb_get_loop(env, keys):
     # begin().get(): one read transaction per item, aborted when the transaction object dies
@@ -214,7 +212,7 @@ def redis_key(i):
     return b"s:%d" % i
 
 
-class RedisStore:
+class RedisStore(_Closing):
     """A real redis-server started on a unix socket in a temporary directory, no persistence.
 
     Raises RedisUnavailable (with the reason) when redis-server, redis-py or the hiredis
@@ -309,12 +307,6 @@ class RedisStore:
             if self.dir:
                 shutil.rmtree(self.dir, ignore_errors=True)
                 self.dir = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def redis_mget_loop(client, key_batches):
