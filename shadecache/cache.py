@@ -120,11 +120,11 @@ class Cache:
     # ---- introspection ----------------------------------------------------------------------
     @property
     def policy(self) -> str:
-        return self.stats()["policy"]
+        return self._core.policy
 
     @property
     def capacity_bytes(self) -> int:
-        return self.stats()["capacity_bytes"]
+        return self._core.capacity_bytes
 
     @property
     def max_item_bytes(self) -> int:
@@ -189,13 +189,7 @@ def creator_alive(name: str) -> Optional[bool]:
     if info is None:
         return None
     pid, start = info
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    fields = stat[stat.rindex(")") + 2:].split()
-    return int(fields[19]) == start  # field 22 of the whole line
+    return start != 0 and _core.process_start_time(pid) == start
 
 
 def gc() -> List[str]:

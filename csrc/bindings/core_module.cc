@@ -55,33 +55,46 @@ int64_t as_id(PyObject* o) {
   return v;
 }
 
+// The checks Cache::read leaves to its caller: the cache is open and the id in range.
 uint64_t checked_id(Cache& c, int64_t id) {
+  c.check_open();
   c.check_id_signed(id);
   return static_cast<uint64_t>(id);
 }
 
-// Copies the value of `id` into a new bytes object; None on a miss.
+// Receives a value from Cache::read as a bytes object. It reuses the object it holds when the
+// length matches (a guess made before the read, or the previous attempt when a writer raced the
+// copy) and releases whatever it still holds when it goes out of scope.
+class BytesSink {
+ public:
+  explicit BytesSink(uint32_t guess = 0) {
+    if (guess && !(obj_ = PyBytes_FromStringAndSize(nullptr, guess))) PyErr_Clear();  // a hint only
+  }
+  BytesSink(const BytesSink&) = delete;
+  BytesSink& operator=(const BytesSink&) = delete;
+  ~BytesSink() { Py_XDECREF(obj_); }
+  char* operator()(uint32_t n) {
+    if (obj_ && PyBytes_GET_SIZE(obj_) == static_cast<Py_ssize_t>(n)) return PyBytes_AS_STRING(obj_);
+    Py_XDECREF(obj_);
+    obj_ = PyBytes_FromStringAndSize(nullptr, n);
+    if (!obj_) throw std::bad_alloc();
+    return PyBytes_AS_STRING(obj_);
+  }
+  PyObject* take() {
+    PyObject* o = obj_;
+    obj_ = nullptr;
+    return o;
+  }
+
+ private:
+  PyObject* obj_ = nullptr;
+};
+
+// Copies the value of `id` (already checked) into a new bytes object; None on a miss.
 py::object get_bytes(Cache& c, uint64_t id) {
-  PyObject* obj = nullptr;
-  auto alloc = [&obj](uint32_t n) -> char* {
-    if (obj && PyBytes_GET_SIZE(obj) == static_cast<Py_ssize_t>(n)) return PyBytes_AS_STRING(obj);
-    Py_XDECREF(obj);
-    obj = PyBytes_FromStringAndSize(nullptr, n);
-    if (!obj) throw py::error_already_set();
-    return PyBytes_AS_STRING(obj);
-  };
-  int64_t len;
-  try {
-    len = c.read(id, alloc);
-  } catch (...) {
-    Py_XDECREF(obj);
-    throw;
-  }
-  if (len < 0) {
-    Py_XDECREF(obj);
-    return py::none();
-  }
-  return py::reinterpret_steal<py::object>(obj);
+  BytesSink sink;
+  if (c.read(id, sink) < 0) return py::none();
+  return py::reinterpret_steal<py::object>(sink.take());
 }
 
 // Ids from a list/tuple of ints (fast path) or anything numpy turns into int64.
@@ -124,8 +137,13 @@ py::array_t<float> scores_of(py::handle s, size_t n, const char* what) {
   return arr;
 }
 
-py::dict stats_dict(const CacheStats& s) {
+const char* policy_name(Policy p) {
   static const char* kPolicies[] = {"importance", "lru", "fifo", "static"};
+  auto i = static_cast<uint32_t>(p);
+  return i < 4 ? kPolicies[i] : "unknown";
+}
+
+py::dict stats_dict(const CacheStats& s) {
   py::dict d;
   d["hits"] = s.hits;
   d["misses"] = s.misses;
@@ -147,7 +165,7 @@ py::dict stats_dict(const CacheStats& s) {
   d["segment_bytes"] = s.segment_bytes;
   d["max_item_bytes"] = s.max_item_bytes;
   d["creator_pid"] = s.creator_pid;
-  d["policy"] = s.policy < 4 ? kPolicies[s.policy] : "unknown";
+  d["policy"] = policy_name(static_cast<Policy>(s.policy));
   uint64_t lookups = s.hits + s.misses;
   d["hit_ratio"] = lookups ? static_cast<double>(s.hits) / lookups : 0.0;
   return d;
@@ -191,32 +209,21 @@ PyObject* fast_get(PyObject* self, PyObject* arg) {
     }
     return nullptr;
   }
-  PyObject* obj = nullptr;
   try {
-    c.check_open();
-    c.check_id_signed(id);
+    uint64_t i = checked_id(c, id);
     // Start the two dependent cache misses (index entry, then the slot) and allocate the result
     // while they are in flight, guessing its size from the previous get: with the fixed-size
     // samples most data sets have, the guess is right and the allocation costs no latency.
-    c.prefetch_value(static_cast<uint64_t>(id));
+    c.prefetch_value(i);
     static thread_local uint32_t last_len = 0;
-    if (last_len) obj = PyBytes_FromStringAndSize(nullptr, last_len);
-    int64_t len = c.read(static_cast<uint64_t>(id), [&obj](uint32_t n) -> char* {
-      last_len = n;
-      if (obj && PyBytes_GET_SIZE(obj) == static_cast<Py_ssize_t>(n)) return PyBytes_AS_STRING(obj);
-      Py_XDECREF(obj);
-      obj = PyBytes_FromStringAndSize(nullptr, n);
-      if (!obj) throw std::bad_alloc();
-      return PyBytes_AS_STRING(obj);
-    });
-    if (len >= 0) return obj;
-    Py_XDECREF(obj);
-    Py_RETURN_NONE;
+    BytesSink sink(last_len);
+    int64_t len = c.read(i, sink);
+    if (len < 0) Py_RETURN_NONE;
+    last_len = static_cast<uint32_t>(len);
+    return sink.take();
   } catch (const Error& e) {
-    Py_XDECREF(obj);
     set_python_error(e);
   } catch (const std::bad_alloc&) {
-    Py_XDECREF(obj);
     if (!PyErr_Occurred()) PyErr_NoMemory();
   }
   return nullptr;
@@ -278,6 +285,8 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("num_samples", &Cache::num_samples)
       .def_property_readonly("max_item_bytes", [](Cache& c) { c.check_open(); return c.max_value_len(); })
       .def_property_readonly("closed", &Cache::closed)
+      .def_property_readonly("policy", [](Cache& c) { c.check_open(); return policy_name(c.policy()); })
+      .def_property_readonly("capacity_bytes", [](Cache& c) { c.check_open(); return c.capacity_bytes(); })
       .def("get", [](Cache& c, int64_t id) { return get_bytes(c, checked_id(c, id)); }, py::arg("id"))
       .def("get_many",
            [](Cache& c, py::handle ids) {
@@ -443,4 +452,6 @@ PYBIND11_MODULE(_core, m) {
   points["scores_mid"] = static_cast<int>(CrashPoint::kScoresMid);
   m.attr("CRASH_POINTS") = points;
   m.attr("LAYOUT_VERSION") = kLayoutVersion;
+  m.def("process_start_time", &process_start_time, py::arg("pid"),
+        "Start time of process `pid` in clock ticks since boot, 0 if there is no such process.");
 }

@@ -31,20 +31,6 @@ uint64_t page_size_for(uint64_t max_item_bytes) {
   return ps < kMinPageSize ? kMinPageSize : ps;
 }
 
-// Field 22 of /proc/<pid>/stat (start time in clock ticks since boot): with the pid it names a
-// process uniquely, so `gc` does not mistake a reused pid for a live creator.
-uint64_t process_start_time(int64_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  size_t close = s.rfind(')');  // the command name may hold spaces and parentheses
-  if (close == std::string::npos) return 0;
-  std::istringstream rest(s.substr(close + 2));
-  std::string field;
-  for (int i = 3; i <= 22 && rest >> field; ++i)
-    if (i == 22) return std::stoull(field);
-  return 0;
-}
-
 struct Layout {
   uint64_t page_size, num_pages, off_index, off_heap_pos, off_scores, off_ticks, off_heap, off_pages,
       off_classes, off_data, total;
@@ -91,6 +77,18 @@ void validate(const CacheOptions& o) {
 }
 
 }  // namespace
+
+uint64_t process_start_time(int64_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  size_t close = s.rfind(')');  // the command name may hold spaces and parentheses
+  if (close == std::string::npos) return 0;
+  std::istringstream rest(s.substr(close + 2));
+  std::string field;
+  for (int i = 3; i <= 22 && rest >> field; ++i)
+    if (i == 22) return std::stoull(field);
+  return 0;
+}
 
 std::atomic<uint64_t> g_fork_generation{0};
 

@@ -26,6 +26,11 @@
 
 namespace shadecache {
 
+// Start time of process `pid` (field 22 of /proc/<pid>/stat, clock ticks since boot), 0 if there
+// is no such process. With the pid it names a process uniquely: `gc` tells a reused pid from the
+// creator of a segment by it.
+uint64_t process_start_time(int64_t pid);
+
 // Bumped in the child after every fork (see cache.cc).
 extern std::atomic<uint64_t> g_fork_generation;
 
@@ -69,11 +74,14 @@ class Cache {
   const std::string& name() const { return name_; }
   uint64_t num_samples() const { return n_; }
   Policy policy() const { return static_cast<Policy>(hdr_->policy); }
+  uint64_t capacity_bytes() const { return hdr_->capacity_bytes; }
   uint64_t max_value_len() const { return hdr_->max_item_bytes; }
 
   // ---- readers: no lock -------------------------------------------------------------------
   // Copies the value of `id` into alloc(len) and returns len, or returns -1 on a miss. alloc may
-  // be called again (with a new length) when a writer raced the copy.
+  // be called again (with a new length) when a writer raced the copy. The caller has already
+  // checked that the cache is open and `id` is in range (check_open, check_id): a batch is
+  // checked once, up front, not once per value.
   template <class Alloc>
   int64_t read(uint64_t id, Alloc&& alloc);
   bool contains(uint64_t id);
@@ -203,8 +211,6 @@ constexpr int kMaxReadAttempts = 64;
 
 template <class Alloc>
 int64_t Cache::read(uint64_t id, Alloc&& alloc) {
-  check_open();
-  check_id(id);
   for (int attempt = 0; attempt < kMaxReadAttempts; ++attempt) {
     if (attempt) stripe().read_retries.fetch_add(1, std::memory_order_relaxed);
     uint64_t v = idx_get(id, std::memory_order_acquire);
