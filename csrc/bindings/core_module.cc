@@ -283,7 +283,7 @@ PYBIND11_MODULE(_core, m) {
                   })
       .def_property_readonly("name", &Cache::name)
       .def_property_readonly("num_samples", &Cache::num_samples)
-      .def_property_readonly("max_item_bytes", [](Cache& c) { c.check_open(); return c.max_value_len(); })
+      .def_property_readonly("max_item_bytes", [](Cache& c) { c.check_open(); return c.max_item_bytes(); })
       .def_property_readonly("closed", &Cache::closed)
       .def_property_readonly("policy", [](Cache& c) { c.check_open(); return policy_name(c.policy()); })
       .def_property_readonly("capacity_bytes", [](Cache& c) { c.check_open(); return c.capacity_bytes(); })

@@ -410,7 +410,6 @@ void Cache::write_slot(SlotHeader* s, const PutItem& it) {
 }
 
 bool Cache::do_put(const PutItem& it) {
-  hdr_->op_in_progress = 1;
   uint64_t cur = idx_get(it.id, std::memory_order_relaxed);
   if (cur) {
     uint64_t off = cur - 1;
@@ -421,7 +420,6 @@ bool Cache::do_put(const PutItem& it) {
       write_slot(s, it);
       if (hdr_->policy == static_cast<uint32_t>(Policy::kLru)) do_rekey(it.id, do_new_key(it.id));
       hdr_->stats.updates.fetch_add(1, std::memory_order_relaxed);
-      hdr_->op_in_progress = 0;
       return true;
     }
     do_evict(it.id, true);  // another class: drop the old copy, insert anew below
@@ -431,7 +429,6 @@ bool Cache::do_put(const PutItem& it) {
   uint64_t u = do_alloc_slot(static_cast<uint32_t>(it.cls), key);
   if (u == 0) {
     hdr_->stats.rejected.fetch_add(1, std::memory_order_relaxed);
-    hdr_->op_in_progress = 0;
     return false;
   }
   uint64_t off = u - 1;
@@ -448,7 +445,6 @@ bool Cache::do_put(const PutItem& it) {
   ++hdr_->items;
   hdr_->bytes_used += it.len;
   hdr_->stats.inserts.fetch_add(1, std::memory_order_relaxed);
-  hdr_->op_in_progress = 0;
   return true;
 }
 
@@ -630,7 +626,6 @@ void Cache::do_repair() {
     if (v && heap_pos_[id] == 0) idx_set(id, 0, std::memory_order_release);
   }
   heap_.heapify();
-  hdr_->op_in_progress = 0;
 }
 
 // ---- check --------------------------------------------------------------------------------------

@@ -75,7 +75,7 @@ class Cache {
   uint64_t num_samples() const { return n_; }
   Policy policy() const { return static_cast<Policy>(hdr_->policy); }
   uint64_t capacity_bytes() const { return hdr_->capacity_bytes; }
-  uint64_t max_value_len() const { return hdr_->max_item_bytes; }
+  uint64_t max_item_bytes() const { return hdr_->max_item_bytes; }
 
   // ---- readers: no lock -------------------------------------------------------------------
   // Copies the value of `id` into alloc(len) and returns len, or returns -1 on a miss. alloc may

@@ -87,7 +87,6 @@ struct alignas(64) Header {
   uint64_t free_page_head;  // page index + 1 of the first free page, 0 = none
   uint64_t items;
   uint64_t bytes_used;      // sum of cached value lengths
-  uint64_t op_in_progress;  // nonzero while a writer is mid-operation (diagnostics after a crash)
 
   // ---- clock for lru/fifo ticks: writers advance it on every insert; lru readers stamp hits with
   // its current value (relaxed loads; see Cache::read).

@@ -29,7 +29,6 @@ class Slab {
 
   // Smallest class whose slot holds a SlotHeader plus `value_len` bytes; -1 if none does.
   int class_for(uint64_t value_len) const;
-  uint64_t max_value_len() const { return classes_[num_classes_ - 1].slot_size - sizeof(SlotHeader); }
 
   SlotHeader* slot(uint64_t off) const { return reinterpret_cast<SlotHeader*>(data_ + off); }
   char* value(uint64_t off) const { return data_ + off + sizeof(SlotHeader); }
