@@ -184,31 +184,44 @@ def bench_vs_fio(fio, path, bs_label, n, rounds, secs, key) -> dict:
             "ratios": ratios, "backend": store.backend}
 
 
+def loop_vs_ours(rounds, desc, count, draw, run_loop, run_ours, cold=False, warm=None) -> dict:
+    """Rounds of (a Python loop, then ours) over the same fresh draw of `count` ids. Cold rounds
+    drop the page cache before each side; warm rounds first read the draw with `warm`, so both
+    sides find it in the page cache. Returns the medians and every round's ratio."""
+    ours, loop, ratios = [], [], []
+    for _ in tqdm(range(rounds), desc=desc, file=sys.stderr):
+        batch = draw()
+        if warm is not None and not cold:
+            warm(batch)
+        if cold:
+            drop_caches()
+        t_loop = timed(lambda: run_loop(batch))
+        if cold:
+            drop_caches()
+        t_ours = timed(lambda: run_ours(batch))
+        ours.append(count / t_ours)
+        loop.append(count / t_loop)
+        ratios.append(t_loop / t_ours)
+    return {"ours": median(ours), "loop": median(loop), "ratio": median(ratios), "ratios": ratios}
+
+
 def bench_vs_pread(path, n, rounds, count, cold: bool) -> dict:
     store = sc.PackedStore(path, direct=False, queue_depth=QD)
     offsets_of = store._r.offsets()
     fd = os.open(path, os.O_RDONLY)
     rng = np.random.default_rng(3)
-    ours, loop, ratios = [], [], []
+
+    def draw():
+        ids = rng.integers(0, n, count)
+        return ids, [int(x) for x in offsets_of[ids]]
+
     try:
-        for r in tqdm(range(rounds), desc="4 KB buffered vs os.pread loop" +
-                      (" (cold)" if cold else " (warm)"), file=sys.stderr):
-            ids = rng.integers(0, n, count)
-            offs = [int(x) for x in offsets_of[ids]]
-            if not cold:  # warm: both sides read pages the page cache already holds
-                read_many_all(store, ids)
-            if cold:
-                drop_caches()
-            t_loop = timed(lambda: pread_loop(fd, offs, 4096))
-            if cold:
-                drop_caches()
-            t_ours = timed(lambda: read_many_all(store, ids))
-            ours.append(count / t_ours)
-            loop.append(count / t_loop)
-            ratios.append(t_loop / t_ours)
+        return loop_vs_ours(rounds, "4 KB buffered vs os.pread loop" + (" (cold)" if cold else " (warm)"),
+                            count, draw, lambda b: pread_loop(fd, b[1], 4096),
+                            lambda b: read_many_all(store, b[0]), cold=cold,
+                            warm=lambda b: read_many_all(store, b[0]))
     finally:
         os.close(fd)
-    return {"ours": median(ours), "loop": median(loop), "ratio": median(ratios), "ratios": ratios}
 
 
 def bench_vs_preadv_direct(path, n, rounds, count) -> dict:
@@ -217,43 +230,32 @@ def bench_vs_preadv_direct(path, n, rounds, count) -> dict:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
     buf = mmap.mmap(-1, 4096)  # page-aligned, as O_DIRECT requires
     rng = np.random.default_rng(4)
-    ours, loop, ratios = [], [], []
+
+    def draw():
+        ids = rng.integers(0, n, count)
+        return ids, [int(x) for x in offsets_of[ids]]
+
     try:
-        for _ in tqdm(range(rounds), desc="4 KB O_DIRECT vs os.preadv loop", file=sys.stderr):
-            ids = rng.integers(0, n, count)
-            offs = [int(x) for x in offsets_of[ids]]
-            t_loop = timed(lambda: preadv_loop(fd, offs, buf))
-            t_ours = timed(lambda: read_many_all(store, ids))
-            ours.append(count / t_ours)
-            loop.append(count / t_loop)
-            ratios.append(t_loop / t_ours)
+        return loop_vs_ours(rounds, "4 KB O_DIRECT vs os.preadv loop", count, draw,
+                            lambda b: preadv_loop(fd, b[1], buf), lambda b: read_many_all(store, b[0]))
     finally:
         os.close(fd)
-    return {"ours": median(ours), "loop": median(loop), "ratio": median(ratios), "ratios": ratios}
 
 
 def bench_folder(root, rounds, count, cold: bool) -> dict:
     store = sc.FolderStore(root, queue_depth=64)
     paths = store.paths
     rng = np.random.default_rng(5)
-    ours, loop, ratios = [], [], []
-    for _ in tqdm(range(rounds), desc="FolderStore vs open().read()" +
-                  (" (cold)" if cold else " (warm)"), file=sys.stderr):
+
+    def draw():
         ids = rng.permutation(len(paths))[:count]
-        ps = [paths[i] for i in ids]
-        if not cold:
-            open_read_loop(ps)
-        if cold:
-            drop_caches()
-        t_loop = timed(lambda: open_read_loop(ps))
-        if cold:
-            drop_caches()
-        t_ours = timed(lambda: read_many_all(store, ids))
-        ours.append(count / t_ours)
-        loop.append(count / t_loop)
-        ratios.append(t_loop / t_ours)
-    return {"ours": median(ours), "loop": median(loop), "ratio": median(ratios), "ratios": ratios,
-            "backend": store.backend}
+        return ids, [paths[i] for i in ids]
+
+    row = loop_vs_ours(rounds, "FolderStore vs open().read()" + (" (cold)" if cold else " (warm)"),
+                       count, draw, lambda b: open_read_loop(b[1]), lambda b: read_many_all(store, b[0]),
+                       cold=cold, warm=lambda b: open_read_loop(b[1]))
+    row["backend"] = store.backend
+    return row
 
 
 # ---- main --------------------------------------------------------------------------------------
