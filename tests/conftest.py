@@ -39,3 +39,23 @@ def cache_name(request):
         _core.CacheCore.unlink(name)
     except OSError:
         pass
+
+
+@pytest.fixture
+def cache_factory():
+    """make(n, capacity=1 MiB, policy="lru", **create_kwargs) -> a Cache under a unique name;
+    every cache made is closed and removed after the test."""
+    import shadecache as sc
+
+    made = []
+
+    def make(n, capacity=1 << 20, policy="lru", **kw):
+        c = sc.Cache.create(f"t-{os.getpid()}-{uuid.uuid4().hex[:8]}", num_samples=n,
+                            capacity_bytes=capacity, policy=policy, **kw)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.close()
+        c.unlink()

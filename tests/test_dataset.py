@@ -1,8 +1,6 @@
 """CachedDataset over a real PackedStore and a real shared-memory Cache, through real DataLoader
 workers (none, fork, spawn, persistent)."""
 import functools
-import os
-import uuid
 
 import numpy as np
 import pytest
@@ -28,18 +26,10 @@ def truth():
 
 
 @pytest.fixture
-def make_cache():
-    made = []
-
+def make_cache(cache_factory):
     def make(capacity=1 << 16, policy="lru", n=N):
-        c = sc.Cache.create(f"sc-test-ds-{os.getpid()}-{uuid.uuid4().hex[:8]}", num_samples=n,
-                            capacity_bytes=capacity, policy=policy, max_item_bytes=SIZE * SIZE)
-        made.append(c)
-        return c
-    yield make
-    for c in made:
-        c.close()
-        c.unlink()
+        return cache_factory(n, capacity, policy, max_item_bytes=SIZE * SIZE)
+    return make
 
 
 decode = functools.partial(synthetic.decode, size=SIZE)

@@ -18,21 +18,6 @@ def drain(sampler):
     return np.fromiter(iter(sampler), dtype=np.int64)
 
 
-@pytest.fixture
-def cache_factory():
-    made = []
-
-    def make(n, capacity=1 << 20, policy="lru"):
-        c = sc.Cache.create(f"sc-test-sampler-{uuid.uuid4().hex[:10]}", num_samples=n,
-                            capacity_bytes=capacity, policy=policy)
-        made.append(c)
-        return c
-    yield make
-    for c in made:
-        c.close()
-        c.unlink()
-
-
 def test_same_seed_same_order_other_seed_other_order():
     a = drain(sc.ShadeSampler(200, seed=7))
     b = drain(sc.ShadeSampler(200, seed=7))
