@@ -1,5 +1,7 @@
 """Bad input: each case is a clear exception naming what was wrong, and nothing cached is lost."""
+import contextlib
 import shutil
+import struct
 import subprocess
 import sys
 
@@ -136,29 +138,39 @@ print("ok")
     assert "refused: cache" in res.stdout and "/dev/shm has only" in res.stdout and "ok" in res.stdout
 
 
-def test_attach_to_another_layout_version_or_a_foreign_segment(cache_name):
-    """The header names its layout version; attach refuses any other, and any non-shadecache file."""
-    import struct
+@contextlib.contextmanager
+def _header_field(path, offset, fmt, change):
+    """Overwrites the header field `fmt` (struct format) at byte `offset` of segment file `path`
+    with change(old value); yields the old value; writes it back at exit."""
+    size = struct.calcsize(fmt)
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        (old,) = struct.unpack(fmt, f.read(size))
+        f.seek(offset)
+        f.write(struct.pack(fmt, change(old)))
+    try:
+        yield old
+    finally:
+        with open(path, "r+b") as f:
+            f.seek(offset)
+            f.write(struct.pack(fmt, old))
 
+
+def test_attach_to_another_layout_version_or_a_foreign_segment(cache_name):
+    """The header names its layout version; attach refuses any other, any non-shadecache file and
+    a header whose page size is no power of two (the read path shifts by its log2)."""
     with sc.Cache.create(cache_name, num_samples=10, capacity_bytes=MiB) as c:
         c.put(1, b"kept")
         path = _core.CacheCore.path(cache_name)
-        with open(path, "r+b") as f:  # layout_version is the u32 right after the 8-byte magic
-            f.seek(8)
-            (version,) = struct.unpack("<I", f.read(4))
-            f.seek(8)
-            f.write(struct.pack("<I", version + 1))
-        with pytest.raises(sc.LayoutVersionError, match=f"layout version {version + 1}.*reads version {version}"):
-            sc.Cache.attach(cache_name)
-        with open(path, "r+b") as f:
-            f.seek(8)
-            f.write(struct.pack("<I", version))
-            f.seek(0)
-            magic = f.read(8)
-            f.seek(0)
-            f.write(b"NOTMAGIC")
-        with pytest.raises(sc.LayoutVersionError, match="not a shadecache segment"):
-            sc.Cache.attach(cache_name)
-        with open(path, "r+b") as f:
-            f.write(magic)
+        # Header: u64 magic, u32 layout_version, 7 more u32s, u64 num_samples, u64 capacity_bytes,
+        # u64 page_size at byte 56.
+        with _header_field(path, 8, "<I", lambda v: v + 1) as version:
+            with pytest.raises(sc.LayoutVersionError, match=f"layout version {version + 1}.*reads version {version}"):
+                sc.Cache.attach(cache_name)
+        with _header_field(path, 0, "<8s", lambda v: b"NOTMAGIC"):
+            with pytest.raises(sc.LayoutVersionError, match="not a shadecache segment"):
+                sc.Cache.attach(cache_name)
+        with _header_field(path, 56, "<Q", lambda v: v + 64) as page_size:
+            with pytest.raises(sc.LayoutVersionError, match=f"page size of {page_size + 64} bytes, not a power of two"):
+                sc.Cache.attach(cache_name)
         assert sc.Cache.attach(cache_name).get(1) == b"kept"

@@ -176,6 +176,9 @@ std::unique_ptr<Cache> Cache::attach(const std::string& name) {
     throw Error(ErrorKind::kLayout, "cache '" + name + "' has layout version " + std::to_string(h->layout_version) +
                                         " but this shadecache reads version " + std::to_string(kLayoutVersion) +
                                         "; recreate the cache with this version");
+  if (h->page_size < kMinPageSize || (h->page_size & (h->page_size - 1)))
+    throw Error(ErrorKind::kLayout, "cache '" + name + "' has a page size of " + std::to_string(h->page_size) +
+                                        " bytes, not a power of two: the header is corrupt");
   if (h->total_size != seg.size())
     throw Error(ErrorKind::kLayout, "cache '" + name + "' is " + std::to_string(seg.size()) + " bytes but its header says " +
                                         std::to_string(h->total_size));
@@ -206,6 +209,7 @@ void Cache::bind(Segment seg, const std::string& name) {
   pages_ = reinterpret_cast<PageMeta*>(b + hdr_->off_pages);
   data_ = b + hdr_->off_data;
   page_size_ = hdr_->page_size;
+  page_shift_ = static_cast<uint32_t>(__builtin_ctzll(page_size_));  // a power of two (checked on attach)
   data_bytes_ = hdr_->num_pages * page_size_;
   slab_ = Slab(data_, pages_, reinterpret_cast<ClassMeta*>(b + hdr_->off_classes), &hdr_->free_page_head,
                hdr_->num_pages, page_size_, hdr_->num_classes);
