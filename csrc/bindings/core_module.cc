@@ -11,6 +11,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <atomic>
+#include <new>
 #include <vector>
 
 #include "bindings/errors.h"
@@ -182,6 +184,9 @@ struct FastGetSelf {
   PyObject_HEAD
   Cache* cache;
   PyObject* owner;  // the CacheCore object; keeps `cache` alive
+  // Length of the value the previous get of this cache returned: the guess for the next one.
+  // Atomic only because threads may share the function; relaxed, it is a hint.
+  std::atomic<uint32_t> last_len;
 };
 
 void fast_get_dealloc(PyObject* o) {
@@ -200,7 +205,8 @@ void ready_fast_get_type() {
 }
 
 PyObject* fast_get(PyObject* self, PyObject* arg) {
-  Cache& c = *reinterpret_cast<FastGetSelf*>(self)->cache;
+  auto* me = reinterpret_cast<FastGetSelf*>(self);
+  Cache& c = *me->cache;
   long long id = PyLong_AsLongLong(arg);
   if (id == -1 && PyErr_Occurred()) {
     if (PyErr_ExceptionMatches(PyExc_TypeError)) {
@@ -215,12 +221,12 @@ PyObject* fast_get(PyObject* self, PyObject* arg) {
     // value of the length the previous get returned) and allocate the result while they are in
     // flight. With the fixed-size samples most data sets have the guess is right, so neither the
     // allocation nor the copy's first lines cost latency of their own.
-    static thread_local uint32_t last_len = 0;
-    if (last_len) c.prefetch_value(i, last_len); else c.prefetch_value(i);
-    BytesSink sink(last_len);
+    uint32_t guess = me->last_len.load(std::memory_order_relaxed);
+    if (guess) c.prefetch_value(i, guess); else c.prefetch_value(i);
+    BytesSink sink(guess);
     int64_t len = c.read(i, sink);
     if (len < 0) Py_RETURN_NONE;
-    last_len = static_cast<uint32_t>(len);
+    if (static_cast<uint32_t>(len) != guess) me->last_len.store(static_cast<uint32_t>(len), std::memory_order_relaxed);
     return sink.take();
   } catch (const Error& e) {
     set_python_error(e);
@@ -238,6 +244,7 @@ py::object make_fast_get(py::object core) {
   if (!self) throw py::error_already_set();
   self->cache = &core.cast<Cache&>();
   self->owner = core.release().ptr();
+  new (&self->last_len) std::atomic<uint32_t>(0);  // PyObject_New leaves the fields uninitialized
   PyObject* fn = PyCFunction_New(&fast_get_def, reinterpret_cast<PyObject*>(self));
   Py_DECREF(self);
   if (!fn) throw py::error_already_set();
