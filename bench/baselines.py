@@ -90,7 +90,8 @@ def shm_dict_get_loop(buf, index, ids):
 
 
 def plain_copy_loop(buf, offsets, size):
-    """The bandwidth ceiling: a bytes copy of `size` bytes at each offset of a shm mapping."""
+    """A plain Python-level bytes copy of `size` bytes at each offset of a shm mapping: no index, no
+    checks, only the copy (and a memoryview slice). The reference a get is held against."""
     for o in offsets:
         buf[o:o + size].tobytes()
 

@@ -54,7 +54,7 @@ class TestSmallValues:
 
 
 class TestLargeValues:
-    """100 KB values: the cache against the plain-copy bandwidth ceiling."""
+    """100 KB values: the cache against a plain bytes copy from a shm mapping."""
 
     def test_get_cache(self, benchmark, large, cfg):
         _run(benchmark, "get 100 KB", cfg.large_gets_per_rep, ct.cache_get_loop,

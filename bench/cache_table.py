@@ -264,7 +264,7 @@ def small_setup(cfg, redis_server="redis-server"):
         s.shm = stack.enter_context(baselines.ShmDictStore(s.values))
         s.lmdb = stack.enter_context(baselines.LmdbStore(s.values, lock=False))
         s.lmdb.warm()
-        # The copy floor: a bytes copy of one value's size from random offsets of the same mapping.
+        # The plain copy: a bytes copy of one value's size from random offsets of the same mapping.
         s.offsets = [random_offsets(len(s.shm.buf), cfg.small, cfg.gets_per_rep, seed=20 + r)
                      for r in range(cfg.reps)]
         s.redis, s.redis_skip = None, ""
@@ -288,7 +288,7 @@ def small_setup(cfg, redis_server="redis-server"):
 @contextlib.contextmanager
 def large_setup(cfg):
     """100 KB values in a cache and in shm+dict, ids per repetition, and random offsets into
-    the shm mapping for the plain-copy ceiling."""
+    the shm mapping for the plain copy."""
     s = types.SimpleNamespace(cfg=cfg)
     s.values = ValueSet(cfg.working_set_bytes // cfg.large, cfg.large)
     ids = access_order(s.values.n, cfg.reps * cfg.large_gets_per_rep, seed=3)
@@ -446,11 +446,12 @@ def compare_small_gets(cfg, redis_server="redis-server"):
             "LMDB, one read txn per get + copy", g / t["lmdb"], target=2.0,
             note="readonly, lock=False", paired_ratio=t.speedup("cache.get", "lmdb")),
         Row(f"`get` {size}", g / t["cache.get"], "gets/s",
-            f"plain {size} bytes copy, random offsets of a shm mapping (the copy floor)",
+            f"plain {size} bytes copy from Python, random offsets of a shm mapping",
             g / t["copy"], paired_ratio=t.speedup("cache.get", "copy")),
-        # What a get exactly as fast as the plain copy would score against LMDB: the ceiling of
-        # the LMDB ratio for any get that returns a fresh bytes object.
-        Row(f"plain {size} bytes copy (the bound for any get returning bytes)", g / t["copy"],
+        # The plain copy against LMDB: how much of the LMDB ratio is the copy itself. cache.get
+        # can beat the copy (it requests every line of the value at once; a memoryview slice
+        # leaves that to the hardware prefetcher), so this is a reference, not a ceiling.
+        Row(f"plain {size} bytes copy from Python (memoryview slice + tobytes)", g / t["copy"],
             "gets/s", "LMDB, one read txn per get + copy", g / t["lmdb"], note="readonly, lock=False",
             paired_ratio=t.speedup("copy", "lmdb")),
         Row(f"`get` {size} (a second pass)", g / t_locked["cache.get"], "gets/s",
