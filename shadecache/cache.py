@@ -56,12 +56,19 @@ class Cache:
     get(i) -> bytes | None           a copy of sample i, None on a miss
     get_many(ids) -> list            one native call for a batch
     get_into(i, buf) -> int          copy into a writable buffer; the length, or -1 on a miss
+    view(i) -> SampleView | None     zero copy: a read-only buffer into the cache, pinned (no
+                                     process frees, rewrites or moves those bytes) until released
     contains(i) -> bool
     put(i, data, score=None) -> bool False when admission refuses it
     put_many(ids, values, scores=None) -> np.ndarray[bool]
     update_scores(ids, scores)       one lock per call
     remove(i) -> bool
     """
+
+    # A process may hold this many views of one cache at once, and this many processes may hold
+    # views of one cache at once (the pin table in the segment has that many records).
+    MAX_VIEWS_PER_PROCESS = _core.MAX_VIEWS_PER_PROCESS
+    MAX_VIEW_PROCESSES = _core.MAX_VIEW_PROCESSES
 
     def __init__(self, core, owner: bool):
         self._core = core
@@ -72,6 +79,7 @@ class Cache:
         self.get = _core.fast_get(core)  # same as core.get, minus pybind11's dispatch
         self.get_many = core.get_many
         self.get_into = core.get_into
+        self.view = core.view
         self.contains = core.contains
         self.put = core.put
         self.put_many = core.put_many
@@ -151,7 +159,8 @@ class Cache:
 
     # ---- lifetime ---------------------------------------------------------------------------
     def close(self) -> None:
-        """Unmaps the segment in this process. Later calls raise sc.ClosedError."""
+        """Later calls raise sc.ClosedError. The segment is unmapped in this process now, or,
+        while views of it are held, when the last of them is released."""
         self._core.close()
 
     def unlink(self) -> None:

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "bindings/errors.h"
+#include "bindings/sample_view.h"
 #include "cache/cache.h"
 #include "cache/segment.h"
 
@@ -166,6 +167,8 @@ py::dict stats_dict(const CacheStats& s) {
   d["free_pages"] = s.free_pages;
   d["segment_bytes"] = s.segment_bytes;
   d["max_item_bytes"] = s.max_item_bytes;
+  d["pinned"] = s.pinned;
+  d["zombies"] = s.zombies;
   d["creator_pid"] = s.creator_pid;
   d["policy"] = policy_name(static_cast<Policy>(s.policy));
   uint64_t lookups = s.hits + s.misses;
@@ -315,6 +318,13 @@ PYBIND11_MODULE(_core, m) {
              return out;
            },
            py::arg("ids"))
+      .def("view",
+           [](py::object self, int64_t id) {
+             Cache& c = self.cast<Cache&>();
+             return make_sample_view(self, c, checked_id(c, id));
+           },
+           py::arg("id"))
+      .def_property_readonly("views_open", &Cache::views_open)
       .def("get_into",
            [](Cache& c, int64_t id, py::handle buf) {
              // PyObject_GetBuffer directly: py::buffer::request builds a buffer_info (shape and
@@ -440,6 +450,9 @@ PYBIND11_MODULE(_core, m) {
            })
       .def("close", &Cache::close);
 
+  register_sample_view(m);
+  m.attr("MAX_VIEWS_PER_PROCESS") = kPinsPerOwner;
+  m.attr("MAX_VIEW_PROCESSES") = kPinOwners;
   ready_fast_get_type();
   m.def("fast_get", &make_fast_get, py::arg("core"),
         "A plain CPython function equivalent to core.get, without pybind11's dispatch cost.");

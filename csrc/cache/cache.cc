@@ -33,7 +33,7 @@ uint64_t page_size_for(uint64_t max_item_bytes) {
 
 struct Layout {
   uint64_t page_size, num_pages, off_index, off_heap_pos, off_scores, off_ticks, off_heap, off_pages,
-      off_classes, off_data, total;
+      off_classes, off_pins, off_data, total;
 };
 
 Layout compute_layout(const CacheOptions& o) {
@@ -55,6 +55,7 @@ Layout compute_layout(const CacheOptions& o) {
   l.off_heap = take(n * sizeof(HeapNode));
   l.off_pages = take(l.num_pages * sizeof(PageMeta));
   l.off_classes = take(kMaxClasses * sizeof(ClassMeta));
+  l.off_pins = take(kPinOwners * sizeof(PinOwner));
   l.off_data = align_up(off, 4096);
   l.total = l.off_data + l.num_pages * l.page_size;
   return l;
@@ -138,6 +139,7 @@ std::unique_ptr<Cache> Cache::create(const std::string& name, const CacheOptions
   h->off_heap = l.off_heap;
   h->off_pages = l.off_pages;
   h->off_classes = l.off_classes;
+  h->off_pins = l.off_pins;
   h->off_data = l.off_data;
   h->creator_pid = ::getpid();
   h->creator_start_time = process_start_time(h->creator_pid);
@@ -214,6 +216,7 @@ void Cache::bind(Segment seg, const std::string& name) {
   slab_ = Slab(data_, pages_, reinterpret_cast<ClassMeta*>(b + hdr_->off_classes), &hdr_->free_page_head,
                hdr_->num_pages, page_size_, hdr_->num_classes);
   heap_ = IndexedHeap(reinterpret_cast<HeapNode*>(b + hdr_->off_heap), heap_pos_, &hdr_->heap_size);
+  pins_.bind(reinterpret_cast<PinOwner*>(b + hdr_->off_pins), hdr_->pin_active);
 }
 
 WriteLock::WriteLock(Cache* c, Mode mode) : c_(c) {
@@ -239,6 +242,53 @@ bool Cache::contains(uint64_t id) {
   check_open();
   check_id(id);
   return idx_get(id, std::memory_order_acquire) != 0;
+}
+
+bool Cache::pin(uint64_t id, Pinned* out) {
+  uint32_t token = 0;
+  for (int attempt = 0; attempt < kMaxReadAttempts; ++attempt) {
+    if (attempt) stripe().read_retries.fetch_add(1, std::memory_order_relaxed);
+    uint64_t v = idx_get(id, std::memory_order_acquire);
+    if (v == 0) break;
+    uint64_t off = v - 1;
+    if (off >= data_bytes_) break;  // only a corrupt segment gets here; check() reports it
+    PageMeta& page = pages_[off >> page_shift_];
+    uint64_t g1 = page.gen.load(std::memory_order_acquire);
+    if ((g1 & 1) || idx_get(id, std::memory_order_acquire) != v) continue;
+    SlotHeader* s = slab_.slot(off);
+    uint64_t s1 = s->seq.load(std::memory_order_acquire);
+    if (s1 & 1) continue;
+    uint32_t sid = __atomic_load_n(&s->id, __ATOMIC_RELAXED);
+    uint32_t len = __atomic_load_n(&s->len, __ATOMIC_RELAXED);
+    if (sid != id || len > page_size_ - (off & (page_size_ - 1)) - sizeof(SlotHeader)) continue;
+    // Record the pin, then check that the slot is still this value (seq_cst both: see pins.h).
+    if (token) pins_.set(token, slot_code(off)); else token = pins_.claim(slot_code(off), name_);
+    if (idx_get(id, std::memory_order_seq_cst) != v || s->seq.load(std::memory_order_seq_cst) != s1 ||
+        page.gen.load(std::memory_order_seq_cst) != g1)
+      continue;
+    views_open_.fetch_add(1, std::memory_order_relaxed);
+    stripe().hits.fetch_add(1, std::memory_order_relaxed);
+    note_hit(id);
+    *out = Pinned{slab_.value(off), len, token};
+    return true;
+  }
+  if (token) pins_.release(token);
+  stripe().misses.fetch_add(1, std::memory_order_relaxed);
+  return false;
+}
+
+void Cache::unpin(uint32_t token, int64_t pinned_by) {
+  if (pinned_by == ::getpid()) pins_.release(token);
+  if (views_open_.fetch_sub(1, std::memory_order_acq_rel) == 1 && closed()) {
+    std::lock_guard<std::mutex> g(unmap_mu_);
+    if (views_open_.load(std::memory_order_acquire) == 0) seg_.unmap();
+  }
+}
+
+void Cache::close() {
+  std::lock_guard<std::mutex> g(unmap_mu_);
+  closed_.store(true, std::memory_order_release);
+  if (views_open_.load(std::memory_order_acquire) == 0) seg_.unmap();
 }
 
 void Cache::cached_mask(uint8_t* out) {
@@ -273,10 +323,12 @@ CacheStats Cache::stats() {
     WriteLock lock(this);
     out.items = hdr_->items;
     out.bytes_used = hdr_->bytes_used;
+    out.zombies = hdr_->zombies;
     uint64_t free_pages = 0;
     for (uint64_t p = 0; p < hdr_->num_pages; ++p) free_pages += pages_[p].cls == kFreePage;
     out.free_pages = free_pages;
   }
+  out.pinned = pins_.count_live();
   out.capacity_bytes = hdr_->capacity_bytes;
   out.num_samples = n_;
   out.page_size = page_size_;
@@ -308,6 +360,7 @@ void Cache::put_many(std::vector<PutItem>& items, const float* scores, uint8_t* 
   if (scores)
     for (size_t i = 0; i < items.size(); ++i) check_score(items[i].id, scores[i]);
   WriteLock lock(this);
+  do_reclaim_zombies();
   for (size_t i = 0; i < items.size(); ++i) {
     if (scores) do_set_score(items[i].id, scores[i]);
     admitted[i] = do_put(items[i]);
@@ -318,6 +371,7 @@ int Cache::try_put(const PutItem& it, const float* score) {
   if (score) check_score(it.id, *score);
   WriteLock lock(this, WriteLock::kTry);
   if (!lock.owns()) return -1;
+  do_reclaim_zombies();
   if (score) do_set_score(it.id, *score);
   return do_put(it) ? 1 : 0;
 }
@@ -325,6 +379,7 @@ int Cache::try_put(const PutItem& it, const float* score) {
 bool Cache::put(const PutItem& it, const float* score) {
   if (score) check_score(it.id, *score);
   WriteLock lock(this);
+  do_reclaim_zombies();
   if (score) do_set_score(it.id, *score);
   return do_put(it);
 }
@@ -333,8 +388,9 @@ bool Cache::remove(uint64_t id) {
   check_open();
   check_id(id);
   WriteLock lock(this);
+  do_reclaim_zombies();
   if (idx_get(id, std::memory_order_relaxed) == 0) return false;
-  do_evict(static_cast<uint32_t>(id), true);
+  do_evict(static_cast<uint32_t>(id));
   return true;
 }
 
@@ -398,19 +454,26 @@ double Cache::do_repair_key(uint32_t id) const {
 }
 
 // Seqlock write of one slot: odd seq, fence, body, even seq with release (readers: see read()).
-void Cache::write_slot(SlotHeader* s, const PutItem& it) {
+bool Cache::write_slot(SlotHeader* s, const PutItem& it, bool check_pins) {
   uint64_t seq = s->seq.load(std::memory_order_relaxed);
   s->seq.store(seq + 1, std::memory_order_relaxed);
+  uint64_t off = reinterpret_cast<char*>(s) - data_;
+  if (check_pins && do_slot_pinned(off)) {
+    // A view holds the current bytes: leave them. The new seq (even, changed) only sends readers
+    // that raced this round again.
+    s->seq.store(seq + 2, std::memory_order_release);
+    return false;
+  }
   std::atomic_thread_fence(std::memory_order_release);
   s->id = it.id;
   s->len = it.len;
   s->crc = it.crc;
-  uint64_t off = reinterpret_cast<char*>(s) - data_;
   size_t half = it.len / 2;
   std::memcpy(slab_.value(off), it.data, half);
   crash_point(CrashPoint::kPutMidWrite);
   std::memcpy(slab_.value(off) + half, it.data + half, it.len - half);
   s->seq.store(seq + 2, std::memory_order_release);
+  return true;
 }
 
 bool Cache::do_put(const PutItem& it) {
@@ -418,15 +481,17 @@ bool Cache::do_put(const PutItem& it) {
   if (cur) {
     uint64_t off = cur - 1;
     SlotHeader* s = slab_.slot(off);
-    if (pages_[slab_.page_of(off)].cls == static_cast<uint32_t>(it.cls)) {
-      // Same size class: rewrite in place; readers racing it retry on the seqlock.
-      hdr_->bytes_used += static_cast<uint64_t>(it.len) - s->len;
-      write_slot(s, it);
+    uint32_t old_len = s->len;
+    if (pages_[slab_.page_of(off)].cls == static_cast<uint32_t>(it.cls) && write_slot(s, it, true)) {
+      // Same size class, no view on it: rewritten in place; readers racing it retry on the seqlock.
+      hdr_->bytes_used += static_cast<uint64_t>(it.len) - old_len;
       if (hdr_->policy == static_cast<uint32_t>(Policy::kLru)) do_rekey(it.id, do_new_key(it.id));
       hdr_->stats.updates.fetch_add(1, std::memory_order_relaxed);
       return true;
     }
-    do_evict(it.id, true);  // another class: drop the old copy, insert anew below
+    // Another class, or a view pins the old copy: drop it (a pinned one stays, as a zombie, until
+    // its views end) and insert anew below.
+    do_evict(it.id);
     hdr_->stats.updates.fetch_add(1, std::memory_order_relaxed);
   }
   double key = do_new_key(it.id);
@@ -467,6 +532,10 @@ uint64_t Cache::do_alloc_slot(uint32_t cls, double key) {
   if (uint64_t u = slab_.do_pop_free_slot(cls)) return u;
   if (slab_.do_take_free_page(cls)) return slab_.do_pop_free_slot(cls);
   if (policy == Policy::kStatic) return 0;
+  // Values that views pin are set aside (they cannot be evicted now) and go back at the end.
+  std::vector<HeapNode> pinned;
+  bool reaped = false;
+  uint64_t got = 0;
   while (!heap_.empty()) {
     HeapNode top = heap_.top();
     if (policy == Policy::kLru) {
@@ -477,23 +546,45 @@ uint64_t Cache::do_alloc_slot(uint32_t cls, double key) {
         continue;
       }
     }
-    if (policy == Policy::kImportance && !(key > top.key)) return 0;
+    if (policy == Policy::kImportance && !(key > top.key)) break;
     uint64_t voff = idx_get(top.id, std::memory_order_relaxed) - 1;
+    if (pins_.any() && pins_.pinned(slot_code(voff))) {
+      // A hint (the value is still published): views of dead processes are dropped once, then
+      // a value still pinned is passed over. do_evict decides for real.
+      if (!reaped) {
+        reaped = true;
+        do_reap_dead_pins();
+        continue;
+      }
+      heap_.remove(top.id);
+      pinned.push_back(top);
+      continue;
+    }
     uint64_t vpage = slab_.page_of(voff);
     if (pages_[vpage].cls == cls) {
-      do_evict(top.id, true);
+      bool freed = do_evict(top.id);
       hdr_->stats.evictions.fetch_add(1, std::memory_order_relaxed);
-      return slab_.do_pop_free_slot(cls);
+      if (freed) {
+        got = slab_.do_pop_free_slot(cls);
+        break;
+      }
+      continue;  // a view pinned it at the last moment: it is a zombie now; take the next
     }
     // The lowest-priority value sits in another size class: memory must move to ours, a page at a
     // time. This is how memory follows the size mix (a cache full of 3 KB values can take 100 KB
     // ones). Move the page of another class whose values matter least on average (lowest mean
     // key), not merely the victim's page: that one holds a random sample of its class, and moving
     // it would evict values of every priority.
-    do_move_page(do_pick_page_to_move(cls, vpage), cls);
-    return slab_.do_pop_free_slot(cls);
+    uint64_t page = do_pick_page_to_move(cls, pinned);
+    if (page == kNoPage) break;
+    if (do_move_page(page, cls)) {
+      got = slab_.do_pop_free_slot(cls);
+      break;
+    }
+    // A view pins a value of that page: it now holds a zombie and is not picked again.
   }
-  return 0;
+  for (const HeapNode& n : pinned) heap_.push(n.id, n.key);
+  return got;
 }
 
 // Changes the eviction key of cached `id`, keeping its page's key_sum in step.
@@ -503,37 +594,53 @@ void Cache::do_rekey(uint32_t id, double key) {
   heap_.update(id, key);
 }
 
-// The page, outside class `cls`, with the lowest mean key (an empty page first). O(pages): runs
-// once per page move, i.e. at most once per slots-per-page allocations of the class.
-uint64_t Cache::do_pick_page_to_move(uint32_t cls, uint64_t fallback) const {
-  uint64_t best = fallback;
+// The page, outside class `cls`, with the lowest mean key (an empty page first), among pages that
+// hold no zombie, no pinned value and none of the values `aside` (taken out of the heap, pinned,
+// by the caller: they must still be cached when it puts them back). O(pages): runs once per page move, i.e. at most once per
+// slots-per-page allocations of the class.
+uint64_t Cache::do_pick_page_to_move(uint32_t cls, const std::vector<HeapNode>& aside) const {
+  std::vector<uint8_t> blocked;
+  if (hdr_->zombies || pins_.any() || !aside.empty()) {
+    blocked.assign(hdr_->num_pages, 0);
+    for (const HeapNode& n : aside) blocked[slab_.page_of(idx_get(n.id, std::memory_order_relaxed) - 1)] = 1;
+    for (uint64_t u = hdr_->zombie_head; u; u = slab_.slot((u - 1) * kAlign)->next_free)
+      blocked[slab_.page_of((u - 1) * kAlign)] = 1;
+    std::vector<uint32_t> codes;
+    pins_.snapshot(&codes);
+    for (uint32_t c : codes)
+      if ((c - 1) * kAlign < data_bytes_) blocked[slab_.page_of(uint64_t{c - 1} * kAlign)] = 1;
+  }
+  uint64_t best = kNoPage;
   double best_mean = 0;
-  bool found = false;
   for (uint64_t p = 0; p < hdr_->num_pages; ++p) {
     const PageMeta& pm = pages_[p];
-    if (pm.cls == cls || pm.cls >= slab_.num_classes()) continue;
+    if (pm.cls == cls || pm.cls >= slab_.num_classes() || (!blocked.empty() && blocked[p])) continue;
     double mean = pm.live ? pm.key_sum / pm.live : -std::numeric_limits<double>::infinity();
-    if (!found || mean < best_mean) {
+    if (best == kNoPage || mean < best_mean) {
       best = p;
       best_mean = mean;
-      found = true;
     }
   }
   return best;
 }
 
-void Cache::do_evict(uint32_t id, bool to_free_list) {
+bool Cache::do_evict(uint32_t id) {
   uint64_t off = idx_get(id, std::memory_order_relaxed) - 1;
   SlotHeader* s = slab_.slot(off);
   idx_set(id, 0, std::memory_order_release);  // new readers miss from here on
   crash_point(CrashPoint::kEvictAfterUnpublish);
-  uint64_t seq = s->seq.load(std::memory_order_relaxed);
-  s->seq.store(seq + 1, std::memory_order_relaxed);  // readers mid-copy see the change and retry
-  std::atomic_thread_fence(std::memory_order_release);
-  s->id = kNoId;
-  s->seq.store(seq + 2, std::memory_order_release);
   PageMeta& pm = pages_[slab_.page_of(off)];
-  if (to_free_list) slab_.do_push_free_slot(pm.cls, off);
+  bool freed = !do_slot_pinned(off);
+  if (freed) {
+    uint64_t seq = s->seq.load(std::memory_order_relaxed);
+    s->seq.store(seq + 1, std::memory_order_relaxed);  // readers mid-copy see the change and retry
+    std::atomic_thread_fence(std::memory_order_release);
+    s->id = kNoId;
+    s->seq.store(seq + 2, std::memory_order_release);
+    slab_.do_push_free_slot(pm.cls, off);
+  } else {
+    do_push_zombie(off);  // bytes untouched: a view reads them
+  }
   crash_point(CrashPoint::kEvictAfterFree);
   if (heap_.contains(id)) {
     pm.key_sum -= heap_.key_of(id);
@@ -544,27 +651,95 @@ void Cache::do_evict(uint32_t id, bool to_free_list) {
   --slab_.cls(pm.cls).items;
   --hdr_->items;
   hdr_->bytes_used -= s->len;
+  return freed;
 }
 
-void Cache::do_move_page(uint64_t p, uint32_t cls) {
+bool Cache::do_move_page(uint64_t p, uint32_t cls) {
   PageMeta& pm = pages_[p];
   uint32_t old = pm.cls;
   const ClassMeta& ocm = slab_.cls(old);
   uint64_t base = p * page_size_;
+  // Pass 1: evict every value on the page onto its class's free list. A value a view pins turns
+  // into a zombie instead, and a page holding a zombie cannot move.
+  bool blocked = false;
   for (uint32_t i = 0; i < ocm.slots_per_page; ++i) {
-    uint64_t off = base + static_cast<uint64_t>(i) * ocm.slot_size;
-    SlotHeader* s = slab_.slot(off);
-    if (s->id == kNoId) {
-      slab_.do_unlink_free_slot(old, off);
-    } else {
-      do_evict(s->id, false);
+    SlotHeader* s = slab_.slot(base + static_cast<uint64_t>(i) * ocm.slot_size);
+    if (s->zombie) {
+      blocked = true;
+    } else if (s->id != kNoId) {
+      blocked |= !do_evict(s->id);
       hdr_->stats.evictions.fetch_add(1, std::memory_order_relaxed);
     }
     if (i == ocm.slots_per_page / 2) crash_point(CrashPoint::kMovePageMid);
   }
+  if (blocked) return false;
+  // Pass 2: every slot is free and unpublished (no view can pin it any more): take them off the
+  // free list and recut the page.
+  for (uint32_t i = 0; i < ocm.slots_per_page; ++i)
+    slab_.do_unlink_free_slot(old, base + static_cast<uint64_t>(i) * ocm.slot_size);
   --slab_.cls(old).pages;
   slab_.do_cut_page(p, cls);
   hdr_->stats.page_moves.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+// ---- pins and zombies -------------------------------------------------------------------------
+
+bool Cache::do_slot_pinned(uint64_t off) {
+  // Orders the caller's unpublish / odd seq before the pin table loads (see pins.h).
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  return pins_.any() && pins_.pinned(slot_code(off));
+}
+
+void Cache::do_push_zombie(uint64_t off) {
+  SlotHeader* s = slab_.slot(off);
+  s->zombie = 1;
+  s->next_free = static_cast<uint32_t>(hdr_->zombie_head);
+  hdr_->zombie_head = slot_code(off);
+  ++hdr_->zombies;
+}
+
+void Cache::do_reclaim_zombies() {
+  if (hdr_->zombies == 0) return;
+  std::vector<uint32_t> codes;
+  pins_.snapshot(&codes);
+  bool still_pinned = false;
+  // prev: the zombie before `u` that stays listed (nullptr: `u` is the head).
+  uint64_t u = hdr_->zombie_head;
+  SlotHeader* prev = nullptr;
+  while (u) {
+    uint64_t off = (u - 1) * kAlign;
+    SlotHeader* s = slab_.slot(off);
+    uint64_t next = s->next_free;
+    if (std::binary_search(codes.begin(), codes.end(), static_cast<uint32_t>(u))) {
+      still_pinned = true;
+      prev = s;
+    } else {
+      // Unreachable (unpublished) and no view left: free it. A crash between the unlink and the
+      // push leaves it on neither list; repair rebuilds both from the slot headers.
+      if (prev) prev->next_free = static_cast<uint32_t>(next); else hdr_->zombie_head = next;
+      --hdr_->zombies;
+      uint64_t seq = s->seq.load(std::memory_order_relaxed);
+      s->seq.store(seq + 1, std::memory_order_relaxed);
+      std::atomic_thread_fence(std::memory_order_release);
+      s->id = kNoId;
+      s->zombie = 0;
+      s->seq.store(seq + 2, std::memory_order_release);
+      slab_.do_push_free_slot(pages_[slab_.page_of(off)].cls, off);
+    }
+    u = next;
+  }
+  if (still_pinned) do_reap_dead_pins();  // the next call frees what dead processes pinned
+}
+
+void Cache::do_reap_dead_pins() {
+  // Each check reads /proc for every record in use: throttled, as pins of the dead only cost memory.
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  uint64_t now = static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+  if (last_reap_ns_ && now - last_reap_ns_ < 100000000ull) return;
+  last_reap_ns_ = now;
+  pins_.reap_dead();
 }
 
 // ---- repair -----------------------------------------------------------------------------------
@@ -575,6 +750,9 @@ void Cache::do_move_page(uint64_t p, uint32_t cls) {
 // page and class counts, the heap, items, bytes_used) is derived again from that truth. Idempotent:
 // a repairer killed half way leaves EOWNERDEAD for the next locker, which starts over.
 void Cache::do_repair() {
+  pins_.reap_dead();
+  hdr_->zombie_head = 0;
+  hdr_->zombies = 0;
   heap_.clear();
   std::memset(heap_pos_, 0, n_ * sizeof(uint32_t));
   uint64_t page_count = hdr_->num_pages;
@@ -609,6 +787,7 @@ void Cache::do_repair() {
       bool live = !(seq & 1) && s->id < n_ && idx_get(s->id, std::memory_order_relaxed) == off + 1 &&
                   s->len <= cm.slot_size - sizeof(SlotHeader);
       if (live) {
+        s->zombie = 0;
         double key = do_repair_key(s->id);
         heap_.append(s->id, key);
         pm.key_sum += key;
@@ -616,9 +795,16 @@ void Cache::do_repair() {
         ++cm.items;
         ++hdr_->items;
         hdr_->bytes_used += s->len;
+      } else if (pins_.pinned(slot_code(off))) {
+        // Not live, but a view may be reading it: keep the bytes, as a zombie. (A slot with a torn
+        // write, seq odd, is never under a view that was handed out: a writer checks the pins
+        // after making seq odd and before writing. Its entry is a reader's that is backing out.)
+        if (seq & 1) s->seq.store(seq + 1, std::memory_order_release);
+        do_push_zombie(off);
       } else {
         if (seq & 1) s->seq.store(seq + 1, std::memory_order_release);  // torn write: readers retry
         s->id = kNoId;
+        s->zombie = 0;
         slab_.do_push_free_slot(pm.cls, off);
       }
     }
@@ -649,8 +835,9 @@ std::string Cache::do_check() {
   if (!f.empty()) return f;
   f = slab_.check_free_lists();
   if (!f.empty()) return f;
-  uint64_t items = 0, bytes = 0, free_pages = 0;
-  std::vector<uint64_t> class_pages(slab_.num_classes()), class_items(slab_.num_classes());
+  uint64_t items = 0, bytes = 0, free_pages = 0, zombies = 0;
+  std::vector<uint64_t> class_pages(slab_.num_classes()), class_items(slab_.num_classes()),
+      class_zombies(slab_.num_classes());
   const auto policy = static_cast<Policy>(hdr_->policy);
   for (uint64_t p = 0; p < hdr_->num_pages; ++p) {
     const PageMeta& pm = pages_[p];
@@ -667,6 +854,11 @@ std::string Cache::do_check() {
     for (uint32_t i = 0; i < cm.slots_per_page; ++i) {
       uint64_t off = p * page_size_ + static_cast<uint64_t>(i) * cm.slot_size;
       const SlotHeader* s = slab_.slot(off);
+      if (s->zombie) {  // kept for a view; its bytes are the view's business
+        ++class_zombies[pm.cls];
+        ++zombies;
+        continue;
+      }
       if (s->id == kNoId) continue;
       std::string where = "slot at offset " + std::to_string(off) + " (id " + std::to_string(s->id) + ")";
       if (s->id >= n_) return where + " names an id out of range";
@@ -697,14 +889,23 @@ std::string Cache::do_check() {
     const ClassMeta& cm = slab_.cls(c);
     if (cm.pages != class_pages[c] || cm.items != class_items[c])
       return "class " + std::to_string(c) + " counts disagree with its pages";
-    if (cm.items + cm.free_slots != cm.pages * cm.slots_per_page)
-      return "class " + std::to_string(c) + ": items + free slots != slots in its pages";
+    if (cm.items + cm.free_slots + class_zombies[c] != cm.pages * cm.slots_per_page)
+      return "class " + std::to_string(c) + ": items + free slots + zombies != slots in its pages";
   }
   uint64_t listed = 0;
   for (uint64_t u = hdr_->free_page_head; u && listed <= hdr_->num_pages; u = pages_[u - 1].next_free_page) {
     if (u > hdr_->num_pages || pages_[u - 1].cls != kFreePage) return "free page list names a page in use";
     ++listed;
   }
+  uint64_t listed_zombies = 0;
+  for (uint64_t u = hdr_->zombie_head; u && listed_zombies <= zombies; u = slab_.slot((u - 1) * kAlign)->next_free) {
+    if ((u - 1) * kAlign >= data_bytes_ || !slab_.is_slot_start((u - 1) * kAlign) || !slab_.slot((u - 1) * kAlign)->zombie)
+      return "zombie list names slot " + std::to_string(u) + ", which is not a zombie";
+    ++listed_zombies;
+  }
+  if (listed_zombies != zombies || zombies != hdr_->zombies)
+    return "zombie list holds " + std::to_string(listed_zombies) + " slots, header counts " +
+           std::to_string(hdr_->zombies) + ", pages hold " + std::to_string(zombies);
   if (listed != free_pages) return "free page list holds " + std::to_string(listed) + " pages, " + std::to_string(free_pages) + " are free";
   if (items != hdr_->items || items != heap_.size())
     return "items: header " + std::to_string(hdr_->items) + ", heap " + std::to_string(heap_.size()) + ", slots " + std::to_string(items);

@@ -15,12 +15,14 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "cache/crash_point.h"
 #include "cache/heap.h"
 #include "cache/layout.h"
+#include "cache/pins.h"
 #include "cache/segment.h"
 #include "cache/slab.h"
 #include "common/error.h"
@@ -31,6 +33,8 @@ namespace shadecache {
 // is no such process. With the pid it names a process uniquely: `gc` tells a reused pid from the
 // creator of a segment by it.
 uint64_t process_start_time(int64_t pid);
+
+constexpr uint64_t kNoPage = ~uint64_t{0};
 
 // Bumped in the child after every fork (see cache.cc).
 extern std::atomic<uint64_t> g_fork_generation;
@@ -45,7 +49,7 @@ struct CacheOptions {
 struct CacheStats {
   uint64_t hits, misses, read_retries, inserts, updates, evictions, rejected, page_moves,
       recoveries, score_updates, items, bytes_used, capacity_bytes, num_samples, page_size,
-      num_pages, free_pages, segment_bytes, max_item_bytes;
+      num_pages, free_pages, segment_bytes, max_item_bytes, pinned, zombies;
   int64_t creator_pid;
   uint64_t creator_start_time;
   uint32_t policy;
@@ -70,8 +74,10 @@ class Cache {
   static bool read_creator(const std::string& name, int64_t* pid, uint64_t* start_time);
 
   ~Cache() = default;
-  void close() { seg_.unmap(); }
-  bool closed() const { return !seg_.mapped(); }
+  // Refuses every call from now on. The mapping goes when the last view of this process is
+  // unpinned (at once when none is held), so views stay readable after close.
+  void close();
+  bool closed() const { return closed_.load(std::memory_order_acquire); }
   const std::string& name() const { return name_; }
   uint64_t num_samples() const { return n_; }
   Policy policy() const { return static_cast<Policy>(hdr_->policy); }
@@ -104,6 +110,21 @@ class Cache {
                                        data_bytes_ - (v - 1)});
     for (uint64_t b = 0; b < end; b += kAlign) __builtin_prefetch(p + b);
   }
+  // ---- zero-copy views: no lock (csrc/cache/pins.h has the protocol) -------------------------
+  // pin() records the slot of `id` in this process's pin record and returns where its value lies:
+  // no writer frees, rewrites or moves that slot until unpin(token). false on a miss. Throws
+  // kCapacity when this process already holds kPinsPerOwner pins. `id` must be checked.
+  struct Pinned {
+    const char* data;
+    uint32_t len;
+    uint32_t token;
+  };
+  bool pin(uint64_t id, Pinned* out);
+  // Ends a view. `pinned_by` is the pid that pinned it: a forked child ending an inherited view
+  // drops nothing of its parent's. Unmaps a closed cache when its last view ends.
+  void unpin(uint32_t token, int64_t pinned_by);
+  uint64_t views_open() const { return views_open_.load(std::memory_order_relaxed); }
+
   void cached_mask(uint8_t* out);   // out[N]
   void scores_snapshot(float* out);  // out[N]
   CacheStats stats();
@@ -124,7 +145,7 @@ class Cache {
   void check();
 
   void check_open() const {
-    if (!seg_.mapped()) throw Error(ErrorKind::kClosed, "cache '" + name_ + "' is closed");
+    if (closed_.load(std::memory_order_relaxed)) throw Error(ErrorKind::kClosed, "cache '" + name_ + "' is closed");
   }
   void check_id(uint64_t id) const {
     if (id >= n_)
@@ -150,16 +171,41 @@ class Cache {
   // All do_* run with the mutex held.
   bool do_put(const PutItem& it);
   uint64_t do_alloc_slot(uint32_t cls, double key);
-  void do_evict(uint32_t id, bool to_free_list);
+  // Unpublishes `id` and frees its slot, or, when a view pins it, leaves the bytes as they are on
+  // the zombie list. Returns false in that case.
+  bool do_evict(uint32_t id);
   void do_rekey(uint32_t id, double key);
-  uint64_t do_pick_page_to_move(uint32_t cls, uint64_t fallback) const;
-  void do_move_page(uint64_t page, uint32_t cls);
+  // The page outside `cls` to move, or kNoPage when every candidate holds a pinned value.
+  uint64_t do_pick_page_to_move(uint32_t cls, const std::vector<HeapNode>& aside) const;
+  // Evicts every value of page `page` and recuts it for `cls`; false (page unchanged, its values
+  // evicted) when a view pins one of them.
+  bool do_move_page(uint64_t page, uint32_t cls);
+  // After making slot `off` unreachable (index entry unpublished, or seq odd): does a view pin it?
+  bool do_slot_pinned(uint64_t off);
+  void do_push_zombie(uint64_t off);
+  void do_reclaim_zombies();  // frees every zombie no view pins any more
+  void do_reap_dead_pins();   // drops pins of dead processes; at most every 100 ms per process
+  static uint32_t slot_code(uint64_t off) { return static_cast<uint32_t>(off / kAlign + 1); }
   void do_set_score(uint32_t id, float score);
   double do_new_key(uint32_t id);
   double do_repair_key(uint32_t id) const;
   void do_repair();
   std::string do_check();
-  void write_slot(SlotHeader* s, const PutItem& it);
+  // Writes `it` into slot `s`. With check_pins (a rewrite in place of a published value) it
+  // first makes seq odd and gives up, changing nothing, when a view pins the slot.
+  bool write_slot(SlotHeader* s, const PutItem& it, bool check_pins = false);
+
+  void note_hit(uint64_t id) {
+    if (hdr_->policy == static_cast<uint32_t>(Policy::kLru)) {
+      // Readers do not advance the clock (a read-modify-write of one shared word by every get in
+      // every process would bounce its cache line between cores); writers advance it on every
+      // insert. So a hit is stamped with the time of the latest insert: recency at the
+      // granularity of inserts, which is what eviction (itself driven by inserts) can observe.
+      // The stamp is only stored when it changes, so repeated hits do not dirty shared lines.
+      uint64_t now = hdr_->clock.load(std::memory_order_relaxed);
+      if (ticks_[id].load(std::memory_order_relaxed) != now) ticks_[id].store(now, std::memory_order_relaxed);
+    }
+  }
 
   // This process's reader-stats stripe. A forked child must not keep counting in its parent's
   // stripe: g_fork_generation (bumped by a pthread_atfork child handler) tells it to pick again.
@@ -196,6 +242,11 @@ class Cache {
   uint32_t page_shift_ = 0;  // log2(page_size_): the read path shifts where a division costs ~30 cycles
   Slab slab_;
   IndexedHeap heap_;
+  PinTable pins_;
+  std::atomic<bool> closed_{false};
+  std::atomic<uint64_t> views_open_{0};  // pins of this Cache object not yet unpinned
+  std::mutex unmap_mu_;                  // close() vs. the last unpin(): one of them unmaps
+  uint64_t last_reap_ns_ = 0;            // mutex held
 };
 
 // Holds the cache mutex for a scope, repairing a dead owner's state on the way in.
@@ -243,15 +294,7 @@ int64_t Cache::read(uint64_t id, Alloc&& alloc) {
     std::atomic_thread_fence(std::memory_order_acquire);
     if (s->seq.load(std::memory_order_relaxed) != s1 || page.gen.load(std::memory_order_relaxed) != g1) continue;
     stripe().hits.fetch_add(1, std::memory_order_relaxed);
-    if (hdr_->policy == static_cast<uint32_t>(Policy::kLru)) {
-      // Readers do not advance the clock (a read-modify-write of one shared word by every get in
-      // every process would bounce its cache line between cores); writers advance it on every
-      // insert. So a hit is stamped with the time of the latest insert: recency at the
-      // granularity of inserts, which is what eviction (itself driven by inserts) can observe.
-      // The stamp is only stored when it changes, so repeated hits do not dirty shared lines.
-      uint64_t now = hdr_->clock.load(std::memory_order_relaxed);
-      if (ticks_[id].load(std::memory_order_relaxed) != now) ticks_[id].store(now, std::memory_order_relaxed);
-    }
+    note_hit(id);
     return len;
   }
   stripe().misses.fetch_add(1, std::memory_order_relaxed);

@@ -1,7 +1,8 @@
 // The shared-memory layout of one cache segment. Everything in the segment is addressed by offsets
 // from the segment base, never by pointers, because every process maps it at its own address.
 //
-//   [Header | index[N] | heap_pos[N] | scores[N] | ticks[N] | heap[N] | pages[P] | classes[C] | data]
+//   [Header | index[N] | heap_pos[N] | scores[N] | ticks[N] | heap[N] | pages[P] | classes[C] |
+//    pins[kPinOwners] | data]
 //
 // index[id]     u32 atomic: 0 = not cached, else (offset of the slot in the data area) / 64 + 1
 // heap_pos[id]  u32: 0 = not in the eviction heap, else position + 1 (so a zeroed segment is valid)
@@ -10,6 +11,7 @@
 // heap[k]       HeapNode{key, id}: indexed min-heap over the eviction priority (csrc/cache/heap.h)
 // pages[p]      PageMeta: the size class a slab page belongs to and its generation (seqlock)
 // classes[c]    ClassMeta: slot size, free list head, counts
+// pins[r]       PinOwner: the slots one process pins with zero-copy views (csrc/cache/pins.h)
 // data          P pages of page_size bytes; a page is cut into slots of its class's slot_size;
 //               each slot is a SlotHeader followed by the value bytes.
 //
@@ -26,7 +28,7 @@
 namespace shadecache {
 
 constexpr uint64_t kMagic = 0x3148434544414853ull;  // "SHADECH1" little-endian
-constexpr uint32_t kLayoutVersion = 1;
+constexpr uint32_t kLayoutVersion = 2;  // 2: pin table, zombie list
 constexpr uint32_t kNoId = 0xFFFFFFFFu;
 constexpr uint32_t kFreePage = 0xFFFFFFFFu;
 constexpr uint32_t kMaxClasses = 64;
@@ -44,6 +46,17 @@ struct alignas(64) ReaderStats {
   std::atomic<uint64_t> misses;
   std::atomic<uint64_t> read_retries;  // a reader raced a writer and read again
   std::atomic<uint64_t> pad_[5];
+};
+
+// Zero-copy views: processes that may hold views at once, and views one process may hold.
+constexpr uint32_t kPinOwners = 128;
+constexpr uint32_t kPinsPerOwner = 512;
+struct alignas(64) PinOwner {
+  std::atomic<int64_t> pid;          // 0 = free; claimed by CAS 0 -> pid, freed by a writer's reap
+  std::atomic<uint64_t> start_time;  // of pid (0 while being claimed): tells a reused pid apart
+  std::atomic<uint32_t> hwm;         // entries [0, hwm) may be non-zero; raised before an entry is set
+  uint32_t reserved_[11];
+  std::atomic<uint32_t> slots[kPinsPerOwner];  // pinned slot: offset / kAlign + 1; 0 = empty
 };
 
 // Writer-side counters: updated under the mutex (relaxed atomics so stats() may read them unlocked).
@@ -75,7 +88,7 @@ struct alignas(64) Header {
   uint64_t max_item_bytes;     // largest value accepted (<= page_size - sizeof(SlotHeader))
   uint64_t num_pages;
   uint64_t total_size;         // whole segment
-  uint64_t off_index, off_heap_pos, off_scores, off_ticks, off_heap, off_pages, off_classes, off_data;
+  uint64_t off_index, off_heap_pos, off_scores, off_ticks, off_heap, off_pages, off_classes, off_pins, off_data;
   int64_t creator_pid;
   uint64_t creator_start_time;  // /proc/<pid>/stat field 22: tells a reused pid from the creator
   uint64_t created_unix_ns;
@@ -87,6 +100,16 @@ struct alignas(64) Header {
   uint64_t free_page_head;  // page index + 1 of the first free page, 0 = none
   uint64_t items;
   uint64_t bytes_used;      // sum of cached value lengths
+  // Zombies: slots whose value was evicted, replaced or removed while a view pinned it. They are
+  // neither live nor free; linked through SlotHeader::next_free (offset / kAlign + 1, 0 = end) and
+  // freed by the first writer that finds them unpinned.
+  uint64_t zombie_head;
+  uint64_t zombies;
+
+  // ---- pin records in use: bit r of word r / 64 is set while PinOwner r is claimed. Set by the
+  // claiming process (seq_cst), cleared by a writer's reap; lets writers skip the table when no
+  // process holds views.
+  alignas(64) std::atomic<uint64_t> pin_active[2];
 
   // ---- clock for lru/fifo ticks: writers advance it on every insert; lru readers stamp hits with
   // its current value (relaxed loads; see Cache::read).
@@ -104,7 +127,7 @@ struct SlotHeader {
   uint32_t id;
   uint32_t len;
   uint32_t crc;             // crc32c of the value: check() verifies every cached value with it
-  uint32_t reserved;
+  uint32_t zombie;          // 1 while on the zombie list (Header::zombie_head); writer-only
   // Free list links (doubly linked, so a page leaving its class unlinks its free slots in O(1)
   // each), in units of kAlign bytes of the data area, + 1; 0 = none. Hence a data area of at most
   // 2^32 * 64 B = 256 GiB.
@@ -141,6 +164,8 @@ struct HeapNode {
 static_assert(sizeof(SlotHeader) == 32, "SlotHeader layout changed: bump kLayoutVersion");
 static_assert(sizeof(PageMeta) == 32, "PageMeta layout changed: bump kLayoutVersion");
 static_assert(sizeof(ClassMeta) == 64, "ClassMeta layout changed: bump kLayoutVersion");
+static_assert(sizeof(PinOwner) == 64 + 4 * kPinsPerOwner, "PinOwner layout changed: bump kLayoutVersion");
+static_assert(kPinOwners == 2 * 64, "Header::pin_active has one bit per pin record");
 static_assert(sizeof(HeapNode) == 16, "HeapNode layout changed: bump kLayoutVersion");
 static_assert(sizeof(std::atomic<uint64_t>) == 8 && std::atomic<uint64_t>::is_always_lock_free,
               "64-bit atomics must be lock-free to live in shared memory");

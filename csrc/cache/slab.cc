@@ -132,7 +132,7 @@ void Slab::do_cut_page(uint64_t p, uint32_t c) {
     s->id = kNoId;
     s->len = 0;
     s->crc = 0;
-    s->reserved = 0;
+    s->zombie = 0;
     do_push_free_slot(c, off);
   }
   pm.gen.store(g + 2, std::memory_order_release);

@@ -1,0 +1,128 @@
+#include "cache/pins.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "cache/cache.h"
+#include "common/error.h"
+
+namespace shadecache {
+
+bool PinTable::alive(const PinOwner& o) {
+  int64_t pid = o.pid.load(std::memory_order_acquire);
+  if (pid <= 0) return false;
+  if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return false;
+  // A record being claimed has no start time yet: its pid is alive (checked above), keep it.
+  uint64_t st = o.start_time.load(std::memory_order_acquire);
+  return st == 0 || st == process_start_time(pid);
+}
+
+int PinTable::my_record(const std::string& cache_name) {
+  const int64_t pid = ::getpid();
+  int64_t m = mine_.load(std::memory_order_relaxed);
+  if (m && m / 256 == pid) return static_cast<int>(m % 256) - 1;
+  const uint64_t st = process_start_time(pid);
+  // Another Cache object of this process attached to the same segment may have claimed one.
+  for (uint32_t r = 0; r < kPinOwners; ++r) {
+    if (owners_[r].pid.load(std::memory_order_acquire) == pid &&
+        owners_[r].start_time.load(std::memory_order_acquire) == st) {
+      mine_.store(pid * 256 + r + 1, std::memory_order_relaxed);
+      return static_cast<int>(r);
+    }
+  }
+  for (uint32_t r = 0; r < kPinOwners; ++r) {
+    int64_t expected = 0;
+    if (!owners_[r].pid.compare_exchange_strong(expected, pid, std::memory_order_seq_cst)) continue;
+    owners_[r].start_time.store(st, std::memory_order_release);
+    // Visible to writers before any entry of the record is (both seq_cst).
+    active_[r / 64].fetch_or(uint64_t{1} << (r % 64), std::memory_order_seq_cst);
+    mine_.store(pid * 256 + r + 1, std::memory_order_relaxed);
+    return static_cast<int>(r);
+  }
+  throw Error(ErrorKind::kCapacity, "cache '" + cache_name + "': " + std::to_string(kPinOwners) +
+                                        " processes already hold views; release views in other processes");
+}
+
+uint32_t PinTable::claim(uint32_t code, const std::string& cache_name) {
+  const int r = my_record(cache_name);
+  PinOwner& o = owners_[r];
+  for (uint32_t k = 0; k < kPinsPerOwner; ++k) {
+    if (o.slots[k].load(std::memory_order_relaxed) != 0) continue;
+    // Raise the high-water mark before the entry can be non-zero: a writer that scans up to an
+    // older mark would miss it (both seq_cst, so a writer either sees the mark or the reader sees
+    // the writer's change; see the header).
+    uint32_t hwm = o.hwm.load(std::memory_order_seq_cst);
+    while (hwm < k + 1 && !o.hwm.compare_exchange_weak(hwm, k + 1, std::memory_order_seq_cst)) {
+    }
+    uint32_t expected = 0;
+    if (o.slots[k].compare_exchange_strong(expected, code, std::memory_order_seq_cst))
+      return static_cast<uint32_t>(r) * kPinsPerOwner + k + 1;
+  }
+  throw Error(ErrorKind::kCapacity, "this process already holds " + std::to_string(kPinsPerOwner) +
+                                        " views of cache '" + cache_name +
+                                        "' (the most one process may hold); release some first");
+}
+
+bool PinTable::pinned(uint32_t code) const {
+  for (uint32_t w = 0; w < 2; ++w) {
+    uint64_t bits = active_[w].load(std::memory_order_seq_cst);
+    while (bits) {
+      uint32_t r = w * 64 + static_cast<uint32_t>(__builtin_ctzll(bits));
+      bits &= bits - 1;
+      const PinOwner& o = owners_[r];
+      uint32_t hwm = std::min(o.hwm.load(std::memory_order_seq_cst), kPinsPerOwner);
+      for (uint32_t k = 0; k < hwm; ++k)
+        if (o.slots[k].load(std::memory_order_seq_cst) == code) return true;
+    }
+  }
+  return false;
+}
+
+void PinTable::snapshot(std::vector<uint32_t>* out) const {
+  out->clear();
+  for (uint32_t w = 0; w < 2; ++w) {
+    uint64_t bits = active_[w].load(std::memory_order_seq_cst);
+    while (bits) {
+      uint32_t r = w * 64 + static_cast<uint32_t>(__builtin_ctzll(bits));
+      bits &= bits - 1;
+      const PinOwner& o = owners_[r];
+      uint32_t hwm = std::min(o.hwm.load(std::memory_order_seq_cst), kPinsPerOwner);
+      for (uint32_t k = 0; k < hwm; ++k)
+        if (uint32_t c = o.slots[k].load(std::memory_order_seq_cst)) out->push_back(c);
+    }
+  }
+  std::sort(out->begin(), out->end());
+}
+
+uint32_t PinTable::reap_dead() {
+  uint32_t reaped = 0;
+  for (uint32_t r = 0; r < kPinOwners; ++r) {
+    PinOwner& o = owners_[r];
+    if (o.pid.load(std::memory_order_acquire) == 0 || alive(o)) continue;
+    // The owner is gone: nobody else writes this record (only its owner sets entries, and a new
+    // process claims it only once pid is 0 again, which is stored last).
+    for (uint32_t k = 0; k < kPinsPerOwner; ++k) o.slots[k].store(0, std::memory_order_relaxed);
+    o.hwm.store(0, std::memory_order_relaxed);
+    o.start_time.store(0, std::memory_order_relaxed);
+    active_[r / 64].fetch_and(~(uint64_t{1} << (r % 64)), std::memory_order_seq_cst);
+    o.pid.store(0, std::memory_order_release);
+    ++reaped;
+  }
+  return reaped;
+}
+
+uint64_t PinTable::count_live() const {
+  uint64_t n = 0;
+  for (uint32_t r = 0; r < kPinOwners; ++r) {
+    const PinOwner& o = owners_[r];
+    if (o.pid.load(std::memory_order_acquire) == 0 || !alive(o)) continue;
+    uint32_t hwm = std::min(o.hwm.load(std::memory_order_acquire), kPinsPerOwner);
+    for (uint32_t k = 0; k < hwm; ++k) n += o.slots[k].load(std::memory_order_relaxed) != 0;
+  }
+  return n;
+}
+
+}  // namespace shadecache

@@ -1,0 +1,75 @@
+// Pins: the bookkeeping behind zero-copy views. A view points straight into a slot; while it is
+// held, writers must not free, rewrite or move that slot.
+//
+// The truth is a table in the segment, one record per process that holds views (PinOwner in
+// layout.h): each record lists the slots its process has pinned. There are no pin counts: a
+// count cannot survive a SIGKILL between "record" and "count", a list entry is one aligned store.
+// A writer asks `pinned(slot)` by scanning the records in use, each up to its high-water mark.
+//
+// Contracts (the Dekker pairing that makes views safe without a reader lock):
+// - Reader: store the entry (seq_cst), THEN re-validate the slot (index, seq, page gen; seq_cst
+//   loads). If the slot changed, the view is not handed out (the entry is overwritten or cleared).
+// - Writer (mutex held): make the slot unreachable first (unpublish its index entry or make its
+//   seq odd), issue a seq_cst fence, THEN ask pinned(). Either the writer sees the entry, or the
+//   reader sees the change: a reader can never hold a view of a slot that a writer reuses.
+// - A record is claimed by its process with a CAS of pid 0 -> pid, and released only by a writer
+//   (mutex held) that finds the process dead (reap_dead); entries are written only by the owner
+//   process (any of its threads, each entry claimed by CAS 0 -> slot).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cache/layout.h"
+
+namespace shadecache {
+
+class PinTable {
+ public:
+  void bind(PinOwner* owners, std::atomic<uint64_t>* active_bits) {
+    owners_ = owners;
+    active_ = active_bits;
+  }
+
+  // ---- owner side (no lock) -----------------------------------------------------------------
+  // Stores `code` (slot offset / kAlign + 1) in a free entry of this process's record, claiming a
+  // record first if the process has none. Returns a token for set/release. Throws kCapacity when
+  // the process already holds kPinsPerOwner pins, or every record is taken.
+  uint32_t claim(uint32_t code, const std::string& cache_name);
+  // Re-points an entry this process holds (a retry of the same view after a race).
+  void set(uint32_t token, uint32_t code) { entry(token).store(code, std::memory_order_seq_cst); }
+  // Drops an entry. Only in the process that claimed it (a forked child must not call it).
+  void release(uint32_t token) { entry(token).store(0, std::memory_order_release); }
+
+  // ---- writer side (mutex held) --------------------------------------------------------------
+  // True when any record in use lists `code`. Caller: make the slot unreachable, fence(seq_cst),
+  // then ask. Records of dead processes count until reap_dead() drops them.
+  bool pinned(uint32_t code) const;
+  bool any() const { return active_[0].load(std::memory_order_seq_cst) | active_[1].load(std::memory_order_seq_cst); }
+  // Every code listed by a record in use, sorted, duplicates kept (for batch decisions).
+  void snapshot(std::vector<uint32_t>* out) const;
+  // Clears the records of processes that are gone (pid gone, or reused: start time differs).
+  // Returns how many records were freed.
+  uint32_t reap_dead();
+  // Pins held by live processes (no lock: for stats).
+  uint64_t count_live() const;
+
+ private:
+  std::atomic<uint32_t>& entry(uint32_t token) {
+    uint32_t t = token - 1;
+    return owners_[t / kPinsPerOwner].slots[t % kPinsPerOwner];
+  }
+  int my_record(const std::string& cache_name);
+  static bool alive(const PinOwner& o);
+
+  PinOwner* owners_ = nullptr;
+  std::atomic<uint64_t>* active_ = nullptr;  // bit r of word r/64: record r is claimed
+  // The record this process claimed, as pid * 256 + record + 1 (0 = none): a forked child sees
+  // another pid and claims its own. Atomic because threads share it; two threads that both claim
+  // first only leave the process two records.
+  std::atomic<int64_t> mine_{0};
+};
+
+}  // namespace shadecache
