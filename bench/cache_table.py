@@ -166,6 +166,13 @@ def cache_get_loop(cache, ids):
         get(i)
 
 
+def cache_view_loop(cache, ids):
+    # A zero-copy view of each value, released at once: the cost of pinning and unpinning.
+    view = cache.view
+    for i in ids:
+        view(i).release()
+
+
 def cache_get_many_loop(cache, id_batches):
     get_many = cache.get_many
     for ids in id_batches:
@@ -422,6 +429,7 @@ def compare_small_gets(cfg, redis_server="redis-server"):
             "lmdb": lambda r: s.lmdb.timed_gets(s.lmdb_keys[r]),
             "cache.get_many": lambda r: timed(cache_get_many_loop, s.cache, s.batches[r]),
             "copy": lambda r: timed(baselines.plain_copy_loop, s.shm.buf, s.offsets[r], cfg.small),
+            "cache.view": lambda r: timed(cache_view_loop, s.cache, s.ids[r]),
         }
         if s.redis is not None:
             contenders["redis"] = lambda r: timed(baselines.redis_mget_loop, s.redis.client,
@@ -454,6 +462,8 @@ def compare_small_gets(cfg, redis_server="redis-server"):
         Row(f"plain {size} bytes copy from Python (memoryview slice + tobytes)", g / t["copy"],
             "gets/s", "LMDB, one read txn per get + copy", g / t["lmdb"], note="readonly, lock=False",
             paired_ratio=t.speedup("copy", "lmdb")),
+        Row(f"`view` {size} + release (zero copy)", g / t["cache.view"], "gets/s",
+            f"`get` {size}", g / t["cache.get"], paired_ratio=t.speedup("cache.view", "cache.get")),
         Row(f"`get` {size} (a second pass)", g / t_locked["cache.get"], "gets/s",
             "LMDB, one read txn per get + copy", g / t_locked["lmdb"],
             note="LMDB's default lock=True", paired_ratio=t_locked.speedup("cache.get", "lmdb")),
@@ -475,6 +485,7 @@ def compare_large_gets(cfg):
             "cache.get": lambda r: timed(cache_get_loop, s.cache, s.ids[r]),
             "copy": lambda r: timed(baselines.plain_copy_loop, s.shm.buf, s.offsets[r], cfg.large),
             "shm+dict": lambda r: timed(baselines.shm_dict_get_loop, s.shm.buf, s.shm.index, s.ids[r]),
+            "cache.view": lambda r: timed(cache_view_loop, s.cache, s.ids[r]),
         }, cfg.reps)
     nbytes = cfg.large_gets_per_rep * cfg.large
     size = f"{cfg.large // KB} KB"
@@ -485,6 +496,8 @@ def compare_large_gets(cfg):
         Row(f"`get` {size}", nbytes / t["cache.get"], "GB/s",
             "`multiprocessing.shared_memory` + dict index, bytes copy", nbytes / t["shm+dict"],
             paired_ratio=t.speedup("cache.get", "shm+dict")),
+        Row(f"`view` {size} + release (zero copy)", nbytes / t["cache.view"], "GB/s",
+            f"`get` {size}", nbytes / t["cache.get"], paired_ratio=t.speedup("cache.view", "cache.get")),
     ]
 
 

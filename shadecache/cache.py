@@ -79,7 +79,7 @@ class Cache:
         self.get = _core.fast_get(core)  # same as core.get, minus pybind11's dispatch
         self.get_many = core.get_many
         self.get_into = core.get_into
-        self.view = core.view
+        self.view = _core.fast_view(core)  # same as core.view, minus pybind11's dispatch
         self.contains = core.contains
         self.put = core.put
         self.put_many = core.put_many

@@ -207,17 +207,24 @@ void ready_fast_get_type() {
   if (PyType_Ready(&FastGetSelfType) < 0) throw py::error_already_set();
 }
 
-PyObject* fast_get(PyObject* self, PyObject* arg) {
-  auto* me = reinterpret_cast<FastGetSelf*>(self);
-  Cache& c = *me->cache;
-  long long id = PyLong_AsLongLong(arg);
-  if (id == -1 && PyErr_Occurred()) {
+// The id argument of the raw entry points; false with a Python error set.
+bool parse_id(PyObject* arg, long long* id) {
+  *id = PyLong_AsLongLong(arg);
+  if (*id == -1 && PyErr_Occurred()) {
     if (PyErr_ExceptionMatches(PyExc_TypeError)) {
       PyErr_Clear();
       PyErr_Format(PyExc_TypeError, "sample ids must be integers, got %s", Py_TYPE(arg)->tp_name);
     }
-    return nullptr;
+    return false;
   }
+  return true;
+}
+
+PyObject* fast_get(PyObject* self, PyObject* arg) {
+  auto* me = reinterpret_cast<FastGetSelf*>(self);
+  Cache& c = *me->cache;
+  long long id;
+  if (!parse_id(arg, &id)) return nullptr;
   try {
     uint64_t i = checked_id(c, id);
     // Start the two dependent cache misses (the index entry, then the slot and every line of a
@@ -242,13 +249,34 @@ PyObject* fast_get(PyObject* self, PyObject* arg) {
 PyMethodDef fast_get_def = {"get", fast_get, METH_O,
                             "get(id) -> bytes | None: a copy of sample `id`, None on a miss."};
 
-py::object make_fast_get(py::object core) {
+PyObject* fast_view(PyObject* self, PyObject* arg) {
+  auto* me = reinterpret_cast<FastGetSelf*>(self);
+  long long id;
+  if (!parse_id(arg, &id)) return nullptr;
+  try {
+    return make_sample_view(me->owner, *me->cache, checked_id(*me->cache, id)).release().ptr();
+  } catch (const Error& e) {
+    set_python_error(e);
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (const std::bad_alloc&) {
+    if (!PyErr_Occurred()) PyErr_NoMemory();
+  }
+  return nullptr;
+}
+
+PyMethodDef fast_view_def = {"view", fast_view, METH_O,
+                             "view(id) -> SampleView | None: a pinned zero-copy view of sample `id`, "
+                             "None on a miss."};
+
+// A plain CPython function bound to `core` (METH_O: no pybind11 dispatch on the hot path).
+py::object make_fast(py::object core, PyMethodDef* def) {
   auto* self = PyObject_New(FastGetSelf, &FastGetSelfType);
   if (!self) throw py::error_already_set();
   self->cache = &core.cast<Cache&>();
   self->owner = core.release().ptr();
   new (&self->last_len) std::atomic<uint32_t>(0);  // PyObject_New leaves the fields uninitialized
-  PyObject* fn = PyCFunction_New(&fast_get_def, reinterpret_cast<PyObject*>(self));
+  PyObject* fn = PyCFunction_New(def, reinterpret_cast<PyObject*>(self));
   Py_DECREF(self);
   if (!fn) throw py::error_already_set();
   return py::reinterpret_steal<py::object>(fn);
@@ -454,7 +482,9 @@ PYBIND11_MODULE(_core, m) {
   m.attr("MAX_VIEWS_PER_PROCESS") = kPinsPerOwner;
   m.attr("MAX_VIEW_PROCESSES") = kPinOwners;
   ready_fast_get_type();
-  m.def("fast_get", &make_fast_get, py::arg("core"),
+  m.def("fast_view", [](py::object core) { return make_fast(core, &fast_view_def); }, py::arg("core"),
+        "A plain CPython function equivalent to core.view, without pybind11's dispatch cost.");
+  m.def("fast_get", [](py::object core) { return make_fast(core, &fast_get_def); }, py::arg("core"),
         "A plain CPython function equivalent to core.get, without pybind11's dispatch cost.");
 
   // Test-only: SIGKILL this process at crash point `point` after `countdown` passes (0 disarms).
