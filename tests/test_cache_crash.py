@@ -16,6 +16,7 @@ import pytest
 
 import shadecache as sc
 from shadecache import _core
+from crashing import attach_armed
 from values import make_value, verify_value
 
 N = 3000
@@ -24,10 +25,8 @@ KILLS = int(os.environ.get("SHADECACHE_CRASH_KILLS", "240"))
 
 
 def _write_forever(name, seed, point, countdown):
-    cache = sc.Cache.attach(name)
+    cache = attach_armed(name, point, countdown)
     rng = random.Random(seed)
-    if point:
-        _core._arm_crash_point(point, countdown)
     step = 0
     while True:
         step += 1
