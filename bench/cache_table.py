@@ -496,7 +496,7 @@ def compare_large_gets(cfg):
         Row(f"`get` {size}", nbytes / t["cache.get"], "GB/s",
             "`multiprocessing.shared_memory` + dict index, bytes copy", nbytes / t["shm+dict"],
             paired_ratio=t.speedup("cache.get", "shm+dict")),
-        Row(f"`view` {size} + release (zero copy)", nbytes / t["cache.view"], "GB/s",
+        Row(f"`view` {size} + release (zero copy: bytes made readable, not read)", nbytes / t["cache.view"], "GB/s",
             f"`get` {size}", nbytes / t["cache.get"], paired_ratio=t.speedup("cache.view", "cache.get")),
     ]
 
