@@ -545,6 +545,119 @@ def test_pins_of_a_killed_process_are_not_leaked(cache_name):
         cache.check()
 
 
+def _view_once_and_exit(name):
+    c = sc.Cache.attach(name)
+    try:
+        c.view(0).release()
+    except sc.CapacityError:
+        os._exit(3)
+    os._exit(0)
+
+
+def test_records_of_exited_processes_are_reused(cache_name):
+    """Processes that took a view and exited (DataLoader workers re-created every epoch) leave
+    their pin record claimed; once all MAX_VIEW_PROCESSES records are used, a new process takes
+    over the record of one that is gone instead of being refused."""
+    ctx = mp.get_context("fork")
+    with sc.Cache.create(cache_name, num_samples=100, capacity_bytes=MiB, max_item_bytes=1000) as c:
+        c.put(0, b"v" * 100)
+        for k in range(sc.Cache.MAX_VIEW_PROCESSES + 8):
+            p = ctx.Process(target=_view_once_and_exit, args=(cache_name,))
+            p.start()
+            p.join()
+            assert p.exitcode == 0, f"process #{k + 1} was refused a view"
+        with c.view(0) as v:
+            assert bytes(v) == b"v" * 100 and c.stats()["pinned"] == 1
+        c.check()
+
+
+def _torn_rewrite(name, sample_id, value):
+    attach_armed(name, _core.CRASH_POINTS["put_mid_write"], 1).put(sample_id, value)
+
+
+def _read_until(name, sample_id, allowed, deadline, q):
+    """Gets and views `sample_id` until `deadline`; reports (attempts, values not in `allowed`)."""
+    c = sc.Cache.attach(name)
+    bad = tries = 0
+    while time.time() < deadline:
+        tries += 1
+        got = c.get(sample_id)
+        bad += got is not None and got not in allowed
+        v = c.view(sample_id)
+        if v is not None:
+            bad += bytes(v) not in allowed
+            v.release()
+    q.put((tries, bad))
+
+
+def test_repair_of_a_torn_rewrite_under_a_stale_pin_never_exposes_torn_bytes(cache_name):
+    """A writer killed half way through rewriting id X in place leaves X's slot torn (seq odd)
+    while the index still names it; a reader that raced it left a pin entry on that slot. The
+    repair keeps the slot (a zombie: the entry may be a view) but no get or view ever returns
+    its half-written bytes, before, during or after the repair."""
+    n, size = 2_000_000, 4000
+    x = n - 1  # the repair clears stale index entries in id order: X last, the widest window
+    old, new = b"A" * size, b"B" * size
+    ctx = mp.get_context("fork")
+    with sc.Cache.create(cache_name, num_samples=n, capacity_bytes=4 * MiB, max_item_bytes=size) as c:
+        c.put(x, old)
+        w = ctx.Process(target=_torn_rewrite, args=(cache_name, x, new))
+        w.start()
+        w.join()
+        assert w.exitcode == -signal.SIGKILL
+        token = c._core._stale_pin(x)
+        assert token
+        q = ctx.Queue()
+        r = ctx.Process(target=_read_until, args=(cache_name, x, (old, new), time.time() + 2.0, q))
+        r.start()
+        time.sleep(0.3)
+        assert c.put(0, b"z")  # the next locker repairs
+        tries, bad = q.get(timeout=30)
+        r.join()
+        assert c.stats()["recoveries"] == 1
+        assert tries > 0 and bad == 0, f"{bad} torn values in {tries} get+view rounds"
+        assert c.get(x) is None and _pins(c) == (1, 1)
+        c.check()
+        c._core._stale_unpin(token)
+        c.put(1, b"y")
+        assert _pins(c) == (0, 0)
+        c.check()
+
+
+def _write_without_proc(name):
+    """Forked writer that cannot open /proc (every fd in use), then replaces and churns."""
+    import resource
+
+    c = sc.Cache.attach(name)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    fds = []
+    try:
+        while True:
+            fds.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError:
+        pass
+    c.put(0, b"N" * 1000)  # the viewed value becomes a zombie
+    for i in range(1, 400):  # reclaim runs, meets the pin, reaps: the owner must count as alive
+        c.put(i, bytes([i % 256]) * 1000)
+    os._exit(0)
+
+
+def test_a_pinner_whose_start_time_cannot_be_read_is_not_reaped(cache_name):
+    """A writer that cannot read /proc/<pid>/stat (fd limit, hidepid) must treat the pinning
+    process as alive: reaping a live owner would free and reuse the slot under its view."""
+    with sc.Cache.create(cache_name, num_samples=1000, capacity_bytes=256 << 10, max_item_bytes=1000) as c:
+        c.put(0, b"O" * 1000)
+        with c.view(0) as v:
+            p = mp.get_context("fork").Process(target=_write_without_proc, args=(cache_name,))
+            p.start()
+            p.join()
+            assert p.exitcode == 0
+            assert bytes(v) == b"O" * 1000 and c.stats()["pinned"] == 1
+        c.put(1, b"y")
+        assert _pins(c) == (0, 0)
+        c.check()
+
+
 # ---- 5. the per-process view limit -------------------------------------------------------------
 
 

@@ -353,6 +353,9 @@ PYBIND11_MODULE(_core, m) {
            },
            py::arg("id"))
       .def_property_readonly("views_open", &Cache::views_open)
+      // Test only (tests/test_cache_views.py): the pin entry of a reader backing out.
+      .def("_stale_pin", [](Cache& c, int64_t id) { return c.stale_pin_for_tests(checked_id(c, id)); })
+      .def("_stale_unpin", [](Cache& c, uint32_t token) { c.stale_unpin_for_tests(token); })
       .def("get_into",
            [](Cache& c, int64_t id, py::handle buf) {
              // PyObject_GetBuffer directly: py::buffer::request builds a buffer_info (shape and

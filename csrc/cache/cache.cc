@@ -277,11 +277,19 @@ bool Cache::pin(uint64_t id, Pinned* out) {
   return false;
 }
 
+uint32_t Cache::stale_pin_for_tests(uint64_t id) {
+  check_open();
+  check_id(id);
+  uint64_t v = idx_get(id, std::memory_order_acquire);
+  return v ? pins_.claim(slot_code(v - 1), name_) : 0;
+}
+
 void Cache::unpin(uint32_t token, int64_t pinned_by) {
   if (pinned_by == ::getpid()) pins_.release(token);
-  if (views_open_.fetch_sub(1, std::memory_order_acq_rel) == 1 && closed()) {
+  if (views_open_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    // The last view: decide under the same mutex as close() whether the mapping goes now.
     std::lock_guard<std::mutex> g(unmap_mu_);
-    if (views_open_.load(std::memory_order_acquire) == 0) seg_.unmap();
+    if (closed() && views_open_.load(std::memory_order_acquire) == 0) seg_.unmap();
   }
 }
 
@@ -532,8 +540,16 @@ uint64_t Cache::do_alloc_slot(uint32_t cls, double key) {
   if (uint64_t u = slab_.do_pop_free_slot(cls)) return u;
   if (slab_.do_take_free_page(cls)) return slab_.do_pop_free_slot(cls);
   if (policy == Policy::kStatic) return 0;
-  // Values that views pin are set aside (they cannot be evicted now) and go back at the end.
+  // Values that views pin are set aside (they cannot be evicted now) and go back at the end,
+  // whatever happens (an exception here would otherwise leave them out of the heap).
   std::vector<HeapNode> pinned;
+  struct PutBack {
+    IndexedHeap& heap;
+    std::vector<HeapNode>& nodes;
+    ~PutBack() {
+      for (const HeapNode& n : nodes) heap.push(n.id, n.key);
+    }
+  } put_back{heap_, pinned};
   bool reaped = false;
   uint64_t got = 0;
   while (!heap_.empty()) {
@@ -583,7 +599,6 @@ uint64_t Cache::do_alloc_slot(uint32_t cls, double key) {
     }
     // A view pins a value of that page: it now holds a zombie and is not picked again.
   }
-  for (const HeapNode& n : pinned) heap_.push(n.id, n.key);
   return got;
 }
 
@@ -598,8 +613,9 @@ void Cache::do_rekey(uint32_t id, double key) {
 // hold no zombie, no pinned value and none of the values `aside` (taken out of the heap, pinned,
 // by the caller: they must still be cached when it puts them back). O(pages): runs once per page move, i.e. at most once per
 // slots-per-page allocations of the class.
-uint64_t Cache::do_pick_page_to_move(uint32_t cls, const std::vector<HeapNode>& aside) const {
+uint64_t Cache::do_pick_page_to_move(uint32_t cls, const std::vector<HeapNode>& aside) {
   std::vector<uint8_t> blocked;
+  if (pins_.any()) do_reap_dead_pins();  // pins of the dead must not block pages forever
   if (hdr_->zombies || pins_.any() || !aside.empty()) {
     blocked.assign(hdr_->num_pages, 0);
     for (const HeapNode& n : aside) blocked[slab_.page_of(idx_get(n.id, std::memory_order_relaxed) - 1)] = 1;
@@ -750,7 +766,12 @@ void Cache::do_reap_dead_pins() {
 // page and class counts, the heap, items, bytes_used) is derived again from that truth. Idempotent:
 // a repairer killed half way leaves EOWNERDEAD for the next locker, which starts over.
 void Cache::do_repair() {
+  // The dead writer may have unpublished a slot without reaching its own fence before the pin
+  // check (pins.h): this one orders its stores before the table loads below.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
   pins_.reap_dead();
+  std::vector<uint32_t> pinned;  // one snapshot: scanning the table per slot would be O(slots x pins)
+  pins_.snapshot(&pinned);
   hdr_->zombie_head = 0;
   hdr_->zombies = 0;
   heap_.clear();
@@ -795,17 +816,22 @@ void Cache::do_repair() {
         ++cm.items;
         ++hdr_->items;
         hdr_->bytes_used += s->len;
-      } else if (pins_.pinned(slot_code(off))) {
-        // Not live, but a view may be reading it: keep the bytes, as a zombie. (A slot with a torn
-        // write, seq odd, is never under a view that was handed out: a writer checks the pins
-        // after making seq odd and before writing. Its entry is a reader's that is backing out.)
-        if (seq & 1) s->seq.store(seq + 1, std::memory_order_release);
-        do_push_zombie(off);
       } else {
-        if (seq & 1) s->seq.store(seq + 1, std::memory_order_release);  // torn write: readers retry
-        s->id = kNoId;
-        s->zombie = 0;
-        slab_.do_push_free_slot(pm.cls, off);
+        // Not live. Its id goes first, while a torn slot's seq is still odd: the index may still
+        // name it (cleared below, after every page), and a reader must never find an even seq
+        // with a matching id on bytes that a dead writer left half written.
+        __atomic_store_n(&s->id, kNoId, __ATOMIC_RELAXED);
+        std::atomic_thread_fence(std::memory_order_release);
+        if (seq & 1) s->seq.store(seq + 1, std::memory_order_release);
+        if (std::binary_search(pinned.begin(), pinned.end(), slot_code(off))) {
+          // A view may be reading it: keep the bytes, as a zombie. (A torn slot is never under a
+          // view that was handed out: a writer checks the pins after making seq odd and before
+          // writing. Its entry is a reader's that is backing out.)
+          do_push_zombie(off);
+        } else {
+          s->zombie = 0;
+          slab_.do_push_free_slot(pm.cls, off);
+        }
       }
     }
   }

@@ -124,6 +124,10 @@ class Cache {
   // drops nothing of its parent's. Unmaps a closed cache when its last view ends.
   void unpin(uint32_t token, int64_t pinned_by);
   uint64_t views_open() const { return views_open_.load(std::memory_order_relaxed); }
+  // Test only: stores a pin entry naming the slot index[id] names now, without validating it, as a
+  // reader that raced a writer leaves it while it backs out (or dies). 0 if id is not indexed.
+  uint32_t stale_pin_for_tests(uint64_t id);
+  void stale_unpin_for_tests(uint32_t token) { pins_.release(token); }
 
   void cached_mask(uint8_t* out);   // out[N]
   void scores_snapshot(float* out);  // out[N]
@@ -176,7 +180,7 @@ class Cache {
   bool do_evict(uint32_t id);
   void do_rekey(uint32_t id, double key);
   // The page outside `cls` to move, or kNoPage when every candidate holds a pinned value.
-  uint64_t do_pick_page_to_move(uint32_t cls, const std::vector<HeapNode>& aside) const;
+  uint64_t do_pick_page_to_move(uint32_t cls, const std::vector<HeapNode>& aside);
   // Evicts every value of page `page` and recuts it for `cls`; false (page unchanged, its values
   // evicted) when a view pins one of them.
   bool do_move_page(uint64_t page, uint32_t cls);

@@ -11,19 +11,33 @@
 
 namespace shadecache {
 
-bool PinTable::alive(const PinOwner& o) {
-  int64_t pid = o.pid.load(std::memory_order_acquire);
-  if (pid <= 0) return false;
-  if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return false;
-  // A record being claimed has no start time yet: its pid is alive (checked above), keep it.
-  uint64_t st = o.start_time.load(std::memory_order_acquire);
-  return st == 0 || st == process_start_time(pid);
+bool PinTable::dead(const PinOwner& o, int64_t pid) {
+  if (pid <= 0) return false;  // free, or being taken over
+  if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return true;
+  // The pid exists. It is another process only if both start times are known and differ: a record
+  // being claimed has none yet, and /proc may be unreadable (fd limit, hidepid). When in doubt the
+  // owner is alive: reaping a live owner would unprotect its views, keeping a dead one costs a record.
+  uint64_t stored = o.start_time.load(std::memory_order_acquire);
+  uint64_t now = stored ? process_start_time(pid) : 0;
+  return stored && now && now != stored;
+}
+
+bool PinTable::take_over(PinOwner& o, int64_t pid) {
+  // pid -> kReaping: only one of the reapers and claimers that found the owner dead clears it.
+  if (!o.pid.compare_exchange_strong(pid, kReaping, std::memory_order_seq_cst)) return false;
+  for (uint32_t k = 0; k < kPinsPerOwner; ++k) o.slots[k].store(0, std::memory_order_relaxed);
+  o.hwm.store(0, std::memory_order_relaxed);
+  o.start_time.store(0, std::memory_order_release);
+  return true;
 }
 
 int PinTable::my_record(const std::string& cache_name) {
   const int64_t pid = ::getpid();
   int64_t m = mine_.load(std::memory_order_relaxed);
-  if (m && m / 256 == pid) return static_cast<int>(m % 256) - 1;
+  // The pid check on the record itself: a record is only ever taken from its owner when the owner
+  // looked dead, and then this process must not keep writing into it.
+  if (m && m / 256 == pid && owners_[m % 256 - 1].pid.load(std::memory_order_acquire) == pid)
+    return static_cast<int>(m % 256) - 1;
   const uint64_t st = process_start_time(pid);
   // Another Cache object of this process attached to the same segment may have claimed one.
   for (uint32_t r = 0; r < kPinOwners; ++r) {
@@ -33,14 +47,21 @@ int PinTable::my_record(const std::string& cache_name) {
       return static_cast<int>(r);
     }
   }
-  for (uint32_t r = 0; r < kPinOwners; ++r) {
-    int64_t expected = 0;
-    if (!owners_[r].pid.compare_exchange_strong(expected, pid, std::memory_order_seq_cst)) continue;
-    owners_[r].start_time.store(st, std::memory_order_release);
-    // Visible to writers before any entry of the record is (both seq_cst).
-    active_[r / 64].fetch_or(uint64_t{1} << (r % 64), std::memory_order_seq_cst);
-    mine_.store(pid * 256 + r + 1, std::memory_order_relaxed);
-    return static_cast<int>(r);
+  // A free record; failing that, one whose process is gone (processes that exit leave their
+  // record claimed: nothing else frees it until the table is full).
+  for (int pass = 0; pass < 2; ++pass) {
+    for (uint32_t r = 0; r < kPinOwners; ++r) {
+      PinOwner& o = owners_[r];
+      int64_t expected = pass ? o.pid.load(std::memory_order_acquire) : 0;
+      if (pass && !(dead(o, expected) && take_over(o, expected))) continue;
+      if (pass) expected = kReaping;
+      if (!o.pid.compare_exchange_strong(expected, pid, std::memory_order_seq_cst)) continue;
+      o.start_time.store(st, std::memory_order_release);
+      // Visible to writers before any entry of the record is (both seq_cst).
+      active_[r / 64].fetch_or(uint64_t{1} << (r % 64), std::memory_order_seq_cst);
+      mine_.store(pid * 256 + r + 1, std::memory_order_relaxed);
+      return static_cast<int>(r);
+    }
   }
   throw Error(ErrorKind::kCapacity, "cache '" + cache_name + "': " + std::to_string(kPinOwners) +
                                         " processes already hold views; release views in other processes");
@@ -101,14 +122,11 @@ uint32_t PinTable::reap_dead() {
   uint32_t reaped = 0;
   for (uint32_t r = 0; r < kPinOwners; ++r) {
     PinOwner& o = owners_[r];
-    if (o.pid.load(std::memory_order_acquire) == 0 || alive(o)) continue;
-    // The owner is gone: nobody else writes this record (only its owner sets entries, and a new
-    // process claims it only once pid is 0 again, which is stored last).
-    for (uint32_t k = 0; k < kPinsPerOwner; ++k) o.slots[k].store(0, std::memory_order_relaxed);
-    o.hwm.store(0, std::memory_order_relaxed);
-    o.start_time.store(0, std::memory_order_relaxed);
+    int64_t pid = o.pid.load(std::memory_order_acquire);
+    // The owner is gone, and this reaper won the record (a claimer may take it over instead).
+    if (!dead(o, pid) || !take_over(o, pid)) continue;
     active_[r / 64].fetch_and(~(uint64_t{1} << (r % 64)), std::memory_order_seq_cst);
-    o.pid.store(0, std::memory_order_release);
+    o.pid.store(0, std::memory_order_release);  // last: free for a new claim
     ++reaped;
   }
   return reaped;
@@ -118,7 +136,8 @@ uint64_t PinTable::count_live() const {
   uint64_t n = 0;
   for (uint32_t r = 0; r < kPinOwners; ++r) {
     const PinOwner& o = owners_[r];
-    if (o.pid.load(std::memory_order_acquire) == 0 || !alive(o)) continue;
+    int64_t pid = o.pid.load(std::memory_order_acquire);
+    if (pid <= 0 || dead(o, pid)) continue;
     uint32_t hwm = std::min(o.hwm.load(std::memory_order_acquire), kPinsPerOwner);
     for (uint32_t k = 0; k < hwm; ++k) n += o.slots[k].load(std::memory_order_relaxed) != 0;
   }

@@ -12,9 +12,11 @@
 // - Writer (mutex held): make the slot unreachable first (unpublish its index entry or make its
 //   seq odd), issue a seq_cst fence, THEN ask pinned(). Either the writer sees the entry, or the
 //   reader sees the change: a reader can never hold a view of a slot that a writer reuses.
-// - A record is claimed by its process with a CAS of pid 0 -> pid, and released only by a writer
-//   (mutex held) that finds the process dead (reap_dead); entries are written only by the owner
-//   process (any of its threads, each entry claimed by CAS 0 -> slot).
+// - A record is claimed by its process with a CAS of pid 0 -> pid. A record whose process is
+//   known to be gone (pid gone, or reused: another start time) is taken by a CAS of its pid to
+//   kReaping, cleared, then either freed (pid 0: a writer's reap_dead, mutex held) or claimed (a
+//   process finding the table full). Entries are written only by the owner process (any of its
+//   threads, each entry claimed by CAS 0 -> slot). All processes must share one pid namespace.
 #pragma once
 
 #include <atomic>
@@ -62,7 +64,12 @@ class PinTable {
     return owners_[t / kPinsPerOwner].slots[t % kPinsPerOwner];
   }
   int my_record(const std::string& cache_name);
-  static bool alive(const PinOwner& o);
+  // True only when the owner `pid` of record `o` is known to be gone (see pins.cc: doubt = alive).
+  static bool dead(const PinOwner& o, int64_t pid);
+  // Moves a dead owner's record from `pid` to kReaping and clears its entries; false when another
+  // reaper or claimer got there first.
+  static bool take_over(PinOwner& o, int64_t pid);
+  static constexpr int64_t kReaping = -1;
 
   PinOwner* owners_ = nullptr;
   std::atomic<uint64_t>* active_ = nullptr;  // bit r of word r/64: record r is claimed
