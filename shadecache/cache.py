@@ -160,7 +160,7 @@ class Cache:
     # ---- lifetime ---------------------------------------------------------------------------
     def close(self) -> None:
         """Later calls raise sc.ClosedError. The segment is unmapped in this process now, or,
-        while views of it are held, when the last of them is released."""
+        while views of it are held or other threads are inside calls, when the last of those ends."""
         self._core.close()
 
     def unlink(self) -> None:

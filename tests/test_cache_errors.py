@@ -106,6 +106,60 @@ def test_use_after_close(cache_name):
     c.unlink()
 
 
+_CLOSE_RACE = r"""
+import sys, threading
+import numpy as np
+import shadecache as sc
+
+name = sys.argv[1]
+big = b"b" * (200 << 10)  # above the size at which put releases the GIL for the copy
+closed_errors = 0
+lock = threading.Lock()
+
+
+def hammer(cache, k):
+    global closed_errors
+    calls = (lambda: cache.put(k, big), lambda: cache.put_many([k, k + 1], [big, big]),
+             lambda: cache.update_scores(np.arange(64), np.ones(64, np.float32)),
+             cache.stats, cache.check, lambda: cache.remove(k))
+    i = 0
+    while True:
+        try:
+            calls[i % len(calls)]()
+        except sc.ClosedError:
+            with lock:
+                closed_errors += 1
+            return
+        i += 1
+
+
+for round in range(20):
+    cache = sc.Cache.attach(name)
+    threads = [threading.Thread(target=hammer, args=(cache, 2 * t)) for t in range(3)]
+    for t in threads:
+        t.start()
+    threading.Event().wait(0.02)
+    cache.close()  # while the threads are inside calls that run without the GIL
+    for t in threads:
+        t.join()
+print("ok", closed_errors)
+"""
+
+
+def test_close_while_other_threads_are_inside_calls(cache_name):
+    """close() from one thread while others are inside put / put_many / update_scores / stats /
+    check (which run without the GIL) waits for those calls to leave the mapping: each thread
+    ends with ClosedError on its next call, and nothing crashes (a real SIGSEGV would show as the
+    subprocess dying)."""
+    with sc.Cache.create(cache_name, num_samples=100, capacity_bytes=8 * MiB,
+                         max_item_bytes=(256 << 10)) as c:
+        res = subprocess.run([sys.executable, "-c", _CLOSE_RACE, cache_name], capture_output=True,
+                             text=True, timeout=120)
+        assert res.returncode == 0, f"exit {res.returncode}: {res.stderr[-2000:]}"
+        assert res.stdout.split() == ["ok", "60"]
+        c.check()
+
+
 def test_shm_too_small(cache_name):
     free = shutil.disk_usage("/dev/shm").free
     with pytest.raises(sc.CapacityError, match=r"needs .* of shared memory but /dev/shm has only"):

@@ -266,7 +266,7 @@ bool Cache::pin(uint64_t id, Pinned* out) {
     if (idx_get(id, std::memory_order_seq_cst) != v || s->seq.load(std::memory_order_seq_cst) != s1 ||
         page.gen.load(std::memory_order_seq_cst) != g1)
       continue;
-    views_open_.fetch_add(1, std::memory_order_relaxed);
+    users_.fetch_add(1, std::memory_order_relaxed);  // the view keeps the mapping (see close())
     stripe().hits.fetch_add(1, std::memory_order_relaxed);
     note_hit(id);
     *out = Pinned{slab_.value(off), len, token};
@@ -286,17 +286,29 @@ uint32_t Cache::stale_pin_for_tests(uint64_t id) {
 
 void Cache::unpin(uint32_t token, int64_t pinned_by) {
   if (pinned_by == ::getpid()) pins_.release(token);
-  if (views_open_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-    // The last view: decide under the same mutex as close() whether the mapping goes now.
+  end_use();
+}
+
+void Cache::begin_use() {
+  users_.fetch_add(1, std::memory_order_seq_cst);
+  if (closed_.load(std::memory_order_seq_cst)) {
+    end_use();
+    throw Error(ErrorKind::kClosed, "cache '" + name_ + "' is closed");
+  }
+}
+
+void Cache::end_use() {
+  if (users_.fetch_sub(1, std::memory_order_seq_cst) == 1) {
+    // The last user: decide under the same mutex as close() whether the mapping goes now.
     std::lock_guard<std::mutex> g(unmap_mu_);
-    if (closed() && views_open_.load(std::memory_order_acquire) == 0) seg_.unmap();
+    if (closed() && users_.load(std::memory_order_seq_cst) == 0) seg_.unmap();
   }
 }
 
 void Cache::close() {
   std::lock_guard<std::mutex> g(unmap_mu_);
-  closed_.store(true, std::memory_order_release);
-  if (views_open_.load(std::memory_order_acquire) == 0) seg_.unmap();
+  closed_.store(true, std::memory_order_seq_cst);
+  if (users_.load(std::memory_order_seq_cst) == 0) seg_.unmap();
 }
 
 void Cache::cached_mask(uint8_t* out) {
@@ -310,7 +322,7 @@ void Cache::scores_snapshot(float* out) {
 }
 
 CacheStats Cache::stats() {
-  check_open();
+  Use use(*this);
   const Stats& s = hdr_->stats;
   auto r = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
   CacheStats out{};
@@ -365,6 +377,7 @@ PutItem Cache::make_item(uint64_t id, const char* data, uint64_t len) {
 }
 
 void Cache::put_many(std::vector<PutItem>& items, const float* scores, uint8_t* admitted) {
+  Use use(*this);  // every call below may run without the GIL: close() must wait for it
   if (scores)
     for (size_t i = 0; i < items.size(); ++i) check_score(items[i].id, scores[i]);
   WriteLock lock(this);
@@ -385,6 +398,7 @@ int Cache::try_put(const PutItem& it, const float* score) {
 }
 
 bool Cache::put(const PutItem& it, const float* score) {
+  Use use(*this);
   if (score) check_score(it.id, *score);
   WriteLock lock(this);
   do_reclaim_zombies();
@@ -393,7 +407,7 @@ bool Cache::put(const PutItem& it, const float* score) {
 }
 
 bool Cache::remove(uint64_t id) {
-  check_open();
+  Use use(*this);
   check_id(id);
   WriteLock lock(this);
   do_reclaim_zombies();
@@ -403,7 +417,7 @@ bool Cache::remove(uint64_t id) {
 }
 
 void Cache::update_scores(const int64_t* ids, const float* scores, size_t n) {
-  check_open();
+  Use use(*this);
   // Validate the whole batch before changing anything: a bad id or score loses nothing.
   for (size_t i = 0; i < n; ++i) {
     check_id_signed(ids[i]);
@@ -847,7 +861,7 @@ void Cache::do_repair() {
 // ---- check --------------------------------------------------------------------------------------
 
 void Cache::check() {
-  check_open();
+  Use use(*this);
   std::string fault;
   {
     WriteLock lock(this);

@@ -74,9 +74,23 @@ class Cache {
   static bool read_creator(const std::string& name, int64_t* pid, uint64_t* start_time);
 
   ~Cache() = default;
-  // Refuses every call from now on. The mapping goes when the last view of this process is
-  // unpinned (at once when none is held), so views stay readable after close.
+  // Refuses every call from now on. The mapping goes when the last user of it ends: a call that
+  // runs without the GIL in another thread (a put waiting for the mutex), or a view still held.
+  // At once when there is none. So close() never unmaps under a running call or a view.
   void close();
+
+  // Marks a call that may run while another thread calls close() (the bindings release the GIL
+  // around it): close() leaves the mapping until the call ends. Throws kClosed when already closed.
+  class Use {
+   public:
+    explicit Use(Cache& c) : c_(c) { c_.begin_use(); }
+    ~Use() { c_.end_use(); }
+    Use(const Use&) = delete;
+    Use& operator=(const Use&) = delete;
+
+   private:
+    Cache& c_;
+  };
   bool closed() const { return closed_.load(std::memory_order_acquire); }
   const std::string& name() const { return name_; }
   uint64_t num_samples() const { return n_; }
@@ -123,7 +137,6 @@ class Cache {
   // Ends a view. `pinned_by` is the pid that pinned it: a forked child ending an inherited view
   // drops nothing of its parent's. Unmaps a closed cache when its last view ends.
   void unpin(uint32_t token, int64_t pinned_by);
-  uint64_t views_open() const { return views_open_.load(std::memory_order_relaxed); }
   // Test only: stores a pin entry naming the slot index[id] names now, without validating it, as a
   // reader that raced a writer leaves it while it backs out (or dies). 0 if id is not indexed.
   uint32_t stale_pin_for_tests(uint64_t id);
@@ -247,9 +260,14 @@ class Cache {
   Slab slab_;
   IndexedHeap heap_;
   PinTable pins_;
+  // users_: calls in flight without the GIL (Use) plus views not yet unpinned. begin_use
+  // increments it then loads closed_, close() stores closed_ then loads it (all seq_cst): one of
+  // the two sees the other, so a call either fails with kClosed or runs on a mapping that stays.
+  void begin_use();
+  void end_use();
   std::atomic<bool> closed_{false};
-  std::atomic<uint64_t> views_open_{0};  // pins of this Cache object not yet unpinned
-  std::mutex unmap_mu_;                  // close() vs. the last unpin(): one of them unmaps
+  std::atomic<uint64_t> users_{0};
+  std::mutex unmap_mu_;  // close() vs. the last end_use(): exactly one of them unmaps
   uint64_t last_reap_ns_ = 0;            // mutex held
 };
 
