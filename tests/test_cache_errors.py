@@ -4,6 +4,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -83,6 +84,106 @@ def test_wrong_types(filled):
         filled.get_into(1, buf)
     with pytest.raises(TypeError, match="writable buffer"):
         filled.get_into(1, b"read-only bytes")
+
+
+def test_ids_and_values_that_would_be_misread(filled):
+    """Inputs a silent cast would turn into other data: float, bool and string id arrays (1.9 ->
+    id 1), ids beyond int64, non-finite scores (±inf breaks eviction sums), object arrays as
+    values (their bytes are pointers into this process) and strided arrays. Each is refused with
+    a clear error and nothing changes."""
+    before = filled.cached_mask().copy()
+    for ids in (np.array([1.9, 2.5]), np.array([True, False]), np.array(["5", "6"])):
+        with pytest.raises(TypeError, match="ids must be integers, got an array of dtype"):
+            filled.put_many(ids, [b"x", b"y"])
+        with pytest.raises(TypeError, match="ids must be integers"):
+            filled.get_many(ids)
+        with pytest.raises(TypeError, match="ids must be integers"):
+            filled.update_scores(ids, [1.0, 1.0])
+    for call in (lambda: filled.get(10**30), lambda: filled.get_many([10**30]), lambda: filled.view(10**30)):
+        with pytest.raises(IndexError, match="out of range"):
+            call()
+    for bad in (float("inf"), float("-inf"), 1e300):
+        with pytest.raises(ValueError, match="not finite"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # numpy's own note on 1e300 -> float32
+            filled.update_scores([1], [bad])
+        with pytest.raises(ValueError, match="not finite"):
+            filled.put(60, b"v", score=bad)
+    with pytest.raises(TypeError, match="Python objects"):
+        filled.put(60, np.array([object(), object()]))
+    with pytest.raises(TypeError, match="contiguous"):
+        filled.put(60, np.arange(20, dtype=np.uint8)[::2])
+    assert np.array_equal(filled.cached_mask(), before)
+    filled.check()
+
+
+def test_a_huge_score_passing_through_leaves_the_sums_exact(cache_name):
+    """A score of 1e30 set and then lowered again must not wipe out the small keys of its page
+    from the per-page sums that pick which page moves (a running double sum would lose them)."""
+    with sc.Cache.create(cache_name, num_samples=100, capacity_bytes=MiB, max_item_bytes=1000) as c:
+        for i in range(50):
+            c.put(i, b"v" * 100, score=1.0)
+        c.update_scores([0], [1e30])
+        c.update_scores([0], [1.0])
+        c.check()
+
+
+def test_a_refused_update_keeps_the_cached_value(cache_name):
+    """A put of a cached id with a value of another size class that the cache refuses (static and
+    full) leaves the old value cached: the old copy goes only once the new one has a slot."""
+    with sc.Cache.create(cache_name, num_samples=1000, capacity_bytes=64 << 10, max_item_bytes=60_000,
+                         policy="static") as c:
+        i = 0
+        while c.put(i, b"s" * 100):
+            i += 1
+        assert c.put(0, b"L" * 3000) is False
+        assert c.get(0) == b"s" * 100
+        c.check()
+
+
+_SCORE_RACE = r"""
+import sys, threading
+import numpy as np
+import shadecache as sc
+
+c = sc.Cache.attach(sys.argv[1])
+n = c.num_samples
+ids = np.arange(n, dtype=np.int64)
+scores = np.ones(n, dtype=np.float32)
+stop = False
+
+
+def mutate():  # flips one id between valid and far out of range while update_scores runs
+    while not stop:
+        ids[n // 2] = 0xFFFFFFF0
+        ids[n // 2] = 0
+
+
+t = threading.Thread(target=mutate)
+t.start()
+rejected = 0
+try:
+    for _ in range(100):
+        try:
+            c.update_scores(ids, scores)
+        except IndexError:
+            rejected += 1
+finally:
+    stop = True
+    t.join()
+c.check()
+print("ok", rejected)
+"""
+
+
+def test_update_scores_uses_the_ids_it_checked(cache_name):
+    """Another thread changing the id array while update_scores runs without the GIL cannot make
+    it use an id it did not check (it used to re-read the caller's array: a write out of bounds)."""
+    with sc.Cache.create(cache_name, num_samples=200_000, capacity_bytes=MiB, max_item_bytes=1000) as c:
+        res = subprocess.run([sys.executable, "-c", _SCORE_RACE, cache_name], capture_output=True, text=True,
+                             timeout=120)
+        assert res.returncode == 0, f"exit {res.returncode}: {res.stderr[-2000:]}"
+        assert res.stdout.split()[0] == "ok"
+        c.check()
 
 
 def test_name_taken_and_missing(filled):

@@ -12,6 +12,7 @@
 #include <pybind11/stl.h>
 
 #include <atomic>
+#include <cstring>
 #include <new>
 #include <vector>
 
@@ -29,10 +30,21 @@ namespace {
 class Borrowed {
  public:
   explicit Borrowed(PyObject* o) {
-    if (PyObject_GetBuffer(o, &view_, PyBUF_SIMPLE) != 0) {
+    // With strides and format (one request): contiguity is checked here, and the format tells an
+    // object array (its bytes are pointers into this process: garbage in every other one).
+    if (PyObject_GetBuffer(o, &view_, PyBUF_RECORDS_RO) != 0) {
       PyErr_Clear();
       throw py::type_error(std::string("cache values must be bytes-like (bytes, bytearray, memoryview, "
                                        "contiguous numpy array), got ") + Py_TYPE(o)->tp_name);
+    }
+    std::string bad;
+    if (!PyBuffer_IsContiguous(&view_, 'C'))
+      bad = std::string("cache values must be contiguous, got a strided ") + Py_TYPE(o)->tp_name;
+    else if (view_.format && std::strchr(view_.format, 'O'))
+      bad = "cache values must hold plain bytes, got a buffer of Python objects (format '" + std::string(view_.format) + "')";
+    if (!bad.empty()) {
+      PyBuffer_Release(&view_);  // a constructor that throws runs no destructor
+      throw py::type_error(bad);
     }
     held_ = true;
   }
@@ -52,7 +64,9 @@ class Borrowed {
 int64_t as_id(PyObject* o) {
   long long v = PyLong_AsLongLong(o);
   if (v == -1 && PyErr_Occurred()) {
+    bool overflow = PyErr_ExceptionMatches(PyExc_OverflowError);
     PyErr_Clear();
+    if (overflow) throw py::index_error("sample id " + std::string(py::str(o)) + " is out of range");
     throw py::type_error(std::string("sample ids must be integers, got ") + Py_TYPE(o)->tp_name);
   }
   return v;
@@ -111,13 +125,19 @@ std::vector<int64_t> ids_of(py::handle ids) {
     for (Py_ssize_t i = 0; i < n; ++i) out[i] = as_id(items[i]);
     return out;
   }
-  auto arr = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(ids);
-  if (!arr) {
+  py::array any = py::array::ensure(ids);
+  if (!any) {
     PyErr_Clear();
     throw py::type_error("ids must be a sequence or array of integers");
   }
+  // Integers only: a cast would truncate floats (1.9 -> 1) and turn bools and strings into ids.
+  char kind = any.dtype().kind();
+  if (kind != 'i' && kind != 'u')
+    throw py::type_error("ids must be integers, got an array of dtype " + std::string(py::str(any.dtype())));
+  auto arr = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(any);
+  if (!arr) throw py::error_already_set();
   if (arr.ndim() != 1) throw py::value_error("ids must be one-dimensional");
-  out.assign(arr.data(), arr.data() + arr.size());
+  out.assign(arr.data(), arr.data() + arr.size());  // a copy: the caller's array may change later
   return out;
 }
 
@@ -211,7 +231,12 @@ void ready_fast_get_type() {
 bool parse_id(PyObject* arg, long long* id) {
   *id = PyLong_AsLongLong(arg);
   if (*id == -1 && PyErr_Occurred()) {
-    if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+    if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+      PyErr_Clear();
+      PyObject* text = PyObject_Str(arg);
+      PyErr_Format(PyExc_IndexError, "sample id %U is out of range", text);
+      Py_XDECREF(text);
+    } else if (PyErr_ExceptionMatches(PyExc_TypeError)) {
       PyErr_Clear();
       PyErr_Format(PyExc_TypeError, "sample ids must be integers, got %s", Py_TYPE(arg)->tp_name);
     }
@@ -371,12 +396,18 @@ PYBIND11_MODULE(_core, m) {
              } release{&view};
              uint64_t cap = static_cast<uint64_t>(view.len);
              char* dst = static_cast<char*>(view.buf);
-             return c.read(checked_id(c, id), [&](uint32_t n) -> char* {
-               if (n > cap)
-                 throw py::value_error("buffer of " + std::to_string(cap) + " bytes is too small for sample id " +
-                                       std::to_string(id) + " (" + std::to_string(n) + " bytes)");
-               return dst;
+             // A length offered before the read is validated may belong to a racing writer's value:
+             // copy an oversize one aside and judge the buffer on the length the read confirms.
+             std::vector<char> aside;
+             int64_t len = c.read(checked_id(c, id), [&](uint32_t n) -> char* {
+               if (n <= cap) return dst;
+               aside.resize(n);
+               return aside.data();
              });
+             if (len > static_cast<int64_t>(cap))
+               throw py::value_error("buffer of " + std::to_string(cap) + " bytes is too small for sample id " +
+                                     std::to_string(id) + " (" + std::to_string(len) + " bytes)");
+             return len;
            },
            py::arg("id"), py::arg("buffer"))
       .def("contains", [](Cache& c, int64_t id) { return c.contains(checked_id(c, id)); }, py::arg("id"))
@@ -396,6 +427,7 @@ PYBIND11_MODULE(_core, m) {
                py::gil_scoped_release nogil;
                return c.put(it, sp);
              }
+             Cache::Use use(c);  // make_item reads the segment: a close() from another thread waits
              py::gil_scoped_release nogil;
              return c.put(c.make_item(i, b.data(), b.size()), sp);
            },
@@ -417,8 +449,13 @@ PYBIND11_MODULE(_core, m) {
                bufs.emplace_back(vals[i]);
                items.push_back(c.make_item(checked_id(c, v[i]), bufs.back().data(), bufs.back().size()));
              }
-             py::array_t<float> sc;
-             if (!scores.is_none()) sc = scores_of(scores, v.size(), "scores");
+             // Scores are copied: another thread may change the caller's array once the GIL is gone,
+             // after they were checked.
+             std::vector<float> sc;
+             if (!scores.is_none()) {
+               auto arr = scores_of(scores, v.size(), "scores");
+               sc.assign(arr.data(), arr.data() + arr.size());
+             }
              py::array_t<bool> admitted(static_cast<py::ssize_t>(v.size()));
              auto* out = reinterpret_cast<uint8_t*>(admitted.mutable_data());
              const float* sp = scores.is_none() ? nullptr : sc.data();
@@ -438,18 +475,13 @@ PYBIND11_MODULE(_core, m) {
            py::arg("id"))
       .def("update_scores",
            [](Cache& c, py::handle ids, py::handle scores) {
-             auto idarr = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(ids);
-             if (!idarr) {
-               PyErr_Clear();
-               throw py::type_error("ids must be an array or sequence of integers");
-             }
-             if (idarr.ndim() != 1) throw py::value_error("ids must be one-dimensional");
-             auto sc = scores_of(scores, static_cast<size_t>(idarr.size()), "scores");
-             const int64_t* ip = idarr.data();
-             const float* sp = sc.data();
-             size_t n = static_cast<size_t>(idarr.size());
+             // Copies of both: ids and scores are checked, then used with the GIL released, when
+             // another thread could change the caller's arrays in between.
+             std::vector<int64_t> v = ids_of(ids);
+             auto arr = scores_of(scores, v.size(), "scores");
+             std::vector<float> sc(arr.data(), arr.data() + arr.size());
              py::gil_scoped_release nogil;
-             c.update_scores(ip, sp, n);
+             c.update_scores(v.data(), sc.data(), v.size());
            },
            py::arg("ids"), py::arg("scores"))
       .def("cached_mask",

@@ -75,6 +75,8 @@ void validate(const CacheOptions& o) {
                     "); raise capacity_bytes or lower max_item_bytes");
   if (o.capacity_bytes > kMaxDataBytes)
     throw Error(ErrorKind::kInvalidArgument, "capacity_bytes may be at most 256 GiB");
+  if (static_cast<uint32_t>(o.policy) > static_cast<uint32_t>(Policy::kStatic))
+    throw Error(ErrorKind::kInvalidArgument, "unknown policy number " + std::to_string(static_cast<uint32_t>(o.policy)));
 }
 
 }  // namespace
@@ -511,10 +513,8 @@ bool Cache::do_put(const PutItem& it) {
       hdr_->stats.updates.fetch_add(1, std::memory_order_relaxed);
       return true;
     }
-    // Another class, or a view pins the old copy: drop it (a pinned one stays, as a zombie, until
-    // its views end) and insert anew below.
-    do_evict(it.id);
-    hdr_->stats.updates.fetch_add(1, std::memory_order_relaxed);
+    // Another class, or a view pins the old copy: the new value goes to a new slot below, and the
+    // old copy is dropped only once that slot is won (a refused update keeps the old value).
   }
   double key = do_new_key(it.id);
   uint64_t u = do_alloc_slot(static_cast<uint32_t>(it.cls), key);
@@ -526,11 +526,17 @@ bool Cache::do_put(const PutItem& it) {
   crash_point(CrashPoint::kPutAfterAlloc);
   write_slot(slab_.slot(off), it);
   crash_point(CrashPoint::kPutAfterWrite);
+  // The old copy (unless the allocation evicted it as a victim) goes now: freed, or a zombie while
+  // a view pins it. A crash between this and the publish below loses the id (a miss), never bytes.
+  if (idx_get(it.id, std::memory_order_relaxed)) {
+    do_evict(it.id);
+    hdr_->stats.updates.fetch_add(1, std::memory_order_relaxed);
+  }
   idx_set(it.id, off + 1, std::memory_order_release);  // publish
   crash_point(CrashPoint::kPutAfterPublish);
   heap_.push(it.id, key);
   PageMeta& pm = pages_[slab_.page_of(off)];
-  pm.key_sum += key;
+  do_add_key(slab_.page_of(off), 0, key);
   ++pm.live;
   ++slab_.cls(pm.cls).items;
   ++hdr_->items;
@@ -619,8 +625,27 @@ uint64_t Cache::do_alloc_slot(uint32_t cls, double key) {
 // Changes the eviction key of cached `id`, keeping its page's key_sum in step.
 void Cache::do_rekey(uint32_t id, double key) {
   uint64_t off = idx_get(id, std::memory_order_relaxed) - 1;
-  pages_[slab_.page_of(off)].key_sum += key - heap_.key_of(id);
+  double old = heap_.key_of(id);
   heap_.update(id, key);
+  do_add_key(slab_.page_of(off), old, key);
+}
+
+// key_sum of page p: minus `removed`, plus `added`; the heap already holds the new state. A
+// running sum loses its small terms when a huge key passes through it (1e30 in, then out, leaves
+// 0 for fifty keys of 1); then the page's sum is taken again from its live values (O(slots)).
+void Cache::do_add_key(uint64_t p, double removed, double added) {
+  PageMeta& pm = pages_[p];
+  pm.key_sum = pm.key_sum - removed + added;
+  if (!(std::fabs(removed) + std::fabs(added) > 1e9 * std::fabs(pm.key_sum))) return;
+  const ClassMeta& cm = slab_.cls(pm.cls);
+  double sum = 0;
+  for (uint32_t i = 0; i < cm.slots_per_page; ++i) {
+    uint64_t off = p * page_size_ + static_cast<uint64_t>(i) * cm.slot_size;
+    const SlotHeader* s = slab_.slot(off);
+    if (s->id < n_ && !s->zombie && idx_get(s->id, std::memory_order_relaxed) == off + 1 && heap_.contains(s->id))
+      sum += heap_.key_of(s->id);
+  }
+  pm.key_sum = sum;
 }
 
 // The page, outside class `cls`, with the lowest mean key (an empty page first), among pages that
@@ -673,8 +698,9 @@ bool Cache::do_evict(uint32_t id) {
   }
   crash_point(CrashPoint::kEvictAfterFree);
   if (heap_.contains(id)) {
-    pm.key_sum -= heap_.key_of(id);
+    double key = heap_.key_of(id);
     heap_.remove(id);
+    do_add_key(slab_.page_of(off), key, 0);
   }
   --pm.live;
   if (pm.live == 0) pm.key_sum = 0;  // drop the rounding residue of the additions
@@ -912,8 +938,11 @@ std::string Cache::do_check() {
         return where + " has heap key " + std::to_string(key) + " but score " + std::to_string(scores_[s->id].load());
       if (policy == Policy::kFifo && key != static_cast<double>(ticks_[s->id].load()))
         return where + " has a heap key that is not its insert tick";
-      if (policy == Policy::kLru && key > static_cast<double>(ticks_[s->id].load()))
-        return where + " has a heap key newer than its last access";
+      // Not "key <= tick": a reader stamps a hit with a plain load-then-store of the clock (no
+      // read-modify-write on the hot path), so it may leave an older stamp over a writer's newer
+      // one. Eviction only ever raises a key to the stamp; the clock bounds both.
+      if (policy == Policy::kLru && key > static_cast<double>(hdr_->clock.load()))
+        return where + " has a heap key newer than the clock";
       ++live;
       key_sum += key;
       bytes += s->len;

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -176,8 +177,10 @@ class Cache {
     check_id(static_cast<uint64_t>(id));
   }
   void check_score(int64_t id, float score) const {
-    if (score != score)
-      throw Error(ErrorKind::kInvalidArgument, "score for sample id " + std::to_string(id) + " is NaN");
+    // NaN never compares, and ±inf (or a double beyond float range) makes eviction sums inf - inf.
+    if (!std::isfinite(score))
+      throw Error(ErrorKind::kInvalidArgument, "score for sample id " + std::to_string(id) + " is " +
+                                                   (score != score ? "NaN" : "not finite (beyond float32 range)"));
   }
 
  private:
@@ -192,6 +195,7 @@ class Cache {
   // the zombie list. Returns false in that case.
   bool do_evict(uint32_t id);
   void do_rekey(uint32_t id, double key);
+  void do_add_key(uint64_t page, double removed, double added);
   // The page outside `cls` to move, or kNoPage when every candidate holds a pinned value.
   uint64_t do_pick_page_to_move(uint32_t cls, const std::vector<HeapNode>& aside);
   // Evicts every value of page `page` and recuts it for `cls`; false (page unchanged, its values
