@@ -592,8 +592,8 @@ uint64_t Cache::do_alloc_slot(uint32_t cls, double key) {
         do_reap_dead_pins();
         continue;
       }
+      pinned.push_back(top);  // first: if it throws, the node is still in the heap
       heap_.remove(top.id);
-      pinned.push_back(top);
       continue;
     }
     uint64_t vpage = slab_.page_of(voff);
