@@ -31,6 +31,8 @@ _ROWS = 65   # row 0: the main process; rows 1..64: DataLoader workers by worker
 
 
 def _default_decode(data):
+    if not data:  # torch.frombuffer refuses an empty buffer; the format allows 0-byte samples
+        return torch.empty(0, dtype=torch.uint8)
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 

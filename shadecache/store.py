@@ -21,6 +21,7 @@ import numpy as np
 
 from . import _io
 from ._version import __version__
+from .errors import StoreFormatError
 
 __all__ = ["PackWriter", "PackedStore", "FolderStore", "pack", "scan_image_folder"]
 
@@ -228,13 +229,25 @@ class PackedStore(_StoreBase):
 
     @property
     def meta(self) -> dict:
-        """Metadata stored at pack time (class names, source, creator)."""
+        """Metadata stored at pack time (class names, source, creator). StoreFormatError when it
+        is not a JSON object (its checksum only proves it is what the writer stored)."""
         raw = self._r.meta
-        return json.loads(raw) if raw else {}
+        if not raw:
+            return {}
+        try:
+            meta = json.loads(raw)
+        except ValueError as exc:
+            raise StoreFormatError(f"{self.path}: metadata is not JSON ({exc})") from None
+        if not isinstance(meta, dict):
+            raise StoreFormatError(f"{self.path}: metadata is a JSON {type(meta).__name__}, not an object")
+        return meta
 
     @property
     def classes(self) -> list | None:
-        return self.meta.get("classes")
+        classes = self.meta.get("classes")
+        if classes is not None and not (isinstance(classes, list) and all(isinstance(c, str) for c in classes)):
+            raise StoreFormatError(f"{self.path}: metadata 'classes' is not a list of names")
+        return classes
 
     def offset(self, i: int) -> int:
         """File offset of sample ``i`` (what CorruptSampleError reports)."""

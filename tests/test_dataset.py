@@ -60,6 +60,21 @@ def test_items_are_sample_target_index_and_counted(store, truth, make_cache):
     assert ds.stats()["samples"] == 0
 
 
+def test_zero_byte_samples_decode_to_empty_tensors(tmp_path, cache_factory):
+    """The format allows 0-byte samples; the default decode returns an empty uint8 tensor for
+    them (torch.frombuffer refuses an empty buffer), from the store and from the cache."""
+    p = tmp_path / "z.shc"
+    with sc.PackWriter(p) as w:
+        w.add(b"", 3)
+        w.add(b"ab", 4)
+    ds = sc.CachedDataset(sc.PackedStore(p), cache_factory(2))
+    for _ in range(2):  # a miss, then a hit
+        (x0, y0, _), (x1, y1, _) = ds.__getitems__([0, 1])
+        assert x0.dtype == torch.uint8 and x0.numel() == 0 and y0 == 3
+        assert bytes(x1.numpy()) == b"ab" and y1 == 4
+    assert ds.stats()["hits"] == 2
+
+
 def test_without_cache_every_read_goes_to_the_store(store, truth):
     ds = sc.CachedDataset(store, None)
     x, y, idx = ds[9]

@@ -231,6 +231,81 @@ def test_other_format_version(packed, tmp_path):
         sc.PackedStore(p)
 
 
+# The whole header (csrc/io/store_format.h), for tests that forge a consistent, checksummed one.
+_HDR = struct.Struct("<8sIIIIQQQIIQQQ44sI")
+_N, _DIR_OFF, _DIR_BYTES, _DIR_CRC, _META_CRC, _META_OFF, _META_BYTES, _FILE_BYTES = 5, 6, 7, 8, 9, 10, 11, 12
+
+
+def _forge(raw, **fields):
+    """`raw` with header fields replaced (by index name above) and the header checksum redone."""
+    h = list(_HDR.unpack_from(raw))
+    for name, value in fields.items():
+        h[globals()["_" + name.upper()]] = value % (1 << 64)
+    out = bytearray(raw)
+    _HDR.pack_into(out, 0, *h)
+    struct.pack_into("<I", out, OFF_HCRC, _io.crc32c(bytes(out[:OFF_HCRC])))
+    return bytes(out)
+
+
+def test_hostile_headers_and_entries_are_refused_before_any_allocation(packed, tmp_path):
+    """A checksum is easy to forge. Counts and offsets whose sums wrap past 2^64 (2^26 samples
+    'fitting' a 20 KB file; metadata of 2^64 - 1 bytes; a directory entry at 2^64 - 4096) are
+    StoreFormatError naming the file, not gigabytes allocated, a bad_alloc or an OSError later."""
+    import resource
+
+    path, _, _ = packed
+    raw = path.read_bytes()
+    h = _HDR.unpack_from(raw)
+    n = 1 << 26
+    cases = {
+        "wrapped directory": _forge(raw, n=n, dir_bytes=n * 24, dir_off=4096 - n * 24, meta_off=4096,
+                                    meta_bytes=0, meta_crc=0, file_bytes=4096),
+        "wrapped metadata": _forge(raw, meta_bytes=-1, file_bytes=h[_META_OFF] - 1),
+    }
+    d = bytearray(raw[h[_DIR_OFF]:h[_DIR_OFF] + h[_DIR_BYTES]])
+    struct.pack_into("<QIIq", d, 2 * 24, (1 << 64) - 4096, 4096, 0, 2)
+    entry = bytearray(raw)
+    entry[h[_DIR_OFF]:h[_DIR_OFF] + len(d)] = d
+    cases["wrapped entry"] = _forge(bytes(entry), dir_crc=_io.crc32c(bytes(d)))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for what, data in cases.items():
+        p = tmp_path / (what.replace(" ", "_") + ".shc")
+        p.write_bytes(data)
+        with pytest.raises(sc.StoreFormatError, match=str(p)):
+            sc.PackedStore(p)
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak) / 1024
+    assert grown_mib < 256, f"opening hostile stores raised the peak RSS by {grown_mib:.0f} MiB"
+
+
+def test_metadata_that_is_not_an_object_is_a_format_error(tmp_path):
+    """Metadata with a valid checksum but the wrong shape is StoreFormatError, not an
+    AttributeError deep inside `classes` or the CLI."""
+    p = tmp_path / "m.shc"
+    with sc.PackWriter(p, meta={"classes": 5}) as w:
+        w.add(b"x", 0)
+    raw = p.read_bytes()
+    meta_off = _HDR.unpack_from(raw)[_META_OFF]
+    for data, what in ((raw, "not a list of names"),
+                       (_forge(raw[:meta_off] + b"[1, 2]", meta_bytes=6, file_bytes=meta_off + 6,
+                               meta_crc=_io.crc32c(b"[1, 2]")), "JSON list")):
+        p.write_bytes(data)
+        s = sc.PackedStore(p)
+        with pytest.raises(sc.StoreFormatError, match=what):
+            s.classes
+        s.close()
+
+
+def test_non_integer_ids_are_refused(packed):
+    """read_many with float, bool or string ids raises TypeError (a cast read sample 1 for 1.9)."""
+    path, _, _ = packed
+    s = sc.PackedStore(path)
+    for ids in ([1.9], np.array([True]), np.array(["2"])):
+        with pytest.raises(TypeError, match="ids must be integers"):
+            s.read_many(ids)
+    assert s.read_many([]) == [] and s.read_many(np.array([], dtype=np.int64)) == []
+    s.close()
+
+
 def test_id_out_of_range_and_bad_arguments(packed, tmp_path):
     path, data, _ = packed
     s = sc.PackedStore(path)

@@ -96,3 +96,24 @@ def test_folder_and_pack_agree(tree, tmp_path):
     ids = list(range(len(f)))
     assert p.read_many(ids) == f.read_many(ids)
     assert p.labels.tolist() == f.labels.tolist() and p.classes == f.classes
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_file_too_large_to_hold_fails_alone(tmp_path, backend):
+    """One sparse 15 TB file in the folder: its read fails with CapacityError naming it, no
+    descriptor leaks, and later batches (on the same ring) read the other files correctly (an
+    allocation failure used to escape the completion loop and leave the ring's completions
+    unconsumed, breaking every later batch)."""
+    root = tmp_path / "f" / "a"
+    root.mkdir(parents=True)
+    for j in range(6):
+        (root / f"f{j}").write_bytes(b"file%d" % j)
+    with open(root / "f3", "r+b") as f:
+        f.truncate(15 << 40)
+    s = sc.FolderStore(tmp_path / "f", backend=backend, queue_depth=8)
+    fds = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(sc.CapacityError, match="sample 3: read .*f3"):
+        s.read_many([0, 1, 2, 3, 4, 5])
+    for ids in ([0, 1, 2, 4, 5], [5, 4, 2, 1, 0]):
+        assert s.read_many(ids) == [b"file%d" % i for i in ids]
+    assert len(os.listdir("/proc/self/fd")) == fds

@@ -132,7 +132,7 @@ std::vector<int64_t> ids_of(py::handle ids) {
   }
   // Integers only: a cast would truncate floats (1.9 -> 1) and turn bools and strings into ids.
   char kind = any.dtype().kind();
-  if (kind != 'i' && kind != 'u')
+  if (any.size() > 0 && kind != 'i' && kind != 'u')  // an empty array is float64 by default
     throw py::type_error("ids must be integers, got an array of dtype " + std::string(py::str(any.dtype())));
   auto arr = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(any);
   if (!arr) throw py::error_already_set();

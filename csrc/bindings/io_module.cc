@@ -30,10 +30,19 @@ namespace {
 
 using IdArray = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
 
-// Ids as a contiguous int64 array; a Python list of ints is converted once.
+// Ids as a contiguous int64 array; a Python list of ints is converted once. Integers only: a
+// cast would truncate floats (1.9 -> sample 1) and turn bools and strings into ids.
 IdArray as_ids(const py::handle& ids) {
-  IdArray a = IdArray::ensure(ids);
-  if (!a) throw Error(ErrorKind::kInvalidArgument, "ids must be a sequence of integers");
+  py::array any = py::array::ensure(ids);
+  if (!any) {
+    PyErr_Clear();
+    throw py::type_error("ids must be a sequence or array of integers");
+  }
+  char kind = any.dtype().kind();
+  if (any.size() > 0 && kind != 'i' && kind != 'u')
+    throw py::type_error("ids must be integers, got an array of dtype " + std::string(py::str(any.dtype())));
+  IdArray a = IdArray::ensure(any);
+  if (!a) throw py::error_already_set();
   if (a.ndim() != 1) throw Error(ErrorKind::kInvalidArgument, "ids must be one-dimensional");
   return a;
 }

@@ -104,9 +104,13 @@ void PackedReader::load(int fd) {
     format_error("header has unsupported geometry (header_bytes " +
                  std::to_string(h.header_bytes) + ", align " + std::to_string(h.align) +
                  ", entry_bytes " + std::to_string(h.entry_bytes) + ")");
+  // Overflow-checked: a hostile header (its checksum is easy to recompute) must not make these
+  // sums wrap, and nothing is allocated before the sizes are known to fit the real file.
+  uint64_t dir_bytes = 0, meta_offset = 0, file_bytes = 0;
   if (h.dir_offset % store::kAlign != 0 || h.dir_offset < store::kHeaderBytes ||
-      h.dir_bytes != h.num_samples * sizeof(store::Entry) ||
-      h.meta_offset != h.dir_offset + h.dir_bytes || h.file_bytes != h.meta_offset + h.meta_bytes)
+      __builtin_mul_overflow(h.num_samples, sizeof(store::Entry), &dir_bytes) || h.dir_bytes != dir_bytes ||
+      __builtin_add_overflow(h.dir_offset, h.dir_bytes, &meta_offset) || h.meta_offset != meta_offset ||
+      __builtin_add_overflow(h.meta_offset, h.meta_bytes, &file_bytes) || h.file_bytes != file_bytes)
     format_error("header fields are inconsistent (directory at " + std::to_string(h.dir_offset) +
                  ", " + std::to_string(h.dir_bytes) + " bytes for " +
                  std::to_string(h.num_samples) + " samples)");
@@ -122,12 +126,13 @@ void PackedReader::load(int fd) {
   if (dcrc != h.dir_crc)
     format_error("sample directory damaged: checksum " + hex32(dcrc) + " != stored " +
                  hex32(h.dir_crc));
-  // Even with a matching checksum, never trust offsets that would read outside the data region.
+  // Even with a matching checksum, never trust offsets that would read outside the data region
+  // (written so that nothing can wrap: offset and length are each at most dir_offset).
   uint64_t min_off = store::kHeaderBytes;
   for (size_t i = 0; i < dir_.size(); ++i) {
     const store::Entry& e = dir_[i];
-    if (e.offset % store::kAlign != 0 || e.offset < min_off ||
-        store::align_up(e.offset + e.length) > h.dir_offset)
+    if (e.offset % store::kAlign != 0 || e.offset < min_off || e.offset > h.dir_offset ||
+        e.length > h.dir_offset - e.offset || store::align_up(e.offset + e.length) > h.dir_offset)
       format_error("sample directory entry " + std::to_string(i) + " is invalid (offset " +
                    std::to_string(e.offset) + ", length " + std::to_string(e.length) + ")");
     min_off = e.offset + store::align_up(e.length);

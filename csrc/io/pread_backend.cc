@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <new>
 #include <thread>
 
 #include "common/error.h"
@@ -110,8 +111,10 @@ class PreadBackend final : public IoBackend {
       if (::fstat(fd, &st) != 0) {
         op.err = errno;
         op.failed_step = "fstat";
+      } else if (st.st_size > 0 && !(op.data.reset(new (std::nothrow) char[st.st_size]), op.data)) {
+        op.err = ENOMEM;  // a huge file: this one fails, the fd is still closed below
+        op.failed_step = "read";
       } else if (st.st_size > 0) {
-        op.data.reset(new char[st.st_size]);
         ssize_t r = pread_full(fd, op.data.get(), static_cast<size_t>(st.st_size), 0);
         if (r < 0) {
           op.err = static_cast<int>(-r);

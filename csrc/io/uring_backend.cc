@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <string>
 
 #include "common/error.h"
@@ -340,7 +341,14 @@ void UringBackend::read_files(FileRead* ops, size_t n) {
           ready.emplace_back(i, kClose);
           continue;
         }
-        op.data.reset(new char[op.size]);
+        // Never throw in here: completions of this batch are still arriving into its buffers
+        // and the CQ must be advanced. A file too large to hold fails alone, and is closed.
+        op.data.reset(new (std::nothrow) char[op.size]);
+        if (!op.data) {
+          fail(i, "read", ENOMEM);
+          ready.emplace_back(i, kClose);
+          continue;
+        }
         ready.emplace_back(i, kRead);
       } else if (step == kRead) {
         if (res < 0) {
