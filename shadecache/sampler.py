@@ -27,6 +27,7 @@ epoch's observations, coverage and losses are summed across ranks (torch.distrib
 backend that reduces CPU tensors, e.g. gloo) and folded into the scores.
 """
 import math
+import warnings
 
 import numpy as np
 import torch
@@ -108,6 +109,7 @@ class ShadeSampler(Sampler):
         self._loss_sum = 0.0
         self._loss_cnt = 0
         self.last_epoch_stats = {}
+        self._warned_unmerged = False
         self._push_scores(np.arange(self.n, dtype=np.int64), self.table.scores)
 
     # ---- the epoch's order -------------------------------------------------------------------
@@ -116,6 +118,12 @@ class ShadeSampler(Sampler):
 
     def set_epoch(self, epoch: int):
         epoch = int(epoch)
+        if epoch != self.epoch and self._loss_cnt and not self._warned_unmerged:
+            self._warned_unmerged = True
+            warnings.warn(f"ShadeSampler.set_epoch({epoch}) without end_epoch(): the losses given to update() "
+                          f"in epoch {self.epoch} are not folded into the scores (nor merged across ranks), "
+                          "so the draw keeps the scores of the last end_epoch; call sampler.end_epoch() "
+                          "at the end of every epoch", RuntimeWarning, stacklevel=2)
         if epoch != self.epoch:
             self.epoch = epoch
             self._order = None
@@ -133,7 +141,10 @@ class ShadeSampler(Sampler):
             reps = math.ceil(self.total_size / self.n)
             g = np.concatenate([rng.permutation(self.n) for _ in range(reps)])[:self.total_size]
             return g.astype(np.int64), np.empty(0, dtype=np.int64)
-        w = self.table.scores
+        # The scores as folded at the last end_epoch (identical on every rank after its merge), not
+        # the live ones: those move with this rank's own losses, and ranks drawing from different
+        # weights would overlap and drop samples.
+        w = self.table.base
         p = w / w.sum()
         if self.draw == "multinomial":
             g = rng.choice(self.n, size=self.total_size, replace=True, p=p).astype(np.int64)

@@ -36,7 +36,7 @@ def test_draw_follows_the_scores_with_replacement():
     n = 4
     s = sc.ShadeSampler(n, batch_size=2, seed=1, coverage_epochs=0, epoch_size=40_000,
                         draw="multinomial")
-    s.table.scores[:] = [1.0, 1.0, 1.0, 5.0]
+    s.table.base[:] = [1.0, 1.0, 1.0, 5.0]
     counts = np.bincount(drain(s), minlength=n) / 40_000
     assert counts == pytest.approx([0.125, 0.125, 0.125, 0.625], abs=0.01)
     assert counts.tolist() != [0.125, 0.125, 0.125, 0.625]     # multinomial: random counts
@@ -49,7 +49,7 @@ def test_systematic_draw_gives_each_sample_floor_or_ceil_of_its_share():
     for epoch in range(5):
         s = sc.ShadeSampler(n, seed=9, coverage_epochs=0, epoch_size=total)
         s.set_epoch(epoch)
-        s.table.scores[:] = scores
+        s.table.base[:] = scores
         counts = np.bincount(drain(s), minlength=n)
         expect = total * scores / scores.sum()
         assert counts.sum() == total
@@ -68,8 +68,8 @@ def test_coverage_floor_draws_every_sample_every_k_epochs():
         seen_by_epoch = []
         for epoch in range(7):
             s.set_epoch(epoch)
-            s.table.scores[:] = 1e-6
-            s.table.scores[:10] = 1.0          # ten samples hold almost all the weight
+            s.table.base[:] = 1e-6
+            s.table.base[:10] = 1.0          # ten samples hold almost all the weight
             seen = np.zeros(n, dtype=bool)
             seen[drain(s)] = True
             seen_by_epoch.append(seen)
@@ -83,8 +83,8 @@ def test_coverage_floor_draws_every_sample_every_k_epochs():
     off = sc.ShadeSampler(n, seed=0, coverage_epochs=0)
     for epoch in range(3):
         off.set_epoch(epoch)
-        off.table.scores[:] = 1e-6
-        off.table.scores[:10] = 1.0
+        off.table.base[:] = 1e-6
+        off.table.base[:10] = 1.0
         drain(off)
         off.end_epoch()
     assert off.coverage()["last"] < 0.1
@@ -121,8 +121,9 @@ def test_forced_samples_are_never_substituted(cache_factory):
     cache = cache_factory(n)
     cache.put_many(np.arange(100), [b"y"] * 100)   # half cached
     s = sc.ShadeSampler(n, cache=cache, seed=5, rep_factor=3.0, coverage_epochs=2)
-    s.table.scores[:] = 1e-6
-    s.table.scores[:100] = 1.0                     # the draw lands on cached ids only
+    for arr in (s.table.base, s.table.scores):  # base: what the draw uses; scores: what end_epoch folds
+        arr[:] = 1e-6
+        arr[:100] = 1.0                          # the draw lands on cached ids only
     seen = np.zeros(n, dtype=bool)
     for epoch in range(2):
         s.set_epoch(epoch)
@@ -306,3 +307,25 @@ def test_ddp_two_ranks_share_the_draw_and_merge_scores(tmp_path):
     # the shared cache's score table holds the merged scores, as both ranks see it
     for r in range(world):
         assert np.allclose(np.load(tmp_path / f"cache-scores-{r}.npy"), ref.scores, atol=1e-5)
+
+
+def test_ranks_draw_the_same_global_order_even_without_end_epoch():
+    """Two ranks that saw different losses and only call set_epoch (the DistributedSampler
+    habit, no end_epoch) still draw from the same weights (those of the last end_epoch), so
+    their shares stay disjoint halves of one draw; the missing end_epoch is warned about."""
+    n = 400
+    ranks = [sc.ShadeSampler(n, seed=3, num_replicas=2, rank=r, coverage_epochs=0) for r in (0, 1)]
+    rng = np.random.default_rng(0)
+    for s in ranks:
+        s.set_epoch(0)
+        order = drain(s)
+        for k in range(0, len(order), 50):  # each rank's own losses: its live scores diverge
+            ids = order[k:k + 50]
+            s.update(ids, rng.random(ids.size))
+    assert not np.array_equal(ranks[0].scores, ranks[1].scores)
+    for s in ranks:
+        with pytest.warns(RuntimeWarning, match="without end_epoch"):
+            s.set_epoch(1)
+    a, b = drain(ranks[0]), drain(ranks[1])
+    g, _ = ranks[0].global_draw()
+    assert np.array_equal(np.sort(np.concatenate([a, b])), np.sort(g))
