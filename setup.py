@@ -43,7 +43,7 @@ def sources(*patterns):
     return out
 
 
-common = sources("csrc/common/*.cc", "csrc/bindings/errors.cc")
+common = sources("csrc/common/*.cc", "csrc/bindings/errors.cc", "csrc/bindings/ids.cc")
 core = Pybind11Extension(
     "shadecache._core",
     common + sources("csrc/cache/*.cc", "csrc/bindings/core_module.cc", "csrc/bindings/sample_view.cc"),

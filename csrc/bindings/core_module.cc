@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "bindings/errors.h"
+#include "bindings/ids.h"
 #include "bindings/sample_view.h"
 #include "cache/cache.h"
 #include "cache/segment.h"
@@ -125,18 +126,7 @@ std::vector<int64_t> ids_of(py::handle ids) {
     for (Py_ssize_t i = 0; i < n; ++i) out[i] = as_id(items[i]);
     return out;
   }
-  py::array any = py::array::ensure(ids);
-  if (!any) {
-    PyErr_Clear();
-    throw py::type_error("ids must be a sequence or array of integers");
-  }
-  // Integers only: a cast would truncate floats (1.9 -> 1) and turn bools and strings into ids.
-  char kind = any.dtype().kind();
-  if (any.size() > 0 && kind != 'i' && kind != 'u')  // an empty array is float64 by default
-    throw py::type_error("ids must be integers, got an array of dtype " + std::string(py::str(any.dtype())));
-  auto arr = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(any);
-  if (!arr) throw py::error_already_set();
-  if (arr.ndim() != 1) throw py::value_error("ids must be one-dimensional");
+  IdArray arr = integer_ids(ids);
   out.assign(arr.data(), arr.data() + arr.size());  // a copy: the caller's array may change later
   return out;
 }
@@ -148,7 +138,9 @@ PyObject* const* fast_items(py::handle seq, Py_ssize_t* n, py::object* keep) {
   return PySequence_Fast_ITEMS(keep->ptr());
 }
 
-py::array_t<float> scores_of(py::handle s, size_t n, const char* what) {
+// A copy, not a view of the caller's array: the scores are checked, then used with the GIL
+// released, when another thread could change that array.
+std::vector<float> scores_of(py::handle s, size_t n, const char* what) {
   auto arr = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(s);
   if (!arr) {
     PyErr_Clear();
@@ -157,7 +149,7 @@ py::array_t<float> scores_of(py::handle s, size_t n, const char* what) {
   if (arr.ndim() != 1 || static_cast<size_t>(arr.size()) != n)
     throw py::value_error(std::string(what) + " must be one-dimensional with one entry per id (" + std::to_string(n) +
                           "), got shape of size " + std::to_string(arr.size()));
-  return arr;
+  return std::vector<float>(arr.data(), arr.data() + arr.size());
 }
 
 const char* policy_name(Policy p) {
@@ -449,13 +441,8 @@ PYBIND11_MODULE(_core, m) {
                bufs.emplace_back(vals[i]);
                items.push_back(c.make_item(checked_id(c, v[i]), bufs.back().data(), bufs.back().size()));
              }
-             // Scores are copied: another thread may change the caller's array once the GIL is gone,
-             // after they were checked.
              std::vector<float> sc;
-             if (!scores.is_none()) {
-               auto arr = scores_of(scores, v.size(), "scores");
-               sc.assign(arr.data(), arr.data() + arr.size());
-             }
+             if (!scores.is_none()) sc = scores_of(scores, v.size(), "scores");
              py::array_t<bool> admitted(static_cast<py::ssize_t>(v.size()));
              auto* out = reinterpret_cast<uint8_t*>(admitted.mutable_data());
              const float* sp = scores.is_none() ? nullptr : sc.data();
@@ -475,11 +462,9 @@ PYBIND11_MODULE(_core, m) {
            py::arg("id"))
       .def("update_scores",
            [](Cache& c, py::handle ids, py::handle scores) {
-             // Copies of both: ids and scores are checked, then used with the GIL released, when
-             // another thread could change the caller's arrays in between.
+             // ids_of and scores_of return copies: used with the GIL released (see scores_of).
              std::vector<int64_t> v = ids_of(ids);
-             auto arr = scores_of(scores, v.size(), "scores");
-             std::vector<float> sc(arr.data(), arr.data() + arr.size());
+             std::vector<float> sc = scores_of(scores, v.size(), "scores");
              py::gil_scoped_release nogil;
              c.update_scores(v.data(), sc.data(), v.size());
            },

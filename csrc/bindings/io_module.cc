@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "bindings/errors.h"
+#include "bindings/ids.h"
 #include "common/crc32c.h"
 #include "common/error.h"
 #include "io/folder_reader.h"
@@ -28,27 +29,8 @@ using namespace shadecache;
 
 namespace {
 
-using IdArray = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
-
-// Ids as a contiguous int64 array; a Python list of ints is converted once. Integers only: a
-// cast would truncate floats (1.9 -> sample 1) and turn bools and strings into ids.
-IdArray as_ids(const py::handle& ids) {
-  py::array any = py::array::ensure(ids);
-  if (!any) {
-    PyErr_Clear();
-    throw py::type_error("ids must be a sequence or array of integers");
-  }
-  char kind = any.dtype().kind();
-  if (any.size() > 0 && kind != 'i' && kind != 'u')
-    throw py::type_error("ids must be integers, got an array of dtype " + std::string(py::str(any.dtype())));
-  IdArray a = IdArray::ensure(any);
-  if (!a) throw py::error_already_set();
-  if (a.ndim() != 1) throw Error(ErrorKind::kInvalidArgument, "ids must be one-dimensional");
-  return a;
-}
-
 py::list packed_read_many(PackedReader& r, const py::handle& ids_obj) {
-  IdArray ids = as_ids(ids_obj);
+  IdArray ids = integer_ids(ids_obj);
   const int64_t* p = ids.data();
   size_t n = static_cast<size_t>(ids.size());
   std::vector<py::object> out(n);
@@ -92,7 +74,7 @@ py::array_t<T> column(const PackedReader& r, T store::Entry::*field) {
 }
 
 py::list folder_read_many(FolderReader& r, const py::handle& ids_obj) {
-  IdArray ids = as_ids(ids_obj);
+  IdArray ids = integer_ids(ids_obj);
   const int64_t* p = ids.data();
   size_t n = static_cast<size_t>(ids.size());
   for (size_t k = 0; k < n; ++k) r.path(p[k]);

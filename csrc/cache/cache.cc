@@ -250,28 +250,20 @@ bool Cache::pin(uint64_t id, Pinned* out) {
   uint32_t token = 0;
   for (int attempt = 0; attempt < kMaxReadAttempts; ++attempt) {
     if (attempt) stripe().read_retries.fetch_add(1, std::memory_order_relaxed);
-    uint64_t v = idx_get(id, std::memory_order_acquire);
-    if (v == 0) break;
-    uint64_t off = v - 1;
-    if (off >= data_bytes_) break;  // only a corrupt segment gets here; check() reports it
-    PageMeta& page = pages_[off >> page_shift_];
-    uint64_t g1 = page.gen.load(std::memory_order_acquire);
-    if ((g1 & 1) || idx_get(id, std::memory_order_acquire) != v) continue;
-    SlotHeader* s = slab_.slot(off);
-    uint64_t s1 = s->seq.load(std::memory_order_acquire);
-    if (s1 & 1) continue;
-    uint32_t sid = __atomic_load_n(&s->id, __ATOMIC_RELAXED);
-    uint32_t len = __atomic_load_n(&s->len, __ATOMIC_RELAXED);
-    if (sid != id || len > page_size_ - (off & (page_size_ - 1)) - sizeof(SlotHeader)) continue;
+    SlotAt at;
+    Probe p = probe(id, &at);
+    if (p == Probe::kMiss) break;
+    if (p == Probe::kRetry) continue;
     // Record the pin, then check that the slot is still this value (seq_cst both: see pins.h).
-    if (token) pins_.set(token, slot_code(off)); else token = pins_.claim(slot_code(off), name_);
-    if (idx_get(id, std::memory_order_seq_cst) != v || s->seq.load(std::memory_order_seq_cst) != s1 ||
-        page.gen.load(std::memory_order_seq_cst) != g1)
+    uint32_t code = slot_code(at.off);
+    if (token) pins_.set(token, code); else token = pins_.claim(code, name_);
+    if (idx_get(id, std::memory_order_seq_cst) != at.v || at.slot->seq.load(std::memory_order_seq_cst) != at.seq ||
+        at.page->gen.load(std::memory_order_seq_cst) != at.gen)
       continue;
     users_.fetch_add(1, std::memory_order_relaxed);  // the view keeps the mapping (see close())
     stripe().hits.fetch_add(1, std::memory_order_relaxed);
     note_hit(id);
-    *out = Pinned{slab_.value(off), len, token};
+    *out = Pinned{slab_.value(at.off), at.len, token};
     return true;
   }
   if (token) pins_.release(token);

@@ -216,6 +216,19 @@ class Cache {
   // first makes seq odd and gives up, changing nothing, when a view pins the slot.
   bool write_slot(SlotHeader* s, const PutItem& it, bool check_pins = false);
 
+  // A slot found by probe(): the index value naming it, its offset, page, page generation, header,
+  // seq and length, as read (the caller checks they still hold after using the slot).
+  struct SlotAt {
+    uint64_t v, off;
+    PageMeta* page;
+    uint64_t gen;
+    SlotHeader* slot;
+    uint64_t seq;
+    uint32_t len;
+  };
+  enum class Probe { kMiss, kRetry, kFound };
+  Probe probe(uint64_t id, SlotAt* at) const;
+
   void note_hit(uint64_t id) {
     if (hdr_->policy == static_cast<uint32_t>(Policy::kLru)) {
       // Readers do not advance the clock (a read-modify-write of one shared word by every get in
@@ -294,34 +307,48 @@ class WriteLock {
 
 constexpr int kMaxReadAttempts = 64;
 
+// One attempt at the first half of the read protocol (docs/shared_memory.md), shared by read and
+// pin: the slot index[id] names, proven to be a stable slot header of `id` in the page layout of
+// generation `gen`. kMiss: not cached (or a corrupt offset, which check() reports); kRetry: a
+// writer is changing it; kFound: `at` describes it. The caller validates after using it.
+inline Cache::Probe Cache::probe(uint64_t id, SlotAt* at) const {
+  uint64_t v = idx_get(id, std::memory_order_acquire);
+  if (v == 0 || v - 1 >= data_bytes_) return Probe::kMiss;
+  uint64_t off = v - 1;
+  PageMeta& page = pages_[off >> page_shift_];
+  uint64_t gen = page.gen.load(std::memory_order_acquire);
+  // Reading the index again after the generation proves `off` was published within this page
+  // layout, so it is a slot header and not the middle of some other value.
+  if ((gen & 1) || idx_get(id, std::memory_order_acquire) != v) return Probe::kRetry;
+  SlotHeader* s = slab_.slot(off);
+  uint64_t seq = s->seq.load(std::memory_order_acquire);
+  if (seq & 1) return Probe::kRetry;
+  uint32_t sid = __atomic_load_n(&s->id, __ATOMIC_RELAXED);
+  uint32_t len = __atomic_load_n(&s->len, __ATOMIC_RELAXED);
+  if (sid != id || len > page_size_ - (off & (page_size_ - 1)) - sizeof(SlotHeader)) return Probe::kRetry;
+  *at = SlotAt{v, off, &page, gen, s, seq, len};
+  return Probe::kFound;
+}
+
 template <class Alloc>
 int64_t Cache::read(uint64_t id, Alloc&& alloc) {
   for (int attempt = 0; attempt < kMaxReadAttempts; ++attempt) {
     if (attempt) stripe().read_retries.fetch_add(1, std::memory_order_relaxed);
-    uint64_t v = idx_get(id, std::memory_order_acquire);
-    if (v == 0) break;
-    uint64_t off = v - 1;
-    if (off >= data_bytes_) break;  // only a corrupt segment gets here; check() reports it
-    PageMeta& page = pages_[off >> page_shift_];
-    uint64_t g1 = page.gen.load(std::memory_order_acquire);
-    // Reading the index again after the generation proves `off` was published within this page
-    // layout, so it is a slot header and not the middle of some other value.
-    if ((g1 & 1) || idx_get(id, std::memory_order_acquire) != v) continue;
-    SlotHeader* s = slab_.slot(off);
-    uint64_t s1 = s->seq.load(std::memory_order_acquire);
-    if (s1 & 1) continue;
-    uint32_t sid = __atomic_load_n(&s->id, __ATOMIC_RELAXED);
-    uint32_t len = __atomic_load_n(&s->len, __ATOMIC_RELAXED);
-    if (sid != id || len > page_size_ - (off & (page_size_ - 1)) - sizeof(SlotHeader)) continue;
-    char* dst = alloc(len);
-    std::memcpy(dst, slab_.value(off), len);
+    SlotAt at;
+    Probe p = probe(id, &at);
+    if (p == Probe::kMiss) break;
+    if (p == Probe::kRetry) continue;
+    char* dst = alloc(at.len);
+    std::memcpy(dst, slab_.value(at.off), at.len);
     // Acquire fence: the seq/gen loads below cannot move above the copy, so an unchanged seq and
     // gen prove no writer touched the slot during it (the writer's release fence pairs with this).
     std::atomic_thread_fence(std::memory_order_acquire);
-    if (s->seq.load(std::memory_order_relaxed) != s1 || page.gen.load(std::memory_order_relaxed) != g1) continue;
+    if (at.slot->seq.load(std::memory_order_relaxed) != at.seq ||
+        at.page->gen.load(std::memory_order_relaxed) != at.gen)
+      continue;
     stripe().hits.fetch_add(1, std::memory_order_relaxed);
     note_hit(id);
-    return len;
+    return at.len;
   }
   stripe().misses.fetch_add(1, std::memory_order_relaxed);
   return -1;

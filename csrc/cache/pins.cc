@@ -88,33 +88,15 @@ uint32_t PinTable::claim(uint32_t code, const std::string& cache_name) {
 }
 
 bool PinTable::pinned(uint32_t code) const {
-  for (uint32_t w = 0; w < 2; ++w) {
-    uint64_t bits = active_[w].load(std::memory_order_seq_cst);
-    while (bits) {
-      uint32_t r = w * 64 + static_cast<uint32_t>(__builtin_ctzll(bits));
-      bits &= bits - 1;
-      const PinOwner& o = owners_[r];
-      uint32_t hwm = std::min(o.hwm.load(std::memory_order_seq_cst), kPinsPerOwner);
-      for (uint32_t k = 0; k < hwm; ++k)
-        if (o.slots[k].load(std::memory_order_seq_cst) == code) return true;
-    }
-  }
-  return false;
+  return any_entry([code](uint32_t c) { return c == code; });
 }
 
 void PinTable::snapshot(std::vector<uint32_t>* out) const {
   out->clear();
-  for (uint32_t w = 0; w < 2; ++w) {
-    uint64_t bits = active_[w].load(std::memory_order_seq_cst);
-    while (bits) {
-      uint32_t r = w * 64 + static_cast<uint32_t>(__builtin_ctzll(bits));
-      bits &= bits - 1;
-      const PinOwner& o = owners_[r];
-      uint32_t hwm = std::min(o.hwm.load(std::memory_order_seq_cst), kPinsPerOwner);
-      for (uint32_t k = 0; k < hwm; ++k)
-        if (uint32_t c = o.slots[k].load(std::memory_order_seq_cst)) out->push_back(c);
-    }
-  }
+  any_entry([out](uint32_t c) {
+    out->push_back(c);
+    return false;
+  });
   std::sort(out->begin(), out->end());
 }
 

@@ -70,6 +70,22 @@ class PinTable {
   // reaper or claimer got there first.
   static bool take_over(PinOwner& o, int64_t pid);
   static constexpr int64_t kReaping = -1;
+  // Calls f(code) for each non-zero entry of every record in use (up to its high-water mark;
+  // seq_cst loads: see the contract above) until f returns true; returns whether one did.
+  template <class F>
+  bool any_entry(F f) const {
+    for (uint32_t w = 0; w < 2; ++w) {
+      uint64_t bits = active_[w].load(std::memory_order_seq_cst);
+      while (bits) {
+        const PinOwner& o = owners_[w * 64 + static_cast<uint32_t>(__builtin_ctzll(bits))];
+        bits &= bits - 1;
+        uint32_t hwm = o.hwm.load(std::memory_order_seq_cst);
+        for (uint32_t k = 0; k < hwm && k < kPinsPerOwner; ++k)
+          if (uint32_t c = o.slots[k].load(std::memory_order_seq_cst); c && f(c)) return true;
+      }
+    }
+    return false;
+  }
 
   PinOwner* owners_ = nullptr;
   std::atomic<uint64_t>* active_ = nullptr;  // bit r of word r/64: record r is claimed

@@ -1,0 +1,18 @@
+// Sample ids from Python for both extension modules: one rule for what counts as an id array.
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+
+namespace shadecache {
+
+using IdArray = pybind11::array_t<int64_t, pybind11::array::c_style | pybind11::array::forcecast>;
+
+// `ids` (an array, or any sequence numpy turns into one) as a contiguous 1-D int64 array.
+// Integers only: a cast would truncate floats (1.9 -> id 1) and turn bools and strings into ids,
+// so any other dtype is a TypeError (an empty sequence, float64 to numpy, is allowed).
+IdArray integer_ids(pybind11::handle ids);
+
+}  // namespace shadecache
