@@ -26,7 +26,9 @@ def test_demo_runs_and_reports(tmp_path):
     uni, shade = rows["uniform + LRU"], rows["SHADE (rep 1) + importance"]
     for hit, mb, rate, cov, acc in (uni, shade):
         assert 0.0 <= hit <= 1.0 and mb > 0 and rate > 0 and 0 < cov <= 1.0
-        assert acc > 20.0, "the model must learn something in 4 epochs (chance is 10%)"
+        # Chance is 10%; with 500 test samples 15% is ~3.7 standard errors above it. (The SHADE
+        # run is not deterministic with 2 workers: 18.2-23.0% over 8 runs, so 20% was flaky.)
+        assert acc > 15.0, "the model must learn something in 4 epochs (chance is 10%)"
     # uniform order against LRU almost never hits; SHADE orders cached samples first
     assert shade[0] > uni[0] + 0.05
     assert shade[1] < uni[1]                       # so it reads fewer bytes from the store
