@@ -29,6 +29,10 @@ _LAZY = {
     "ImportanceTable": ".importance",
     "ShadeSampler": ".sampler",
     "CachedDataset": ".dataset",
+    "Cluster": ".peer",
+    "serve": ".peer",
+    "PeerServer": ".peer",
+    "SSDTier": ".ssd_tier",
 }
 
 __all__ = sorted(list(_LAZY) + ["__version__", "CapacityError", "ClosedError", "CorruptionError",
