@@ -1,6 +1,6 @@
 """Hit ratio, store traffic, coverage and accuracy of real training through the cache (issue 4).
 
-A closed loop: a real network (shadecache.demo.make_model) learns a real image data set made
+A closed loop: a real network (shadecache.experiment.make_model) learns a real image data set made
 locally (shadecache.synthetic), packed into a PackedStore and read through a real shared-memory
 Cache by CachedDataset and a stock DataLoader; the sampler reads the cache's state each epoch and
 the losses drive the scores that eviction uses. Every configuration makes the same number of
@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import shadecache as sc  # noqa: E402
-from shadecache.demo import RunConfig, build_data, train_run  # noqa: E402
+from shadecache.experiment import RunConfig, build_data, train_run  # noqa: E402
 
 ROWS = [  # (label, sampler, policy, rep_factor, coverage_epochs)
     ("uniform + LRU", "uniform", "lru", 0.0, 2),
@@ -171,12 +171,12 @@ def write_md(table, checks, args, png, elapsed):
             f"Cache by CachedDataset in a stock DataLoader (num_workers={args.workers}), "
             f"batch {args.batch_size}, {args.epochs} epochs, Adam with a cosine schedule, "
             f"augmentation after the cache (random circular shift of up to 2 pixels and fresh "
-            f"pixel noise, `demo.Augment`); accuracy on "
+            f"pixel noise, `experiment.Augment`); accuracy on "
             f"{args.test_samples} held-out samples; seeds 0..{args.seeds - 1} (same initial "
             f"weights per seed in every row, so Δ accuracy is paired). Every row makes the same "
             f"number of steps. Cache sizes are fractions of the samples; the engine's slab pages "
             f"and slot headers make a byte budget hold fewer samples, so the capacity is found by "
-            f"filling a throwaway cache (`demo.capacity_for_fraction`). Coverage = distinct "
+            f"filling a throwaway cache (`experiment.capacity_for_fraction`). Coverage = distinct "
             f"samples trained in an epoch / N (lowest epoch). rep_factor = extra copies a cached "
             f"draw may take in place of a miss. The floor (K=2) is ShadeSampler's default.",
             "", f"![hit ratio]({os.path.relpath(png, os.path.dirname(md))})", "", table, "",

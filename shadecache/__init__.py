@@ -21,10 +21,10 @@ from .errors import (  # noqa: F401
 _LAZY = {
     "Cache": ".cache",
     "POLICIES": ".cache",
-    "PackWriter": ".store",
+    "PackWriter": ".store_writer",
     "PackedStore": ".store",
     "FolderStore": ".store",
-    "pack": ".store",
+    "pack": ".store_writer",
     "rank_weights": ".importance",
     "ImportanceTable": ".importance",
     "ShadeSampler": ".sampler",
