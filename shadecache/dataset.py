@@ -4,7 +4,9 @@ A DataLoader worker fetches a whole batch in one call (`__getitems__`, used by t
 when the data set defines it):
 
   1. `cache.get_many(ids)`                   hits are copied out of shared memory, no lock;
-  2. `store.read_many(unique missed ids)`    one batch of I/O for all the misses;
+  2. `fetch_missing(unique missed ids)`      the tiers, each batched: the peer node that is home
+                                             to an id (cluster=), the local SSD tier (ssd=), then
+                                             one store.read_many for what is left;
   3. `cache.put_many(ids, values)`           one lock; the engine admits each sample by its current
                                              importance score in the shared table, so admission
                                              compares like with like.
@@ -21,12 +23,14 @@ CachedDataset object at the same time would share worker rows; give each its own
 """
 import multiprocessing as mp
 import os
+import time
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
-_FIELDS = ("hits", "misses", "bytes_read", "samples", "store_reads")
+_FIELDS = ("hits", "misses", "bytes_read", "samples", "store_reads",
+           "peer_hits", "peer_bytes", "peer_ns", "ssd_hits", "ssd_bytes", "ssd_ns", "store_ns")
 _ROWS = 65   # row 0: the main process; rows 1..64: DataLoader workers by worker id (mod 64)
 
 
@@ -45,12 +49,17 @@ class CachedDataset(Dataset):
     decode     bytes -> sample (default: a uint8 tensor of the bytes)
     transform  sample -> sample, applied after decode (augmentation: the cache holds raw bytes)
     admit      insert missed samples into the cache (False: read-through only)
+    cluster    a sc.Cluster: a miss whose home is another node is asked of that node first
+    ssd        a sc.SSDTier: consulted after the peers, before the store; filled behind reads
+    keep_remote  also offer samples whose home is another node to this node's cache and SSD
+               tier (default: a node keeps what it is home to, so the cluster caches the sum)
 
     Picklable: a spawned DataLoader worker re-attaches the cache by name and reopens the store
     (both pickle that way); the shared counters travel with the worker when it is started.
     """
 
-    def __init__(self, store, cache=None, decode=None, transform=None, admit: bool = True):
+    def __init__(self, store, cache=None, decode=None, transform=None, admit: bool = True,
+                 cluster=None, ssd=None, keep_remote: bool = False):
         self.store = store
         self.cache = cache
         n = len(store)
@@ -60,6 +69,9 @@ class CachedDataset(Dataset):
         self.decode = decode or _default_decode
         self.transform = transform
         self.admit = bool(admit)
+        self.cluster = cluster
+        self.ssd = ssd
+        self.keep_remote = bool(keep_remote)
         self._n = n
         self._counters = mp.RawArray("q", _ROWS * len(_FIELDS))
         self._view = None
@@ -106,26 +118,75 @@ class CachedDataset(Dataset):
         # `None in values` is one C-level scan: an all-hit batch (the common case once the cache
         # is warm) builds no Python list of misses.
         missed = [i for i, v in zip(ids, values) if v is None] if None in values else []
-        hits = len(ids) - len(missed)
-        nbytes = 0
-        reads = 0
         if missed:
             uniq = list(dict.fromkeys(missed))          # a batch may hold an id twice
-            data = self.store.read_many(uniq)
-            reads = len(uniq)
-            got = dict(zip(uniq, data))
-            nbytes = sum(len(d) for d in data)
+            got = dict(zip(uniq, self.fetch_missing(uniq)))
             values = [got[i] if v is None else v for i, v in zip(ids, values)]
-            if self.cache is not None and self.admit:
+        row = self._row()
+        row[0] += len(ids) - len(missed)   # this process's row only: plain int64 slots, no lock
+        row[1] += len(missed)
+        row[3] += len(ids)
+        return values
+
+    def fetch_missing(self, ids: list) -> list:
+        """The bytes of every id (distinct, in range) that the node cache missed, through the
+        tiers in order: the peer node that is home to the id (cluster=), the local SSD tier
+        (ssd=), the store. What this node is home to is offered to the cache (admitted by its
+        policy) and to the SSD tier (written behind, off this path); what another node is home
+        to is kept only with keep_remote=True. Counts go to this process's counter row."""
+        n = len(ids)
+        values = [None] * n
+        row = self._row()
+        a = np.asarray(ids, dtype=np.int64)
+        own = np.ones(n, dtype=bool)
+        cluster = self.cluster
+        if cluster is not None and cluster.num_nodes > 1:
+            home = cluster.home_of(a)
+            own = home == cluster.node
+            remote = np.flatnonzero(~own)
+            if remote.size:
+                t0 = time.perf_counter_ns()
+                got = cluster.fetch(a[remote], home[remote])
+                hits = 0
+                for k, v in zip(remote.tolist(), got):
+                    if v is not None:
+                        values[k] = v
+                        hits += 1
+                        row[6] += len(v)
+                row[5] += hits
+                row[7] += time.perf_counter_ns() - t0
+        from_ssd = []
+        if self.ssd is not None:
+            pending = [k for k in range(n) if values[k] is None]
+            if pending:
+                t0 = time.perf_counter_ns()
+                got = self.ssd.get_many([ids[k] for k in pending])
+                for k, v in zip(pending, got):
+                    if v is not None:
+                        values[k] = v
+                        from_ssd.append(k)
+                        row[9] += len(v)
+                row[8] += len(from_ssd)
+                row[10] += time.perf_counter_ns() - t0
+        pending = [k for k in range(n) if values[k] is None]
+        if pending:
+            t0 = time.perf_counter_ns()
+            data = self.store.read_many([ids[k] for k in pending])
+            row[11] += time.perf_counter_ns() - t0
+            for k, v in zip(pending, data):
+                values[k] = v
+            row[2] += sum(len(d) for d in data)
+            row[4] += len(pending)
+            if self.ssd is not None:
+                keep = [k for k in pending if own[k] or self.keep_remote]
+                if keep:
+                    self.ssd.put_many([ids[k] for k in keep], [values[k] for k in keep])
+        if self.cache is not None and self.admit:
+            keep = np.flatnonzero(own) if not self.keep_remote else np.arange(n)
+            if keep.size:
                 # No scores passed: the engine admits each sample by its current score in the
                 # shared table (importance policy), so nothing is copied out of the table here.
-                self.cache.put_many(np.asarray(uniq, dtype=np.int64), data)
-        row = self._row()
-        row[0] += hits                  # this process's row only: plain int64 slots, no lock
-        row[1] += len(missed)
-        row[2] += nbytes
-        row[3] += len(ids)
-        row[4] += reads
+                self.cache.put_many(a[keep], [values[k] for k in keep.tolist()])
         return values
 
     def _row(self):
@@ -165,9 +226,20 @@ class CachedDataset(Dataset):
 
     def stats(self) -> dict:
         """Counts over every process that used this data set: hits, misses, bytes_read (from the
-        store), samples, store_reads (distinct ids read), and hit_ratio."""
-        d = dict(zip(_FIELDS, (int(v) for v in self._table().sum(axis=0))))
+        store), samples, store_reads (distinct ids read), and hit_ratio; per tier below the
+        cache (`tiers`: peer, ssd, store): samples served, bytes, and seconds spent in that tier's
+        batched calls."""
+        t = self._table()
+        d = dict(zip(_FIELDS, (int(v) for v in t.sum(axis=0))))
         d["hit_ratio"] = d["hits"] / d["samples"] if d["samples"] else 0.0
+        d["tiers"] = {
+            "peer": {"hits": d["peer_hits"], "bytes": d["peer_bytes"], "ns": d.pop("peer_ns")},
+            "ssd": {"hits": d["ssd_hits"], "bytes": d["ssd_bytes"], "ns": d.pop("ssd_ns")},
+            "store": {"hits": d["store_reads"], "bytes": d["bytes_read"], "ns": d.pop("store_ns")},
+        }
+        for tier in d["tiers"].values():
+            ns = tier.pop("ns")
+            tier["seconds"] = ns / 1e9
         return d
 
     def reset_stats(self):
