@@ -57,6 +57,20 @@ def check_bind(host: str, key: bytes) -> None:
                          "SHADECACHE_SECRET) or bind to 127.0.0.1")
 
 
+def _linger(conn, limit: int = 1 << 20, seconds: float = 1.0) -> None:
+    """Closes our side gracefully: FIN after the replies already queued, then reads and drops
+    what the client still sends (up to `limit` bytes or `seconds`). Closing a socket with unread
+    input makes the kernel send RST, which discards the replies still in flight to the client."""
+    conn.shutdown(socket.SHUT_WR)
+    conn.settimeout(seconds)
+    deadline = time.monotonic() + seconds
+    while limit > 0 and time.monotonic() < deadline:
+        k = len(conn.recv(min(limit, 1 << 16)))
+        if not k:
+            return
+        limit -= k
+
+
 class _PinSlots:
     """Counts the views this process holds, below the engine's per-process limit, so that many
     connections pinning at once wait for each other instead of failing."""
@@ -154,6 +168,7 @@ class PeerService:
             self.counters["errors"] += 1
             try:
                 conn.sendall(wire.error_message(e.code, str(e)))
+                _linger(conn)
             except OSError:
                 pass
         except (OSError, struct.error):   # EOF, timeouts, resets, a failed handshake
