@@ -191,3 +191,24 @@ def test_three_node_processes_one_sigkilled_mid_epoch(store_path, tmp_path):
                 p.kill()
                 p.wait()
     assert procs[0].returncode == 0 and procs[1].returncode == 0
+
+
+def test_serve_command_serves_a_cache(cache_factory, store):
+    c = _node_cache(cache_factory, store, range(50))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]),
+               SHADECACHE_SECRET="cli")
+    p = subprocess.Popen([sys.executable, "-m", "shadecache.cli", "serve", c.name, "--port", str(port)],
+                         env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert "serving" in p.stdout.readline()
+        assert PeerClient(f"127.0.0.1:{port}", "cli").get_many([1, 60], timeout=5) == [store.read(1), None]
+        bad = subprocess.run([sys.executable, "-m", "shadecache.cli", "serve", c.name, "--host", "0.0.0.0"],
+                             env=dict(env, SHADECACHE_SECRET=""), capture_output=True, text=True)
+        assert bad.returncode == 2 and "without a secret" in bad.stderr
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.wait(10)
+    assert p.returncode == 0
