@@ -65,6 +65,9 @@ def test_read_through_server_reads_the_store_once_and_caches(cache_factory, stor
         ids = list(range(100, 200))
         assert client.get_many(ids, timeout=5) == store.read_many(ids)
         assert all(home.contains(i) for i in ids)    # the home node keeps what it owns
+        assert client.get_many(ids, timeout=5) == store.read_many(ids)
+        st = client.server_stats()
+        assert st["store_reads"] == 100 and st["cache_hits"] == 100 and st["ids"] == 200
         client.close()
 
 

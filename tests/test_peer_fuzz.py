@@ -9,6 +9,7 @@ A failing case is saved to tests/fuzz_failures/peer-<seed>-<case>.bin and replay
     PYTHONPATH=. python tests/test_peer_fuzz.py --replay FILE
 """
 import argparse
+import json
 import os
 import random
 import socket
@@ -49,7 +50,7 @@ def malformed(rng: random.Random) -> tuple:
     if kind == 3:    # body length that disagrees with the count
         return False, wire.pack_header(wire.GET, 3, 16, 1) + bytes(16)
     if kind == 4:    # unknown or out-of-order opcodes (server-side ones, handshake ones)
-        op = rng.choice([0, wire.HELLO, wire.PROOF, wire.GET_REPLY, wire.PONG, wire.ERROR, 8, 200, 255])
+        op = rng.choice([0, wire.HELLO, wire.PROOF, wire.GET_REPLY, wire.PONG, wire.ERROR, wire.STATS, wire.STATS_REPLY, 10, 200, 255])
         body = os.urandom(rng.randrange(0, 40))
         return False, wire.pack_header(op, rng.randrange(3), len(body), 1) + body
     if kind == 5:    # ids out of range
@@ -95,6 +96,10 @@ def _parse_replies(data: bytes, truth: dict, reset: bool = False) -> str:
         if op == wire.ERROR:
             return "" if off == len(data) else "bytes after ERROR"
         if op == wire.PONG:
+            continue
+        if op == wire.STATS_REPLY:
+            if not isinstance(json.loads(body), dict):
+                return "STATS reply is not an object"
             continue
         if op != wire.GET_REPLY:
             return f"unexpected reply opcode {op}"

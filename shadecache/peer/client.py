@@ -7,6 +7,7 @@ its ids and every sample's crc32c check out; otherwise nothing of it is returned
 
 Not thread-safe: one client per thread (the Cluster keeps one per peer per process).
 """
+import json
 import socket
 import time
 
@@ -128,6 +129,22 @@ class PeerClient:
         deadline = time.monotonic() + timeout
         op = self.send_get(ids, deadline)
         return self.recv_get(ids, op, deadline)
+
+    def server_stats(self, timeout: float = 1.0) -> dict:
+        """The server's counters (requests, ids, cache_hits, ssd_hits, store_reads, bytes_sent...)."""
+        deadline = time.monotonic() + timeout
+        if self.sock is None:
+            self.connect(deadline)
+        try:
+            self.sock.sendall(wire.pack_header(wire.STATS))
+            body = wire.recv_message(self.sock, expect=wire.STATS_REPLY, deadline=deadline)[4]
+            d = json.loads(bytes(body))
+        except BaseException:
+            self.close()
+            raise
+        if not isinstance(d, dict):
+            raise wire.ProtocolError(f"peer {self.address}: STATS reply is not an object")
+        return d
 
     def ping(self, timeout: float = 1.0) -> float:
         """Round trip time in seconds."""

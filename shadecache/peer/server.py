@@ -19,6 +19,7 @@ serving everyone else. A client that stops reading is dropped after IO_TIMEOUT s
 are released with it).
 """
 import ipaddress
+import json
 import pickle
 import socket
 import struct
@@ -161,6 +162,9 @@ class PeerService:
                     self._get(conn, count, body, opaque)
                 elif opcode == wire.PING:
                     conn.sendall(wire.pack_header(wire.PONG, 0, 0, opaque))
+                elif opcode == wire.STATS:
+                    body = json.dumps(self.counters).encode()[:wire.MAX_STATS]
+                    conn.sendall(wire.pack_header(wire.STATS_REPLY, 0, len(body), opaque) + body)
                 else:
                     raise wire.ProtocolError(f"unexpected {wire.OPCODE_NAMES[opcode]} request",
                                              wire.E_BAD_OPCODE)

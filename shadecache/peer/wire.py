@@ -15,6 +15,8 @@ against a limit BEFORE a byte is allocated for it; nothing is ever unpickled.
                               then the values of the entries that hit, in order
                               (length MISS = the peer has no copy; crc32c of the bytes otherwise)
     PING / PONG               count 0, body empty
+    STATS      request        count 0, body empty
+    STATS_REPLY               body: the server's counters, a JSON object (<= MAX_STATS bytes)
     ERROR      reply          status = an error code, body: a UTF-8 message (<= MAX_ERROR bytes);
                               the server closes the connection after sending it
 
@@ -32,9 +34,9 @@ HEADER = struct.Struct("<4sBBHIIQ")
 HEADER_BYTES = HEADER.size  # 24
 
 # opcodes
-HELLO, PROOF, GET, GET_REPLY, PING, PONG, ERROR = 1, 2, 3, 4, 5, 6, 7
+HELLO, PROOF, GET, GET_REPLY, PING, PONG, ERROR, STATS, STATS_REPLY = 1, 2, 3, 4, 5, 6, 7, 8, 9
 OPCODE_NAMES = {HELLO: "HELLO", PROOF: "PROOF", GET: "GET", GET_REPLY: "GET_REPLY",
-                PING: "PING", PONG: "PONG", ERROR: "ERROR"}
+                PING: "PING", PONG: "PONG", ERROR: "ERROR", STATS: "STATS", STATS_REPLY: "STATS_REPLY"}
 
 # status codes of an ERROR reply
 E_BAD_MAGIC, E_BAD_VERSION, E_BAD_OPCODE, E_TOO_LARGE, E_BAD_LENGTH, E_AUTH, E_BAD_ID, E_INTERNAL = range(1, 9)
@@ -46,6 +48,7 @@ MAX_BATCH = 4096                 # ids per GET
 MAX_VALUE = 64 << 20             # bytes of one sample
 MAX_REPLY = 512 << 20            # bytes of one GET reply body
 MAX_ERROR = 1024                 # bytes of an ERROR message
+MAX_STATS = 4096                 # bytes of a STATS reply
 MISS = 0xFFFFFFFF                # entry length of a sample the peer does not hold
 
 ENTRY = np.dtype([("id", "<u8"), ("length", "<u4"), ("crc", "<u4")])
@@ -97,8 +100,10 @@ def body_limit(opcode: int, count: int) -> int:
         if count > MAX_BATCH:
             raise ProtocolError(f"GET reply of {count} entries exceeds {MAX_BATCH}", E_TOO_LARGE)
         return MAX_REPLY
-    if opcode in (PING, PONG):
+    if opcode in (PING, PONG, STATS):
         return 0
+    if opcode == STATS_REPLY:
+        return MAX_STATS
     if opcode == ERROR:
         return MAX_ERROR
     raise ProtocolError(f"unknown opcode {opcode}", E_BAD_OPCODE)
