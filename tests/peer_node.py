@@ -7,7 +7,10 @@ CachedDataset whose every byte is checked against the store.
 Publishes its server's address as WORKDIR/addr.NODE, waits for all the others, then reads its
 shard (ids k with k % NUM_NODES == NODE, in a per-epoch shuffled order) in batches of 32, appending
 "epoch batch" to WORKDIR/progress.NODE after each batch, and writes WORKDIR/result.NODE (JSON:
-stats) at the end. Exit 0: every byte was right; 3: a wrong byte.
+stats) at the end. Before its last epoch it waits for WORKDIR/go.last, so that a test can do
+something to the cluster (kill a node) while every node still has an epoch to read: on a loaded
+machine the nodes would otherwise finish before the test acts. Exit 0: every byte was right; 3: a
+wrong byte.
 """
 import json
 import os
@@ -40,6 +43,9 @@ def main(node, num_nodes, store_path, workdir, secret, epochs, capacity):
     rng = np.random.default_rng(node)
     progress = open(os.path.join(workdir, f"progress.{node}"), "a", buffering=1)
     for epoch in range(epochs):
+        if epoch == epochs - 1:
+            while not os.path.exists(os.path.join(workdir, "go.last")):
+                time.sleep(0.02)
         order = rng.permutation(mine)
         for b in range(0, order.size, 32):
             ids = order[b:b + 32]
