@@ -10,8 +10,11 @@ CachedDataset, and read disjoint shards of every epoch. Store reads are counted 
 Throughput (same run): GET of batches of 100 KB samples against one loopback TCP stream moving
 the same bytes (recv_into a preallocated buffer), and GET of 256 x 3 KB against Redis MGET of the
 same values (redis-py with hiredis) on a redis-server started here.
-Not measured here: epoch time on shaped slow storage, and the SSD tier's figures (see
-BENCHMARKS.md).
+Epoch time on slow shared storage (--slow, needs root and `ip netns`): the store is served from
+a network namespace of its own (bench/remote_store.py) whose link is shaped with `tc tbf` to
+--rate; 4 node processes (bench/cluster_node.py), each in its own namespace with a cache of 20%,
+read disjoint shards of every epoch, once sharing (peer servers, read-through) and once each
+node alone (its cache, then the store). Epoch time = last node's end - first node's start.
 """
 import argparse
 import os
@@ -27,6 +30,8 @@ import numpy as np
 
 import shadecache as sc
 from shadecache.peer import PeerClient
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _store(path, n, size, seed=0):
@@ -78,6 +83,80 @@ def store_reads(path, n, size, nodes, epochs, frac=0.2, batch=64):
             c.close()
             c.unlink()
     return per_epoch, cached
+
+
+def slow_storage(path, n, size, nodes, epochs, rate, frac=0.2):
+    """{mode: [(epoch seconds, store reads), ...]} for mode "alone" and "shared", with the store
+    behind a link shaped to `rate` (tc tbf) in a network namespace of its own."""
+    import json
+
+    import netns
+
+    why = netns.available()
+    if why:
+        raise RuntimeError(f"slow-storage benchmark needs network namespaces: {why}")
+    env = dict(os.environ, SHADECACHE_SECRET=f"bench-{os.getpid()}", BENCH_MAX_ITEM=str(size + 64),
+               PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), HERE, os.environ.get("PYTHONPATH", "")]))
+    capacity = int(frac * n * (size + 64))
+    hosts = ["store"] + [f"n{k}" for k in range(nodes)]
+    out = {}
+    with netns.Net(hosts, shape={"store": rate}) as net:
+        st = subprocess.Popen(net.argv("store") + [sys.executable, os.path.join(HERE, "remote_store.py"), path,
+                                                  net.addr("store"), "7000"],
+                              env=env, stdout=subprocess.PIPE, text=True)
+        try:
+            assert st.stdout.readline().strip() == "ready"
+            for mode in ("alone", "shared"):
+                work = tempfile.mkdtemp(prefix="bench-slow-")
+                procs = [subprocess.Popen(net.argv(f"n{k}") + [
+                    sys.executable, os.path.join(HERE, "cluster_node.py"), str(k), str(nodes), net.addr(f"n{k}"),
+                    f"{net.addr('store')}:7000", work, str(epochs), str(capacity), mode], env=env)
+                    for k in range(nodes)]
+                rows, before = [], 0
+                try:
+                    for k in range(nodes):
+                        _wait_file(os.path.join(work, f"ready.{k}"), procs)
+                    for e in range(epochs):
+                        open(os.path.join(work, f"go.{e}"), "w").close()
+                        done = []
+                        for k in range(nodes):
+                            f = os.path.join(work, f"done.{e}.{k}")
+                            _wait_file(f, procs)
+                            done.append(json.load(open(f)))
+                        open(os.path.join(work, f"count.{e}"), "w").close()
+                        reads = 0
+                        for k in range(nodes):
+                            f = os.path.join(work, f"reads.{e}.{k}")
+                            _wait_file(f, procs)
+                            reads += json.load(open(f))["store_reads"]
+                        rows.append((max(d["end"] for d in done) - min(d["start"] for d in done), reads - before))
+                        before = reads
+                        print(f"  {mode:>6} epoch {e}: {rows[-1][0]:6.2f} s, store reads {rows[-1][1]}", flush=True)
+                finally:
+                    open(os.path.join(work, "stop"), "w").close()
+                    for p in procs:
+                        try:
+                            p.wait(60)
+                        except subprocess.TimeoutExpired:
+                            p.kill()
+                            p.wait()
+                    shutil.rmtree(work, ignore_errors=True)
+                out[mode] = rows
+        finally:
+            st.kill()
+            st.wait()
+    return out
+
+
+def _wait_file(path, procs, timeout=600):
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        for p in procs:
+            if p.poll() is not None:
+                raise RuntimeError(f"node process {p.args[-8]} exited with {p.returncode}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear")
+        time.sleep(0.005)
 
 
 def _stream_server(port_box, ready):
@@ -175,6 +254,9 @@ def _redis_mget(values, seconds):
         p.wait()
 
 
+PARTS = ("reads", "slow", "throughput")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=4000)
@@ -182,46 +264,72 @@ def main(argv=None):
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--png", default=None)
+    ap.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts of {PARTS}")
+    ap.add_argument("--slow-samples", type=int, default=2000)
+    ap.add_argument("--slow-size", type=int, default=16000)
+    ap.add_argument("--rate", default="100mbit", help="the shaped store link (tc tbf rate)")
     args = ap.parse_args(argv)
+    parts = args.only.split(",")
     tmp = tempfile.mkdtemp(prefix="bench-cluster-")
     try:
-        path = os.path.join(tmp, "s.shc")
-        _store(path, args.samples, args.size)
-        print(f"store reads per epoch, whole cluster, N = {args.samples}, each node caches 20%")
-        print(f"{'nodes':>5} {'cached':>7} {'bound (N-cached)*1.01':>22} " + " ".join(f"{'epoch ' + str(e):>8}" for e in range(args.epochs)) + f" {'no sharing (N/node)':>20}")
-        results = {}
-        for nodes in (1, 2, 4):
-            per, cached = store_reads(path, args.samples, args.size, nodes, args.epochs)
-            results[nodes] = per
-            print(f"{nodes:>5} {cached:>7} {int((args.samples - cached) * 1.01):>22} " + " ".join(f"{x:>8}" for x in per) + f" {args.samples * nodes:>20}")
-        print()
-        print(f"{'batch':<12} {'path':<40} {'ms/batch':>9} {'MB/s':>8}")
-        rows = throughput(args.seconds)
-        for label, what, dt, bps in rows:
-            print(f"{label:<12} {what:<40} {dt * 1e3:>9.3f} {bps / 1e6:>8.0f}")
-        by = {(r[0], r[1].split(" (")[0]): r[3] for r in rows}
-        big = by[("64 x 100 KB", "shadecache peer GET")] / by[("64 x 100 KB", "one TCP stream, recv_into")]
-        small = by[("256 x 3 KB", "shadecache peer GET")] / by.get(("256 x 3 KB", "Redis MGET"), float("nan"))
-        print(f"\npeer / TCP stream (100 KB): {big:.2f}x (target >= 0.6)")
-        print(f"peer / Redis MGET (3 KB):   {small:.2f}x (target >= 3)")
-        if args.png:
-            import matplotlib
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-            fig, ax = plt.subplots(figsize=(6, 3.5))
-            xs = np.arange(args.epochs)
-            for j, nodes in enumerate((1, 2, 4)):
-                ax.bar(xs + (j - 1) * 0.27, results[nodes], 0.27, label=f"{nodes} node(s), shared")
-            ax.axhline(args.samples, color="k", ls="--", lw=1, label="N (one node alone)")
-            ax.set_xlabel("epoch")
-            ax.set_ylabel("store reads, whole cluster")
-            ax.set_title("Store reads per epoch, each node caching 20%")
-            ax.legend(fontsize=8)
-            fig.tight_layout()
-            fig.savefig(args.png, dpi=120)
-            print(f"wrote {args.png}")
+        if "reads" in parts:
+            path = os.path.join(tmp, "s.shc")
+            _store(path, args.samples, args.size)
+            print(f"store reads per epoch, whole cluster, N = {args.samples}, each node caches 20%")
+            print(f"{'nodes':>5} {'cached':>7} {'bound (N-cached)*1.01':>22} " + " ".join(f"{'epoch ' + str(e):>8}" for e in range(args.epochs)) + f" {'no sharing (N/node)':>20}")
+            results = {}
+            for nodes in (1, 2, 4):
+                per, cached = store_reads(path, args.samples, args.size, nodes, args.epochs)
+                results[nodes] = per
+                print(f"{nodes:>5} {cached:>7} {int((args.samples - cached) * 1.01):>22} " + " ".join(f"{x:>8}" for x in per) + f" {args.samples * nodes:>20}")
+            if args.png:
+                _plot_reads(results, args.samples, args.epochs, args.png)
+            print()
+        if "slow" in parts:
+            path = os.path.join(tmp, "slow.shc")
+            _store(path, args.slow_samples, args.slow_size)
+            n = args.slow_samples
+            print(f"epoch time, store behind a link shaped to {args.rate} (tc tbf, own network namespace), "
+                  f"4 nodes in namespaces, each caching 20%, N = {n} x {args.slow_size} B")
+            slow = slow_storage(path, n, args.slow_size, 4, args.epochs, args.rate)
+            print(f"{'epoch':>5} {'alone s':>8} {'alone reads':>12} {'shared s':>9} {'shared reads':>13} {'speedup':>8}")
+            for e, (a, b) in enumerate(zip(slow["alone"], slow["shared"])):
+                print(f"{e:>5} {a[0]:>8.2f} {a[1]:>12} {b[0]:>9.2f} {b[1]:>13} {a[0] / b[0]:>7.2f}x")
+            warm_a = sum(r[0] for r in slow["alone"][1:])
+            warm_s = sum(r[0] for r in slow["shared"][1:])
+            if warm_s:
+                print(f"after epoch 0: sharing {warm_a / warm_s:.2f}x faster than each node alone (target >= 2)")
+            print()
+        if "throughput" in parts:
+            print(f"{'batch':<12} {'path':<40} {'ms/batch':>9} {'MB/s':>8}")
+            rows = throughput(args.seconds)
+            for label, what, dt, bps in rows:
+                print(f"{label:<12} {what:<40} {dt * 1e3:>9.3f} {bps / 1e6:>8.0f}")
+            by = {(r[0], r[1].split(" (")[0]): r[3] for r in rows}
+            big = by[("64 x 100 KB", "shadecache peer GET")] / by[("64 x 100 KB", "one TCP stream, recv_into")]
+            small = by[("256 x 3 KB", "shadecache peer GET")] / by.get(("256 x 3 KB", "Redis MGET"), float("nan"))
+            print(f"\npeer / TCP stream (100 KB): {big:.2f}x (target >= 0.6)")
+            print(f"peer / Redis MGET (3 KB):   {small:.2f}x (target >= 3)")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _plot_reads(results, n, epochs, png):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    xs = np.arange(epochs)
+    for j, nodes in enumerate((1, 2, 4)):
+        ax.bar(xs + (j - 1) * 0.27, results[nodes], 0.27, label=f"{nodes} node(s), shared")
+    ax.axhline(n, color="k", ls="--", lw=1, label="N (one node alone)")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("store reads, whole cluster")
+    ax.set_title("Store reads per epoch, each node caching 20%")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+    print(f"wrote {png}")
 
 
 if __name__ == "__main__":

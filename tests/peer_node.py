@@ -2,7 +2,10 @@
 (read-through over the shared store), a Cluster of all nodes, and epochs of reads through
 CachedDataset whose every byte is checked against the store.
 
-    python tests/peer_node.py NODE NUM_NODES STORE WORKDIR SECRET EPOCHS CAPACITY
+    python tests/peer_node.py NODE NUM_NODES STORE WORKDIR SECRET EPOCHS CAPACITY [HOST]
+
+HOST is the address its server binds (default 127.0.0.1; the address of its network namespace
+when the test runs the node inside one).
 
 Publishes its server's address as WORKDIR/addr.NODE, waits for all the others, then reads its
 shard (ids k with k % NUM_NODES == NODE, in a per-epoch shuffled order) in batches of 32, appending
@@ -22,11 +25,11 @@ import numpy as np
 import shadecache as sc
 
 
-def main(node, num_nodes, store_path, workdir, secret, epochs, capacity):
+def main(node, num_nodes, store_path, workdir, secret, epochs, capacity, host="127.0.0.1"):
     store = sc.PackedStore(store_path)
     n = len(store)
     cache = sc.Cache.create(f"peer-node-{os.getpid()}-{node}", n, capacity, policy="lru", max_item_bytes=4096)
-    server = sc.serve(cache, secret=secret, store=store)
+    server = sc.serve(cache, host=host, secret=secret, store=store)
     with open(os.path.join(workdir, f"addr.{node}.tmp"), "w") as f:
         f.write(f"{server.address} {server.pid}")
     os.rename(os.path.join(workdir, f"addr.{node}.tmp"), os.path.join(workdir, f"addr.{node}"))
@@ -72,4 +75,4 @@ def main(node, num_nodes, store_path, workdir, secret, epochs, capacity):
 
 if __name__ == "__main__":
     a = sys.argv[1:]
-    sys.exit(main(int(a[0]), int(a[1]), a[2], a[3], a[4], int(a[5]), int(a[6])))
+    sys.exit(main(int(a[0]), int(a[1]), a[2], a[3], a[4], int(a[5]), int(a[6]), *a[7:]))

@@ -1,5 +1,8 @@
 """The peer layer between real processes on 127.0.0.1: separate caches, real servers, real
-SIGKILL and SIGSTOP. (No network namespaces here: see docs/peer.md.)"""
+SIGKILL and SIGSTOP. The three-node test also runs with every node in a network namespace of its
+own, joined by veth pairs through a bridge and shaped with `tc tbf` (bench/netns.py; skipped
+without root or `ip netns`). This kernel has no netem: delay and loss are not shaped; a hung peer
+is a SIGSTOPped process instead."""
 import os
 import signal
 import socket
@@ -14,6 +17,8 @@ import shadecache as sc
 from shadecache.peer import AuthenticationError, PeerClient, wire
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "bench"))
+import netns  # noqa: E402
 N = 600
 
 
@@ -154,13 +159,29 @@ def test_sigstopped_peer_costs_at_most_the_timeout_per_batch_then_rejoins(cache_
             s.close()
 
 
-def test_three_node_processes_one_sigkilled_mid_epoch(store_path, tmp_path):
+@pytest.fixture(params=["loopback", "netns"])
+def where(request):
+    """(argv prefix, host) per node: all on 127.0.0.1, or each in its own network namespace with
+    its link shaped to 200 Mbit/s (tbf)."""
+    if request.param == "loopback":
+        yield lambda k: ([], "127.0.0.1")
+        return
+    why = netns.available()
+    if why:
+        pytest.skip(why)
+    hosts = ["n0", "n1", "n2"]
+    with netns.Net(hosts, shape={h: "200mbit" for h in hosts}) as net:
+        yield lambda k: (net.argv(hosts[k]), net.addr(hosts[k]))
+
+
+def test_three_node_processes_one_sigkilled_mid_epoch(store_path, tmp_path, where):
     """Three node processes, each with its own cache and server; node 2 (process and server) is
     SIGKILLed during epoch 1; nodes 0 and 1 finish every epoch with the right bytes."""
     work = str(tmp_path)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]))
-    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "peer_node.py"), str(k), "3", store_path,
-                               work, "sekrit", "3", str(N * 3000 // 3)], env=env)
+    procs = [subprocess.Popen(where(k)[0] + [sys.executable, os.path.join(HERE, "peer_node.py"), str(k), "3",
+                                             store_path, work, "sekrit", "3", str(N * 3000 // 3), where(k)[1]],
+                              env=env)
              for k in range(3)]
     try:
         prog = os.path.join(work, "progress.2")
