@@ -159,6 +159,65 @@ def _wait_file(path, procs, timeout=600):
         time.sleep(0.005)
 
 
+def _capacity_for(items, size):
+    """The smallest cache capacity (in whole slab pages) that holds `items` values of `size`
+    bytes: the RAM tier is "10% of the samples", not 10% of their bytes minus slab rounding."""
+    cap = items * (size + 64)
+    while True:
+        with sc.Cache.create(f"bench-probe-{os.getpid()}", items, cap, policy="static",
+                             max_item_bytes=size + 64) as c:
+            c.put_many(np.arange(items), [bytes(size)] * items)
+            if c.stats()["items"] >= items:
+                return cap
+            cap += c.stats()["page_size"]
+
+
+def ssd_tier(path, n, size, epochs, batch=64):
+    """Store reads per epoch with a RAM cache of 10% and an SSD tier of 50% of the data (one node,
+    CachedDataset), then the SSD tier's batch reads against the packed store's read_many of the
+    same ids on the same disk, warm (page cache) and cold (caches dropped before each pass, when
+    root)."""
+    store = sc.PackedStore(path)
+    ssd_dir = os.path.join(os.path.dirname(path), "ssd")
+    ram = _capacity_for(int(0.10 * n), size)
+    with sc.Cache.create(f"bench-ssd-{os.getpid()}", n, ram, policy="importance", max_item_bytes=size + 64) as cache:
+        ssd = sc.SSDTier(ssd_dir, capacity_bytes=int(0.50 * n * (size + 16)), cache=cache)
+        ds = sc.CachedDataset(store, cache, ssd=ssd)
+        rng = np.random.default_rng(3)
+        reads = []
+        for _ in range(epochs):
+            before = ds.stats()["store_reads"]
+            order = rng.permutation(n)
+            for b in range(0, n, batch):
+                ds.fetch_bytes(order[b:b + batch])
+            ssd.flush()
+            reads.append(ds.stats()["store_reads"] - before)
+        in_ram, on_ssd = cache.stats()["items"], ssd.stats()["items"]
+        cache.unlink()
+    # read speed: the ids the tier holds, read in batches by both
+    held = np.array(sorted(ssd._files), dtype=np.int64)
+    order = np.random.default_rng(4).permutation(held)
+    speed = {}
+    passes = [False] * 3 + ([True] * 3 if os.geteuid() == 0 else [])
+    for cold in passes:   # alternating readers, 3 passes each: the median is reported
+        for name, fn in (("packed store read_many", lambda ids: store.read_many(ids)),
+                         ("SSD tier get_many", lambda ids: ssd.get_many(ids))):
+            fn(order[:batch])
+            if cold:
+                os.sync()
+                with open("/proc/sys/vm/drop_caches", "w") as f:
+                    f.write("3\n")
+            t0 = time.perf_counter()
+            for b in range(0, order.size, batch):
+                got = fn(order[b:b + batch])
+            dt = time.perf_counter() - t0
+            assert got == store.read_many(order[b:b + batch])
+            speed.setdefault((name, "cold" if cold else "warm"), []).append(order.size / dt)
+    speed = {k: float(np.median(v)) for k, v in speed.items()}
+    store.close()
+    return reads, in_ram, on_ssd, speed
+
+
 def _stream_server(port_box, ready):
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
@@ -254,7 +313,7 @@ def _redis_mget(values, seconds):
         p.wait()
 
 
-PARTS = ("reads", "slow", "throughput")
+PARTS = ("reads", "slow", "ssd", "throughput")
 
 
 def main(argv=None):
@@ -299,6 +358,23 @@ def main(argv=None):
             warm_s = sum(r[0] for r in slow["shared"][1:])
             if warm_s:
                 print(f"after epoch 0: sharing {warm_a / warm_s:.2f}x faster than each node alone (target >= 2)")
+            print()
+        if "ssd" in parts:
+            path = os.path.join(tmp, "ssd.shc")
+            _store(path, args.samples, args.size)
+            n = args.samples
+            reads, in_ram, on_ssd, speed = ssd_tier(path, n, args.size, args.epochs)
+            bound = int((n - 0.6 * n) * 1.01)
+            print(f"SSD tier: RAM cache 10% + SSD tier 50% (bytes), N = {n} x {args.size} B; "
+                  f"in RAM {in_ram}, on SSD {on_ssd}")
+            print("store reads per epoch: " + " ".join(str(r) for r in reads) + f"   (bound after epoch 0: {bound})")
+            print(f"{'reader':<26} {'cache':<6} {'samples/s':>10}")
+            for (name, state), v in speed.items():
+                print(f"{name:<26} {state:<6} {v:>10.0f}")
+            for state in ("warm", "cold"):
+                if ("SSD tier get_many", state) in speed:
+                    r = speed[("SSD tier get_many", state)] / speed[("packed store read_many", state)]
+                    print(f"SSD tier / packed store, {state}: {r:.2f}x (target >= 0.9)")
             print()
         if "throughput" in parts:
             print(f"{'batch':<12} {'path':<40} {'ms/batch':>9} {'MB/s':>8}")

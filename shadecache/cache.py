@@ -144,11 +144,19 @@ class Cache:
 
     def stats(self) -> dict:
         """Counters and sizes: hits, misses, hit_ratio, inserts, evictions, rejected, items,
-        bytes_used, capacity_bytes, page_moves, recoveries, ... (docs/cache.md lists them all)."""
-        return self._core.stats()
+        bytes_used, capacity_bytes, page_moves, recoveries, ... (docs/cache.md lists them all).
+        With a peer server serving this cache, "tiers": what it publishes (tier_status.py): GETs
+        served from the cache, the SSD tier and the store, bytes, mean latency, the SSD tier's
+        counters and the peers."""
+        s = self._core.stats()
+        from . import tier_status
+        tiers = tier_status.read(self.name)
+        if tiers is not None:
+            s["tiers"] = tiers
+        return s
 
     def __len__(self) -> int:
-        return self.stats()["items"]
+        return self._core.stats()["items"]
 
     def __repr__(self) -> str:
         if self.closed:

@@ -2,6 +2,7 @@
 import json
 import sys
 
+from . import tier_status
 from .cache import Cache, creator_alive, gc, list_caches, remove
 
 
@@ -29,6 +30,18 @@ def cmd_ls(args) -> int:
     widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
     for r in [header] + rows:
         print("  ".join(col.ljust(w) for col, w in zip(r, widths)).rstrip())
+    for name in list_caches():   # the tiers below each cache, as its peer server publishes them
+        t = tier_status.read(name)
+        if t is None:
+            continue
+        print(f"{name}: peer server {t.get('address')} (pid {t.get('pid')}{', gone' if t['stale'] else ''})")
+        ssd = t.get("ssd")
+        if ssd:
+            print(f"  ssd tier {ssd['path']}: {ssd['items']} items, "
+                  f"{_fmt_bytes(ssd['bytes_used'])}/{_fmt_bytes(ssd['capacity_bytes'])}"
+                  + (f", disabled: {ssd['disabled']}" if ssd.get("disabled") else ""))
+        peers = t.get("peers") or []
+        print(f"  peers: {', '.join(peers) if peers else '(none told)'}")
     return 0
 
 

@@ -30,7 +30,8 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 
 _FIELDS = ("hits", "misses", "bytes_read", "samples", "store_reads",
-           "peer_hits", "peer_bytes", "peer_ns", "ssd_hits", "ssd_bytes", "ssd_ns", "store_ns")
+           "peer_hits", "peer_bytes", "peer_ns", "ssd_hits", "ssd_bytes", "ssd_ns", "store_ns",
+           "peer_calls", "ssd_calls", "store_calls")
 _ROWS = 65   # row 0: the main process; rows 1..64: DataLoader workers by worker id (mod 64)
 
 
@@ -132,7 +133,7 @@ class CachedDataset(Dataset):
         """The bytes of every id (distinct, in range) that the node cache missed, through the
         tiers in order: the peer node that is home to the id (cluster=), the local SSD tier
         (ssd=), the store. What this node is home to is offered to the cache (admitted by its
-        policy) and to the SSD tier (written behind, off this path); what another node is home
+        policy) and what the cache refused to the SSD tier (written behind, off this path); what another node is home
         to is kept only with keep_remote=True. Counts go to this process's counter row."""
         n = len(ids)
         values = [None] * n
@@ -155,6 +156,7 @@ class CachedDataset(Dataset):
                         row[6] += len(v)
                 row[5] += hits
                 row[7] += time.perf_counter_ns() - t0
+                row[12] += 1
         from_ssd = []
         if self.ssd is not None:
             pending = [k for k in range(n) if values[k] is None]
@@ -168,25 +170,30 @@ class CachedDataset(Dataset):
                         row[9] += len(v)
                 row[8] += len(from_ssd)
                 row[10] += time.perf_counter_ns() - t0
+                row[13] += 1
         pending = [k for k in range(n) if values[k] is None]
         if pending:
             t0 = time.perf_counter_ns()
             data = self.store.read_many([ids[k] for k in pending])
             row[11] += time.perf_counter_ns() - t0
+            row[14] += 1
             for k, v in zip(pending, data):
                 values[k] = v
             row[2] += sum(len(d) for d in data)
             row[4] += len(pending)
-            if self.ssd is not None:
-                keep = [k for k in pending if own[k] or self.keep_remote]
-                if keep:
-                    self.ssd.put_many([ids[k] for k in keep], [values[k] for k in keep])
+        admitted = None
         if self.cache is not None and self.admit:
             keep = np.flatnonzero(own) if not self.keep_remote else np.arange(n)
             if keep.size:
                 # No scores passed: the engine admits each sample by its current score in the
                 # shared table (importance policy), so nothing is copied out of the table here.
-                self.cache.put_many(a[keep], [values[k] for k in keep.tolist()])
+                admitted = dict(zip(keep.tolist(), self.cache.put_many(a[keep], [values[k] for k in keep.tolist()]).tolist()))
+        if self.ssd is not None and pending:
+            # The SSD tier keeps what the RAM cache refused (exclusive tiers: together they hold
+            # RAM + SSD worth of samples, not the larger of the two).
+            keep = [k for k in pending if (own[k] or self.keep_remote) and not (admitted or {}).get(k, False)]
+            if keep:
+                self.ssd.put_many([ids[k] for k in keep], [values[k] for k in keep])
         return values
 
     def _row(self):
@@ -227,19 +234,23 @@ class CachedDataset(Dataset):
     def stats(self) -> dict:
         """Counts over every process that used this data set: hits, misses, bytes_read (from the
         store), samples, store_reads (distinct ids read), and hit_ratio; per tier below the
-        cache (`tiers`: peer, ssd, store): samples served, bytes, and seconds spent in that tier's
-        batched calls."""
+        cache (`tiers`: peer, ssd, store): samples served, bytes, seconds spent in that tier's
+        batched calls, the number of those calls and their mean latency."""
         t = self._table()
         d = dict(zip(_FIELDS, (int(v) for v in t.sum(axis=0))))
         d["hit_ratio"] = d["hits"] / d["samples"] if d["samples"] else 0.0
         d["tiers"] = {
-            "peer": {"hits": d["peer_hits"], "bytes": d["peer_bytes"], "ns": d.pop("peer_ns")},
-            "ssd": {"hits": d["ssd_hits"], "bytes": d["ssd_bytes"], "ns": d.pop("ssd_ns")},
-            "store": {"hits": d["store_reads"], "bytes": d["bytes_read"], "ns": d.pop("store_ns")},
+            "peer": {"hits": d["peer_hits"], "bytes": d["peer_bytes"], "ns": d.pop("peer_ns"),
+                     "calls": d.pop("peer_calls")},
+            "ssd": {"hits": d["ssd_hits"], "bytes": d["ssd_bytes"], "ns": d.pop("ssd_ns"),
+                    "calls": d.pop("ssd_calls")},
+            "store": {"hits": d["store_reads"], "bytes": d["bytes_read"], "ns": d.pop("store_ns"),
+                      "calls": d.pop("store_calls")},
         }
         for tier in d["tiers"].values():
             ns = tier.pop("ns")
             tier["seconds"] = ns / 1e9
+            tier["mean_latency_s"] = tier["seconds"] / tier["calls"] if tier["calls"] else 0.0
         return d
 
     def reset_stats(self):

@@ -237,3 +237,43 @@ def test_serve_command_serves_a_cache(cache_factory, store):
         p.send_signal(signal.SIGTERM)
         p.wait(10)
     assert p.returncode == 0
+
+
+def test_stats_and_ls_show_the_tiers(cache_factory, store, tmp_path):
+    """The node's server publishes its tiers: cache.stats()["tiers"] and `shadecache stats` carry
+    its counters (GETs from the cache, SSD tier and store, mean latency), `shadecache ls` shows
+    the SSD tier and the peers it was told of; the file goes when the server stops."""
+    import json
+
+    from shadecache import tier_status
+
+    c = _node_cache(cache_factory, store, range(10))
+    ssd = sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20)
+    ssd.put_many([20, 21], store.read_many([20, 21]))
+    ssd.flush()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]))
+    with sc.serve(c, ssd=ssd, store=store) as server:
+        server.set_peers([server.address, "127.0.0.1:9"])
+        cl = PeerClient(server.address)
+        assert cl.get_many([1, 20, 30], timeout=5) == store.read_many([1, 20, 30])
+        cl.close()
+        deadline = time.monotonic() + 10
+        while True:
+            t = c.stats().get("tiers")
+            if t and t["server"]["requests"] >= 1 and t["peers"]:
+                break
+            assert time.monotonic() < deadline, t
+            time.sleep(0.1)
+        s = t["server"]
+        assert (s["cache_hits"], s["ssd_hits"], s["store_reads"]) == (1, 1, 1)
+        assert s["mean_get_seconds"] > 0 and t["ssd"]["hits"] == 1 and not t["stale"]
+        out = subprocess.run([sys.executable, "-m", "shadecache.cli", "ls"], env=env, capture_output=True,
+                             text=True, check=True).stdout
+        assert f"{c.name}: peer server {server.address}" in out
+        assert f"ssd tier {tmp_path / 'ssd'}: 2 items" in out or f"ssd tier {tmp_path / 'ssd'}: 3 items" in out
+        assert "127.0.0.1:9" in out
+        st = json.loads(subprocess.run([sys.executable, "-m", "shadecache.cli", "stats", c.name], env=env,
+                                       capture_output=True, text=True, check=True).stdout)
+        assert st["tiers"]["server"]["ssd_hits"] == 1
+    assert not os.path.exists(tier_status.path_of(c.name))
+    assert "tiers" not in c.stats()

@@ -50,6 +50,34 @@ def test_damaged_file_is_a_miss_and_removed(tmp_path, damage):
     assert t.stats()["corrupt"] == 1
 
 
+@pytest.mark.parametrize("backend", ["io_uring", "pread"])
+def test_native_batch_reader_statuses(tmp_path, backend):
+    """The io_uring (and pread) batch reader: ok, missing, damaged, and a read that fails (a
+    directory where the file should be: EISDIR) each get their own status; the tier turns the
+    failure into a miss with a warning, never an exception."""
+    from shadecache import _io
+
+    vals = _values(6, seed=3)
+    t = sc.SSDTier(tmp_path, capacity_bytes=1 << 20)
+    t.put_many(range(5), vals[:5])
+    t.flush()
+    os.makedirs(t._file(5))              # EISDIR on read
+    raw = bytearray(open(t._file(2), "rb").read())
+    raw[-1] ^= 1
+    open(t._file(2), "wb").write(bytes(raw))
+    assert _io.TierReader.path_of(str(tmp_path), 5) == t._file(5)
+    r = _io.TierReader(backend)
+    values, status, errs = r.read_many(str(tmp_path), [0, 2, 5, 77, 4])
+    assert status.tolist() == [0, 2, 3, 1, 0]
+    assert values == [vals[0], None, None, None, vals[4]]
+    assert errs[2] == 21   # EISDIR
+    with pytest.raises(IndexError):
+        r.read_many(str(tmp_path), [-1])
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert t.get_many([5, 0]) == [None, vals[0]]
+
+
 def test_budget_evicts_the_lowest_scores(tmp_path, cache_factory):
     cache = cache_factory(100, policy="importance")
     scores = np.arange(100, dtype=np.float32)

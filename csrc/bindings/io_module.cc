@@ -27,6 +27,10 @@
 namespace py = pybind11;
 using namespace shadecache;
 
+namespace shadecache {
+void register_tier_reader(py::module_& m);  // bindings/tier_io.cc
+}
+
 namespace {
 
 py::list packed_read_many(PackedReader& r, const py::handle& ids_obj) {
@@ -97,6 +101,7 @@ py::list folder_read_many(FolderReader& r, const py::handle& ids_obj) {
 
 PYBIND11_MODULE(_io, m) {
   register_error_translator(m);
+  register_tier_reader(m);
   m.doc() = "shadecache native I/O: packed store writer/reader, folder reader (io_uring or pread)";
 
   m.attr("FORMAT_VERSION") = store::kVersion;

@@ -219,6 +219,8 @@ class Cluster:
             server = serve(cache, host=host, port=port, secret=secret, ssd=ssd, store=store)
             kv.set(f"{prefix}/{node}", server.address)
         addresses = [kv.get(f"{prefix}/{k}").decode() for k in range(num_nodes)]
+        if server is not None:
+            server.set_peers(addresses)
 
         def lookup(k, kv=kv):
             try:

@@ -27,6 +27,12 @@ class PeerServer:
         self.address = address
         self.pid = proc.pid
 
+    def set_peers(self, addresses) -> None:
+        """Tells the server the addresses of the job's nodes (shown by `shadecache ls`)."""
+        msg = pickle.dumps({"peers": [str(a) for a in addresses]})
+        self._proc.stdin.write(struct.pack("<I", len(msg)) + msg)
+        self._proc.stdin.flush()
+
     @property
     def alive(self) -> bool:
         return self._proc.poll() is None

@@ -20,6 +20,7 @@ are released with it).
 """
 import ipaddress
 import json
+import os
 import pickle
 import socket
 import struct
@@ -30,6 +31,7 @@ import time
 import numpy as np
 
 from . import auth, wire
+from .. import tier_status
 from .._io import crc32c
 
 MAX_CONNECTIONS = 256
@@ -111,7 +113,26 @@ class PeerService:
         self._lock = threading.Lock()
         self._closed = False
         self.counters = {"connections": 0, "refused": 0, "requests": 0, "ids": 0, "cache_hits": 0,
-                         "ssd_hits": 0, "store_reads": 0, "misses": 0, "bytes_sent": 0, "errors": 0}
+                         "ssd_hits": 0, "store_reads": 0, "misses": 0, "bytes_sent": 0, "errors": 0,
+                         "get_ns": 0}
+        self.peers = []           # the other nodes' addresses, when the launcher told us
+
+    # ---- the published status (tier_status.py) -----------------------------------------------
+    def status(self) -> dict:
+        c = dict(self.counters)
+        c["mean_get_seconds"] = c["get_ns"] / c["requests"] / 1e9 if c["requests"] else 0.0
+        return {"pid": os.getpid(), "address": self.address, "server": c,
+                "ssd": self.ssd.stats() if self.ssd is not None else None,
+                "store": repr(self.store) if self.store is not None else None,
+                "peers": list(self.peers), "updated": time.time()}
+
+    def publish_forever(self, every: float = 1.0) -> None:
+        while not self._closed:
+            try:
+                tier_status.write(self.cache.name, self.status())
+            except OSError:
+                pass
+            time.sleep(every)
 
     # ---- accept loop -------------------------------------------------------------------------
     def serve_forever(self) -> None:
@@ -190,9 +211,16 @@ class PeerService:
             raise wire.ProtocolError(f"sample id {int(ids.max())} out of range 0..{self.num_samples - 1}",
                                      wire.E_BAD_ID)
         c = self.counters
+        t0 = time.perf_counter_ns()
         c["requests"] += 1
         c["ids"] += count
-        id_list = ids.tolist()
+        try:
+            self._get_chunks(conn, ids.tolist(), count, opaque)
+        finally:
+            c["get_ns"] += time.perf_counter_ns() - t0
+
+    def _get_chunks(self, conn, id_list, count: int, opaque: int) -> None:
+        c = self.counters
         first = 0
         while True:
             last = min(first + CHUNK_ITEMS, count)
@@ -249,9 +277,10 @@ class PeerService:
             got = dict(zip(want, data))
             for k in missed:
                 values[k] = got[ids[k]]
-            self.cache.put_many(np.asarray(want, dtype=np.int64), data)   # admitted by its score
-            if self.ssd is not None:
-                self.ssd.put_many(want, data)
+            admitted = self.cache.put_many(np.asarray(want, dtype=np.int64), data)   # by its score
+            if self.ssd is not None:   # the SSD tier keeps what the cache refused
+                refused = np.flatnonzero(~np.asarray(admitted, dtype=bool)).tolist()
+                self.ssd.put_many([want[k] for k in refused], [data[k] for k in refused])
             missed = []
         c["misses"] += len(missed)
 
@@ -293,5 +322,17 @@ def _main() -> None:
     sys.stdout.write(service.address + "\n")
     sys.stdout.flush()
     threading.Thread(target=service.serve_forever, daemon=True).start()
-    stdin.read()   # blocks until the parent closes the pipe or dies
+    threading.Thread(target=service.publish_forever, daemon=True).start()
+    # Later messages from the parent (same framing): {"peers": [...]}. EOF: the parent closed
+    # the pipe or died.
+    while True:
+        head = stdin.read(4)
+        if len(head) < 4:
+            break
+        (n,) = struct.unpack("<I", head)
+        msg = pickle.loads(stdin.read(n))
+        if "peers" in msg:
+            service.peers = [str(a) for a in msg["peers"]]
+            tier_status.write(cache.name, service.status())
     service.close()
+    tier_status.remove(cache.name, os.getpid())

@@ -1,0 +1,56 @@
+"""The tiers below a node's cache, as its peer server sees them, published for the CLI.
+
+The peer server of a node (one per cache) writes `/dev/shm/shadecache-tiers.<cache name>.json`
+once a second and removes it when it stops: its address and pid, its counters (GETs served from
+the cache, the SSD tier and the store, bytes, mean latency per GET), its SSD tier's stats and the
+peers it was told of. `Cache.stats()["tiers"]`, `shadecache stats` and `shadecache ls` read it.
+The file is written whole (temporary name, then rename); a file whose writer is gone is reported
+with "stale": true rather than trusted silently.
+"""
+import json
+import os
+
+DIR = "/dev/shm"
+PREFIX = "shadecache-tiers."   # not "shadecache.": list_caches() must not take it for a segment
+
+
+def path_of(cache_name: str) -> str:
+    return os.path.join(DIR, f"{PREFIX}{cache_name}.json")
+
+
+def write(cache_name: str, status: dict) -> None:
+    path = path_of(cache_name)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(status, f, default=str)
+    os.replace(tmp, path)
+
+
+def read(cache_name: str):
+    """The published status of `cache_name`'s tiers, or None when no server publishes one."""
+    try:
+        with open(path_of(cache_name)) as f:
+            d = json.load(f)
+    except (FileNotFoundError, ValueError):
+        return None
+    if not isinstance(d, dict):
+        return None
+    pid = d.get("pid")
+    try:
+        os.kill(int(pid), 0)
+        d["stale"] = False
+    except (TypeError, ValueError, ProcessLookupError):
+        d["stale"] = True
+    except PermissionError:
+        d["stale"] = False
+    return d
+
+
+def remove(cache_name: str, pid: int) -> None:
+    """Removes the file if process `pid` wrote it (a restarted server may have replaced it)."""
+    d = read(cache_name)
+    if d is not None and d.get("pid") == pid:
+        try:
+            os.unlink(path_of(cache_name))
+        except FileNotFoundError:
+            pass
