@@ -16,6 +16,7 @@
 #include <new>
 #include <vector>
 
+#include "bindings/peer_io.h"
 #include "bindings/errors.h"
 #include "bindings/ids.h"
 #include "bindings/sample_view.h"
@@ -304,6 +305,7 @@ py::object make_fast(py::object core, PyMethodDef* def) {
 PYBIND11_MODULE(_core, m) {
   m.doc() = "shadecache cache engine (see shadecache.Cache for the documented API)";
   register_error_translator(m);
+  register_peer_io(m);  // bindings/peer_io.cc
 
   py::class_<Cache>(m, "CacheCore")
       .def_static(

@@ -8,14 +8,15 @@ its ids and every sample's crc32c check out; otherwise nothing of it is returned
 Not thread-safe: one client per thread (the Cluster keeps one per peer per process).
 """
 import json
+import os
 import socket
 import time
 
 import numpy as np
 
 from . import auth, wire
-from .._io import crc32c
-from .server import MORE
+from .. import _core
+from ..store import _tune_malloc_once
 
 
 def split_address(address: str) -> tuple:
@@ -40,6 +41,10 @@ class PeerClient:
         self.key = auth.secret_bytes(secret)
         self.sock = None
         self._opaque = 0
+        # Replies land in fresh bytes objects of up to MAX_VALUE: without this, glibc returns
+        # the freed heap top to the kernel after every batch and the next one page-faults it
+        # back in (64 x 100 KB replies: 6.4 -> 1.7 ms). Same tuning as the store readers.
+        _tune_malloc_once()
 
     def connect(self, deadline: float) -> None:
         """Connects and runs the handshake, both by `deadline`."""
@@ -79,51 +84,28 @@ class PeerClient:
         return self._opaque
 
     def recv_get(self, ids, opaque: int, deadline: float) -> list:
-        """The reply to the GET sent for `ids`: bytes (crc32c verified) or None per id."""
+        """The reply to the GET sent for `ids`: bytes (crc32c verified) or None per id. One native
+        call reads every chunk of the reply, checks its framing and ids, reads the values straight
+        into the result bytes and verifies each crc32c, without the GIL (bindings/peer_io.cc)."""
+        a = np.ascontiguousarray(ids, dtype="<u8")
         try:
-            return self._recv_get(list(ids), opaque, deadline)
+            code, detail = _core.recv_get_reply(self.sock.fileno(), a, opaque, deadline - time.monotonic())
         except BaseException:
-            self.close()   # a half-read reply leaves the stream unusable
+            self.close()
             raise
-
-    def _recv_get(self, ids, opaque, deadline) -> list:
-        out = []
-        more = True
-        while more:
-            opcode, status, count, body_len, op = wire.unpack_header(
-                wire.recv_exact(self.sock, wire.HEADER_BYTES, deadline=deadline))
-            if opcode == wire.ERROR:
-                msg = bytes(wire.recv_exact(self.sock, body_len, deadline=deadline)).decode("utf-8", "replace")
-                raise wire.RemoteError(f"peer {self.address} error {status}: {msg}")
-            if opcode != wire.GET_REPLY or op != opaque:
-                raise wire.ProtocolError(f"peer {self.address}: reply {wire.OPCODE_NAMES.get(opcode)} "
-                                         f"opaque {op} does not answer GET {opaque}")
-            table_len = count * wire.ENTRY_BYTES
-            if body_len < table_len or len(out) + count > len(ids):
-                raise wire.ProtocolError(f"peer {self.address}: malformed GET reply")
-            body = wire.recv_exact(self.sock, body_len, deadline=deadline)
-            entries = np.frombuffer(body[:table_len], dtype=wire.ENTRY)
-            want = ids[len(out):len(out) + count]
-            if not np.array_equal(entries["id"], np.asarray(want, dtype=np.uint64)):
-                raise wire.ProtocolError(f"peer {self.address}: reply ids do not match the request")
-            lengths = entries["length"]
-            hit = lengths != wire.MISS
-            if int(lengths[hit].astype(np.int64).sum()) + table_len != body_len:
-                raise wire.ProtocolError(f"peer {self.address}: reply lengths do not add up")
-            off = table_len
-            for n, crc, h in zip(lengths.tolist(), entries["crc"].tolist(), hit.tolist()):
-                if not h:
-                    out.append(None)
-                    continue
-                v = body[off:off + n]
-                if crc32c(v) != crc:
-                    raise wire.ProtocolError(f"peer {self.address}: checksum mismatch in reply")
-                out.append(bytes(v))
-                off += n
-            more = bool(status & MORE)
-        if len(out) != len(ids):
-            raise wire.ProtocolError(f"peer {self.address}: reply has {len(out)} of {len(ids)} entries")
-        return out
+        if code == 0:
+            return detail
+        self.close()   # a half-read reply leaves the stream unusable
+        if code == 1:
+            raise socket.timeout(f"peer {self.address}: no complete reply by the deadline")
+        if code == 2:
+            raise ConnectionError(f"peer {self.address} closed the connection")
+        if code == 3:
+            raise OSError(detail, f"peer {self.address}: {os.strerror(detail)}")
+        if code == 5:
+            status, msg = detail
+            raise wire.RemoteError(f"peer {self.address} error {status}: {msg.decode('utf-8', 'replace')}")
+        raise wire.ProtocolError(f"peer {self.address}: {detail}")
 
     def get_many(self, ids, timeout: float = 1.0) -> list:
         deadline = time.monotonic() + timeout

@@ -31,11 +31,10 @@ import time
 import numpy as np
 
 from . import auth, wire
-from .. import tier_status
-from .._io import crc32c
+from .. import _core, tier_status
 
 MAX_CONNECTIONS = 256
-CHUNK_ITEMS = 64          # samples pinned at once per request
+CHUNK_ITEMS = 256         # samples pinned at once per request
 CHUNK_BYTES = 8 << 20     # bytes per reply chunk (a chunk holds at least one sample)
 IO_TIMEOUT = 10.0         # a partial message or a stalled reader is dropped after this
 IDLE_TIMEOUT = 300.0      # an idle connection is closed after this
@@ -215,59 +214,55 @@ class PeerService:
         c["requests"] += 1
         c["ids"] += count
         try:
-            self._get_chunks(conn, ids.tolist(), count, opaque)
+            self._get_chunks(conn, ids, count, opaque)
         finally:
             c["get_ns"] += time.perf_counter_ns() - t0
 
-    def _get_chunks(self, conn, id_list, count: int, opaque: int) -> None:
+    def _get_chunks(self, conn, ids, count: int, opaque: int) -> None:
+        """Answers one GET, a chunk at a time: _core.PinnedReply pins the chunk's values, the
+        misses are filled here (SSD tier, store), then one native call computes the crc32c of
+        every value and sends header, entry table and values with sendmsg straight from shared
+        memory, without the GIL (csrc/bindings/peer_io.cc)."""
         c = self.counters
+        fd = conn.fileno()
         first = 0
-        while True:
-            last = min(first + CHUNK_ITEMS, count)
-            pinned = last - first
-            self._pins.acquire(pinned)
-            views = []
+        while first < count:
+            want = ids[first:first + CHUNK_ITEMS]
+            self._pins.acquire(want.size)
             try:
-                values = []
-                missed = []
-                nbytes = 0
-                k = first
-                while k < last:
-                    v = self.cache.view(id_list[k])
-                    if v is not None:
-                        views.append(v)
-                        nbytes += len(memoryview(v))
-                    else:
-                        missed.append(k - first)
-                    values.append(v)
-                    k += 1
-                    if nbytes >= CHUNK_BYTES:
-                        break
-                last = k
-                c["cache_hits"] += len(values) - len(missed)
-                if missed:
-                    self._fill_misses(id_list[first:last], values, missed)
-                self._send_chunk(conn, id_list[first:last], values, opaque, more=last < count)
+                reply = _core.PinnedReply(self.cache._core, want, CHUNK_BYTES)
+                try:
+                    k = reply.count
+                    missed = reply.missed()
+                    c["cache_hits"] += k - len(missed)
+                    if missed:
+                        for pos, value in self._fill_misses(want[:k].tolist(), missed):
+                            reply.fill(pos, value)
+                    code, detail = reply.send(fd, opaque, first + k < count, IO_TIMEOUT)
+                finally:
+                    reply.release()
             finally:
-                for v in views:
-                    v.release()
-                self._pins.release(pinned)
-            first = last
-            if first >= count:
-                return
+                self._pins.release(want.size)
+            if code == 1:
+                raise socket.timeout("client stopped reading")
+            if code != 0:
+                raise ConnectionError(f"sending a reply failed (code {code}, {detail})")
+            c["bytes_sent"] += detail
+            first += k
 
-    def _fill_misses(self, ids, values, missed) -> None:
-        """Fills values[k] for k in missed from the SSD tier, then (read-through) the store."""
+    def _fill_misses(self, ids, missed) -> list:
+        """(position, bytes) for the positions in `missed` that the SSD tier, then (read-through)
+        the store, hold."""
         c = self.counters
-        want = [ids[k] for k in missed]
+        out = []
         if self.ssd is not None:
-            got = self.ssd.get_many(want)
+            got = self.ssd.get_many([ids[k] for k in missed])
             still = []
             for k, g in zip(missed, got):
                 if g is None:
                     still.append(k)
                 else:
-                    values[k] = g
+                    out.append((k, g))
                     c["ssd_hits"] += 1
             missed = still
         if missed and self.store is not None:
@@ -275,36 +270,14 @@ class PeerService:
             data = self.store.read_many(want)
             c["store_reads"] += len(want)
             got = dict(zip(want, data))
-            for k in missed:
-                values[k] = got[ids[k]]
+            out.extend((k, got[ids[k]]) for k in missed)
             admitted = self.cache.put_many(np.asarray(want, dtype=np.int64), data)   # by its score
             if self.ssd is not None:   # the SSD tier keeps what the cache refused
                 refused = np.flatnonzero(~np.asarray(admitted, dtype=bool)).tolist()
                 self.ssd.put_many([want[k] for k in refused], [data[k] for k in refused])
             missed = []
         c["misses"] += len(missed)
-
-    def _send_chunk(self, conn, ids, values, opaque: int, more: bool) -> None:
-        entries = np.zeros(len(ids), dtype=wire.ENTRY)
-        entries["id"] = ids
-        lengths = entries["length"]
-        crcs = entries["crc"]
-        bufs = []
-        total = 0
-        for k, v in enumerate(values):
-            if v is None:
-                lengths[k] = wire.MISS
-                continue
-            n = len(memoryview(v))
-            lengths[k] = n
-            crcs[k] = crc32c(v)
-            bufs.append(v)
-            total += n
-        table = entries.tobytes()
-        head = wire.pack_header(wire.GET_REPLY, len(ids), len(table) + total, opaque,
-                                status=MORE if more else 0)
-        wire.send_buffers(conn, [head, table] + bufs)
-        self.counters["bytes_sent"] += total
+        return out
 
 
 # ---- the server process ------------------------------------------------------------------------

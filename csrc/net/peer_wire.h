@@ -1,0 +1,50 @@
+// The peer protocol's GET reply framing, the native twin of shadecache/peer/wire.py (which
+// documents the format; the two must agree: tests/test_peer_*.py run both against each other).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace shadecache::net {
+
+constexpr uint8_t kVersion = 1;
+constexpr uint8_t kGetReply = 4;
+constexpr uint8_t kError = 7;
+constexpr uint16_t kMore = 1;  // GET_REPLY status: more chunks of this request follow
+constexpr uint32_t kMaxBatch = 4096;
+constexpr uint32_t kMaxValue = 64u << 20;
+constexpr uint32_t kMaxReply = 512u << 20;
+constexpr uint32_t kMaxError = 1024;
+constexpr uint32_t kMiss = 0xFFFFFFFFu;
+
+#pragma pack(push, 1)
+struct Header {
+  char magic[4];
+  uint8_t version;
+  uint8_t opcode;
+  uint16_t status;
+  uint32_t count;
+  uint32_t body_len;
+  uint64_t opaque;
+};
+struct Entry {
+  uint64_t id;
+  uint32_t length;
+  uint32_t crc;
+};
+#pragma pack(pop)
+static_assert(sizeof(Header) == 24 && sizeof(Entry) == 16, "wire layout");
+
+inline Header make_header(uint8_t opcode, uint32_t count, uint32_t body_len, uint64_t opaque, uint16_t status) {
+  Header h;
+  std::memcpy(h.magic, "SHCP", 4);
+  h.version = kVersion;
+  h.opcode = opcode;
+  h.status = status;
+  h.count = count;
+  h.body_len = body_len;
+  h.opaque = opaque;
+  return h;
+}
+
+}  // namespace shadecache::net

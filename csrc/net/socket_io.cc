@@ -1,0 +1,89 @@
+#include "net/socket_io.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+
+namespace shadecache::net {
+
+int64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+namespace {
+
+// Waits until fd is ready for `events` or the deadline passes.
+int wait_ready(int fd, short events, int64_t deadline_ns) {
+  for (;;) {
+    int64_t left = deadline_ns - now_ns();
+    if (left <= 0) return kTimeout;
+    pollfd p{fd, events, 0};
+    int ms = static_cast<int>(std::min<int64_t>((left + 999999) / 1000000, INT_MAX));
+    int r = ::poll(&p, 1, ms);
+    if (r > 0) return kOk;  // readable, writable, or an error the next call will report
+    if (r < 0 && errno != EINTR) return kFailed;
+  }
+}
+
+// Drops `k` transferred bytes from the front of iov[*first..n).
+void advance(iovec* iov, size_t n, size_t* first, size_t k) {
+  while (*first < n && k >= iov[*first].iov_len) {
+    k -= iov[*first].iov_len;
+    ++*first;
+  }
+  if (*first < n && k) {
+    iov[*first].iov_base = static_cast<char*>(iov[*first].iov_base) + k;
+    iov[*first].iov_len -= k;
+  }
+}
+
+template <class Op>
+int transfer(int fd, iovec* iov, size_t n, int64_t deadline_ns, short events, bool is_recv, Op op) {
+  size_t first = 0;
+  while (first < n && iov[first].iov_len == 0) ++first;
+  while (first < n) {
+    msghdr m{};
+    m.msg_iov = iov + first;
+    m.msg_iovlen = std::min<size_t>(n - first, IOV_MAX);
+    ssize_t k = op(fd, &m);
+    if (k > 0) {
+      advance(iov, n, &first, static_cast<size_t>(k));
+      while (first < n && iov[first].iov_len == 0) ++first;
+      continue;
+    }
+    if (k == 0 && is_recv) return kEof;
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      int r = wait_ready(fd, events, deadline_ns);
+      if (r != kOk) return r;
+      continue;
+    }
+    return kFailed;
+  }
+  return kOk;
+}
+
+}  // namespace
+
+int send_all(int fd, iovec* iov, size_t n, int64_t deadline_ns) {
+  return transfer(fd, iov, n, deadline_ns, POLLOUT, false,
+                  [](int f, msghdr* m) { return ::sendmsg(f, m, MSG_NOSIGNAL | MSG_DONTWAIT); });
+}
+
+int recv_all(int fd, iovec* iov, size_t n, int64_t deadline_ns) {
+  return transfer(fd, iov, n, deadline_ns, POLLIN, true,
+                  [](int f, msghdr* m) { return ::recvmsg(f, m, MSG_DONTWAIT); });
+}
+
+int recv_exact(int fd, void* buf, size_t len, int64_t deadline_ns) {
+  iovec v{buf, len};
+  return recv_all(fd, &v, 1, deadline_ns);
+}
+
+}  // namespace shadecache::net

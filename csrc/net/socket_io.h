@@ -1,0 +1,26 @@
+// Blocking-with-deadline I/O on a socket that may be non-blocking (Python sockets with a timeout
+// are O_NONBLOCK underneath): every call loops over partial transfers, waits in poll() on
+// EAGAIN, and gives up at `deadline_ns` (CLOCK_MONOTONIC, the clock of Python's time.monotonic).
+//
+// Contract: no Python, no allocation; callers release the GIL around these calls. Results are
+// kOk or a negative code, never an exception: the peer layer maps them to its own errors.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace shadecache::net {
+
+enum IoResult : int { kOk = 0, kTimeout = -1, kEof = -2, kFailed = -3 };
+
+int64_t now_ns();
+// Sends every byte of iov[0..n) in order (sendmsg, MSG_NOSIGNAL; at most IOV_MAX buffers per
+// call). The array is modified as it goes. On kFailed, errno holds the cause.
+int send_all(int fd, iovec* iov, size_t n, int64_t deadline_ns);
+// Fills every buffer of iov[0..n) in order (recvmsg). kEof when the peer closed first.
+int recv_all(int fd, iovec* iov, size_t n, int64_t deadline_ns);
+int recv_exact(int fd, void* buf, size_t len, int64_t deadline_ns);
+
+}  // namespace shadecache::net
