@@ -50,6 +50,51 @@ def test_damaged_file_is_a_miss_and_removed(tmp_path, damage):
     assert t.stats()["corrupt"] == 1
 
 
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_damage_behind_an_open_file_is_a_miss(tmp_path, damage):
+    """A file read once stays open (the next read is one value read through its descriptor); a
+    byte flipped or the file truncated in place afterwards is still caught (crc32c of the first
+    read; a short read falls back to the path and its checks) and the file removed."""
+    vals = _values(10, seed=5)
+    vals[4] = b"y" * 300
+    t = sc.SSDTier(tmp_path, capacity_bytes=1 << 20)
+    t.put_many(range(10), vals)
+    t.flush()
+    assert t.get_many(range(10)) == vals
+    assert t._reader.open_files == 10
+    assert t.get_many([4, 2]) == [vals[4], vals[2]]          # through the open descriptors
+    with open(t._file(4), "r+b") as f:                        # same inode, changed in place
+        if damage == "flip":
+            f.seek(-1, os.SEEK_END)
+            b = f.read(1)
+            f.seek(-1, os.SEEK_END)
+            f.write(bytes([b[0] ^ 0x10]))
+        else:
+            f.truncate(100)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        assert t.get_many([3, 4, 5]) == [vals[3], None, vals[5]]
+    assert not os.path.exists(t._file(4))
+    assert t.get_many([4]) == [None]
+
+
+def test_removed_file_is_dropped_from_the_open_set(tmp_path):
+    """A file another process removed (its eviction) still reads its own correct bytes through
+    the open descriptor until the sweep (at most a second) closes it; then it is a miss."""
+    import time
+
+    vals = _values(4, seed=6)
+    t = sc.SSDTier(tmp_path, capacity_bytes=1 << 20)
+    t.put_many(range(4), vals)
+    t.flush()
+    assert t.get_many(range(4)) == vals
+    os.unlink(t._file(1))                 # not through this tier: as another process would
+    assert t.get_many([1]) in ([vals[1]], [None])
+    time.sleep(1.1)
+    assert t.get_many([1, 2]) == [None, vals[2]]
+    assert t._reader.open_files == 3
+
+
 @pytest.mark.parametrize("backend", ["io_uring", "pread"])
 def test_native_batch_reader_statuses(tmp_path, backend):
     """The io_uring (and pread) batch reader: ok, missing, damaged, and a read that fails (a
@@ -67,8 +112,9 @@ def test_native_batch_reader_statuses(tmp_path, backend):
     open(t._file(2), "wb").write(bytes(raw))
     assert _io.TierReader.path_of(str(tmp_path), 5) == t._file(5)
     r = _io.TierReader(backend)
-    values, status, errs = r.read_many(str(tmp_path), [0, 2, 5, 77, 4])
+    values, status, errs, hits, nbytes, bad = r.read_many(str(tmp_path), [0, 2, 5, 77, 4])
     assert status.tolist() == [0, 2, 3, 1, 0]
+    assert (hits, nbytes, bad) == (2, len(vals[0]) + len(vals[4]), 2)
     assert values == [vals[0], None, None, None, vals[4]]
     assert errs[2] == 21   # EISDIR
     with pytest.raises(IndexError):

@@ -23,11 +23,13 @@
 
 namespace shadecache {
 
-// A range of a file to read into `dest` (exactly `len` bytes).
+// A range of a file to read into `dest` (exactly `len` bytes). `fd` names the file when it is
+// not the call's (the SSD tier reads many open files in one batch; buffered reads only).
 struct RangeRead {
   uint64_t offset;
   uint32_t len;
   char* dest;
+  int fd = -1;
 };
 
 // A whole file to read: open, size with fstat, read, close. Filled in by the backend.

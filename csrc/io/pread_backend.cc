@@ -82,7 +82,7 @@ class PreadBackend final : public IoBackend {
         r = pread_full(fd, buf, want, op.offset);
         if (r >= static_cast<ssize_t>(op.len)) std::memcpy(op.dest, buf, op.len);
       } else {
-        r = pread_full(fd, op.dest, op.len, op.offset);
+        r = pread_full(op.fd >= 0 ? op.fd : fd, op.dest, op.len, op.offset);
       }
       if (r < 0)
         throw Error(ErrorKind::kOs,

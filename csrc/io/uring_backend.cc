@@ -203,7 +203,7 @@ void UringBackend::read_ranges(int fd, bool direct, RangeRead* ops, size_t n,
         else
           io_uring_prep_read(s, fd, buf, want, op.offset + got[i]);
       } else {
-        io_uring_prep_read(s, fd, op.dest + got[i], op.len - got[i], op.offset + got[i]);
+        io_uring_prep_read(s, op.fd >= 0 ? op.fd : fd, op.dest + got[i], op.len - got[i], op.offset + got[i]);
       }
       io_uring_sqe_set_data64(s, i);
       ++inflight;
