@@ -329,3 +329,106 @@ def test_ranks_draw_the_same_global_order_even_without_end_epoch():
     a, b = drain(ranks[0]), drain(ranks[1])
     g, _ = ranks[0].global_draw()
     assert np.array_equal(np.sort(np.concatenate([a, b])), np.sort(g))
+
+
+# ---- issue 11: tempering, the substitution budget, unbiased weights ----------------------------
+def test_temper_mixes_the_scores_toward_uniform():
+    n, total = 40, 4000
+    scores = np.linspace(1.0, 5.0, n)
+    s0 = sc.ShadeSampler(n, seed=2, temper=0.0, coverage_epochs=0)
+    s0.table.base[:] = scores
+    assert s0.draw_probabilities() is None
+    assert sorted(drain(s0).tolist()) == list(range(n))       # temper 0: a permutation
+    for t in (0.5, 1.0):
+        s = sc.ShadeSampler(n, seed=2, temper=t, coverage_epochs=0, epoch_size=total)
+        s.table.base[:] = scores
+        p = (1 - t) / n + t * scores / scores.sum()
+        assert s.draw_probabilities() == pytest.approx(p)
+        counts = np.bincount(drain(s), minlength=n)
+        assert ((counts == np.floor(total * p)) | (counts == np.ceil(total * p))).all()
+    with pytest.raises(ValueError, match="temper"):
+        sc.ShadeSampler(n, temper=1.5)
+    with pytest.raises(ValueError, match="substitute"):
+        sc.ShadeSampler(n, substitute=-0.1)
+
+
+def test_substitution_budget_caps_the_repeats(cache_factory):
+    n = 400
+    cache = cache_factory(n)
+    cache.put_many(np.arange(0, n, 4), [b"x" * 8] * (n // 4))  # a quarter cached
+    mask = cache.cached_mask()
+    for budget in (0.0, 0.05, 0.1):
+        s = sc.ShadeSampler(n, cache=cache, seed=3, rep_factor=2.0, substitute=budget,
+                            importance=False, coverage_epochs=0)
+        o = drain(s)
+        assert o.size == n
+        assert s.last_epoch_stats["substituted"] == int(budget * n)
+        assert np.unique(o).size == n - int(budget * n)       # distinct = all but the repeats
+        hits = int(mask[o].sum())
+        assert mask[o[:hits]].all() and hits == n // 4 + int(budget * n)
+    # the per-cached-draw cap still applies below the budget
+    s = sc.ShadeSampler(n, cache=cache, seed=3, rep_factor=0.1, substitute=0.5,
+                        importance=False, coverage_epochs=0)
+    drain(s)
+    assert abs(s.last_epoch_stats["substituted"] - 0.1 * n // 4) <= 1
+
+
+def test_weights_are_one_over_n_p_f_and_average_one(cache_factory):
+    n = 300
+    scores = np.random.default_rng(1).uniform(2.3, 4.3, n)
+    # uniform epoch, no cache: every weight is 1
+    u = sc.ShadeSampler(n, seed=1, importance=False)
+    assert np.array_equal(u.weights(np.arange(n)), np.ones(n, dtype=np.float32))
+    # importance draw, no cache: 1 / (N p)
+    s = sc.ShadeSampler(n, seed=1, coverage_epochs=0)
+    s.table.base[:] = scores
+    p = scores / scores.sum()
+    o = drain(s)
+    w = s.weights(o)
+    assert w == pytest.approx(1.0 / (n * p[o]), rel=1e-5)
+    assert w.mean() == pytest.approx(1.0, abs=0.02)           # E_p[1/(Np)] = 1
+    t = s.weights(torch.from_numpy(o[:8]).view(2, 4))         # tensors in, tensor out, same shape
+    assert isinstance(t, torch.Tensor) and t.shape == (2, 4) and t.dtype == torch.float32
+    # with substitution: cached ids weigh 1/(1 + k/h), misses 1/(1 - k/m)
+    cache = cache_factory(n)
+    cached = np.arange(0, n, 5)
+    cache.put_many(cached, [b"z" * 8] * cached.size)
+    c = sc.ShadeSampler(n, cache=cache, seed=1, importance=False, rep_factor=1.0,
+                        coverage_epochs=0)
+    o = drain(c)
+    st = c.last_epoch_stats
+    k, h, m = st["substituted"], st["cached_draws"], st["missed_draws"]
+    assert k > 0
+    assert c.weights(cached) == pytest.approx(np.full(cached.size, 1 / (1 + k / h)), rel=1e-5)
+    miss = np.setdiff1d(np.arange(n), cached)
+    assert c.weights(miss) == pytest.approx(np.full(miss.size, 1 / (1 - k / m)), rel=1e-5)
+    assert c.weights(o).sum() == pytest.approx(n, rel=0.05)
+    with pytest.raises(IndexError, match="sample id 300"):
+        c.weights([0, 300])
+
+
+def test_weights_deterministic_rank_consistent_and_resume_safe(cache_factory):
+    n, b = 120, 10
+    scores = np.random.default_rng(5).uniform(2.3, 4.3, n)
+
+    def make(**kw):
+        s = sc.ShadeSampler(n, batch_size=b, seed=4, temper=0.5, **kw)
+        s.table.base[:] = scores
+        return s
+    a, b2 = make(), make()
+    assert np.array_equal(a.weights(np.arange(n)), b2.weights(np.arange(n)))
+    # ranks hold the same merged scores: the same id gets the same weight on every rank
+    r0, r1 = make(num_replicas=2, rank=0), make(num_replicas=2, rank=1)
+    assert np.array_equal(r0.weights(np.arange(n)), r1.weights(np.arange(n)))
+    # resume: the weights of the interrupted epoch come back even if the cache changed since
+    cache = cache_factory(n)
+    cache.put_many(np.arange(30), [b"q"] * 30)
+    s = make(cache=cache, rep_factor=1.0)
+    drain(s)
+    before = s.weights(np.arange(n))
+    state = s.state_dict()
+    cache.put_many(np.arange(30, 90), [b"q"] * 60)            # the cache moves on
+    r = make(cache=cache, rep_factor=1.0)
+    r.load_state_dict(state)
+    assert np.array_equal(r.weights(np.arange(n)), before)
+    assert np.array_equal(r.order(), s.order())
