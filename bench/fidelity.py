@@ -284,6 +284,182 @@ def run(args):
     return 0
 
 
+# ---- report ------------------------------------------------------------------------------------
+
+
+def load(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def ms(a, fmt="{:+.2f}"):
+    a = np.asarray(a, dtype=float)
+    sd = a.std(ddof=1) if a.size > 1 else 0.0
+    return f"{fmt.format(a.mean())} ± {sd:.2f}"
+
+
+class Results:
+    """The runs of a sweep, indexed; Δ accuracy is paired by seed against the uniform run of the
+    same data set and schedule; hit ratios are compared with uniform + static at the same size."""
+
+    def __init__(self, runs):
+        self.runs = runs
+        self.by = {}
+        for r in runs:
+            self.by.setdefault((r["dataset"], r["schedule"], r["fraction"], r["label"]), {})[
+                r["seed"]] = r
+        self.datasets = [d for d in DATASETS if any(r["dataset"] == d for r in runs)]
+        self.labels = [c for c in CONFIGS if c != "uniform" and any(r["label"] == c for r in runs)]
+
+    def uniform_acc(self, ds, sch):
+        return {s: r["test_acc"] for s, r in self.by.get((ds, sch, 0.10, "uniform"), {}).items()
+                if "test_acc" in r}
+
+    def static_hit(self, ds, sch, frac):
+        rs = self.by.get((ds, sch, frac, "uniform"), {})
+        return np.mean([r["hit_ratio"] for r in rs.values()]) if rs else float("nan")
+
+    def cell(self, ds, sch, frac, label):
+        """(Δ acc per seed, hit ratio, × static, coverage) or None if not run."""
+        rs = self.by.get((ds, sch, frac, label))
+        uni = self.uniform_acc(ds, sch)
+        if not rs:
+            return None
+        seeds = sorted(set(rs) & set(uni))
+        d = np.array([rs[s]["test_acc"] - uni[s] for s in seeds])
+        hit = np.mean([r["hit_ratio"] for r in rs.values()])
+        return dict(delta=d, hit=hit, x=hit / max(self.static_hit(ds, sch, frac), 1e-9),
+                    cov=np.mean([r["min_coverage"] for r in rs.values()]),
+                    train=np.mean([r["train_acc"] for r in rs.values()]))
+
+    def fractions(self, label):
+        return sorted({k[2] for k in self.by if k[3] == label})
+
+
+def table(res: Results) -> str:
+    out = []
+    for ds in res.datasets:
+        head = [f"\n**{ds}**: uniform sampling reaches "]
+        parts = []
+        for sch in SCHEDULES:
+            u = list(res.uniform_acc(ds, sch).values())
+            tr = [r["train_acc"] for r in res.by.get((ds, sch, 0.10, "uniform"), {}).values()
+                  if "train_acc" in r]
+            if u:
+                sd = np.std(u, ddof=1) if len(u) > 1 else 0.0
+                parts.append(f"{np.mean(u):.2f} ± {sd:.2f} % test accuracy "
+                             f"({np.mean(tr):.1f} % on its training set) with the {sch} schedule")
+        out.append(head[0] + "; ".join(parts) + "\n")
+        out.append("| configuration | cache | hit ratio (cosine) | × uniform+static (cosine / short) "
+                   "| coverage (min) | Δ accuracy cosine (points) | Δ accuracy short (points) |")
+        out.append("|---|---|---|---|---|---|---|")
+        for label in res.labels:
+            for frac in res.fractions(label):
+                c = {sch: res.cell(ds, sch, frac, label) for sch in SCHEDULES}
+                if not all(c.values()):
+                    continue
+                cc, cs = c["cosine"], c["short"]
+                out.append(f"| {label} | {frac:.0%} | {cc['hit']:.3f} | {cc['x']:.2f}× / "
+                           f"{cs['x']:.2f}× | {cc['cov']:.3f} | {ms(cc['delta'])} | "
+                           f"{ms(cs['delta'])} |")
+    return "\n".join(out)
+
+
+def checks(res: Results, label="default"):
+    out = []
+    for ds in res.datasets:
+        for sch in SCHEDULES:
+            for frac in res.fractions(label):
+                c = res.cell(ds, sch, frac, label)
+                if c is None:
+                    continue
+                m = float(c["delta"].mean())
+                out.append((f"{ds} {sch} {frac:.0%}: mean Δ accuracy >= -0.3 points", m >= -0.3,
+                            f"{m:+.2f}"))
+                if abs(frac - 0.10) < 1e-9:
+                    out.append((f"{ds} {sch} 10%: hit ratio >= 1.8x uniform+static",
+                                c["x"] >= 1.8, f"{c['x']:.2f}x"))
+    return out
+
+
+def pareto_plot(res: Results, path, default_label="default", recommended=()):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    dss = res.datasets
+    fig, axes = plt.subplots(1, len(dss), figsize=(4.6 * len(dss), 4.4), squeeze=False)
+    marks = {"cosine": "o", "short": "s"}
+    colors = {lab: plt.cm.tab10(i % 10) for i, lab in enumerate(res.labels)}
+    for ax, ds in zip(axes[0], dss):
+        for label in res.labels:
+            for sch in SCHEDULES:
+                c = res.cell(ds, sch, 0.10, label)
+                if c is None:
+                    continue
+                se = c["delta"].std(ddof=1) / np.sqrt(c["delta"].size) if c["delta"].size > 1 else 0
+                big = label == default_label
+                ax.errorbar(c["x"], c["delta"].mean(), yerr=se, marker=marks[sch],
+                            color=colors[label], markersize=10 if big else 6, capsize=2,
+                            markeredgecolor="black" if big else None, linestyle="none",
+                            label=label if (ds == dss[0] and sch == "cosine") else None)
+        ax.axhline(-0.3, color="grey", linestyle=":", linewidth=1)
+        ax.axhline(0.0, color="grey", linewidth=0.5)
+        ax.axvline(1.8, color="grey", linestyle=":", linewidth=1)
+        ax.set_title(f"{ds} (10% cache)")
+        ax.set_xlabel("hit ratio / uniform+static")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("Δ test accuracy vs uniform (points, mean ± s.e.)\n"
+                          "circles: cosine schedule, squares: short constant-rate")
+    fig.legend(loc="lower center", ncol=4, fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_section(md, content):
+    with open(md) as f:
+        text = f.read()
+    if SECTION in text:
+        start = text.index(SECTION)
+        nxt = text.find("\n## ", start + len(SECTION))
+        end = len(text) if nxt < 0 else nxt + 1
+        text = text[:start] + SECTION + "\n\n" + content.strip() + "\n\n" + text[end:].lstrip("\n")
+    else:
+        text = text.rstrip("\n") + "\n\n" + SECTION + "\n\n" + content.strip() + "\n"
+    with open(md, "w") as f:
+        f.write(text)
+
+
+def report(args):
+    res = Results(load(args.json))
+    tab = table(res)
+    chk = checks(res)
+    print(tab)
+    print()
+    for name, ok, val in chk:
+        print(f"{'PASS' if ok else 'FAIL'}: {name} (measured {val})")
+    pareto_plot(res, args.png)
+    print(f"\nplot: {args.png}")
+    if args.md:
+        d = sampler_defaults()
+        body = [f"`nice -n 10 python bench/fidelity.py run` then `python bench/fidelity.py report "
+                f"--md BENCHMARKS.md` ({len(res.runs)} runs; {args.note}). Real training through "
+                f"a PackedStore, a shared-memory Cache and ShadeSampler (see the script's "
+                f"docstring for the data sets and models); 5 seeds, paired initial weights, equal "
+                f"steps; SGD with momentum 0.9, lr {LR}; \"cosine\": {SCHEDULES['cosine']} epochs "
+                f"decaying to 0, \"short\": a constant rate stopped after "
+                f"{SCHEDULES['short']} epochs. Δ accuracy is paired by seed against uniform "
+                f"sampling (mean ± sd over seeds); hit ratios against uniform sampling with a "
+                f"static cache of the same size. \"default\" is ShadeSampler's defaults: "
+                f"{', '.join(f'{k}={v!r}' for k, v in d.items())}.",
+                "", f"![Pareto]({os.path.relpath(args.png, os.path.dirname(os.path.abspath(args.md)))})",
+                "", tab, "", "Targets at the defaults:", ""]
+        body += [f"- {'PASS' if ok else 'FAIL'}: {n} (measured {v})" for n, ok, v in chk]
+        write_section(args.md, "\n".join(body))
+        print(f"{args.md} updated")
+    return 0 if chk and all(ok for _, ok, _ in chk) else 1
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -296,6 +472,12 @@ def main(argv=None):
                    default=[0.05, 0.10, 0.20])
     r.add_argument("--seeds", type=int, default=5)
     r.set_defaults(func=run)
+    q = sub.add_parser("report", help="tables, targets and the Pareto plot of a finished sweep")
+    q.add_argument("--json", default=os.path.join(HERE, "fidelity.jsonl"))
+    q.add_argument("--png", default=os.path.join(HERE, "fidelity.png"))
+    q.add_argument("--md", default=None, help="write the table into this file's issue-11 section")
+    q.add_argument("--note", default="", help="a line for the Markdown (e.g. how long it took)")
+    q.set_defaults(func=report)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     for label in getattr(args, "configs", []):
