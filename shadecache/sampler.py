@@ -81,7 +81,7 @@ class ShadeSampler(Sampler):
     def __init__(self, data_source, cache=None, batch_size: int = 64, rep_factor: float = 1.0,
                  seed: int = 0, importance: bool = True, pads: bool = True,
                  coverage_epochs=2, epoch_size=None, smoothing: float = 0.5,
-                 draw: str = "systematic", temper: float = 1.0, substitute=None,
+                 draw: str = "systematic", temper: float = 0.0, substitute=0.1,
                  num_replicas=None, rank=None):
         n = data_source if isinstance(data_source, (int, np.integer)) else len(data_source)
         if n < 1:
