@@ -170,11 +170,8 @@ CONFIGS = {
 
 
 def sampler_defaults():
-    import inspect
-    sig = inspect.signature(sc.ShadeSampler.__init__)
-    return {k: v.default for k, v in sig.parameters.items()
-            if k in ("rep_factor", "importance", "pads", "coverage_epochs", "temper",
-                     "substitute", "draw")}
+    keep = ("rep_factor", "importance", "pads", "coverage_epochs", "temper", "substitute", "draw")
+    return {k: v for k, v in sc.ShadeSampler.defaults().items() if k in keep}
 
 
 # ---- one run -----------------------------------------------------------------------------------

@@ -52,9 +52,7 @@ SHADE_AS_LABELLED = {"temper": 1.0, "substitute": None}
 
 
 def sampler_defaults():
-    import inspect
-    return {k: p.default for k, p in inspect.signature(sc.ShadeSampler.__init__).parameters.items()
-            if k in ("rep_factor", "coverage_epochs", "temper", "substitute")}
+    return sc.ShadeSampler.defaults()
 SECTION = "## Importance-aware caching in training (issue 4)"
 
 

@@ -219,12 +219,9 @@ def format_table(runs) -> str:
 
 
 def sampler_defaults_text() -> str:
-    import inspect
-
     import shadecache as sc
-    params = inspect.signature(sc.ShadeSampler.__init__).parameters
-    return ", ".join(f"{k}={params[k].default!r}"
-                     for k in ("rep_factor", "temper", "substitute", "coverage_epochs"))
+    d = sc.ShadeSampler.defaults()
+    return ", ".join(f"{k}={d[k]!r}" for k in ("rep_factor", "temper", "substitute", "coverage_epochs"))
 
 
 def run_demo(args) -> int:

@@ -133,6 +133,14 @@ class ShadeSampler(Sampler):
         self._warned_unmerged = False
         self._push_scores(np.arange(self.n, dtype=np.int64), self.table.scores)
 
+    @classmethod
+    def defaults(cls) -> dict:
+        """The constructor's default options: what `ShadeSampler(data)` does (benchmarks and the
+        demo report them from here, so they cannot drift from the code)."""
+        import inspect
+        return {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items()
+                if p.default is not inspect.Parameter.empty}
+
     # ---- the epoch's order -------------------------------------------------------------------
     def __len__(self):
         return self.num_samples
