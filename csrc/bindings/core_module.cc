@@ -19,6 +19,7 @@
 #include "bindings/errors.h"
 #include "bindings/ids.h"
 #include "bindings/sample_view.h"
+#include "bindings/test_hooks.h"
 #include "cache/cache.h"
 #include "cache/segment.h"
 
@@ -153,9 +154,8 @@ std::vector<float> scores_of(py::handle s, size_t n, const char* what) {
 }
 
 const char* policy_name(Policy p) {
-  static const char* kPolicies[] = {"importance", "lru", "fifo", "static"};
-  auto i = static_cast<uint32_t>(p);
-  return i < 4 ? kPolicies[i] : "unknown";
+  const EvictionPolicy* e = policy_by_id(static_cast<uint32_t>(p));
+  return e ? e->name() : "unknown";
 }
 
 py::dict stats_dict(const CacheStats& s) {
@@ -506,22 +506,14 @@ PYBIND11_MODULE(_core, m) {
   m.def("fast_get", [](py::object core) { return make_fast(core, &fast_get_def); }, py::arg("core"),
         "A plain CPython function equivalent to core.get, without pybind11's dispatch cost.");
 
-  // Test-only: SIGKILL this process at crash point `point` after `countdown` passes (0 disarms).
-  m.def("_arm_crash_point", [](int point, long countdown) {
-    g_crash_countdown.store(countdown);
-    g_crash_point.store(countdown > 0 ? point : 0);
-  });
-  py::dict points;
-  points["put_after_alloc"] = static_cast<int>(CrashPoint::kPutAfterAlloc);
-  points["put_mid_write"] = static_cast<int>(CrashPoint::kPutMidWrite);
-  points["put_after_write"] = static_cast<int>(CrashPoint::kPutAfterWrite);
-  points["put_after_publish"] = static_cast<int>(CrashPoint::kPutAfterPublish);
-  points["evict_after_unpublish"] = static_cast<int>(CrashPoint::kEvictAfterUnpublish);
-  points["evict_after_free"] = static_cast<int>(CrashPoint::kEvictAfterFree);
-  points["move_page_mid"] = static_cast<int>(CrashPoint::kMovePageMid);
-  points["scores_mid"] = static_cast<int>(CrashPoint::kScoresMid);
-  m.attr("CRASH_POINTS") = points;
+  register_test_hooks(m);
   m.attr("LAYOUT_VERSION") = kLayoutVersion;
+  // Defined once here for Python: policy names by number, and the bytes a slot adds to a value.
+  m.attr("POLICIES") = policy_names();
+  m.attr("SLOT_HEADER_SIZE") = sizeof(SlotHeader);
   m.def("process_start_time", &process_start_time, py::arg("pid"),
         "Start time of process `pid` in clock ticks since boot, 0 if there is no such process.");
+  m.def("process_gone", &process_gone, py::arg("pid"), py::arg("start_time"),
+        "True only when process `pid` (started at `start_time`, 0 = unknown) is known to be gone: no such "
+        "pid, exited but not yet waited for, or the pid reused. False when in doubt.");
 }

@@ -4,12 +4,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstddef>
 #include <cmath>
 #include <limits>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <thread>
 
 #include "cache/robust_mutex.h"
@@ -50,7 +50,7 @@ Layout compute_layout(const CacheOptions& o) {
   l.off_index = take(n * sizeof(std::atomic<uint32_t>));
   l.off_heap_pos = take(n * sizeof(uint32_t));
   l.off_scores = take(n * sizeof(std::atomic<float>));
-  bool ticked = o.policy == Policy::kLru || o.policy == Policy::kFifo;
+  bool ticked = policy_by_id(static_cast<uint32_t>(o.policy))->uses_ticks();
   l.off_ticks = take(ticked ? n * sizeof(std::atomic<uint64_t>) : 0);
   l.off_heap = take(n * sizeof(HeapNode));
   l.off_pages = take(l.num_pages * sizeof(PageMeta));
@@ -75,23 +75,11 @@ void validate(const CacheOptions& o) {
                     "); raise capacity_bytes or lower max_item_bytes");
   if (o.capacity_bytes > kMaxDataBytes)
     throw Error(ErrorKind::kInvalidArgument, "capacity_bytes may be at most 256 GiB");
-  if (static_cast<uint32_t>(o.policy) > static_cast<uint32_t>(Policy::kStatic))
+  if (!policy_by_id(static_cast<uint32_t>(o.policy)))
     throw Error(ErrorKind::kInvalidArgument, "unknown policy number " + std::to_string(static_cast<uint32_t>(o.policy)));
 }
 
 }  // namespace
-
-uint64_t process_start_time(int64_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  size_t close = s.rfind(')');  // the command name may hold spaces and parentheses
-  if (close == std::string::npos) return 0;
-  std::istringstream rest(s.substr(close + 2));
-  std::string field;
-  for (int i = 3; i <= 22 && rest >> field; ++i)
-    if (i == 22) return std::stoull(field);
-  return 0;
-}
 
 std::atomic<uint64_t> g_fork_generation{0};
 
@@ -118,7 +106,18 @@ uint64_t Cache::segment_bytes(const CacheOptions& opts) {
 std::unique_ptr<Cache> Cache::create(const std::string& name, const CacheOptions& opts) {
   validate(opts);
   Layout l = compute_layout(opts);
-  Segment seg = Segment::create(name, l.total);
+  // The creator's identity goes in first (pwrite: an error, not a SIGBUS, on a full tmpfs), so that
+  // an attacher arriving during the reservation sees who is still building the segment.
+  struct {
+    int64_t pid;
+    uint64_t start_time;
+  } creator{::getpid(), process_start_time(::getpid())};
+  static_assert(offsetof(Header, creator_start_time) == offsetof(Header, creator_pid) + 8, "creator fields adjacent");
+  Segment seg = Segment::create(name, l.total, [&](int fd) {
+    if (::pwrite(fd, &creator, sizeof creator, offsetof(Header, creator_pid)) != sizeof creator)
+      throw_errno("pwrite(" + Segment::path(name) + ")", errno);
+    if (long ms = g_create_delay_ms.load()) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  });
   // The segment is zero-filled (tmpfs): index empty, heap_pos "absent", scores 0, ticks 0.
   auto* h = new (seg.base()) Header();
   h->layout_version = kLayoutVersion;
@@ -143,8 +142,8 @@ std::unique_ptr<Cache> Cache::create(const std::string& name, const CacheOptions
   h->off_classes = l.off_classes;
   h->off_pins = l.off_pins;
   h->off_data = l.off_data;
-  h->creator_pid = ::getpid();
-  h->creator_start_time = process_start_time(h->creator_pid);
+  h->creator_pid = creator.pid;
+  h->creator_start_time = creator.start_time;
   h->created_unix_ns = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
   std::snprintf(h->name, sizeof h->name, "%s", name.c_str());
@@ -163,15 +162,19 @@ std::unique_ptr<Cache> Cache::attach(const std::string& name) {
   if (seg.size() < sizeof(Header))
     throw Error(ErrorKind::kLayout, "'" + Segment::path(name) + "' is too small to be a shadecache segment");
   auto* h = reinterpret_cast<Header*>(seg.base());
-  // The creator publishes the magic last; give a creator that is still initializing a moment.
+  // The creator publishes the magic last. Reserving a large segment takes seconds: wait as long as
+  // the creator (whose pid it writes before reserving) lives; a segment naming no creator for 2 s,
+  // or one whose creator is gone, was abandoned.
   uint64_t magic = h->magic.load(std::memory_order_acquire);
-  for (int i = 0; magic == 0 && i < 200; ++i) {
+  for (int unnamed_ms = 0; magic == 0; unnamed_ms += 10) {
+    int64_t pid = __atomic_load_n(&h->creator_pid, __ATOMIC_RELAXED);
+    uint64_t start = __atomic_load_n(&h->creator_start_time, __ATOMIC_RELAXED);
+    if ((pid && process_gone(pid, start)) || (!pid && unnamed_ms >= 2000))
+      throw Error(ErrorKind::kLayout, "cache '" + name + "' was never finished: its creator (pid " + std::to_string(pid) +
+                                          ") died while creating it; remove it with `shadecache rm " + name + "`");
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
     magic = h->magic.load(std::memory_order_acquire);
   }
-  if (magic == 0)
-    throw Error(ErrorKind::kLayout, "cache '" + name + "' was never finished by its creator (pid " +
-                                        std::to_string(h->creator_pid) + "); remove it with `shadecache rm " + name + "`");
   if (magic != kMagic)
     throw Error(ErrorKind::kLayout, "'" + Segment::path(name) + "' is not a shadecache segment (bad magic)");
   if (h->layout_version != kLayoutVersion || h->header_size != sizeof(Header) ||
@@ -183,6 +186,9 @@ std::unique_ptr<Cache> Cache::attach(const std::string& name) {
   if (h->page_size < kMinPageSize || (h->page_size & (h->page_size - 1)))
     throw Error(ErrorKind::kLayout, "cache '" + name + "' has a page size of " + std::to_string(h->page_size) +
                                         " bytes, not a power of two: the header is corrupt");
+  if (!policy_by_id(h->policy))
+    throw Error(ErrorKind::kLayout, "cache '" + name + "' names policy number " + std::to_string(h->policy) +
+                                        ", which this shadecache does not know");
   if (h->total_size != seg.size())
     throw Error(ErrorKind::kLayout, "cache '" + name + "' is " + std::to_string(seg.size()) + " bytes but its header says " +
                                         std::to_string(h->total_size));
@@ -219,6 +225,9 @@ void Cache::bind(Segment seg, const std::string& name) {
                hdr_->num_pages, page_size_, hdr_->num_classes);
   heap_ = IndexedHeap(reinterpret_cast<HeapNode*>(b + hdr_->off_heap), heap_pos_, &hdr_->heap_size);
   pins_.bind(reinterpret_cast<PinOwner*>(b + hdr_->off_pins), hdr_->pin_active);
+  policy_ = policy_by_id(hdr_->policy);  // checked by create and attach
+  pstate_ = PolicyState{scores_, policy_->uses_ticks() ? ticks_ : nullptr, &hdr_->clock};
+  stamp_hits_ = policy_->stamps_hits();
 }
 
 WriteLock::WriteLock(Cache* c, Mode mode) : c_(c) {
@@ -263,12 +272,28 @@ bool Cache::pin(uint64_t id, Pinned* out) {
     users_.fetch_add(1, std::memory_order_relaxed);  // the view keeps the mapping (see close())
     stripe().hits.fetch_add(1, std::memory_order_relaxed);
     note_hit(id);
-    *out = Pinned{slab_.value(at.off), at.len, token};
+    *out = Pinned{slab_.value(at.off), at.len, token, at.seq, at.gen};
     return true;
   }
   if (token) pins_.release(token);
   stripe().misses.fetch_add(1, std::memory_order_relaxed);
   return false;
+}
+
+bool Cache::repin(uint64_t id, Pinned* p) {
+  uint64_t off = static_cast<uint64_t>(p->data - data_) - sizeof(SlotHeader);
+  uint32_t token = pins_.claim(slot_code(off), name_);
+  const SlotHeader* s = slab_.slot(off);
+  // seq_cst loads after the seq_cst entry store (pins.h): a writer either sees our pin or we see
+  // its odd seq / new generation.
+  if (s->seq.load(std::memory_order_seq_cst) != p->seq ||
+      pages_[slab_.page_of(off)].gen.load(std::memory_order_seq_cst) != p->gen ||
+      __atomic_load_n(&s->id, __ATOMIC_RELAXED) != id) {
+    pins_.release(token);
+    return false;
+  }
+  p->token = token;
+  return true;
 }
 
 uint32_t Cache::stale_pin_for_tests(uint64_t id) {
@@ -405,8 +430,10 @@ bool Cache::remove(uint64_t id) {
   check_id(id);
   WriteLock lock(this);
   do_reclaim_zombies();
-  if (idx_get(id, std::memory_order_relaxed) == 0) return false;
+  uint64_t v = idx_get(id, std::memory_order_relaxed);
+  if (v == 0) return false;
   do_evict(static_cast<uint32_t>(id));
+  slab_.do_release_if_empty(slab_.page_of(v - 1));
   return true;
 }
 
@@ -437,36 +464,7 @@ void Cache::update_scores(const int64_t* ids, const float* scores, size_t n) {
 
 void Cache::do_set_score(uint32_t id, float score) {
   scores_[id].store(score, std::memory_order_relaxed);
-  if (hdr_->policy == static_cast<uint32_t>(Policy::kImportance) && heap_.contains(id)) do_rekey(id, score);
-}
-
-double Cache::do_new_key(uint32_t id) {
-  switch (static_cast<Policy>(hdr_->policy)) {
-    case Policy::kImportance:
-      return scores_[id].load(std::memory_order_relaxed);
-    case Policy::kLru:
-    case Policy::kFifo: {
-      uint64_t t = hdr_->clock.fetch_add(1, std::memory_order_relaxed) + 1;
-      ticks_[id].store(t, std::memory_order_relaxed);
-      return static_cast<double>(t);
-    }
-    case Policy::kStatic:
-      return 0.0;
-  }
-  return 0.0;
-}
-
-double Cache::do_repair_key(uint32_t id) const {
-  switch (static_cast<Policy>(hdr_->policy)) {
-    case Policy::kImportance:
-      return scores_[id].load(std::memory_order_relaxed);
-    case Policy::kLru:
-    case Policy::kFifo:
-      return static_cast<double>(ticks_[id].load(std::memory_order_relaxed));
-    case Policy::kStatic:
-      return 0.0;
-  }
-  return 0.0;
+  if (policy_->keyed_by_score() && heap_.contains(id)) do_rekey(id, score);
 }
 
 // Seqlock write of one slot: odd seq, fence, body, even seq with release (readers: see read()).
@@ -501,14 +499,18 @@ bool Cache::do_put(const PutItem& it) {
     if (pages_[slab_.page_of(off)].cls == static_cast<uint32_t>(it.cls) && write_slot(s, it, true)) {
       // Same size class, no view on it: rewritten in place; readers racing it retry on the seqlock.
       hdr_->bytes_used += static_cast<uint64_t>(it.len) - old_len;
-      if (hdr_->policy == static_cast<uint32_t>(Policy::kLru)) do_rekey(it.id, do_new_key(it.id));
+      if (policy_->rekey_on_rewrite()) {
+        double key = policy_->insert_key(pstate_, it.id);
+        do_rekey(it.id, key);
+        policy_->on_insert(pstate_, it.id, key);
+      }
       hdr_->stats.updates.fetch_add(1, std::memory_order_relaxed);
       return true;
     }
     // Another class, or a view pins the old copy: the new value goes to a new slot below, and the
     // old copy is dropped only once that slot is won (a refused update keeps the old value).
   }
-  double key = do_new_key(it.id);
+  double key = policy_->insert_key(pstate_, it.id);
   uint64_t u = do_alloc_slot(static_cast<uint32_t>(it.cls), key);
   if (u == 0) {
     hdr_->stats.rejected.fetch_add(1, std::memory_order_relaxed);
@@ -520,17 +522,17 @@ bool Cache::do_put(const PutItem& it) {
   crash_point(CrashPoint::kPutAfterWrite);
   // The old copy (unless the allocation evicted it as a victim) goes now: freed, or a zombie while
   // a view pins it. A crash between this and the publish below loses the id (a miss), never bytes.
-  if (idx_get(it.id, std::memory_order_relaxed)) {
+  if (uint64_t old = idx_get(it.id, std::memory_order_relaxed)) {
     do_evict(it.id);
+    slab_.do_release_if_empty(slab_.page_of(old - 1));
     hdr_->stats.updates.fetch_add(1, std::memory_order_relaxed);
   }
   idx_set(it.id, off + 1, std::memory_order_release);  // publish
   crash_point(CrashPoint::kPutAfterPublish);
+  policy_->on_insert(pstate_, it.id, key);
   heap_.push(it.id, key);
-  PageMeta& pm = pages_[slab_.page_of(off)];
   do_add_key(slab_.page_of(off), 0, key);
-  ++pm.live;
-  ++slab_.cls(pm.cls).items;
+  slab_.do_count_live(off, +1);
   ++hdr_->items;
   hdr_->bytes_used += it.len;
   hdr_->stats.inserts.fetch_add(1, std::memory_order_relaxed);
@@ -541,40 +543,37 @@ bool Cache::do_put(const PutItem& it) {
 // Returns the slot offset + 1, or 0 when the policy refuses (static full, or importance admission
 // fails because `key` does not beat the lowest cached priority).
 uint64_t Cache::do_alloc_slot(uint32_t cls, double key) {
-  const auto policy = static_cast<Policy>(hdr_->policy);
-  // Under "importance" a full cache admits a value only if it beats the lowest cached score. A
+  // A full cache may refuse the value (importance: unless it beats the lowest cached key). A
   // cache is full when no page is free and its free slots are under 1/8 of the capacity: the few
-  // slots a page move frees beyond the one it needed must not let low-score values in through the
+  // slots a page move frees beyond the one it needed must not let low-key values in through the
   // side door (with a mix of sizes, nearly every admission would otherwise take such a slot).
-  if (policy == Policy::kImportance && hdr_->free_page_head == 0 && !heap_.empty() &&
-      !(key > heap_.top().key) && slab_.free_slot_bytes() < hdr_->capacity_bytes / 8)
+  // Empty pages are free pages (Slab::do_release_if_empty), so they count as room.
+  if (hdr_->free_page_head == 0 && !heap_.empty() && !policy_->admits(key, heap_.top().key) &&
+      slab_.free_slot_bytes() < hdr_->capacity_bytes / 8)
     return 0;
-  if (uint64_t u = slab_.do_pop_free_slot(cls)) return u;
-  if (slab_.do_take_free_page(cls)) return slab_.do_pop_free_slot(cls);
-  if (policy == Policy::kStatic) return 0;
+  if (uint64_t u = slab_.do_take_slot(cls)) return u;
+  if (!policy_->evicts()) return 0;
   // Values that views pin are set aside (they cannot be evicted now) and go back at the end,
-  // whatever happens (an exception here would otherwise leave them out of the heap).
-  std::vector<HeapNode> pinned;
+  // whatever happens (an exception here would otherwise leave them out of the heap). A page's
+  // key sum still counts them (aside_ tells do_add_key their keys while they are out).
   struct PutBack {
     IndexedHeap& heap;
     std::vector<HeapNode>& nodes;
     ~PutBack() {
       for (const HeapNode& n : nodes) heap.push(n.id, n.key);
+      nodes.clear();
     }
-  } put_back{heap_, pinned};
+  } put_back{heap_, aside_};
   bool reaped = false;
   uint64_t got = 0;
   while (!heap_.empty()) {
     HeapNode top = heap_.top();
-    if (policy == Policy::kLru) {
-      // Readers bump ticks without the lock, so heap keys lag: refresh the top and look again.
-      double now = static_cast<double>(ticks_[top.id].load(std::memory_order_relaxed));
-      if (now > top.key) {
-        do_rekey(top.id, now);
-        continue;
-      }
+    double now = policy_->current_key(pstate_, top.id, top.key);
+    if (now != top.key) {  // readers moved it since (lru hit stamps): apply, look again
+      do_rekey(top.id, now);
+      continue;
     }
-    if (policy == Policy::kImportance && !(key > top.key)) break;
+    if (!policy_->admits(key, top.key)) break;
     uint64_t voff = idx_get(top.id, std::memory_order_relaxed) - 1;
     if (pins_.any() && pins_.pinned(slot_code(voff))) {
       // A hint (the value is still published): views of dead processes are dropped once, then
@@ -584,7 +583,7 @@ uint64_t Cache::do_alloc_slot(uint32_t cls, double key) {
         do_reap_dead_pins();
         continue;
       }
-      pinned.push_back(top);  // first: if it throws, the node is still in the heap
+      aside_.push_back(top);  // first: if it throws, the node is still in the heap
       heap_.remove(top.id);
       continue;
     }
@@ -593,7 +592,7 @@ uint64_t Cache::do_alloc_slot(uint32_t cls, double key) {
       bool freed = do_evict(top.id);
       hdr_->stats.evictions.fetch_add(1, std::memory_order_relaxed);
       if (freed) {
-        got = slab_.do_pop_free_slot(cls);
+        got = slab_.do_pop_free_slot(cls);  // the slot just freed (the page stays: we fill it)
         break;
       }
       continue;  // a view pinned it at the last moment: it is a zombie now; take the next
@@ -603,7 +602,7 @@ uint64_t Cache::do_alloc_slot(uint32_t cls, double key) {
     // ones). Move the page of another class whose values matter least on average (lowest mean
     // key), not merely the victim's page: that one holds a random sample of its class, and moving
     // it would evict values of every priority.
-    uint64_t page = do_pick_page_to_move(cls, pinned);
+    uint64_t page = do_pick_page_to_move(cls, aside_);
     if (page == kNoPage) break;
     if (do_move_page(page, cls)) {
       got = slab_.do_pop_free_slot(cls);
@@ -634,8 +633,13 @@ void Cache::do_add_key(uint64_t p, double removed, double added) {
   for (uint32_t i = 0; i < cm.slots_per_page; ++i) {
     uint64_t off = p * page_size_ + static_cast<uint64_t>(i) * cm.slot_size;
     const SlotHeader* s = slab_.slot(off);
-    if (s->id < n_ && !s->zombie && idx_get(s->id, std::memory_order_relaxed) == off + 1 && heap_.contains(s->id))
+    if (s->id >= n_ || s->zombie || idx_get(s->id, std::memory_order_relaxed) != off + 1) continue;
+    if (heap_.contains(s->id)) {
       sum += heap_.key_of(s->id);
+    } else {  // set aside by do_alloc_slot while a view pins it: still cached, still counted
+      for (const HeapNode& a : aside_)
+        if (a.id == s->id) sum += a.key;
+    }
   }
   pm.key_sum = sum;
 }
@@ -694,9 +698,8 @@ bool Cache::do_evict(uint32_t id) {
     heap_.remove(id);
     do_add_key(slab_.page_of(off), key, 0);
   }
-  --pm.live;
+  slab_.do_count_live(off, -1);
   if (pm.live == 0) pm.key_sum = 0;  // drop the rounding residue of the additions
-  --slab_.cls(pm.cls).items;
   --hdr_->items;
   hdr_->bytes_used -= s->len;
   return freed;
@@ -745,6 +748,7 @@ void Cache::do_push_zombie(uint64_t off) {
   s->next_free = static_cast<uint32_t>(hdr_->zombie_head);
   hdr_->zombie_head = slot_code(off);
   ++hdr_->zombies;
+  slab_.do_count_zombie(off, +1);
 }
 
 void Cache::do_reclaim_zombies() {
@@ -774,6 +778,8 @@ void Cache::do_reclaim_zombies() {
       s->zombie = 0;
       s->seq.store(seq + 2, std::memory_order_release);
       slab_.do_push_free_slot(pages_[slab_.page_of(off)].cls, off);
+      slab_.do_count_zombie(off, -1);
+      slab_.do_release_if_empty(slab_.page_of(off));
     }
     u = next;
   }
@@ -832,6 +838,7 @@ void Cache::do_repair() {
     ClassMeta& cm = slab_.cls(pm.cls);
     ++cm.pages;
     pm.live = 0;
+    pm.zombies = 0;
     pm.key_sum = 0;
     for (uint32_t i = cm.slots_per_page; i-- > 0;) {
       uint64_t off = p * page_size_ + static_cast<uint64_t>(i) * cm.slot_size;
@@ -841,11 +848,10 @@ void Cache::do_repair() {
                   s->len <= cm.slot_size - sizeof(SlotHeader);
       if (live) {
         s->zombie = 0;
-        double key = do_repair_key(s->id);
+        double key = policy_->repair_key(pstate_, s->id);
         heap_.append(s->id, key);
         pm.key_sum += key;
-        ++pm.live;
-        ++cm.items;
+        slab_.do_count_live(off, +1);
         ++hdr_->items;
         hdr_->bytes_used += s->len;
       } else {
@@ -866,6 +872,7 @@ void Cache::do_repair() {
         }
       }
     }
+    slab_.do_release_if_empty(p);  // a page left empty (a dead writer's fresh page) is free
   }
   // Index entries that do not name a live slot (a put that died before its slot was stable, an
   // eviction that died after unpublishing) are cleared.
@@ -896,7 +903,6 @@ std::string Cache::do_check() {
   uint64_t items = 0, bytes = 0, free_pages = 0, zombies = 0;
   std::vector<uint64_t> class_pages(slab_.num_classes()), class_items(slab_.num_classes()),
       class_zombies(slab_.num_classes());
-  const auto policy = static_cast<Policy>(hdr_->policy);
   for (uint64_t p = 0; p < hdr_->num_pages; ++p) {
     const PageMeta& pm = pages_[p];
     if (pm.gen.load(std::memory_order_relaxed) & 1) return "page " + std::to_string(p) + " is stuck mid-move";
@@ -907,7 +913,7 @@ std::string Cache::do_check() {
     if (pm.cls >= slab_.num_classes()) return "page " + std::to_string(p) + " has invalid class " + std::to_string(pm.cls);
     const ClassMeta& cm = slab_.cls(pm.cls);
     ++class_pages[pm.cls];
-    uint32_t live = 0;
+    uint32_t live = 0, page_zombies = 0;
     double key_sum = 0;
     for (uint32_t i = 0; i < cm.slots_per_page; ++i) {
       uint64_t off = p * page_size_ + static_cast<uint64_t>(i) * cm.slot_size;
@@ -915,6 +921,7 @@ std::string Cache::do_check() {
       if (s->zombie) {  // kept for a view; its bytes are the view's business
         ++class_zombies[pm.cls];
         ++zombies;
+        ++page_zombies;
         continue;
       }
       if (s->id == kNoId) continue;
@@ -926,20 +933,17 @@ std::string Cache::do_check() {
       if (crc32c(slab_.value(off), s->len) != s->crc) return where + " fails its checksum";
       if (!heap_.contains(s->id)) return where + " is not in the eviction heap";
       double key = heap_.key_of(s->id);
-      if (policy == Policy::kImportance && key != scores_[s->id].load(std::memory_order_relaxed))
-        return where + " has heap key " + std::to_string(key) + " but score " + std::to_string(scores_[s->id].load());
-      if (policy == Policy::kFifo && key != static_cast<double>(ticks_[s->id].load()))
-        return where + " has a heap key that is not its insert tick";
-      // Not "key <= tick": a reader stamps a hit with a plain load-then-store of the clock (no
-      // read-modify-write on the hot path), so it may leave an older stamp over a writer's newer
-      // one. Eviction only ever raises a key to the stamp; the clock bounds both.
-      if (policy == Policy::kLru && key > static_cast<double>(hdr_->clock.load()))
-        return where + " has a heap key newer than the clock";
+      std::string bad = policy_->check_key(pstate_, s->id, key);
+      if (!bad.empty()) return where + " " + bad;
       ++live;
       key_sum += key;
       bytes += s->len;
     }
     if (live != pm.live) return "page " + std::to_string(p) + " counts " + std::to_string(pm.live) + " live slots, holds " + std::to_string(live);
+    if (page_zombies != pm.zombies)
+      return "page " + std::to_string(p) + " counts " + std::to_string(pm.zombies) + " zombies, holds " + std::to_string(page_zombies);
+    if (live == 0 && page_zombies == 0)
+      return "page " + std::to_string(p) + " of class " + std::to_string(pm.cls) + " holds nothing but is not on the free page list";
     if (std::fabs(key_sum - pm.key_sum) > 1e-6 * (std::fabs(key_sum) + live + 1))
       return "page " + std::to_string(p) + " key sum " + std::to_string(pm.key_sum) + " but its values' keys add to " +
              std::to_string(key_sum);
