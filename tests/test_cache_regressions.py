@@ -245,3 +245,45 @@ def test_attach_to_a_creator_that_died_mid_create_fails_clearly(cache_name):
         assert time.time() - t0 < 5
     finally:
         remove(cache_name)
+
+
+# ---- one rule for ids and scores at every entry point ---------------------------------------------
+
+
+def test_ids_beyond_int64_are_index_errors_everywhere(cache_factory):
+    """An id beyond int64 is out of range (IndexError) at every entry point, as one below
+    num_samples is; a non-integer id is a TypeError."""
+    c = cache_factory(10)
+    c.put(1, b"x")
+    for big in (2**63, 2**64 + 5, -(2**63) - 1):
+        for call in (lambda: c.get(big), lambda: c.contains(big), lambda: c.remove(big),
+                     lambda: c.view(big), lambda: c.get_into(big, bytearray(8)),
+                     lambda: c.put(big, b"y"), lambda: c.get_many([1, big]),
+                     lambda: c.put_many([big], [b"y"])):
+            with pytest.raises(IndexError, match="out of range"):
+                call()
+    for bad in (1.0, "1", None):
+        for call in (lambda: c.get(bad), lambda: c.contains(bad), lambda: c.put(bad, b"y"),
+                     lambda: c.remove(bad), lambda: c.view(bad)):
+            with pytest.raises(TypeError, match="integers"):
+                call()
+    assert c.get(1) == b"x"
+    c.check()
+
+
+def test_put_score_follows_the_put_many_rule(cache_factory):
+    """put's score: a non-number is a TypeError and NaN a ValueError, as for put_many's scores;
+    nothing is stored either way."""
+    c = cache_factory(10, policy="importance")
+    for bad in ("high", object()):
+        with pytest.raises(TypeError, match="score"):
+            c.put(0, b"x", score=bad)
+        with pytest.raises(TypeError):
+            c.put_many([0], [b"x"], scores=[bad])
+    with pytest.raises(TypeError, match="score must be a number, got list"):
+        c.put(0, b"x", score=[1.0])
+    with pytest.raises(ValueError, match="NaN"):
+        c.put(0, b"x", score=float("nan"))
+    assert not c.contains(0)
+    assert c.put(0, b"x", score=0.5) and c.put(1, b"y", score=2)  # ints are numbers
+    c.check()

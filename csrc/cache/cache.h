@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "cache/crash_point.h"
+#include "cache/geometry.h"
 #include "cache/heap.h"
 #include "cache/layout.h"
 #include "cache/pins.h"
@@ -37,13 +38,6 @@ constexpr uint64_t kNoPage = ~uint64_t{0};
 
 // Bumped in the child after every fork (see cache.cc).
 extern std::atomic<uint64_t> g_fork_generation;
-
-struct CacheOptions {
-  uint64_t num_samples = 0;
-  uint64_t capacity_bytes = 0;   // bytes of slab memory for values (rounded down to whole pages)
-  uint64_t max_item_bytes = 1 << 20;  // largest value accepted; sets the slab page size
-  Policy policy = Policy::kImportance;
-};
 
 struct CacheStats {
   uint64_t hits, misses, read_retries, inserts, updates, evictions, rejected, page_moves,
