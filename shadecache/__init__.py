@@ -29,6 +29,9 @@ _LAZY = {
     "ImportanceTable": ".importance",
     "ShadeSampler": ".sampler",
     "CachedDataset": ".dataset",
+    "OrderBoard": ".order",
+    "belady_hits": ".order",
+    "Prefetcher": ".prefetch",
 }
 
 __all__ = sorted(list(_LAZY) + ["__version__", "CapacityError", "ClosedError", "CorruptionError",

@@ -21,12 +21,13 @@ CachedDataset object at the same time would share worker rows; give each its own
 """
 import multiprocessing as mp
 import os
+import time
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
-_FIELDS = ("hits", "misses", "bytes_read", "samples", "store_reads")
+_FIELDS = ("hits", "misses", "bytes_read", "samples", "store_reads", "prefetch_hits", "wait_ns")
 _ROWS = 65   # row 0: the main process; rows 1..64: DataLoader workers by worker id (mod 64)
 
 
@@ -34,6 +35,31 @@ def _default_decode(data):
     if not data:  # torch.frombuffer refuses an empty buffer; the format allows 0-byte samples
         return torch.empty(0, dtype=torch.uint8)
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def _prefetch_hits(cache, ids, values) -> int:
+    """Hits on samples the prefetcher brought and no read had used yet (their board flag is
+    cleared here: shadecache/order.py)."""
+    from .order import board_for
+    board = board_for(cache)
+    if board is None:
+        return 0
+    flags = board.flags[ids]
+    if not flags.any():
+        return 0
+    used = ids[(flags != 0) & np.fromiter((v is not None for v in values), bool, len(values))]
+    board.flags[used] = 0
+    return int(np.unique(used).size)
+
+
+def _prefetch_stats(cache) -> dict:
+    from .order import board_for
+    board = board_for(cache)
+    if board is None:
+        return {}
+    t = board.totals()
+    return {"prefetched": t["prefetched"], "prefetch_wasted": t["prefetch_wasted"],
+            "prefetch_per_epoch": board.epoch_counters()}
 
 
 class CachedDataset(Dataset):
@@ -109,9 +135,13 @@ class CachedDataset(Dataset):
         hits = len(ids) - len(missed)
         nbytes = 0
         reads = 0
+        wait_ns = 0
+        pf_hits = _prefetch_hits(self.cache, a, values) if hits else 0
         if missed:
             uniq = list(dict.fromkeys(missed))          # a batch may hold an id twice
+            t0 = time.perf_counter_ns()
             data = self.store.read_many(uniq)
+            wait_ns = time.perf_counter_ns() - t0
             reads = len(uniq)
             got = dict(zip(uniq, data))
             nbytes = sum(len(d) for d in data)
@@ -126,6 +156,8 @@ class CachedDataset(Dataset):
         row[2] += nbytes
         row[3] += len(ids)
         row[4] += reads
+        row[5] += pf_hits
+        row[6] += wait_ns
         return values
 
     def _row(self):
@@ -165,9 +197,13 @@ class CachedDataset(Dataset):
 
     def stats(self) -> dict:
         """Counts over every process that used this data set: hits, misses, bytes_read (from the
-        store), samples, store_reads (distinct ids read), and hit_ratio."""
+        store), samples, store_reads (distinct ids read), hit_ratio, wait_s (time spent waiting
+        on store reads of misses), prefetch_hits (hits on samples the prefetcher brought); with
+        an order board also prefetched, prefetch_wasted and their per-epoch rows (prefetch.py)."""
         d = dict(zip(_FIELDS, (int(v) for v in self._table().sum(axis=0))))
         d["hit_ratio"] = d["hits"] / d["samples"] if d["samples"] else 0.0
+        d["wait_s"] = d.pop("wait_ns") / 1e9
+        d.update(_prefetch_stats(self.cache))
         return d
 
     def reset_stats(self):

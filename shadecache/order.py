@@ -372,7 +372,8 @@ class OrderBoard:
 
 
 # ---- the sampler's hook -------------------------------------------------------------------------
-_ATTACHED: dict = {}   # (pid, cache name) -> OrderBoard or None (no board), per process
+_ATTACHED: dict = {}   # (pid, cache name) -> OrderBoard, or the time a look found none
+_RELOOK_S = 1.0        # a cache without a board is looked at again after this long
 
 
 def board_for(cache) -> Optional[OrderBoard]:
@@ -381,11 +382,14 @@ def board_for(cache) -> Optional[OrderBoard]:
         return None
     key = (os.getpid(), cache.name)
     b = _ATTACHED.get(key)
-    if b is not None and b._mm is not None:
+    if isinstance(b, OrderBoard) and b._mm is not None:
         return b
+    if isinstance(b, float) and time.monotonic() - b < _RELOOK_S:
+        return None
     try:
         b = OrderBoard.attach(cache.name)
-    except FileNotFoundError:
+    except (FileNotFoundError, ValueError):
+        _ATTACHED[key] = time.monotonic()
         return None
     _ATTACHED[key] = b
     return b
