@@ -131,24 +131,25 @@ class OrderBoard:
             self._mm = mmap.mmap(fd, size)
         finally:
             os.close(fd)
-        h = np.frombuffer(self._mm, dtype=np.int64, count=HEADER_BYTES // 8)
-        if int(h[_H_MAGIC // 8]) != MAGIC:
+        magic, version, streams, capacity, n = struct.unpack_from("<5q", self._mm, 0)
+        if magic != MAGIC:
             self._mm.close()
             raise ValueError(f"{path} is not an order board (bad magic)")
-        if int(h[_H_VERSION // 8]) != VERSION:
+        if version != VERSION:
             from .errors import LayoutVersionError
-            v = int(h[_H_VERSION // 8])
             self._mm.close()
-            raise LayoutVersionError(f"{path}: order board layout {v}, this shadecache reads {VERSION}")
-        self.streams = int(h[_H_STREAMS // 8])
-        self.capacity = int(h[_H_CAPACITY // 8])
-        self.num_samples = int(h[_H_N // 8])
+            raise LayoutVersionError(f"{path}: order board layout {version}, this shadecache "
+                                     f"reads {VERSION}")
+        if not (1 <= streams <= MAX_STREAMS and capacity >= 1 and n >= 1):
+            self._mm.close()
+            raise ValueError(f"{path}: damaged order board header")
+        self.streams, self.capacity, self.num_samples = streams, capacity, n
         off_ids, off_nxt, off_next, off_flags, total = _sizes(self.streams, self.capacity,
                                                               self.num_samples)
         if size != total:
             self._mm.close()
             raise ValueError(f"{path}: {size} bytes, its header describes {total}")
-        self._header = h
+        self._header = np.frombuffer(self._mm, dtype=np.int64, count=HEADER_BYTES // 8)
         self._srec = np.frombuffer(self._mm, dtype=np.int64, count=MAX_STREAMS * STREAM_BYTES // 8,
                                    offset=HEADER_BYTES).reshape(MAX_STREAMS, STREAM_BYTES // 8)
         self._ids = np.frombuffer(self._mm, dtype=np.int64, count=self.streams * self.capacity,
