@@ -212,6 +212,24 @@ def _make_room(cache, board, count: int, latest_use: int) -> int:
     return removed
 
 
+def _insert(cache, board, ids, data, rounds: int = 4):
+    """put_many, and for what a full cache refused: make more room among the samples needed
+    later than those (a freed slot may be of another size class), then try them again."""
+    admitted = np.asarray(cache.put_many(ids, data), dtype=bool)
+    for _ in range(rounds):
+        rest = np.flatnonzero(~admitted)
+        if rest.size == 0:
+            break
+        nu = board.next_use(ids[rest])
+        if (nu < 0).any() or _make_room(cache, board, 2 * int(rest.size), int(nu.max())) == 0:
+            break      # not needed any more, or nothing needed later is left to make room
+        again = np.asarray(cache.put_many(ids[rest], [data[j] for j in rest.tolist()]), dtype=bool)
+        admitted[rest] = again
+        if not again.any():
+            break      # room of another size class does not help these; stop removing
+    return admitted
+
+
 def run(cache_name, store, options, parent_pid):
     import shadecache as sc
     cache = sc.Cache.attach(cache_name)
@@ -276,7 +294,7 @@ def run(cache_name, store, options, parent_pid):
             if inflight and (not submitted or len(inflight) >= max_batches):
                 ids, ep, nb = inflight.popleft()
                 data = tier.take()
-                admitted = np.asarray(cache.put_many(ids, data), dtype=bool)
+                admitted = _insert(cache, board, ids, data)
                 on_way.difference_update(ids.tolist())
                 full = full or not admitted.all()   # the cache only shrinks by removals
                 refused.update(ids[~admitted].tolist())
@@ -291,7 +309,7 @@ def run(cache_name, store, options, parent_pid):
         while inflight:
             ids, ep, _ = inflight.popleft()
             data = tier.take()
-            admitted = np.asarray(cache.put_many(ids, data), dtype=bool)
+            admitted = _insert(cache, board, ids, data)
             board.flags[ids[admitted]] = 1
             board.count(ep, prefetched=int(admitted.sum()))
     finally:
