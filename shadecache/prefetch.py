@@ -145,30 +145,36 @@ class Prefetcher:
 class _NextTier:
     """The one door to the next tier: submit(ids) and take() -> the batch's bytes, in order.
     A PackedStore is read through a ReadStream (reads stay in flight across batches); anything
-    else (FolderStore, a tiered store) through its read_many, one batch at a time."""
+    else (FolderStore, a tiered store) through its read_many on `batches` threads, so that several
+    batches wait on it at once (read_many releases the GIL while it waits)."""
 
-    def __init__(self, store, queue_depth, lanes):
+    def __init__(self, store, queue_depth, lanes, batches: int = 4):
         from . import _io
         self.store = store
         reader = getattr(store, "_r", None)
-        self.stream = None
+        self.stream = self.pool = None
         if isinstance(reader, _io.PackedReader):
             self.stream = _io.ReadStream(reader, "auto", queue_depth, lanes)
             self.reader = reader
+        else:
+            from concurrent.futures import ThreadPoolExecutor
+            self.pool = ThreadPoolExecutor(max_workers=batches, thread_name_prefix="sc-tier")
         self.done = deque()
 
     def submit(self, ids):
         if self.stream is not None:
             self.stream.submit(self.reader, ids)
         else:
-            self.done.append(self.store.read_many(ids))
+            self.done.append(self.pool.submit(self.store.read_many, ids))
 
     def take(self):
-        return self.stream.take() if self.stream is not None else self.done.popleft()
+        return self.stream.take() if self.stream is not None else self.done.popleft().result()
 
     def close(self):
         if self.stream is not None:
             self.stream.close()
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _window(board, lookahead):
@@ -236,7 +242,7 @@ def run(cache_name, store, options, parent_pid):
     board = OrderBoard.attach(cache_name)
     board.set_prefetcher(os.getpid())
     lengths = np.asarray(store.lengths, dtype=np.int64) if hasattr(store, "lengths") else None
-    tier = _NextTier(store, options["queue_depth"], options["lanes"])
+    tier = _NextTier(store, options["queue_depth"], options["lanes"], options["max_batches"])
     L, B = options["lookahead_samples"], options["batch"]
     max_bytes, max_batches = options["lookahead_bytes"], options["max_batches"]
     inflight = deque()            # (ids, epoch) in submission order

@@ -254,3 +254,29 @@ def test_the_prefetcher_dies_with_its_parent(store_path, name, tmp_path):
         os.kill(pid, signal.SIGKILL)
         pytest.fail("the prefetcher outlived its job")
     sc.cache.remove(name)
+
+
+def test_shadecache_stats_shows_the_prefetch_counters(store_path, name):
+    store = sc.PackedStore(store_path)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with sc.Cache.create(name, num_samples=N, capacity_bytes=1 << 20) as c, \
+            OrderBoard.create(name, N) as board:
+        sampler = sc.ShadeSampler(N, cache=c, batch_size=32, importance=False, pads=False,
+                                  rep_factor=0.0)
+        sampler.set_epoch(0)
+        it = iter(sampler)
+        next(it)                                      # published; the cursor stays at 0
+        with sc.Prefetcher(c, store, lookahead_samples=100, batch=25):
+            deadline = time.monotonic() + 30
+            while board.totals()["reads_issued"] < 100 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            time.sleep(0.2)
+        res = subprocess.run([sys.executable, "-m", "shadecache.cli", "stats", name],
+                             capture_output=True, text=True, cwd=root, timeout=120)
+        assert res.returncode == 0, res.stderr
+        import json
+        pf = json.loads(res.stdout)["prefetch"]
+        assert pf["prefetched"] == board.totals()["prefetched"]
+        assert pf["reads_issued"] >= 100                 # the window (a swap may re-read a few)
+        assert 0 < pf["prefetched"] == c.stats()["items"] <= 100   # a full size class refuses
+        assert pf["per_epoch"][0]["epoch"] == 0 and pf["prefetcher_pid"] == 0
