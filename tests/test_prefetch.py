@@ -278,5 +278,5 @@ def test_shadecache_stats_shows_the_prefetch_counters(store_path, name):
         pf = json.loads(res.stdout)["prefetch"]
         assert pf["prefetched"] == board.totals()["prefetched"]
         assert pf["reads_issued"] >= 100                 # the window (a swap may re-read a few)
-        assert 0 < pf["prefetched"] == c.stats()["items"] <= 100   # a full size class refuses
+        assert 0 < c.stats()["items"] <= pf["prefetched"]   # swaps remove some it brought
         assert pf["per_epoch"][0]["epoch"] == 0 and pf["prefetcher_pid"] == 0
