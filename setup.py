@@ -46,8 +46,8 @@ def sources(*patterns):
 common = sources("csrc/common/*.cc", "csrc/bindings/errors.cc", "csrc/bindings/ids.cc")
 core = Pybind11Extension(
     "shadecache._core",
-    common + sources("csrc/cache/*.cc", "csrc/net/*.cc", "csrc/bindings/core_module.cc",
-                     "csrc/bindings/sample_view.cc", "csrc/bindings/peer_io.cc"),
+    common + sources("csrc/cache/*.cc", "csrc/cache/policies/*.cc", "csrc/net/*.cc", "csrc/bindings/core_module.cc",
+                     "csrc/bindings/sample_view.cc", "csrc/bindings/test_hooks.cc", "csrc/bindings/peer_io.cc"),
     include_dirs=["csrc"],
     cxx_std=17,
     extra_compile_args=CXXFLAGS,
@@ -61,7 +61,8 @@ else:
     print("shadecache: liburing not found; _io builds with the pread backend only")
 io = Pybind11Extension(
     "shadecache._io",
-    common + sources("csrc/io/*.cc", "csrc/bindings/io_module.cc", "csrc/bindings/tier_io.cc"),
+    common + sources("csrc/io/*.cc", "csrc/bindings/io_module.cc",
+                     "csrc/bindings/read_stream_bindings.cc", "csrc/bindings/tier_io.cc"),
     include_dirs=["csrc"],
     cxx_std=17,
     extra_compile_args=CXXFLAGS,

@@ -9,7 +9,8 @@ optimizer steps from the same initial weights per seed, so accuracies compare at
 Training uses augmentation applied after the cache (the cache holds raw bytes), as real training
 does; a few rows are repeated without it (see NO_AUG_ROWS).
 
-Rows: uniform + LRU, uniform + static, SHADE rep_factor 1/2/3 + importance eviction, SHADE rep 1 +
+Rows: uniform + LRU, ShadeSampler's defaults (issue 11) + importance eviction, uniform + static,
+SHADE rep_factor 1/2/3 + importance eviction (SHADE's draw, no substitution budget), SHADE rep 1 +
 LRU, all with the coverage floor (K=2, the default), and SHADE rep 3 + importance with the floor
 off (to show what it guards against). Columns: hit ratio, MB read from the store, coverage (lowest
 distinct fraction over epochs), final accuracy, and its difference to uniform sampling (paired by
@@ -34,6 +35,7 @@ from shadecache.experiment import RunConfig, build_data, train_run  # noqa: E402
 
 ROWS = [  # (label, sampler, policy, rep_factor, coverage_epochs)
     ("uniform + LRU", "uniform", "lru", 0.0, 2),
+    ("ShadeSampler defaults + importance", "shade", "importance", None, None),
     ("uniform + static", "uniform", "static", 0.0, 2),
     ("SHADE rep 1 + importance", "shade", "importance", 1.0, 2),
     ("SHADE rep 2 + importance", "shade", "importance", 2.0, 2),
@@ -41,9 +43,21 @@ ROWS = [  # (label, sampler, policy, rep_factor, coverage_epochs)
     ("SHADE rep 1 + LRU", "shade", "lru", 1.0, 2),
     ("SHADE rep 3 + importance, floor off", "shade", "importance", 3.0, 0),
 ]
+# Issue 10: the clairvoyant policy (evict by next use, then importance), once the engine has it.
+if "clairvoyant" in sc.POLICIES:
+    ROWS += [("uniform + clairvoyant", "uniform", "clairvoyant", 0.0, 2),
+             ("SHADE rep 1 + clairvoyant", "shade", "clairvoyant", 1.0, 2)]
+BELADY_OF = "SHADE rep 1 + importance"   # the offline bound is computed on this row's exact reads
 # The same loop WITHOUT augmentation, at the 10% cache only: there the small network memorizes the
 # training set within a few epochs, so any repetition (substitution) costs test accuracy.
-NO_AUG_ROWS = [ROWS[0], ROWS[2], ROWS[4]]
+NO_AUG_ROWS = [ROWS[0], ROWS[1], ROWS[3], ROWS[5]]
+# The SHADE rows name their setting in full (SHADE's draw by scores, no substitution budget), so
+# they measure the same thing whatever ShadeSampler's defaults are; the "defaults" row takes them.
+SHADE_AS_LABELLED = {"temper": 1.0, "substitute": None}
+
+
+def sampler_defaults():
+    return sc.ShadeSampler.defaults()
 SECTION = "## Importance-aware caching in training (issue 4)"
 
 
@@ -65,11 +79,19 @@ def run_all(args):
         store = sc.PackedStore(path)
         for k, (size, seed, (label, sampler, policy, rep, floor), aug) in enumerate(
                 tqdm(todo, desc="training runs", unit="run")):
+            extra = {"sampler": SHADE_AS_LABELLED} if rep is not None else {}
+            if rep is None:
+                rep, floor = sampler_defaults()["rep_factor"], sampler_defaults()["coverage_epochs"]
             cfg = RunConfig(label, sampler=sampler, policy=policy, rep_factor=rep,
                             coverage_epochs=floor, cache_fraction=size, epochs=args.epochs,
                             batch_size=args.batch_size, num_workers=args.workers, seed=seed,
-                            augment={} if aug else None)
+                            augment={} if aug else None, extra=extra)
             r = train_run(store, cfg, (tx, ty), f"sc-hit-ratio-{os.getpid()}-{k}")
+            # Belady (offline MIN) on the exact reads of this run, for a cache of as many items
+            # as this run's cache held at most (issue 10)
+            r["belady_hit_ratio"] = (sc.belady_hits(r["trace"], r["max_items"])
+                                     / max(1, len(r["trace"])))
+            del r["trace"]
             results.setdefault((size if aug else "no-aug", label), []).append(r)
     return results
 
@@ -97,10 +119,31 @@ def summarize(results, args):
                          f"{ms([r['min_coverage'] for r in rs])} | "
                          f"{max(max(r.get('not_in_window', [0])) for r in rs)} | "
                          f"{ms(acc, '{:.2f}')} | {ms(delta, '{:+.2f}')} |")
-            guarded = label.startswith("SHADE") and "floor off" not in label
+            guarded = label.startswith(("SHADE", "ShadeSampler")) and "floor off" not in label
             if guarded:
                 checks.append((f"{size:.0%} {label}: accuracy loss vs uniform <= 0.5 points",
                                float(delta.mean()) >= -0.5, f"{delta.mean():+.2f}"))
+        if all("belady_hit_ratio" in r for r in results[(size, BELADY_OF)]):
+            bel = [r["belady_hit_ratio"] for r in results[(size, BELADY_OF)]]
+            lines.append(f"| Belady bound (offline) on the reads of {BELADY_OF} | {ms(bel)} | "
+                         f"{np.mean(bel) / max(static_hit, 1e-9):.2f}× | | | | | |")
+        if abs(size - 0.10) < 1e-9 and (size, "SHADE rep 1 + clairvoyant") in results:
+            imp = np.mean([r["total_hit_ratio"] for r in results[(size, BELADY_OF)]])
+            cv = results[(size, "SHADE rep 1 + clairvoyant")]
+            cvh = np.mean([r["total_hit_ratio"] for r in cv])
+            bel = np.mean([r["belady_hit_ratio"] for r in cv])
+            checks.append(("10% SHADE rep 1: clairvoyant >= 1.5x importance", cvh >= 1.5 * imp,
+                           f"{cvh / max(imp, 1e-9):.2f}x"))
+            checks.append(("10% SHADE rep 1: clairvoyant >= 80% of Belady on its own reads",
+                           cvh >= 0.8 * bel, f"{cvh / max(bel, 1e-9):.0%}"))
+            dacc = np.mean([r["final_acc"] for r in cv]) - np.mean(
+                [r["final_acc"] for r in results[(size, BELADY_OF)]])
+            checks.append(("10% SHADE rep 1: clairvoyant accuracy within 0.5 points of importance",
+                           dacc >= -0.5, f"{dacc:+.2f}"))
+        if (size, "uniform + clairvoyant") in results:
+            u = np.mean([r["total_hit_ratio"] for r in results[(size, "uniform + clairvoyant")]])
+            checks.append((f"{size:.0%} uniform: clairvoyant >= static", u >= static_hit,
+                           f"{u:.3f} vs {static_hit:.3f}"))
         if abs(size - 0.10) < 1e-9:
             r1 = results[(size, "SHADE rep 1 + importance")]
             ratio = np.mean([r["total_hit_ratio"] for r in r1]) / max(static_hit, 1e-9)

@@ -31,7 +31,7 @@ from torch.utils.data import Dataset, get_worker_info
 
 _FIELDS = ("hits", "misses", "bytes_read", "samples", "store_reads",
            "peer_hits", "peer_bytes", "peer_ns", "ssd_hits", "ssd_bytes", "ssd_ns", "store_ns",
-           "peer_calls", "ssd_calls", "store_calls")
+           "prefetch_hits", "wait_ns", "peer_calls", "ssd_calls", "store_calls")
 _ROWS = 65   # row 0: the main process; rows 1..64: DataLoader workers by worker id (mod 64)
 
 
@@ -39,6 +39,31 @@ def _default_decode(data):
     if not data:  # torch.frombuffer refuses an empty buffer; the format allows 0-byte samples
         return torch.empty(0, dtype=torch.uint8)
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def _prefetch_hits(cache, ids, values) -> int:
+    """Hits on samples the prefetcher brought and no read had used yet (their board flag is
+    cleared here: shadecache/order.py)."""
+    from .order import board_for
+    board = board_for(cache)
+    if board is None:
+        return 0
+    flags = board.flags[ids]
+    if not flags.any():
+        return 0
+    used = ids[(flags != 0) & np.fromiter((v is not None for v in values), bool, len(values))]
+    board.flags[used] = 0
+    return int(np.unique(used).size)
+
+
+def _prefetch_stats(cache) -> dict:
+    from .order import board_for
+    board = board_for(cache)
+    if board is None:
+        return {}
+    t = board.totals()
+    return {"prefetched": t["prefetched"], "prefetch_wasted": t["prefetch_wasted"],
+            "prefetch_per_epoch": board.epoch_counters()}
 
 
 class CachedDataset(Dataset):
@@ -119,14 +144,21 @@ class CachedDataset(Dataset):
         # `None in values` is one C-level scan: an all-hit batch (the common case once the cache
         # is warm) builds no Python list of misses.
         missed = [i for i, v in zip(ids, values) if v is None] if None in values else []
+        hits = len(ids) - len(missed)
+        pf_hits = _prefetch_hits(self.cache, a, values) if hits else 0
+        wait_ns = 0
         if missed:
             uniq = list(dict.fromkeys(missed))          # a batch may hold an id twice
+            t0 = time.perf_counter_ns()
             got = dict(zip(uniq, self.fetch_missing(uniq)))
+            wait_ns = time.perf_counter_ns() - t0   # the loop waits on every tier below the cache
             values = [got[i] if v is None else v for i, v in zip(ids, values)]
         row = self._row()
-        row[0] += len(ids) - len(missed)   # this process's row only: plain int64 slots, no lock
+        row[0] += hits                     # this process's row only: plain int64 slots, no lock
         row[1] += len(missed)
         row[3] += len(ids)
+        row[12] += pf_hits
+        row[13] += wait_ns
         return values
 
     def fetch_missing(self, ids: list) -> list:
@@ -156,7 +188,7 @@ class CachedDataset(Dataset):
                         row[6] += len(v)
                 row[5] += hits
                 row[7] += time.perf_counter_ns() - t0
-                row[12] += 1
+                row[14] += 1
         from_ssd = []
         if self.ssd is not None:
             pending = [k for k in range(n) if values[k] is None]
@@ -170,13 +202,13 @@ class CachedDataset(Dataset):
                         row[9] += len(v)
                 row[8] += len(from_ssd)
                 row[10] += time.perf_counter_ns() - t0
-                row[13] += 1
+                row[15] += 1
         pending = [k for k in range(n) if values[k] is None]
         if pending:
             t0 = time.perf_counter_ns()
             data = self.store.read_many([ids[k] for k in pending])
             row[11] += time.perf_counter_ns() - t0
-            row[14] += 1
+            row[16] += 1
             for k, v in zip(pending, data):
                 values[k] = v
             row[2] += sum(len(d) for d in data)
@@ -233,11 +265,13 @@ class CachedDataset(Dataset):
 
     def stats(self) -> dict:
         """Counts over every process that used this data set: hits, misses, bytes_read (from the
-        store), samples, store_reads (distinct ids read), and hit_ratio; per tier below the
-        cache (`tiers`: peer, ssd, store): samples served, bytes, seconds spent in that tier's
-        batched calls, the number of those calls and their mean latency."""
-        t = self._table()
-        d = dict(zip(_FIELDS, (int(v) for v in t.sum(axis=0))))
+        store), samples, store_reads (distinct ids read), hit_ratio; per tier below the cache
+        (`tiers`: peer, ssd, store): samples served, bytes, seconds spent in that tier's batched
+        calls, the number of those calls and their mean latency; wait_s (time the loop waited on
+        the tiers below the cache for misses), prefetch_hits (hits on samples the prefetcher
+        brought); with an order board also prefetched, prefetch_wasted and their per-epoch rows
+        (prefetch.py)."""
+        d = dict(zip(_FIELDS, (int(v) for v in self._table().sum(axis=0))))
         d["hit_ratio"] = d["hits"] / d["samples"] if d["samples"] else 0.0
         d["tiers"] = {
             "peer": {"hits": d["peer_hits"], "bytes": d["peer_bytes"], "ns": d.pop("peer_ns"),
@@ -248,9 +282,10 @@ class CachedDataset(Dataset):
                       "calls": d.pop("store_calls")},
         }
         for tier in d["tiers"].values():
-            ns = tier.pop("ns")
-            tier["seconds"] = ns / 1e9
+            tier["seconds"] = tier.pop("ns") / 1e9
             tier["mean_latency_s"] = tier["seconds"] / tier["calls"] if tier["calls"] else 0.0
+        d["wait_s"] = d.pop("wait_ns") / 1e9
+        d.update(_prefetch_stats(self.cache))
         return d
 
     def reset_stats(self):

@@ -17,6 +17,12 @@ import torch
 from .experiment import RunConfig, build_data, format_table, plot_runs, train_run
 
 
+def sampler_defaults_text() -> str:
+    import shadecache as sc
+    d = sc.ShadeSampler.defaults()
+    return ", ".join(f"{k}={d[k]!r}" for k in ("rep_factor", "temper", "substitute", "coverage_epochs"))
+
+
 def run_demo(args) -> int:
     torch.set_num_threads(1)
     runs = []
@@ -42,6 +48,9 @@ def run_demo(args) -> int:
         print(f"{args.samples} samples, cache holds {args.cache_fraction:.0%} of them, "
               f"{args.epochs} epochs, batch {args.batch_size}, {args.workers} DataLoader workers")
         print(format_table(runs))
+        print(f"SHADE row: ShadeSampler's defaults ({sampler_defaults_text()}): each sample once "
+              "per epoch, and at most the `substitute` fraction of an epoch repeats cached samples "
+              "in place of misses (the measured trade-off: docs/importance.md)")
         plot_runs(runs, args.plot, title="shadecache demo: uniform + LRU vs SHADE")
         print(f"\nplot written to {args.plot}  ({time.perf_counter() - t0:.0f} s in all)")
     return 0

@@ -30,6 +30,7 @@ using namespace shadecache;
 namespace shadecache {
 void register_tier_reader(py::module_& m);  // bindings/tier_io.cc
 }
+void register_read_stream(py::module_& m);  // read_stream_bindings.cc (issue 10)
 
 namespace {
 
@@ -217,6 +218,8 @@ PYBIND11_MODULE(_io, m) {
       .def_property_readonly("backend_pid", [](PackedReader& r) { return r.backend().owner_pid(); })
       .def_property_readonly("closed", &PackedReader::closed)
       .def("close", &PackedReader::close);
+
+  register_read_stream(m);
 
   py::class_<FolderReader>(m, "FolderReader")
       .def(py::init([](std::vector<std::string> paths, const std::string& backend,
