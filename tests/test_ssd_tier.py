@@ -168,3 +168,28 @@ def test_dataset_reads_the_ssd_tier_before_the_store(tmp_path, cache_factory):
     assert ds.fetch_bytes(np.arange(200)) == vals
     s = ds.stats()
     assert s["store_reads"] == 200 and s["tiers"]["ssd"]["hits"] == 200
+
+
+def test_forked_child_drops_the_parents_open_files(tmp_path):
+    """A forked process (a DataLoader worker) does not keep its parent's open tier files: its
+    first use of the tier drops the inherited reader and the descriptors with it."""
+    vals = _values(20, seed=7)
+    t = sc.SSDTier(tmp_path, capacity_bytes=1 << 20)
+    t.put_many(range(20), vals)
+    t.flush()
+    assert t.get_many(range(20)) == vals
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # the child: report open descriptors before and after its first read
+        try:
+            before = len(os.listdir("/proc/self/fd"))
+            ok = t.get_many([0, 1]) == vals[:2]
+            after = len(os.listdir("/proc/self/fd"))
+            os.write(w, f"{before} {after} {int(ok)}".encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    before, after, ok = map(int, os.read(r, 100).split())
+    os.waitpid(pid, 0)
+    # 20 inherited closed; 2 files reopened and the child's own io_uring ring (1-2 descriptors)
+    assert ok == 1 and before - after >= 20 - 2 - 2
