@@ -230,14 +230,18 @@ class PackedStore(_StoreBase):
     @property
     def meta(self) -> dict:
         """Metadata stored at pack time (class names, source, creator). StoreFormatError when it
-        is not a JSON object (its checksum only proves it is what the writer stored)."""
+        is not a JSON object, or nests too deeply to parse (its checksum only proves it is what
+        the writer stored)."""
         raw = self._r.meta
         if not raw:
             return {}
         try:
             meta = json.loads(raw)
-        except ValueError as exc:
+        except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
             raise StoreFormatError(f"{self.path}: metadata is not JSON ({exc})") from None
+        except RecursionError:  # a checksum does not stop `[[[[...` nested past the parser's limit
+            raise StoreFormatError(f"{self.path}: metadata is not JSON the reader accepts "
+                                   "(nested too deeply)") from None
         if not isinstance(meta, dict):
             raise StoreFormatError(f"{self.path}: metadata is a JSON {type(meta).__name__}, not an object")
         return meta
