@@ -80,6 +80,27 @@ def test_a_fifo_is_refused_not_waited_on(tmp_path):
         assert "Traceback" not in r.stderr
 
 
+def test_a_fifo_in_a_folder_store_fails_alone(tmp_path):
+    """FolderStore opens non-blocking too (both backends): the FIFO is an OSError naming it."""
+    (tmp_path / "ok").write_bytes(b"data")
+    os.mkfifo(tmp_path / "pipe")
+    r = run_py(f"""
+        import shadecache as sc
+        for backend in ("pread", "auto"):
+            s = sc.FolderStore(files=[({str(tmp_path / "ok")!r}, 0), ({str(tmp_path / "pipe")!r}, 1)],
+                               backend=backend)
+            assert s.read(0) == b"data"
+            try:
+                s.read_many([0, 1])
+            except OSError as e:
+                assert "sample 1" in str(e) and "pipe" in str(e), e
+            else:
+                raise SystemExit("read a FIFO")
+        print("refused")
+    """, timeout=30)
+    assert r.returncode == 0 and "refused" in r.stdout, (r.stdout, r.stderr)
+
+
 def test_a_directory_or_device_is_refused(tmp_path):
     with pytest.raises(IsADirectoryError, match=str(tmp_path)):
         sc.PackedStore(tmp_path)

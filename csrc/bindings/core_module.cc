@@ -80,6 +80,17 @@ uint64_t checked_id(Cache& c, int64_t id) {
   return static_cast<uint64_t>(id);
 }
 
+// The score argument of put: any real number (float, int, numpy scalar), as put_many and
+// update_scores accept; anything else is TypeError (a bare pybind11 cast error was RuntimeError).
+float score_arg(py::handle o) {
+  double d = PyFloat_AsDouble(o.ptr());
+  if (d == -1.0 && PyErr_Occurred()) {
+    PyErr_Clear();  // a str, complex, list, or an int too large for a double (10**400)
+    throw py::type_error(std::string("score must be a real number, got ") + Py_TYPE(o.ptr())->tp_name);
+  }
+  return static_cast<float>(d);
+}
+
 // Receives a value from Cache::read as a bytes object. It reuses the object it holds when the
 // length matches (a guess made before the read, or the previous attempt when a writer raced the
 // copy) and releases whatever it still holds when it goes out of scope.
@@ -141,7 +152,14 @@ PyObject* const* fast_items(py::handle seq, Py_ssize_t* n, py::object* keep) {
 // A copy, not a view of the caller's array: the scores are checked, then used with the GIL
 // released, when another thread could change that array.
 std::vector<float> scores_of(py::handle s, size_t n, const char* what) {
-  auto arr = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(s);
+  // Numbers only: a cast would turn strings ("0.5") into scores where put refuses them.
+  py::array any = py::array::ensure(s);
+  char kind = any ? any.dtype().kind() : 'O';
+  if (!any || (any.size() > 0 && kind != 'f' && kind != 'i' && kind != 'u' && kind != 'b')) {
+    PyErr_Clear();
+    throw py::type_error(std::string(what) + " must be an array or sequence of numbers");
+  }
+  auto arr = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(any);
   if (!arr) {
     PyErr_Clear();
     throw py::type_error(std::string(what) + " must be an array or sequence of numbers");
@@ -364,16 +382,17 @@ PYBIND11_MODULE(_core, m) {
            },
            py::arg("ids"))
       .def("view",
-           [](py::object self, int64_t id) {
+           [](py::object self, py::handle id) {
              Cache& c = self.cast<Cache&>();
-             return make_sample_view(self, c, checked_id(c, id));
+             return make_sample_view(self, c, checked_id(c, as_id(id.ptr())));
            },
            py::arg("id"))
       // Test only (tests/test_cache_views.py): the pin entry of a reader backing out.
       .def("_stale_pin", [](Cache& c, int64_t id) { return c.stale_pin_for_tests(checked_id(c, id)); })
       .def("_stale_unpin", [](Cache& c, uint32_t token) { c.stale_unpin_for_tests(token); })
       .def("get_into",
-           [](Cache& c, int64_t id, py::handle buf) {
+           [](Cache& c, py::handle id_obj, py::handle buf) {
+             int64_t id = as_id(id_obj.ptr());
              // PyObject_GetBuffer directly: py::buffer::request builds a buffer_info (shape and
              // stride vectors) that costs more than a 3 KB copy.
              Py_buffer view;
@@ -402,12 +421,13 @@ PYBIND11_MODULE(_core, m) {
              return len;
            },
            py::arg("id"), py::arg("buffer"))
-      .def("contains", [](Cache& c, int64_t id) { return c.contains(checked_id(c, id)); }, py::arg("id"))
+      .def("contains", [](Cache& c, py::handle id) { return c.contains(checked_id(c, as_id(id.ptr()))); },
+           py::arg("id"))
       .def("put",
-           [](Cache& c, int64_t id, py::handle data, py::object score) {
+           [](Cache& c, py::handle id, py::handle data, py::object score) {
              Borrowed b(data.ptr());
-             uint64_t i = checked_id(c, id);
-             float s = score.is_none() ? 0.0f : score.cast<float>();
+             uint64_t i = checked_id(c, as_id(id.ptr()));
+             float s = score.is_none() ? 0.0f : score_arg(score);
              const float* sp = score.is_none() ? nullptr : &s;
              // Small values on an uncontended mutex: keep the GIL (releasing it costs more than
              // the whole put). Large values, or a busy mutex: release it for the copy / the wait.
@@ -454,8 +474,8 @@ PYBIND11_MODULE(_core, m) {
            },
            py::arg("ids"), py::arg("values"), py::arg("scores") = py::none())
       .def("remove",
-           [](Cache& c, int64_t id) {
-             uint64_t i = checked_id(c, id);
+           [](Cache& c, py::handle id) {
+             uint64_t i = checked_id(c, as_id(id.ptr()));
              py::gil_scoped_release nogil;
              return c.remove(i);
            },
