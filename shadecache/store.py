@@ -89,7 +89,7 @@ class PackWriter:
         if os.path.isdir(self.path):
             raise IsADirectoryError(f"PackWriter: {self.path} is a directory")
         self.meta = dict(meta or {})
-        self._w = _io.PackWriter(self.path)
+        self._w = _io.PackWriter(os.fsencode(self.path))  # bytes: see PackedStore
 
     def add(self, data, label: int = 0) -> int:
         """Appends one sample (any contiguous bytes-like object); returns its id."""
@@ -109,7 +109,7 @@ class PackWriter:
 
     @property
     def temp_path(self) -> str:
-        return self._w.temp_path
+        return os.fsdecode(self._w.temp_path)
 
     def __len__(self) -> int:
         return self._w.num_samples
@@ -200,7 +200,10 @@ class PackedStore(_StoreBase):
         _check_backend_args(backend, queue_depth)
         self.path = os.fspath(path)
         self._options = (backend, bool(direct), int(queue_depth), bool(verify))
-        self._r = _io.PackedReader(self.path, backend, bool(direct), int(queue_depth), bool(verify))
+        # fsencode: a Linux path is bytes, and one that is not UTF-8 (os.listdir gives it as a str
+        # with surrogates) must still open.
+        self._r = _io.PackedReader(os.fsencode(self.path), backend, bool(direct), int(queue_depth),
+                                   bool(verify))
         _tune_malloc_once()
         _warn_fallback(self._r.fallback_reason)
         self._labels = self._r.labels()
@@ -343,18 +346,18 @@ class FolderStore(_StoreBase):
             self.classes = None
         self._options = (backend, int(queue_depth))
         self._files = files if root is None else None
-        self._r = _io.FolderReader(paths, backend, int(queue_depth))
+        self._r = _io.FolderReader([os.fsencode(p) for p in paths], backend, int(queue_depth))
         _tune_malloc_once()
         _warn_fallback(self._r.fallback_reason)
         self._labels = np.asarray(labels, dtype=np.int64)
         self._labels.flags.writeable = False
 
     def path(self, i: int) -> str:
-        return self._r.path(i)
+        return os.fsdecode(self._r.path(i))
 
     @property
     def paths(self) -> list:
-        return [self._r.path(i) for i in range(len(self))]
+        return [self.path(i) for i in range(len(self))]
 
     def __reduce__(self):
         if self.root is not None:

@@ -241,3 +241,28 @@ def test_a_thread_that_cannot_start_is_an_oserror(small_store):
         """)
     assert r.returncode == 0, r.stderr
     assert "oserror:" in r.stdout, r.stdout
+
+
+# ---- found by the CLI fuzzer: a path that is not UTF-8 -----------------------------------------
+
+def test_paths_that_are_not_utf8(tmp_path):
+    """Linux paths are bytes; os.listdir gives a non-UTF-8 name as a str with surrogates. pack,
+    PackedStore and FolderStore take it, and errors name it (was: pybind11's TypeError)."""
+    odd = os.fsdecode(b"\xe9t\xffe")
+    root = tmp_path / "tree"
+    (root / odd).mkdir(parents=True)
+    (root / odd / (odd + ".bin")).write_bytes(b"sample")
+    dst = tmp_path / (odd + ".shc")
+    assert sc.pack(root, dst, progress=False) == 1
+    with sc.PackedStore(dst) as s:
+        assert s.read(0) == b"sample" and s.classes == [odd]
+    f = sc.FolderStore(root)
+    assert f.read(0) == b"sample" and f.path(0).endswith(odd + ".bin")
+    with pytest.raises(FileNotFoundError) as ei:
+        sc.PackedStore(tmp_path / (odd + "-missing.shc"))
+    assert odd in str(ei.value)
+    bad = tmp_path / (odd + "-bad.shc")
+    bad.write_bytes(b"x" * 5000)
+    with pytest.raises(sc.StoreFormatError, match="bad magic") as ei:
+        sc.PackedStore(bad)
+    assert odd in str(ei.value)

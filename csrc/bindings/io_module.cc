@@ -161,8 +161,9 @@ PYBIND11_MODULE(_io, m) {
       .def("abort", &PackWriter::abort)
       .def_property_readonly("num_samples", &PackWriter::num_samples)
       .def_property_readonly("is_open", &PackWriter::is_open)
-      .def_property_readonly("path", &PackWriter::path)
-      .def_property_readonly("temp_path", &PackWriter::temp_path);
+      // bytes: a Linux path need not be UTF-8 (store.py fsdecodes them)
+      .def_property_readonly("path", [](const PackWriter& w) { return py::bytes(w.path()); })
+      .def_property_readonly("temp_path", [](const PackWriter& w) { return py::bytes(w.temp_path()); });
 
   py::class_<PackedReader>(m, "PackedReader")
       .def(py::init([](const std::string& path, const std::string& backend, bool direct,
@@ -201,7 +202,7 @@ PYBIND11_MODULE(_io, m) {
       .def_property_readonly("version", [](const PackedReader& r) { return r.header().version; })
       .def_property_readonly("file_bytes",
                              [](const PackedReader& r) { return r.header().file_bytes; })
-      .def_property_readonly("path", &PackedReader::path)
+      .def_property_readonly("path", [](const PackedReader& r) { return py::bytes(r.path()); })
       .def_property_readonly("direct", &PackedReader::direct)
       .def_property_readonly("verify", &PackedReader::verify)
       .def_property_readonly("queue_depth",
@@ -232,7 +233,7 @@ PYBIND11_MODULE(_io, m) {
           },
           py::arg("id"))
       .def(
-          "path", [](const FolderReader& r, int64_t id) { return r.path(id); }, py::arg("id"))
+          "path", [](const FolderReader& r, int64_t id) { return py::bytes(r.path(id)); }, py::arg("id"))
       .def_property_readonly("queue_depth",
                              [](FolderReader& r) { return r.backend().queue_depth(); })
       .def_property_readonly("backend", [](FolderReader& r) { return r.backend().name(); })

@@ -251,5 +251,10 @@ def replay(path: str) -> int:
 
 
 if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "_worker":
-    sys.exit(worker_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]),
-                         sys.argv[6]))
+    # Through the imported module, not __main__: surfaces raise fuzz_harness.Finding, and a
+    # second copy of this file as __main__ would have a Finding class of its own.
+    sys.path.insert(0, HERE)
+    import fuzz_harness
+
+    sys.exit(fuzz_harness.worker_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]),
+                                      int(sys.argv[5]), sys.argv[6]))
