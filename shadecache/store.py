@@ -13,6 +13,7 @@ argument checking, the one-time fallback warning, pickling for spawned workers, 
 from __future__ import annotations
 
 import json
+import operator
 import os
 import warnings
 from typing import Any, Iterable, Sequence
@@ -140,6 +141,7 @@ class _StoreBase:
         return self._r.read_many(ids)
 
     def label(self, i: int) -> int:
+        i = operator.index(i)  # TypeError for 1.5 or "3", as read() gives
         if not 0 <= i < len(self._labels):
             raise IndexError(f"sample id {i} out of range [0, {len(self._labels)})")
         return int(self._labels[i])

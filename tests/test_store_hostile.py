@@ -266,3 +266,16 @@ def test_paths_that_are_not_utf8(tmp_path):
     with pytest.raises(sc.StoreFormatError, match="bad magic") as ei:
         sc.PackedStore(bad)
     assert odd in str(ei.value)
+
+
+def test_single_ids_beyond_int64_are_index_errors(small_store):
+    """As in the cache (issue 13, defect 2): an id beyond int64 is out of range, not a type."""
+    with sc.PackedStore(small_store) as s:
+        for big in (2**63, 2**64, -2**63 - 1):
+            for call in (s.read, s.label, s.offset, lambda i: s.read_many([i])):
+                with pytest.raises(IndexError, match="out of range"):
+                    call(big)
+        for not_int in (1.5, "3", None):
+            for call in (s.read, s.label, s.offset):
+                with pytest.raises(TypeError):
+                    call(not_int)

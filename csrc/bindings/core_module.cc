@@ -62,16 +62,7 @@ class Borrowed {
   bool held_ = false;
 };
 
-int64_t as_id(PyObject* o) {
-  long long v = PyLong_AsLongLong(o);
-  if (v == -1 && PyErr_Occurred()) {
-    bool overflow = PyErr_ExceptionMatches(PyExc_OverflowError);
-    PyErr_Clear();
-    if (overflow) throw py::index_error("sample id " + std::string(py::str(o)) + " is out of range");
-    throw py::type_error(std::string("sample ids must be integers, got ") + Py_TYPE(o)->tp_name);
-  }
-  return v;
-}
+int64_t as_id(PyObject* o) { return integer_id(o); }
 
 // The checks Cache::read leaves to its caller: the cache is open and the id in range.
 uint64_t checked_id(Cache& c, int64_t id) {

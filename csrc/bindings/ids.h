@@ -12,7 +12,12 @@ using IdArray = pybind11::array_t<int64_t, pybind11::array::c_style | pybind11::
 
 // `ids` (an array, or any sequence numpy turns into one) as a contiguous 1-D int64 array.
 // Integers only: a cast would truncate floats (1.9 -> id 1) and turn bools and strings into ids,
-// so any other dtype is a TypeError (an empty sequence, float64 to numpy, is allowed).
+// so any other dtype is a TypeError (an empty sequence, float64 to numpy, is allowed). A list or
+// tuple is taken item by item (integer_id), so [2**64] is IndexError as a single id is.
 IdArray integer_ids(pybind11::handle ids);
+
+// One sample id: any Python integer (int, numpy integer, bool). Beyond int64 it cannot name a
+// sample: IndexError ("out of range"), as an id past the end; anything else is TypeError.
+int64_t integer_id(pybind11::handle id);
 
 }  // namespace shadecache

@@ -51,7 +51,8 @@ py::list packed_read_many(PackedReader& r, const py::handle& ids_obj) {
   return list;
 }
 
-py::bytes packed_read(PackedReader& r, int64_t id) {
+py::bytes packed_read(PackedReader& r, py::handle id_obj) {
+  int64_t id = integer_id(id_obj);
   const store::Entry& e = r.entry(id);
   PyObject* b = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(e.length));
   if (b == nullptr) throw py::error_already_set();
@@ -179,13 +180,13 @@ PYBIND11_MODULE(_io, m) {
       .def("read", &packed_read, py::arg("id"))
       .def("read_many", &packed_read_many, py::arg("ids"))
       .def(
-          "label", [](const PackedReader& r, int64_t id) { return r.entry(id).label; },
+          "label", [](const PackedReader& r, py::handle id) { return r.entry(integer_id(id)).label; },
           py::arg("id"))
       .def(
-          "length", [](const PackedReader& r, int64_t id) { return r.entry(id).length; },
+          "length", [](const PackedReader& r, py::handle id) { return r.entry(integer_id(id)).length; },
           py::arg("id"))
       .def(
-          "offset", [](const PackedReader& r, int64_t id) { return r.entry(id).offset; },
+          "offset", [](const PackedReader& r, py::handle id) { return r.entry(integer_id(id)).offset; },
           py::arg("id"))
       .def("labels", [](const PackedReader& r) { return column(r, &store::Entry::label); })
       .def("lengths", [](const PackedReader& r) { return column(r, &store::Entry::length); })
@@ -227,13 +228,14 @@ PYBIND11_MODULE(_io, m) {
       .def("read_many", &folder_read_many, py::arg("ids"))
       .def(
           "read",
-          [](FolderReader& r, int64_t id) {
-            py::list l = folder_read_many(r, py::cast(std::vector<int64_t>{id}));
+          [](FolderReader& r, py::handle id) {
+            py::list l = folder_read_many(r, py::cast(std::vector<int64_t>{integer_id(id)}));
             return py::reinterpret_borrow<py::bytes>(l[0]);
           },
           py::arg("id"))
       .def(
-          "path", [](const FolderReader& r, int64_t id) { return py::bytes(r.path(id)); }, py::arg("id"))
+          "path", [](const FolderReader& r, py::handle id) { return py::bytes(r.path(integer_id(id))); },
+          py::arg("id"))
       .def_property_readonly("queue_depth",
                              [](FolderReader& r) { return r.backend().queue_depth(); })
       .def_property_readonly("backend", [](FolderReader& r) { return r.backend().name(); })
