@@ -1,8 +1,8 @@
 // The fallback backend: a pool of threads doing blocking pread()s, used where io_uring is missing
 // or refused. Concurrency comes from threads instead of a ring; the contract is io_backend.h's.
-// The threads belong to one pool per process, sized to the machine (min(64, max(8, 4 x cores))),
-// shared by every pread-backend store of the process and started on its first read; the last
-// backend destroyed (the last store closed) joins them.
+// The threads belong to one pool per process, sized to the machine (min(64, max(16, 8 x cores));
+// SHADECACHE_PREAD_THREADS overrides it), shared by every pread-backend store of the process and
+// started on its first read; the last backend destroyed (the last store closed) joins them.
 #pragma once
 
 #include <memory>
