@@ -1,7 +1,9 @@
 """Fuzz surface: the packed store file (header, directory, metadata, samples).
 
 Input: one mode byte + the bytes of a store file. Mode bit 0: O_DIRECT; bit 1: the io_uring
-backend ("auto"), else the pread pool; bit 2: verify=False. Files come from the seed corpus
+backend ("auto"), else the pread pool; bit 2: verify=False; bit 3: the file is extended with a
+hole to the size its header claims (up to 8 GiB), as a sparse file that claims gigabytes of
+directory it never wrote. Files come from the seed corpus
 (corpus/store/*.shc, written by the real PackWriter) with structure-aware mutations: header fields
 set to edge values with the header checksum recomputed, directory entries edited with the
 directory checksum recomputed, metadata replaced, samples changed with or without fixing their
@@ -45,16 +47,27 @@ def crc32c(b) -> int:
 
 # ---- the reference reading of the format --------------------------------------------------------
 
-def ref_parse(raw: bytes):
+class Sparse:
+    """The file's bytes: `raw`, then zeros up to `size` (a sparse file whose tail is a hole)."""
+
+    def __init__(self, raw: bytes, size: int):
+        self.raw, self.size = raw, max(size, len(raw))
+
+    def get(self, off: int, n: int) -> bytes:
+        b = self.raw[off:off + n]
+        return b + bytes(min(n, max(0, self.size - off)) - len(b))
+
+
+def ref_parse(f: Sparse):
     """(None, entries, meta) for a valid store, or (reason, None, None)."""
-    if len(raw) < _HDR.size:
+    if f.size < _HDR.size:
         return "short", None, None
-    h = _HDR.unpack_from(raw)
+    h = _HDR.unpack(f.get(0, _HDR.size))
     if h[F_MAGIC] != MAGIC:
         return "magic", None, None
     if h[F_VERSION] != 1:
         return "version", None, None
-    if crc32c(raw[:124]) != h[F_HCRC]:
+    if crc32c(f.get(0, 124)) != h[F_HCRC]:
         return "header crc", None, None
     if (h[F_HBYTES], h[F_ALIGN], h[F_EBYTES]) != (4096, 4096, 24):
         return "geometry", None, None
@@ -64,18 +77,21 @@ def ref_parse(raw: bytes):
             or d_off + d_bytes >= U64 or m_off != d_off + d_bytes
             or m_off + m_bytes >= U64 or f_bytes != m_off + m_bytes):
         return "inconsistent", None, None
-    if len(raw) < f_bytes:
+    if f.size < f_bytes:
         return "truncated", None, None
-    entries = [_ENT.unpack_from(raw, d_off + 24 * i) for i in range(n)]
-    min_off = 4096
-    for off, length, crc, _ in entries:
+    entries, min_off = [], 4096
+    for i in range(n):  # stops at the first bad entry: a hole of zeros fails at once
+        off, length, crc, label = _ENT.unpack(f.get(d_off + 24 * i, 24))
         if (off % 4096 or off < min_off or off > d_off or length > d_off - off
                 or align_up(off + length) > d_off or (length == 0 and crc != 0)):
             return "entry", None, None
         min_off = off + align_up(length)
-    if crc32c(raw[d_off:d_off + d_bytes]) != h[F_DIR_CRC]:
+        entries.append((off, length, crc, label))
+    if crc32c(f.get(d_off, d_bytes)) != h[F_DIR_CRC]:
         return "dir crc", None, None
-    meta = raw[m_off:m_off + m_bytes]
+    if m_bytes and m_off + m_bytes > len(f.raw):  # reaches into the hole: zeros, never read whole
+        return "meta nul", None, None
+    meta = f.get(m_off, m_bytes)
     if b"\0" in meta:
         return "meta nul", None, None
     if crc32c(meta) != h[F_META_CRC]:
@@ -221,7 +237,8 @@ def generate(rng) -> bytes:
     f = _File(rng.choice(seeds()))
     for _ in range(rng.choice([0, 1, 1, 1, 2, 2, 3, 5])):
         _mutate(rng, f)
-    return bytes([rng.randrange(8)]) + bytes(f.b[:MAX_FILE])
+    mode = rng.randrange(8) | (8 if rng.random() < 0.125 else 0)
+    return bytes([mode]) + bytes(f.b[:MAX_FILE])
 
 
 # ---- running one input -------------------------------------------------------------------------
@@ -248,10 +265,16 @@ def run(state, data: bytes) -> None:
 
     mode, raw = data[0] if data else 0, data[1:]
     direct, backend, verify = bool(mode & 1), ("auto" if mode & 2 else "pread"), not mode & 4
+    size = len(raw)
+    if mode & 8 and len(raw) >= _HDR.size:
+        size = max(size, min(_HDR.unpack_from(raw)[F_FILE_BYTES], 8 << 30))
     path = state["path"]
     os.pwrite(state["fd"], raw, 0)
-    os.ftruncate(state["fd"], len(raw))
-    reason, entries, meta = ref_parse(raw)
+    os.ftruncate(state["fd"], len(raw))  # the previous input's tail goes first ...
+    if size > len(raw):
+        os.ftruncate(state["fd"], size)  # ... so that the extension is a hole of zeros
+    f = Sparse(raw, size)
+    reason, entries, meta = ref_parse(f)
     try:
         s = sc.PackedStore(path, backend=backend, direct=direct, queue_depth=8, verify=verify)
     except Exception as e:
@@ -266,7 +289,7 @@ def run(state, data: bytes) -> None:
         if len(s) != n or s.labels.tolist() != [e[3] for e in entries] or \
                 s.lengths.tolist() != [e[1] for e in entries]:
             raise Finding("wrong-bytes", "len/labels/lengths differ from the directory")
-        want = [raw[e[0]:e[0] + e[1]] for e in entries]
+        want = [f.get(e[0], e[1]) for e in entries]
         bad = [i for i, e in enumerate(entries) if crc32c(want[i]) != e[2]]
         ids = list(range(min(n, 64)))
         if n:
