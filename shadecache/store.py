@@ -12,6 +12,7 @@ is shadecache/store_writer.py.
 from __future__ import annotations
 
 import json
+import operator
 import os
 import warnings
 from typing import Any, Iterable, Sequence
@@ -88,6 +89,7 @@ class _StoreBase:
         return self._r.read_many(ids)
 
     def label(self, i: int) -> int:
+        i = operator.index(i)  # TypeError for 1.5 or "3", as read() gives
         if not 0 <= i < len(self._labels):
             raise IndexError(f"sample id {i} out of range [0, {len(self._labels)})")
         return int(self._labels[i])
@@ -148,7 +150,10 @@ class PackedStore(_StoreBase):
         _check_backend_args(backend, queue_depth)
         self.path = os.fspath(path)
         self._options = (backend, bool(direct), int(queue_depth), bool(verify))
-        self._r = _io.PackedReader(self.path, backend, bool(direct), int(queue_depth), bool(verify))
+        # fsencode: a Linux path is bytes, and one that is not UTF-8 (os.listdir gives it as a str
+        # with surrogates) must still open.
+        self._r = _io.PackedReader(os.fsencode(self.path), backend, bool(direct), int(queue_depth),
+                                   bool(verify))
         _tune_malloc_once()
         _warn_fallback(self._r.fallback_reason)
         self._labels = self._r.labels()
@@ -181,14 +186,18 @@ class PackedStore(_StoreBase):
     @property
     def meta(self) -> dict:
         """Metadata stored at pack time (class names, source, creator). StoreFormatError when it
-        is not a JSON object (its checksum only proves it is what the writer stored)."""
+        is not a JSON object, or nests too deeply to parse (its checksum only proves it is what
+        the writer stored)."""
         raw = self._r.meta
         if not raw:
             return {}
         try:
             meta = json.loads(raw)
-        except ValueError as exc:
+        except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
             raise StoreFormatError(f"{self.path}: metadata is not JSON ({exc})") from None
+        except RecursionError:  # a checksum does not stop `[[[[...` nested past the parser's limit
+            raise StoreFormatError(f"{self.path}: metadata is not JSON the reader accepts "
+                                   "(nested too deeply)") from None
         if not isinstance(meta, dict):
             raise StoreFormatError(f"{self.path}: metadata is a JSON {type(meta).__name__}, not an object")
         return meta
@@ -357,18 +366,18 @@ class FolderStore(_StoreBase):
             self.classes = None
         self._options = (backend, int(queue_depth))
         self._files = files if root is None else None
-        self._r = _io.FolderReader(paths, backend, int(queue_depth))
+        self._r = _io.FolderReader([os.fsencode(p) for p in paths], backend, int(queue_depth))
         _tune_malloc_once()
         _warn_fallback(self._r.fallback_reason)
         self._labels = np.asarray(labels, dtype=np.int64)
         self._labels.flags.writeable = False
 
     def path(self, i: int) -> str:
-        return self._r.path(i)
+        return os.fsdecode(self._r.path(i))
 
     @property
     def paths(self) -> list:
-        return [self._r.path(i) for i in range(len(self))]
+        return [self.path(i) for i in range(len(self))]
 
     def __reduce__(self):
         if self.root is not None:

@@ -69,7 +69,7 @@ class PackWriter:
         if os.path.isdir(self.path):
             raise IsADirectoryError(f"PackWriter: {self.path} is a directory")
         self.meta = dict(meta or {})
-        self._w = _io.PackWriter(self.path)
+        self._w = _io.PackWriter(os.fsencode(self.path))  # bytes: see PackedStore
 
     def add(self, data, label: int = 0) -> int:
         """Appends one sample (any contiguous bytes-like object); returns its id."""
@@ -89,7 +89,7 @@ class PackWriter:
 
     @property
     def temp_path(self) -> str:
-        return self._w.temp_path
+        return os.fsdecode(self._w.temp_path)
 
     def __len__(self) -> int:
         return self._w.num_samples

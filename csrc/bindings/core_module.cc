@@ -158,7 +158,14 @@ float score_of(py::handle s) {
 // A copy, not a view of the caller's array: the scores are checked, then used with the GIL
 // released, when another thread could change that array.
 std::vector<float> scores_of(py::handle s, size_t n, const char* what) {
-  auto arr = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(s);
+  // Numbers only: a cast would turn strings ("0.5") into scores where put refuses them.
+  py::array any = py::array::ensure(s);
+  char kind = any ? any.dtype().kind() : 'O';
+  if (!any || (any.size() > 0 && kind != 'f' && kind != 'i' && kind != 'u' && kind != 'b')) {
+    PyErr_Clear();
+    throw py::type_error(std::string(what) + " must be an array or sequence of numbers");
+  }
+  auto arr = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(any);
   if (!arr) {
     PyErr_Clear();
     throw py::type_error(std::string(what) + " must be an array or sequence of numbers");
