@@ -150,7 +150,7 @@ float score_of(py::handle s) {
   double d = PyFloat_AsDouble(s.ptr());
   if (d == -1.0 && PyErr_Occurred()) {
     PyErr_Clear();
-    throw py::type_error(std::string("score must be a number, got ") + Py_TYPE(s.ptr())->tp_name);
+    throw py::type_error(std::string("score must be a real number, got ") + Py_TYPE(s.ptr())->tp_name);
   }
   return static_cast<float>(d);
 }
