@@ -12,7 +12,7 @@ segments of creators that were killed. A cache created with persist=True outlive
 `shadecache gc` leaves it alone unless asked (--persisted, or --keep-for AGE).
 
 capacity_bytes is what the cache holds of sample bytes. Give the sample sizes (`sizes=`, e.g. a
-packed store's `lengths()`; `Cache.for_store` does) and the engine fits its size classes to them
+packed store's `lengths`; `Cache.for_store` does) and the engine fits its size classes to them
 and sizes its memory so that capacity_bytes of samples fit: slot headers and page ends come on
 top (stats()["segment_bytes"] is the whole). Without sizes, capacity_bytes is the memory, headers
 included, and size classes are learned as values arrive.
@@ -172,7 +172,7 @@ class Cache:
         """A cache for the samples of `store` (a PackedStore): num_samples, the sample sizes and
         the fingerprint come from the store. attach=True: a cache of that name is attached if it
         exists (refused when it holds another data set)."""
-        kw.setdefault("sizes", store.lengths())
+        kw.setdefault("sizes", store.lengths)
         kw.setdefault("fingerprint", store.fingerprint)
         make = cls.create_or_attach if attach else cls.create
         return make(name, len(store), capacity_bytes, **kw)
@@ -180,7 +180,7 @@ class Cache:
     @staticmethod
     def capacity_for(num_items: int, sizes) -> int:
         """capacity_bytes that holds `num_items` samples whose sizes are distributed as `sizes`
-        (every sample's size, e.g. a store's `lengths()`, or a sample of them): num_items times
+        (every sample's size, e.g. a store's `lengths`, or a sample of them): num_items times
         their mean, for a cache created with the same sizes. stats()["segment_bytes"] (or
         Cache.memory_for) says the memory that takes."""
         num_items = _check_int("num_items", num_items, 0)
