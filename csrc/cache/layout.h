@@ -167,7 +167,8 @@ struct ClassMeta {
   uint64_t free_slots;
   uint64_t pages;
   uint64_t items;
-  uint64_t reserved[3];
+  uint64_t fitted;          // 1: fitted to the sizes given at create; kept for the cache's life
+  uint64_t reserved[2];
 };
 
 struct HeapNode {

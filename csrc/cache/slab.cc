@@ -14,6 +14,7 @@ uint32_t Slab::init_classes(ClassMeta* classes, uint64_t page_size, const std::v
     if (n == kMaxClasses || slot >= page_size) break;
     classes[n].slot_size = slot;
     classes[n].slots_per_page = static_cast<uint32_t>(page_size / slot);
+    classes[n].fitted = 1;
     ++n;
   }
   return kMaxClasses;
@@ -50,7 +51,18 @@ uint32_t Slab::do_class_for(uint64_t value_len) {
   // Entry 0 (the whole page) holds any value that may be put, so `fit` is never the end.
   uint64_t widest = widest_slot(need, page_size_);
   uint32_t cls = fit->second;
-  if (fit->first > std::max(widest, need + need / 32) && do_classes_in_use() < max_classes_in_use(num_pages_)) {
+  // A value within the sizes the classes were fitted to goes to its fitted class: they were cut
+  // for the whole mix and the cache's page count. Otherwise the closest class, and when that one
+  // wastes more than a class cut for this size would, at a quarter of the pages in use, the
+  // smallest class that holds it among those that have pages.
+  auto first_fitted = std::find_if(fit, sorted_.end(), [&](const auto& e) { return classes_[e.second].fitted; });
+  bool in_fitted_range = first_fitted != sorted_.end();
+  if (in_fitted_range) {
+    cls = first_fitted->second;
+  } else if (fit->first > std::max(widest, need + need / 32) && do_classes_in_use() >= max_classes_in_use(num_pages_)) {
+    auto used = std::find_if(fit, sorted_.end(), [&](const auto& e) { return classes_[e.second].pages > 0; });
+    if (used != sorted_.end()) cls = used->second;
+  } else if (fit->first > std::max(widest, need + need / 32)) {
     // Too loose: cut a class for this size, in an unused entry or one with no page left. Not
     // when classes hold a quarter of the pages already: each class keeps a page partly cut, and
     // in a cache of few pages a class per size would move pages back and forth between classes.
@@ -58,7 +70,7 @@ uint32_t Slab::do_class_for(uint64_t value_len) {
     for (uint32_t c = 1; c < num_classes_ && !free_entry; ++c)
       if (classes_[c].slot_size == 0) free_entry = c;
     for (uint32_t c = 1; c < num_classes_ && !free_entry; ++c)
-      if (classes_[c].pages == 0) free_entry = c;  // no page, hence no slot, free or not
+      if (classes_[c].pages == 0 && !classes_[c].fitted) free_entry = c;  // no page, hence no slot
     if (free_entry) {
       ClassMeta& cm = classes_[free_entry];
       // The generation first (every process drops its copy of the table, even if we die next),
@@ -67,7 +79,7 @@ uint32_t Slab::do_class_for(uint64_t value_len) {
       ++*class_gen_;
       cm.slot_size = 0;
       cm.slots_per_page = static_cast<uint32_t>(page_size_ / widest);
-      cm.free_head = cm.free_slots = cm.pages = cm.items = 0;
+      cm.free_head = cm.free_slots = cm.pages = cm.items = cm.fitted = 0;
       cm.slot_size = static_cast<uint32_t>(widest);
       sorted_gen_ = ~uint64_t{0};
       return do_class_for(value_len);
