@@ -31,7 +31,6 @@ from tqdm import tqdm  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import shadecache as sc  # noqa: E402
-from shadecache.experiment import capacity_for_fraction  # noqa: E402
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out")
 
@@ -76,10 +75,10 @@ def run(path, latency_s, prefetch, args, name):
     from torch.utils.data import DataLoader
     store = SlowStore(path, latency_s)
     n = len(store)
-    cap = capacity_for_fraction(n, args.sample_kb << 10, args.cache_fraction)
+    cap = sc.Cache.capacity_for(max(1, round(args.cache_fraction * n)), store.lengths)
     out = {"wait": [], "hit_ratio": [], "prefetched": 0, "prefetch_hits": 0, "wasted": 0}
     with sc.Cache.create(name, num_samples=n, capacity_bytes=cap, policy="importance",
-                         max_item_bytes=args.sample_kb << 10) as cache, \
+                         sizes=store.lengths) as cache, \
             sc.OrderBoard.create(name, n) as board:
         ds = sc.CachedDataset(store, cache, decode=bytes)
         sampler = sc.ShadeSampler(ds, cache=cache, batch_size=64, importance=False, pads=False,

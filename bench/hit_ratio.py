@@ -217,9 +217,9 @@ def write_md(table, checks, args, png, elapsed):
             f"pixel noise, `experiment.Augment`); accuracy on "
             f"{args.test_samples} held-out samples; seeds 0..{args.seeds - 1} (same initial "
             f"weights per seed in every row, so Δ accuracy is paired). Every row makes the same "
-            f"number of steps. Cache sizes are fractions of the samples; the engine's slab pages "
-            f"and slot headers make a byte budget hold fewer samples, so the capacity is found by "
-            f"filling a throwaway cache (`experiment.capacity_for_fraction`). Coverage = distinct "
+            f"number of steps. Cache sizes are fractions of the samples: "
+            f"`sc.Cache.capacity_for(fraction * N, store.lengths)`, the cache created with the "
+            f"store's sizes (slot headers and page ends come on top of the budget). Coverage = distinct "
             f"samples trained in an epoch / N (lowest epoch). rep_factor = extra copies a cached "
             f"draw may take in place of a miss. The floor (K=2) is ShadeSampler's default.",
             "", f"![hit ratio]({os.path.relpath(png, os.path.dirname(md))})", "", table, "",

@@ -27,7 +27,7 @@ class RunConfig:
     policy: str = "importance"          # cache policy: importance, lru, fifo, static
     rep_factor: float = 1.0
     coverage_epochs: int = 2            # ShadeSampler's floor; 0 turns the guardrail off
-    cache_fraction: float = 0.15        # of the samples (see capacity_for_fraction)
+    cache_fraction: float = 0.15        # of the samples (sc.Cache.capacity_for)
     epochs: int = 8
     batch_size: int = 64
     num_workers: int = 0
@@ -69,32 +69,6 @@ def build_data(workdir: str, n_train: int, n_test: int, seed: int = 0, size: int
     return path, tx, torch.from_numpy(tlabels)
 
 
-def capacity_for_fraction(n: int, item_bytes: int, fraction: float) -> int:
-    """capacity_bytes of a cache that holds about `fraction` of n samples of item_bytes each.
-
-    The engine stores values in slab pages with a per-slot header, so a byte budget of
-    fraction * n * item_bytes holds fewer samples than that; cache sizes in this project's
-    benchmarks are fractions of the SAMPLES, found by filling throwaway caches.
-    """
-    import shadecache as sc
-    target = max(1, int(round(fraction * n)))
-    cap = max(1 << 16, int(fraction * n * item_bytes))
-    blob = [b"\0" * item_bytes] * n
-    ids = np.arange(n, dtype=np.int64)
-    best = cap
-    for step in range(8):
-        name = f"shadecache-calibrate-{os.getpid()}-{step}"
-        with sc.Cache.create(name, num_samples=n, capacity_bytes=cap, policy="lru",
-                             max_item_bytes=item_bytes) as c:
-            c.put_many(ids, blob)
-            items = c.stats()["items"]
-        best = cap
-        if abs(items - target) <= max(1, 0.02 * target):
-            break
-        cap = max(1 << 16, int(cap * target / max(items, 1)))
-    return best
-
-
 def _accuracy(model, tx, ty) -> float:
     model.eval()
     with torch.no_grad():
@@ -114,8 +88,8 @@ def train_run(store, cfg: RunConfig, test, cache_name: str, progress: bool = Fal
     from tqdm import tqdm
     n = len(store)
     tx, ty = test
-    item_bytes = max(len(b) for b in store.read_many(list(range(min(n, 64)))))
-    capacity = capacity_for_fraction(n, item_bytes, cfg.cache_fraction)
+    sizes = store.lengths
+    capacity = sc.Cache.capacity_for(max(1, int(round(cfg.cache_fraction * n))), sizes)
     torch.manual_seed(cfg.seed)
     model = make_model(size * size, num_classes)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
@@ -128,7 +102,7 @@ def train_run(store, cfg: RunConfig, test, cache_name: str, progress: bool = Fal
            "coverage": [], "not_in_window": [], "cached_fraction": [], "max_items": 0,
            "trace": []}   # trace: every id the loader served, in order (offline bounds)
     with sc.Cache.create(cache_name, num_samples=n, capacity_bytes=capacity,
-                         policy=cfg.policy, max_item_bytes=item_bytes) as cache:
+                         policy=cfg.policy, sizes=sizes) as cache:
         aug = cfg.extra.get("augment", cfg.augment)
         ds = sc.CachedDataset(store, cache, decode=functools.partial(synthetic.decode, size=size),
                               transform=Augment(size, **aug) if aug is not None else None)

@@ -181,6 +181,20 @@ const char* policy_name(Policy p) {
   return e ? e->name() : "unknown";
 }
 
+// Sample sizes for Cache::create (numpy uint64, checked by the Python layer); empty = none given.
+using SizesArray = py::array_t<uint64_t, py::array::c_style | py::array::forcecast>;
+
+CacheOptions options(uint64_t num_samples, uint64_t capacity_bytes, uint64_t max_item_bytes, uint32_t policy,
+                     const SizesArray& sizes) {
+  CacheOptions o;
+  o.num_samples = num_samples;
+  o.capacity_bytes = capacity_bytes;
+  o.max_item_bytes = max_item_bytes;
+  o.policy = static_cast<Policy>(policy);
+  o.sizes.assign(sizes.data(), sizes.data() + sizes.size());
+  return o;
+}
+
 py::dict stats_dict(const CacheStats& s) {
   py::dict d;
   d["hits"] = s.hits;
@@ -196,6 +210,9 @@ py::dict stats_dict(const CacheStats& s) {
   d["items"] = s.items;
   d["bytes_used"] = s.bytes_used;
   d["capacity_bytes"] = s.capacity_bytes;
+  d["value_bytes"] = s.bytes_used;
+  d["efficiency"] = s.capacity_bytes ? static_cast<double>(s.bytes_used) / s.capacity_bytes : 0.0;
+  d["data_bytes"] = s.data_bytes;
   d["num_samples"] = s.num_samples;
   d["page_size"] = s.page_size;
   d["num_pages"] = s.num_pages;
@@ -314,26 +331,25 @@ PYBIND11_MODULE(_core, m) {
       .def_static(
           "create",
           [](const std::string& name, uint64_t num_samples, uint64_t capacity_bytes, uint64_t max_item_bytes,
-             uint32_t policy) {
-            CacheOptions o;
-            o.num_samples = num_samples;
-            o.capacity_bytes = capacity_bytes;
-            o.max_item_bytes = max_item_bytes;
-            o.policy = static_cast<Policy>(policy);
+             uint32_t policy, const SizesArray& sizes, bool persist, const std::string& fingerprint) {
+            CacheOptions o = options(num_samples, capacity_bytes, max_item_bytes, policy, sizes);
+            o.persist = persist;
+            o.fingerprint = fingerprint;
             py::gil_scoped_release nogil;  // reserving and zeroing the segment can take a while
             return Cache::create(name, o);
           },
           py::arg("name"), py::arg("num_samples"), py::arg("capacity_bytes"), py::arg("max_item_bytes"),
-          py::arg("policy"))
-      .def_static("attach", [](const std::string& name) { return Cache::attach(name); }, py::arg("name"))
+          py::arg("policy"), py::arg("sizes"), py::arg("persist") = false, py::arg("fingerprint") = "")
+      .def_static("attach", [](const std::string& name, bool touch) { return Cache::attach(name, touch); },
+                  py::arg("name"), py::arg("touch") = true)
       .def_static("unlink", &Segment::unlink, py::arg("name"))
       .def_static("list", &Segment::list)
       .def_static("path", &Segment::path, py::arg("name"))
       .def_static(
           "segment_bytes",
-          [](uint64_t num_samples, uint64_t capacity_bytes, uint64_t max_item_bytes, uint32_t policy) {
-            CacheOptions o{num_samples, capacity_bytes, max_item_bytes, static_cast<Policy>(policy)};
-            return Cache::segment_bytes(o);
+          [](uint64_t num_samples, uint64_t capacity_bytes, uint64_t max_item_bytes, uint32_t policy,
+             const SizesArray& sizes) {
+            return Cache::segment_bytes(options(num_samples, capacity_bytes, max_item_bytes, policy, sizes));
           })
       .def_static("read_creator",
                   [](const std::string& name) -> py::object {
@@ -348,6 +364,10 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("closed", &Cache::closed)
       .def_property_readonly("policy", [](Cache& c) { c.check_open(); return policy_name(c.policy()); })
       .def_property_readonly("capacity_bytes", [](Cache& c) { c.check_open(); return c.capacity_bytes(); })
+      .def_property_readonly("persist", [](Cache& c) { c.check_open(); return c.persist(); })
+      .def_property_readonly("fingerprint", [](Cache& c) { c.check_open(); return c.fingerprint(); })
+      .def_property_readonly("created_unix_ns", [](Cache& c) { c.check_open(); return c.created_unix_ns(); })
+      .def_property_readonly("last_attach_unix_ns", [](Cache& c) { c.check_open(); return c.last_attach_unix_ns(); })
       .def("get", [](Cache& c, py::handle id) { return get_bytes(c, checked_id(c, as_id(id))); }, py::arg("id"))
       .def("get_many",
            [](Cache& c, py::handle ids) {
