@@ -419,14 +419,21 @@ def published_iter(sampler, order: np.ndarray, start: int):
                     max(1, int(getattr(sampler, "batch_size", 64))))
 
 
+def _next_use_setter(cache):
+    """cache.set_next_use when the cache's policy keys on next use (clairvoyant), else None."""
+    if cache is None or not getattr(cache, "keys_on_next_use", False):
+        return None
+    return getattr(cache, "set_next_use", None)
+
+
 def _push_next_use(cache, board, ids):
-    setter = getattr(cache, "set_next_use", None)   # the clairvoyant policy's input
+    setter = _next_use_setter(cache)   # the clairvoyant policy's input
     if setter is not None and ids.size:
         setter(ids, board.next_use(ids))
 
 
 def _tracked(board, s, order, start, m, cache, step):
-    setter = getattr(cache, "set_next_use", None)
+    setter = _next_use_setter(cache)
     if setter is not None:   # every published id gets its first position of this epoch
         _push_next_use(cache, board, np.unique(order[:m]))
     if start:
