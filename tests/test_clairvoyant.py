@@ -105,9 +105,9 @@ def test_set_next_use_checks_the_whole_batch_first(cache_name):
             c.set_next_use([0, 1], [5, 1 << 39])
         with pytest.raises(ValueError, match="2 ids but 1 positions"):
             c.set_next_use([0, 1], [5])
-        with pytest.raises(TypeError, match="positions must be integers"):
+        with pytest.raises(TypeError, match="positions must be a sequence or array of integers"):
             c.set_next_use([0], [1.5])
-        with pytest.raises(TypeError, match="ids must be integers"):
+        with pytest.raises(TypeError, match="ids must be a sequence or array of integers"):
             c.set_next_use([0.0], [1])
         # nothing changed: 15 is still the farthest
         c.set_next_use([400], [3])

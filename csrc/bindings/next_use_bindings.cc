@@ -16,20 +16,14 @@ namespace py = pybind11;
 namespace shadecache {
 namespace {
 
-// A 1-D integer array (ids use the same rule: floats and bools are refused, not truncated).
+// A copy of a 1-D integer array, by the rule of ids (floats and bools refused, not truncated).
 std::vector<int64_t> int64_vector(py::handle h, const char* what) {
-  py::array any = py::array::ensure(h);
-  if (!any) {
-    PyErr_Clear();
+  IdArray a;
+  try {
+    a = integer_ids(h);
+  } catch (py::type_error&) {
     throw py::type_error(std::string(what) + " must be a sequence or array of integers");
   }
-  char kind = any.dtype().kind();
-  if (any.size() > 0 && kind != 'i' && kind != 'u')
-    throw py::type_error(std::string(what) + " must be integers, got an array of dtype " +
-                         std::string(py::str(any.dtype())));
-  IdArray a = IdArray::ensure(any);
-  if (!a) throw py::error_already_set();
-  if (a.ndim() != 1) throw py::value_error(std::string(what) + " must be one-dimensional");
   return std::vector<int64_t>(a.data(), a.data() + a.size());
 }
 
