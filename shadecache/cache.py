@@ -72,6 +72,7 @@ class Cache:
     put(i, data, score=None) -> bool False when admission refuses it
     put_many(ids, values, scores=None) -> np.ndarray[bool]
     update_scores(ids, scores)       one lock per call
+    set_next_use(ids, positions)     clairvoyant policy: next read position of each id (-1 none)
     remove(i) -> bool
     """
 
@@ -97,12 +98,13 @@ class Cache:
         self.cached_mask = core.cached_mask
         self.scores = core.scores
         self.check = core.check
+        self.set_next_use = core.set_next_use
 
     # ---- construction ------------------------------------------------------------------------
     @classmethod
     def create(cls, name: str, num_samples: int, capacity_bytes: int, policy: str = "importance",
                max_item_bytes: Optional[int] = None, sizes=None, persist: bool = False,
-               fingerprint: Optional[str] = None) -> "Cache":
+               fingerprint: Optional[str] = None, blend: Optional[float] = None) -> "Cache":
         """Creates the cache `name` on this node. FileExistsError if the name is taken,
         sc.CapacityError if /dev/shm cannot hold it.
 
@@ -112,7 +114,9 @@ class Cache:
                      DEFAULT_MAX_ITEM_BYTES).
         persist      keep the segment (values and scores) after every process has exited.
         fingerprint  names the data set (a store's `fingerprint`); attach(fingerprint=) and
-                     create_or_attach refuse a cache of another one."""
+                     create_or_attach refuse a cache of another one.
+        blend        clairvoyant only (default 0): how many read positions one point of
+                     importance score is worth (see `policy_weight`)."""
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, got {type(name).__name__}")
         num_samples = _check_int("num_samples", num_samples, 1)
@@ -125,12 +129,22 @@ class Cache:
             raise ValueError(f"unknown policy {policy!r}; choose one of {sorted(POLICIES)}")
         if not isinstance(persist, bool):
             raise TypeError(f"persist must be a bool, got {type(persist).__name__}")
+        if blend is not None and policy != "clairvoyant":
+            raise ValueError(f"blend is a setting of the clairvoyant policy, not of {policy!r}")
         fingerprint = _check_fingerprint(fingerprint)
         core = _core.CacheCore.create(name, num_samples, capacity_bytes, max_item_bytes, POLICIES[policy],
                                       sizes, persist, fingerprint or "")
         if not persist:
             _OWNED[name] = os.getpid()
-        return cls(core, owner=not persist)
+        cache = cls(core, owner=not persist)
+        if blend is not None:
+            try:
+                cache.policy_weight = blend
+            except BaseException:
+                cache.close()
+                cache.unlink()
+                raise
+        return cache
 
     @classmethod
     def attach(cls, name: str, fingerprint: Optional[str] = None) -> "Cache":
@@ -220,6 +234,24 @@ class Cache:
     @property
     def policy(self) -> str:
         return self._core.policy
+
+    @property
+    def keys_on_next_use(self) -> bool:
+        """Whether the policy keys on next use (clairvoyant): set_next_use matters."""
+        return self._core.keys_on_next_use
+
+    @property
+    def policy_weight(self) -> float:
+        """The clairvoyant blend: a value read next at position P has the key
+        2^40 - P + policy_weight * score (0 by default: pure next use). Setting it rekeys every
+        cached value (one lock); ValueError under any other policy or for a negative weight."""
+        return self._core.policy_weight
+
+    @policy_weight.setter
+    def policy_weight(self, w: float) -> None:
+        if isinstance(w, bool) or not isinstance(w, (int, float, np.integer, np.floating)):
+            raise TypeError(f"policy_weight must be a number, got {type(w).__name__}")
+        self._core.policy_weight = float(w)
 
     @property
     def capacity_bytes(self) -> int:

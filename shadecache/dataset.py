@@ -56,14 +56,23 @@ def _prefetch_hits(cache, ids, values) -> int:
     return int(np.unique(used).size)
 
 
+def _count_epoch_reads(cache, samples, hits, pf_hits, wait_ns) -> None:
+    """This batch, into the current epoch's reader row of the cache's order board (if any)."""
+    from .order import board_for
+    board = board_for(cache)
+    if board is not None:
+        board.count_reads(samples, hits, pf_hits, wait_ns)
+
+
 def _prefetch_stats(cache) -> dict:
     from .order import board_for
     board = board_for(cache)
     if board is None:
         return {}
     t = board.totals()
+    rows = board.epoch_counters()
     return {"prefetched": t["prefetched"], "prefetch_wasted": t["prefetch_wasted"],
-            "prefetch_per_epoch": board.epoch_counters()}
+            "per_epoch": rows, "prefetch_per_epoch": rows}
 
 
 class CachedDataset(Dataset):
@@ -159,6 +168,8 @@ class CachedDataset(Dataset):
         row[3] += len(ids)
         row[12] += pf_hits
         row[13] += wait_ns
+        if self.cache is not None:   # per epoch, for ds.stats() and `shadecache stats`
+            _count_epoch_reads(self.cache, len(ids), hits, pf_hits, wait_ns)
         return values
 
     def fetch_missing(self, ids: list) -> list:
@@ -263,7 +274,10 @@ class CachedDataset(Dataset):
         (`tiers`: peer, ssd, store): samples served, bytes, and seconds spent in that tier's
         batched calls; wait_s (time the loop waited on the tiers below the cache for misses),
         prefetch_hits (hits on samples the prefetcher brought); with an order board also
-        prefetched, prefetch_wasted and their per-epoch rows (prefetch.py)."""
+        prefetched, prefetch_wasted and `per_epoch` (alias `prefetch_per_epoch`): one row per
+        epoch (the board keeps the last 32) with the prefetcher's counters (prefetched,
+        prefetch_wasted, prefetched_bytes, reads_issued) and what the loaders of every process on
+        the node read in it (samples, hits, prefetch_hits, wait_s)."""
         d = dict(zip(_FIELDS, (int(v) for v in self._table().sum(axis=0))))
         d["hit_ratio"] = d["hits"] / d["samples"] if d["samples"] else 0.0
         d["tiers"] = {

@@ -24,7 +24,7 @@ class RunConfig:
     """One training run. sampler: "uniform" (a permutation per epoch) or "shade"."""
     label: str
     sampler: str = "shade"
-    policy: str = "importance"          # cache policy: importance, lru, fifo, static
+    policy: str = "importance"          # cache policy: importance, lru, fifo, static, clairvoyant
     rep_factor: float = 1.0
     coverage_epochs: int = 2            # ShadeSampler's floor; 0 turns the guardrail off
     cache_fraction: float = 0.15        # of the samples (sc.Cache.capacity_for)
@@ -102,7 +102,8 @@ def train_run(store, cfg: RunConfig, test, cache_name: str, progress: bool = Fal
            "coverage": [], "not_in_window": [], "cached_fraction": [], "max_items": 0,
            "trace": []}   # trace: every id the loader served, in order (offline bounds)
     with sc.Cache.create(cache_name, num_samples=n, capacity_bytes=capacity,
-                         policy=cfg.policy, sizes=sizes) as cache:
+                         policy=cfg.policy, sizes=sizes) as cache, \
+            _board_for_policy(cache, n) as _board:
         aug = cfg.extra.get("augment", cfg.augment)
         ds = sc.CachedDataset(store, cache, decode=functools.partial(synthetic.decode, size=size),
                               transform=Augment(size, **aug) if aug is not None else None)
@@ -154,6 +155,17 @@ def train_run(store, cfg: RunConfig, test, cache_name: str, progress: bool = Fal
                total_bytes_read=st["bytes_read"], samples_per_s=samples / train_time,
                min_coverage=min(out["coverage"]), steps=cfg.epochs * len(sampler) // cfg.batch_size)
     return out
+
+
+def _board_for_policy(cache, n):
+    """The order board a policy that keys on next use (clairvoyant) reads the sampler's order
+    from (the sampler publishes into it by itself); nothing for the other policies."""
+    import contextlib
+
+    import shadecache as sc
+    if not cache.keys_on_next_use:
+        return contextlib.nullcontext()
+    return sc.OrderBoard.create(cache.name, n)
 
 
 def plot_runs(runs, path: str, title: str = ""):

@@ -18,6 +18,7 @@
 
 #include "bindings/errors.h"
 #include "bindings/ids.h"
+#include "bindings/next_use_bindings.h"
 #include "bindings/sample_view.h"
 #include "bindings/test_hooks.h"
 #include "cache/cache.h"
@@ -524,6 +525,7 @@ PYBIND11_MODULE(_core, m) {
            })
       .def("close", &Cache::close);
 
+  register_next_use(m);
   register_sample_view(m);
   m.attr("MAX_VIEWS_PER_PROCESS") = kPinsPerOwner;
   m.attr("MAX_VIEW_PROCESSES") = kPinOwners;

@@ -173,7 +173,7 @@ void Cache::bind(Segment seg, const std::string& name) {
   heap_ = IndexedHeap(reinterpret_cast<HeapNode*>(b + hdr_->off_heap), heap_pos_, &hdr_->heap_size);
   pins_.bind(reinterpret_cast<PinOwner*>(b + hdr_->off_pins), hdr_->pin_active);
   policy_ = policy_by_id(hdr_->policy);  // checked by create and attach
-  pstate_ = PolicyState{scores_, policy_->uses_ticks() ? ticks_ : nullptr, &hdr_->clock};
+  pstate_ = PolicyState{scores_, policy_->uses_ticks() ? ticks_ : nullptr, &hdr_->clock, &hdr_->policy_weight};
   stamp_hits_ = policy_->stamps_hits();
 }
 
@@ -414,7 +414,7 @@ void Cache::update_scores(const int64_t* ids, const float* scores, size_t n) {
 
 void Cache::do_set_score(uint32_t id, float score) {
   scores_[id].store(score, std::memory_order_relaxed);
-  if (policy_->keyed_by_score() && heap_.contains(id)) do_rekey(id, score);
+  if (policy_->keyed_by_score() && heap_.contains(id)) do_rekey(id, policy_->insert_key(pstate_, id));
 }
 
 // Seqlock write of one slot: odd seq, fence, body, even seq with release (readers: see read()).

@@ -164,6 +164,14 @@ class Cache {
   PutItem make_item(uint64_t id, const char* data, uint64_t len);
   bool remove(uint64_t id);
   void update_scores(const int64_t* ids, const float* scores, size_t n);
+  // The clairvoyant policy's input (csrc/cache/next_use.cc): positions[i] is the next position at
+  // which the node reads ids[i], -1 when none is known. One lock per call; a no-op (after the
+  // checks) under a policy that does not key on next use.
+  void set_next_use(const int64_t* ids, const int64_t* positions, size_t n);
+  // The clairvoyant blend weight (finite, >= 0): rekeys every cached value, one lock.
+  void set_policy_weight(double w);
+  double policy_weight();
+  bool keys_on_next_use() const { return policy_->keys_on_next_use(); }
   // Walks every structure under the lock; throws Error(kCorruption) describing the first fault.
   void check();
 

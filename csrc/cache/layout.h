@@ -7,7 +7,8 @@
 // index[id]     u32 atomic: 0 = not cached, else (offset of the slot in the data area) / 64 + 1
 // heap_pos[id]  u32: 0 = not in the eviction heap, else position + 1 (so a zeroed segment is valid)
 // scores[id]    f32 atomic: importance of EVERY sample, cached or not (SHADE's ghost cache)
-// ticks[id]     u64 atomic: last access (lru) or insert (fifo) clock value; 0 entries for other policies
+// ticks[id]     u64 atomic: last access (lru) or insert (fifo) clock value; next known read position + 1
+//               (clairvoyant, 0 = none known); 0 entries for other policies
 // heap[k]       HeapNode{key, id}: indexed min-heap over the eviction priority (csrc/cache/heap.h)
 // pages[p]      PageMeta: the size class a slab page belongs to and its generation (seqlock)
 // classes[c]    ClassMeta: slot size, free list head, counts
@@ -37,7 +38,7 @@ constexpr uint32_t kMaxClasses = 64;
 constexpr size_t kAlign = 64;  // cache line: every array and every slot starts on one
 constexpr uint64_t kMaxDataBytes = (uint64_t{1} << 32) * kAlign;  // see SlotHeader::next_free
 
-enum class Policy : uint32_t { kImportance = 0, kLru = 1, kFifo = 2, kStatic = 3 };
+enum class Policy : uint32_t { kImportance = 0, kLru = 1, kFifo = 2, kStatic = 3, kClairvoyant = 4 };
 
 // Reader counters, striped: each process counts in the stripe of its pid, on its own cache line,
 // so that readers in many processes do not bounce one line between cores on every get. stats()
@@ -117,6 +118,9 @@ struct alignas(64) Header {
   // Bumped whenever a size class is created or recut for another slot size (classes are learned
   // as values arrive): each process keeps a sorted copy of the table and rebuilds it on a change.
   uint64_t class_gen;
+  // The clairvoyant policy's blend weight (csrc/cache/policies/clairvoyant.cc): 0 in a zeroed
+  // segment, the default. It sits in the padding before pin_active, so no offset or size moves.
+  double policy_weight;
 
   // ---- pin records in use: bit r of word r / 64 is set while PinOwner r is claimed. Set by the
   // claiming process (seq_cst), cleared by a writer's reap; lets writers skip the table when no
