@@ -29,6 +29,8 @@ _LAZY = {
     "ImportanceTable": ".importance",
     "ShadeSampler": ".sampler",
     "CachedDataset": ".dataset",
+    "CachedLoader": ".loader",
+    "RaggedBatch": ".loader",
 }
 
 __all__ = sorted(list(_LAZY) + ["__version__", "CapacityError", "ClosedError", "CorruptionError",

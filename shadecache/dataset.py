@@ -15,12 +15,14 @@ give each loss to the sample that produced it (ShadeSampler.update).
 Hits, misses, bytes read from the store and samples served are counted in a small shared array
 (multiprocessing.RawArray, which travels to fork and spawn workers alike), one row per process:
 row 0 for the main process and 1 + worker id for a DataLoader worker, so no process ever writes
-another's row and no lock is needed (no lock object could be shared between a fork-context parent
-and spawn-context workers anyway). `stats()` sums the rows. Two DataLoaders iterating the SAME
+another's row and no lock between processes is needed (no lock object could be shared between a
+fork-context parent and spawn-context workers anyway); threads of one process (sc.CachedLoader's)
+bump their row under a threading lock. `stats()` sums the rows. Two DataLoaders iterating the SAME
 CachedDataset object at the same time would share worker rows; give each its own object.
 """
 import multiprocessing as mp
 import os
+import threading
 
 import numpy as np
 import torch
@@ -65,6 +67,7 @@ class CachedDataset(Dataset):
         self._view = None
         self._row_view = None
         self._row_pid = None
+        self._count_lock = threading.Lock()
 
     def __len__(self):
         return self._n
@@ -72,11 +75,12 @@ class CachedDataset(Dataset):
     def label(self, i: int) -> int:
         return int(self.store.label(i))
 
-    def _labels_of(self, ids: np.ndarray) -> list:
+    def labels_of(self, ids: np.ndarray) -> np.ndarray:
+        """Labels of checked ids, as an int64 array (one gather from the store's label array)."""
         labels = getattr(self.store, "labels", None)   # the store's in-memory label array
         if isinstance(labels, np.ndarray) and labels.shape == (self._n,):
-            return labels[ids].tolist()
-        return [int(self.store.label(i)) for i in ids.tolist()]
+            return labels.take(ids).astype(np.int64, copy=False)
+        return np.array([int(self.store.label(i)) for i in ids.tolist()], dtype=np.int64)
 
     # ---- the batched path --------------------------------------------------------------------
     def check_ids(self, ids) -> np.ndarray:
@@ -106,27 +110,40 @@ class CachedDataset(Dataset):
         # `None in values` is one C-level scan: an all-hit batch (the common case once the cache
         # is warm) builds no Python list of misses.
         missed = [i for i, v in zip(ids, values) if v is None] if None in values else []
-        hits = len(ids) - len(missed)
-        nbytes = 0
-        reads = 0
+        nbytes = reads = 0
         if missed:
-            uniq = list(dict.fromkeys(missed))          # a batch may hold an id twice
-            data = self.store.read_many(uniq)
+            uniq, data = self.read_misses(missed)
             reads = len(uniq)
             got = dict(zip(uniq, data))
             nbytes = sum(len(d) for d in data)
             values = [got[i] if v is None else v for i, v in zip(ids, values)]
-            if self.cache is not None and self.admit:
-                # No scores passed: the engine admits each sample by its current score in the
-                # shared table (importance policy), so nothing is copied out of the table here.
-                self.cache.put_many(np.asarray(uniq, dtype=np.int64), data)
-        row = self._row()
-        row[0] += hits                  # this process's row only: plain int64 slots, no lock
-        row[1] += len(missed)
-        row[2] += nbytes
-        row[3] += len(ids)
-        row[4] += reads
+        self.count(len(ids) - len(missed), len(missed), nbytes, len(ids), reads)
         return values
+
+    def read_misses(self, missed):
+        """(unique ids, their bytes) for the missed ids of one batch (a list of ints, an id may
+        repeat): one batch read from the next tier (the store), then offered to the cache, where
+        the engine admits each by its current importance score. The one miss path of every reader
+        (fetch_bytes, sc.CachedLoader), so a tier added here serves them all. Counts nothing: the
+        caller reports the batch through count()."""
+        uniq = list(dict.fromkeys(missed))          # a batch may hold an id twice
+        data = self.store.read_many(uniq)
+        if self.cache is not None and self.admit:
+            # No scores passed: the engine admits each sample by its current score in the
+            # shared table (importance policy), so nothing is copied out of the table here.
+            self.cache.put_many(np.asarray(uniq, dtype=np.int64), data)
+        return uniq, data
+
+    def count(self, hits: int, misses: int, nbytes: int, samples: int, reads: int) -> None:
+        """Adds one batch to this process's counter row. Threads of one process share the row
+        (CachedLoader's assembly threads), so the read-modify-write is done under a lock."""
+        row = self._row()
+        with self._count_lock:
+            row[0] += hits
+            row[1] += misses
+            row[2] += nbytes
+            row[3] += samples
+            row[4] += reads
 
     def _row(self):
         """This process's counter row, as a memoryview of int64 (cheaper to bump than numpy)."""
@@ -135,6 +152,7 @@ class CachedDataset(Dataset):
             r = 0 if info is None else 1 + info.id % (_ROWS - 1)
             self._row_view = memoryview(self._counters).cast("B").cast("q")[r * len(_FIELDS):(r + 1) * len(_FIELDS)]
             self._row_pid = os.getpid()
+            self._count_lock = threading.Lock()   # a forked child must not inherit a held lock
         return self._row_view
 
     def __getitems__(self, ids):
@@ -145,7 +163,7 @@ class CachedDataset(Dataset):
             xs = [decode(v) for v in values]
         else:
             xs = [transform(decode(v)) for v in values]
-        return list(zip(xs, self._labels_of(a), a.tolist()))
+        return list(zip(xs, self.labels_of(a).tolist(), a.tolist()))
 
     def __getitem__(self, i):
         return self.__getitems__([i])[0]
@@ -161,7 +179,12 @@ class CachedDataset(Dataset):
         state["_view"] = None      # rebuilt over the shared array in the receiving process
         state["_row_view"] = None
         state["_row_pid"] = None
+        del state["_count_lock"]   # a lock does not pickle; each process gets its own
         return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._count_lock = threading.Lock()
 
     def stats(self) -> dict:
         """Counts over every process that used this data set: hits, misses, bytes_read (from the
