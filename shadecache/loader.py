@@ -240,7 +240,6 @@ class CachedLoader:
     # ---- one batch ---------------------------------------------------------------------------
     def _make(self, ids: np.ndarray):
         ds = self.dataset
-        ids = ds.check_ids(ids)
         if not self._raw:
             items = ds.__getitems__(ids)
             batch = (self.collate or default_collate)(items)
@@ -267,32 +266,34 @@ class CachedLoader:
         x = torch.empty((ids.size, s), dtype=torch.uint8, pin_memory=pin)
         out = x.numpy()
         if ds.cache is not None:
-            lens = _core.gather_rows(ds.cache._core, ids, out)
+            lens = _core.gather_rows(ds.cache._core, ids, out)   # checks every id
         else:
-            lens = np.full(ids.size, -1, dtype=np.int64)
-        missed = np.flatnonzero(lens < 0)
-        bad = np.flatnonzero((lens >= 0) & (lens != s))
-        if bad.size:
-            i = int(bad[0])
-            raise ValueError(f"sample id {int(ids[i])} is cached with {int(lens[i])} bytes, but every "
-                             f"sample of the store has {s}")
-        nbytes = reads = 0
-        if missed.size:
-            uniq, data = ds.read_misses(ids[missed].tolist())
+            lens = np.full(ds.check_ids(ids).size, -1, dtype=np.int64)
+        nbytes = reads = missed = 0
+        if np.count_nonzero(lens != s):   # one pass; an all-hit batch does no more
+            bad = np.flatnonzero((lens >= 0) & (lens != s))
+            if bad.size:
+                i = int(bad[0])
+                raise ValueError(f"sample id {int(ids[i])} is cached with {int(lens[i])} bytes, but "
+                                 f"every sample of the store has {s}")
+            pos = np.flatnonzero(lens < 0)
+            missed = pos.size
+            uniq, data = ds.read_misses(ids[pos].tolist())
             got = dict(zip(uniq, data))
-            for pos, i in zip(missed.tolist(), ids[missed].tolist()):
-                out[pos] = np.frombuffer(got[i], dtype=np.uint8)
+            for p, i in zip(pos.tolist(), ids[pos].tolist()):
+                out[p] = np.frombuffer(got[i], dtype=np.uint8)
             reads, nbytes = len(uniq), sum(len(d) for d in data)
-        ds.count(ids.size - missed.size, missed.size, nbytes, ids.size, reads)
+        ds.count(ids.size - missed, missed, nbytes, ids.size, reads)
         return x
 
     def _ragged(self, ids):
         """A RaggedBatch: hits copied back to back by one native call, misses spliced in."""
         ds = self.dataset
         if ds.cache is not None:
-            flat, lens = _core.gather_flat(ds.cache._core, ids, self._len_hint)
+            flat, lens = _core.gather_flat(ds.cache._core, ids, self._len_hint)   # checks every id
         else:
-            flat, lens = np.empty(0, dtype=np.uint8), np.full(ids.size, -1, dtype=np.int64)
+            flat = np.empty(0, dtype=np.uint8)
+            lens = np.full(ds.check_ids(ids).size, -1, dtype=np.int64)
         missed = np.flatnonzero(lens < 0)
         nbytes = reads = 0
         if missed.size:
