@@ -392,3 +392,39 @@ def test_ddp_two_processes(fixed_store, cache_factory):
     assert set(every[0]).isdisjoint(every[1])
     shade = results[0]["shade"][1]
     assert len(shade[0]) == len(shade[1]) == N // 2 and results[1]["shade"][1] == shade
+
+
+# ---- the demo -------------------------------------------------------------------------------
+def test_demo_without_augmentation_trains_the_same_through_cached_loader(tmp_path):
+    from shadecache import demo
+    path, tx, ty = demo.build_data(str(tmp_path), 600, 200, seed=0)
+    store = sc.PackedStore(path)
+    runs = []
+    for loader in ("cached", "dataloader"):
+        cfg = demo.RunConfig(loader, epochs=2, batch_size=50, augment=None, num_workers=0,
+                             extra={"loader": loader})
+        runs.append(demo.train_run(store, cfg, (tx, ty),
+                                   f"t-demo-{os.getpid()}-{loader}"))
+    a, b = runs
+    assert a["acc"] == b["acc"] and a["hit_ratio"] == b["hit_ratio"] and a["bytes_read"] == b["bytes_read"]
+    assert a["total_hit_ratio"] > 0
+
+
+def test_bench_loader_quick_run_produces_the_table(tmp_path):
+    """bench/bench_loader.py --quick, so the benchmark cannot rot (speed is judged in bench/)."""
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    before = set(_core.CacheCore.list())
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    r = subprocess.run([sys.executable, os.path.join(root, "bench", "bench_loader.py"), "--quick",
+                        "--sizes", "256", "--no-progress"], capture_output=True, text=True,
+                       timeout=300, env=env)
+    assert r.returncode in (0, 1), r.stderr        # 1: a target missed (tiny sizes say nothing)
+    rows = [line for line in r.stdout.splitlines() if line.startswith("| 256 B |")]
+    assert len(rows) == 8
+    for line in rows:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert float(cells[2].replace(",", "")) > 0 and float(cells[4].replace(",", "")) > 0
+        assert cells[7] in ("PASS", "FAIL", "—")
+    assert set(_core.CacheCore.list()) <= before and not os.listdir(tmp_path)
