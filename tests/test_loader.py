@@ -65,6 +65,20 @@ def _digest(batches):
     return [(_as_list(x), y.tolist(), i.tolist()) for x, y, i in batches]
 
 
+def _segments_of(pid):
+    """Names of the shared-memory segments that process `pid` created (other test runs on this
+    machine create their own; they are not ours to judge)."""
+    out = set()
+    for name in _core.CacheCore.list():
+        try:
+            info = _core.CacheCore.read_creator(name)
+        except (OSError, ValueError):
+            continue
+        if info and info[0] == pid:
+            out.add(name)
+    return out
+
+
 def _loader_threads():
     return [t for t in threading.enumerate() if t.name.startswith("shadecache-loader")]
 
@@ -252,7 +266,7 @@ def test_native_gather_checks_its_arguments(cache_factory):
 
 # ---- lifetime -------------------------------------------------------------------------------
 def test_threads_stop_on_break_exception_and_gc(fixed_store, cache_factory):
-    segments = set(_core.CacheCore.list())
+    segments = _segments_of(os.getpid())
     ds = sc.CachedDataset(fixed_store, _cache(cache_factory, fixed_store, range(N)))
     loader = sc.CachedLoader(ds, batch_size=8, num_workers=3, prefetch_batches=6)
     for k, _ in enumerate(loader):
@@ -270,7 +284,7 @@ def test_threads_stop_on_break_exception_and_gc(fixed_store, cache_factory):
     del it
     gc.collect()
     assert not _loader_threads()
-    assert set(_core.CacheCore.list()) - segments <= {ds.cache.name}   # the loader made no segment
+    assert _segments_of(os.getpid()) - segments == {ds.cache.name}   # the loader made no segment
 
 
 # ---- resume, epochs -------------------------------------------------------------------------
@@ -415,11 +429,12 @@ def test_bench_loader_quick_run_produces_the_table(tmp_path):
     import subprocess
     import sys
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    before = set(_core.CacheCore.list())
     env = dict(os.environ, TMPDIR=str(tmp_path))
-    r = subprocess.run([sys.executable, os.path.join(root, "bench", "bench_loader.py"), "--quick",
-                        "--sizes", "256", "--no-progress"], capture_output=True, text=True,
-                       timeout=300, env=env)
+    proc = subprocess.Popen([sys.executable, os.path.join(root, "bench", "bench_loader.py"), "--quick",
+                             "--sizes", "256", "--no-progress"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    out, err = proc.communicate(timeout=300)
+    r = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     assert r.returncode in (0, 1), r.stderr        # 1: a target missed (tiny sizes say nothing)
     rows = [line for line in r.stdout.splitlines() if line.startswith("| 256 B |")]
     assert len(rows) == 8
@@ -427,4 +442,4 @@ def test_bench_loader_quick_run_produces_the_table(tmp_path):
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert float(cells[2].replace(",", "")) > 0 and float(cells[4].replace(",", "")) > 0
         assert cells[7] in ("PASS", "FAIL", "—")
-    assert set(_core.CacheCore.list()) <= before and not os.listdir(tmp_path)
+    assert not _segments_of(proc.pid) and not os.listdir(tmp_path)   # nothing left behind

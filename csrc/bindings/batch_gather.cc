@@ -14,6 +14,7 @@
 
 #include <pybind11/numpy.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -40,12 +41,38 @@ std::vector<uint64_t> checked_ids(Cache& c, py::handle ids) {
   return out;
 }
 
-// The software pipeline get_many uses: index entries 8 ids ahead, slot headers and the first lines
-// of values 4 ahead, while the current value is copied (a batch of random ids over a working set
-// larger than the CPU caches is bound by these DRAM misses, not by the copies).
+// Reads every id in order, with prefetches ahead of the copies (hints only: they change no result).
+// A batch of random ids over a working set larger than the CPU caches is bound by two dependent
+// DRAM misses per value (the index entry, then the slot), not by the copies, so the misses of
+// many ids must be in flight at once:
+// - values up to kSmallValue bytes: in chunks of kChunk ids, the index entries of chunk c+2 and
+//   the slots of chunk c+1 are requested while chunk c is copied (measured at 256 B, 256 ids over
+//   256 MiB: 0.65-0.70x of np.take's rate, against 0.51-0.59x with the per-id distances below);
+// - larger values: get_many's pipeline, index entries 8 ids ahead and values 4 ahead (the copies
+//   are long enough to hide the misses; 1-3 KB: 1.1x np.take, where chunks gave 0.8-1.0x).
+constexpr uint32_t kSmallValue = 512;
+constexpr size_t kChunk = 32;
+
 template <class ReadOne>
 void pipelined(Cache& c, const std::vector<uint64_t>& ids, uint32_t len_guess, ReadOne&& read_one) {
   const size_t n = ids.size();
+  if (len_guess <= kSmallValue) {
+    auto index_of = [&](size_t a) {
+      for (size_t i = a; i < std::min(n, a + kChunk); ++i) c.prefetch_index(ids[i]);
+    };
+    auto value_of = [&](size_t a) {
+      for (size_t i = a; i < std::min(n, a + kChunk); ++i) c.prefetch_value(ids[i], len_guess);
+    };
+    index_of(0);
+    index_of(kChunk);
+    value_of(0);
+    for (size_t a = 0; a < n; a += kChunk) {
+      index_of(a + 2 * kChunk);
+      value_of(a + kChunk);
+      for (size_t i = a; i < std::min(n, a + kChunk); ++i) read_one(i);
+    }
+    return;
+  }
   for (size_t i = 0; i < n && i < 8; ++i) c.prefetch_index(ids[i]);
   for (size_t i = 0; i < n && i < 4; ++i) c.prefetch_value(ids[i], len_guess);
   for (size_t i = 0; i < n; ++i) {
