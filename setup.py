@@ -46,8 +46,8 @@ def sources(*patterns):
 common = sources("csrc/common/*.cc", "csrc/bindings/errors.cc", "csrc/bindings/ids.cc")
 core = Pybind11Extension(
     "shadecache._core",
-    common + sources("csrc/cache/*.cc", "csrc/bindings/core_module.cc", "csrc/bindings/sample_view.cc",
-                    "csrc/bindings/batch_gather.cc"),
+    common + sources("csrc/cache/*.cc", "csrc/cache/policies/*.cc", "csrc/bindings/core_module.cc", "csrc/bindings/sample_view.cc",
+            "csrc/bindings/test_hooks.cc", "csrc/bindings/batch_gather.cc"),
     include_dirs=["csrc"],
     cxx_std=17,
     extra_compile_args=CXXFLAGS,

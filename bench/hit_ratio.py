@@ -1,6 +1,6 @@
 """Hit ratio, store traffic, coverage and accuracy of real training through the cache (issue 4).
 
-A closed loop: a real network (shadecache.demo.make_model) learns a real image data set made
+A closed loop: a real network (shadecache.experiment.make_model) learns a real image data set made
 locally (shadecache.synthetic), packed into a PackedStore and read through a real shared-memory
 Cache by CachedDataset and a stock DataLoader; the sampler reads the cache's state each epoch and
 the losses drive the scores that eviction uses. Every configuration makes the same number of
@@ -9,7 +9,8 @@ optimizer steps from the same initial weights per seed, so accuracies compare at
 Training uses augmentation applied after the cache (the cache holds raw bytes), as real training
 does; a few rows are repeated without it (see NO_AUG_ROWS).
 
-Rows: uniform + LRU, uniform + static, SHADE rep_factor 1/2/3 + importance eviction, SHADE rep 1 +
+Rows: uniform + LRU, ShadeSampler's defaults (issue 11) + importance eviction, uniform + static,
+SHADE rep_factor 1/2/3 + importance eviction (SHADE's draw, no substitution budget), SHADE rep 1 +
 LRU, all with the coverage floor (K=2, the default), and SHADE rep 3 + importance with the floor
 off (to show what it guards against). Columns: hit ratio, MB read from the store, coverage (lowest
 distinct fraction over epochs), final accuracy, and its difference to uniform sampling (paired by
@@ -30,10 +31,11 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import shadecache as sc  # noqa: E402
-from shadecache.demo import RunConfig, build_data, train_run  # noqa: E402
+from shadecache.experiment import RunConfig, build_data, train_run  # noqa: E402
 
 ROWS = [  # (label, sampler, policy, rep_factor, coverage_epochs)
     ("uniform + LRU", "uniform", "lru", 0.0, 2),
+    ("ShadeSampler defaults + importance", "shade", "importance", None, None),
     ("uniform + static", "uniform", "static", 0.0, 2),
     ("SHADE rep 1 + importance", "shade", "importance", 1.0, 2),
     ("SHADE rep 2 + importance", "shade", "importance", 2.0, 2),
@@ -43,7 +45,14 @@ ROWS = [  # (label, sampler, policy, rep_factor, coverage_epochs)
 ]
 # The same loop WITHOUT augmentation, at the 10% cache only: there the small network memorizes the
 # training set within a few epochs, so any repetition (substitution) costs test accuracy.
-NO_AUG_ROWS = [ROWS[0], ROWS[2], ROWS[4]]
+NO_AUG_ROWS = [ROWS[0], ROWS[1], ROWS[3], ROWS[5]]
+# The SHADE rows name their setting in full (SHADE's draw by scores, no substitution budget), so
+# they measure the same thing whatever ShadeSampler's defaults are; the "defaults" row takes them.
+SHADE_AS_LABELLED = {"temper": 1.0, "substitute": None}
+
+
+def sampler_defaults():
+    return sc.ShadeSampler.defaults()
 SECTION = "## Importance-aware caching in training (issue 4)"
 
 
@@ -65,10 +74,13 @@ def run_all(args):
         store = sc.PackedStore(path)
         for k, (size, seed, (label, sampler, policy, rep, floor), aug) in enumerate(
                 tqdm(todo, desc="training runs", unit="run")):
+            extra = {"sampler": SHADE_AS_LABELLED} if rep is not None else {}
+            if rep is None:
+                rep, floor = sampler_defaults()["rep_factor"], sampler_defaults()["coverage_epochs"]
             cfg = RunConfig(label, sampler=sampler, policy=policy, rep_factor=rep,
                             coverage_epochs=floor, cache_fraction=size, epochs=args.epochs,
                             batch_size=args.batch_size, num_workers=args.workers, seed=seed,
-                            augment={} if aug else None)
+                            augment={} if aug else None, extra=extra)
             r = train_run(store, cfg, (tx, ty), f"sc-hit-ratio-{os.getpid()}-{k}")
             results.setdefault((size if aug else "no-aug", label), []).append(r)
     return results
@@ -97,7 +109,7 @@ def summarize(results, args):
                          f"{ms([r['min_coverage'] for r in rs])} | "
                          f"{max(max(r.get('not_in_window', [0])) for r in rs)} | "
                          f"{ms(acc, '{:.2f}')} | {ms(delta, '{:+.2f}')} |")
-            guarded = label.startswith("SHADE") and "floor off" not in label
+            guarded = label.startswith(("SHADE", "ShadeSampler")) and "floor off" not in label
             if guarded:
                 checks.append((f"{size:.0%} {label}: accuracy loss vs uniform <= 0.5 points",
                                float(delta.mean()) >= -0.5, f"{delta.mean():+.2f}"))
@@ -171,12 +183,12 @@ def write_md(table, checks, args, png, elapsed):
             f"Cache by CachedDataset in a stock DataLoader (num_workers={args.workers}), "
             f"batch {args.batch_size}, {args.epochs} epochs, Adam with a cosine schedule, "
             f"augmentation after the cache (random circular shift of up to 2 pixels and fresh "
-            f"pixel noise, `demo.Augment`); accuracy on "
+            f"pixel noise, `experiment.Augment`); accuracy on "
             f"{args.test_samples} held-out samples; seeds 0..{args.seeds - 1} (same initial "
             f"weights per seed in every row, so Δ accuracy is paired). Every row makes the same "
             f"number of steps. Cache sizes are fractions of the samples; the engine's slab pages "
             f"and slot headers make a byte budget hold fewer samples, so the capacity is found by "
-            f"filling a throwaway cache (`demo.capacity_for_fraction`). Coverage = distinct "
+            f"filling a throwaway cache (`experiment.capacity_for_fraction`). Coverage = distinct "
             f"samples trained in an epoch / N (lowest epoch). rep_factor = extra copies a cached "
             f"draw may take in place of a miss. The floor (K=2) is ShadeSampler's default.",
             "", f"![hit ratio]({os.path.relpath(png, os.path.dirname(md))})", "", table, "",

@@ -21,16 +21,20 @@ from .errors import (  # noqa: F401
 _LAZY = {
     "Cache": ".cache",
     "POLICIES": ".cache",
-    "PackWriter": ".store",
+    "PackWriter": ".store_writer",
     "PackedStore": ".store",
     "FolderStore": ".store",
-    "pack": ".store",
+    "pack": ".store_writer",
     "rank_weights": ".importance",
     "ImportanceTable": ".importance",
     "ShadeSampler": ".sampler",
     "CachedDataset": ".dataset",
     "CachedLoader": ".loader",
     "RaggedBatch": ".loader",
+    "Cluster": ".peer",
+    "serve": ".peer",
+    "PeerServer": ".peer",
+    "SSDTier": ".ssd_tier",
 }
 
 __all__ = sorted(list(_LAZY) + ["__version__", "CapacityError", "ClosedError", "CorruptionError",

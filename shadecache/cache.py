@@ -19,11 +19,11 @@ import numpy as np
 from . import _core
 from .errors import ClosedError
 
-POLICIES = {"importance": 0, "lru": 1, "fifo": 2, "static": 3}
-# The largest value that fits a 1 MiB slab page next to its 32-byte slot header. Larger values
-# need a larger max_item_bytes (and so larger pages: memory moves between size classes a page at
-# a time).
-DEFAULT_MAX_ITEM_BYTES = (1 << 20) - 32
+# Policy name -> the number the engine stores; the engine defines the list (csrc/cache/policies/).
+POLICIES = {name: number for number, name in enumerate(_core.POLICIES) if name}
+# The largest value that fits a 1 MiB slab page next to its slot header. Larger values need a
+# larger max_item_bytes (and so larger pages: memory moves between size classes a page at a time).
+DEFAULT_MAX_ITEM_BYTES = (1 << 20) - _core.SLOT_HEADER_SIZE
 
 # Segments created by this process, unlinked at interpreter exit (in the creating pid only: a
 # forked DataLoader worker inherits this set and must not remove its parent's cache).
@@ -189,7 +189,8 @@ def remove(name: str) -> bool:
 
 
 def creator_alive(name: str) -> Optional[bool]:
-    """Whether the process that created `name` still runs (pid and start time both match).
+    """Whether the process that created `name` still runs (pid and start time both match, and it
+    has not exited).
     None if the segment vanished or is not readable."""
     try:
         info = _core.CacheCore.read_creator(name)
@@ -198,7 +199,8 @@ def creator_alive(name: str) -> Optional[bool]:
     if info is None:
         return None
     pid, start = info
-    return start != 0 and _core.process_start_time(pid) == start
+    # An exited creator that its parent has not waited for yet (a zombie) maps nothing: gone.
+    return start != 0 and not _core.process_gone(pid, start)
 
 
 def gc() -> List[str]:

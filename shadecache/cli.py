@@ -3,6 +3,7 @@
   cache_cli.register   ls, stats, rm, gc      (shadecache/cache_cli.py)
   store_cli.register   pack, verify, info     (shadecache/store_cli.py)
   demo.register        demo                   (shadecache/demo.py)
+  peer_cli.register    serve                  (shadecache/peer_cli.py)
 
 Only the area of the command being run is imported (`shadecache ls` must not pay for importing
 torch); `--help` imports them all. An area that fails to import (torch missing for `demo`) does not
@@ -16,6 +17,7 @@ _COMMANDS = {
     "ls": ".cache_cli", "stats": ".cache_cli", "rm": ".cache_cli", "gc": ".cache_cli",
     "pack": ".store_cli", "verify": ".store_cli", "info": ".store_cli",
     "demo": ".demo",
+    "serve": ".peer_cli",
 }
 
 
@@ -41,11 +43,17 @@ def main(argv=None) -> int:
     area = _COMMANDS.get(first)
     areas = [area] if area else list(dict.fromkeys(_COMMANDS.values()))
     args = build_parser(areas).parse_args(argv)
+    from .errors import ShadecacheError
+
+    # The one error handler of every subcommand: the user's mistakes and damaged inputs (a missing
+    # file, a malformed store, a segment of another layout version) end with one line naming the
+    # error, exit status 2 as for a bad command line; 1 stays "ran, and found a problem"
+    # (verify's corrupt samples, rm of an unknown name).
     try:
         rc = args.func(args)
-    except (OSError, ValueError) as e:  # a clear message, not a traceback, for the user's mistakes
-        print(f"shadecache {args.command}: {e}", file=sys.stderr)
-        return 1
+    except (ShadecacheError, OSError, ValueError) as e:
+        print(f"shadecache {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
     return int(rc or 0)
 
 

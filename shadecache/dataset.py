@@ -4,7 +4,9 @@ A DataLoader worker fetches a whole batch in one call (`__getitems__`, used by t
 when the data set defines it):
 
   1. `cache.get_many(ids)`                   hits are copied out of shared memory, no lock;
-  2. `store.read_many(unique missed ids)`    one batch of I/O for all the misses;
+  2. `fetch_missing(unique missed ids)`      the tiers, each batched: the peer node that is home
+                                             to an id (cluster=), the local SSD tier (ssd=), then
+                                             one store.read_many for what is left;
   3. `cache.put_many(ids, values)`           one lock; the engine admits each sample by its current
                                              importance score in the shared table, so admission
                                              compares like with like.
@@ -16,19 +18,22 @@ Hits, misses, bytes read from the store and samples served are counted in a smal
 (multiprocessing.RawArray, which travels to fork and spawn workers alike), one row per process:
 row 0 for the main process and 1 + worker id for a DataLoader worker, so no process ever writes
 another's row and no lock between processes is needed (no lock object could be shared between a
-fork-context parent and spawn-context workers anyway); threads of one process (sc.CachedLoader's)
-bump their row under a threading lock. `stats()` sums the rows. Two DataLoaders iterating the SAME
+fork-context parent and spawn-context workers anyway). Threads of one process (sc.CachedLoader's)
+share its row: the hit counts are bumped under one threading lock (count()), the tier counts under
+another (fetch_missing), so each field has one lock. `stats()` sums the rows. Two DataLoaders iterating the SAME
 CachedDataset object at the same time would share worker rows; give each its own object.
 """
 import multiprocessing as mp
 import os
 import threading
+import time
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
-_FIELDS = ("hits", "misses", "bytes_read", "samples", "store_reads")
+_FIELDS = ("hits", "misses", "bytes_read", "samples", "store_reads",
+           "peer_hits", "peer_bytes", "peer_ns", "ssd_hits", "ssd_bytes", "ssd_ns", "store_ns")
 _ROWS = 65   # row 0: the main process; rows 1..64: DataLoader workers by worker id (mod 64)
 
 
@@ -47,12 +52,17 @@ class CachedDataset(Dataset):
     decode     bytes -> sample (default: a uint8 tensor of the bytes)
     transform  sample -> sample, applied after decode (augmentation: the cache holds raw bytes)
     admit      insert missed samples into the cache (False: read-through only)
+    cluster    a sc.Cluster: a miss whose home is another node is asked of that node first
+    ssd        a sc.SSDTier: consulted after the peers, before the store; filled behind reads
+    keep_remote  also offer samples whose home is another node to this node's cache and SSD
+               tier (default: a node keeps what it is home to, so the cluster caches the sum)
 
     Picklable: a spawned DataLoader worker re-attaches the cache by name and reopens the store
     (both pickle that way); the shared counters travel with the worker when it is started.
     """
 
-    def __init__(self, store, cache=None, decode=None, transform=None, admit: bool = True):
+    def __init__(self, store, cache=None, decode=None, transform=None, admit: bool = True,
+                 cluster=None, ssd=None, keep_remote: bool = False):
         self.store = store
         self.cache = cache
         n = len(store)
@@ -62,12 +72,16 @@ class CachedDataset(Dataset):
         self.decode = decode or _default_decode
         self.transform = transform
         self.admit = bool(admit)
+        self.cluster = cluster
+        self.ssd = ssd
+        self.keep_remote = bool(keep_remote)
         self._n = n
         self._counters = mp.RawArray("q", _ROWS * len(_FIELDS))
         self._view = None
         self._row_view = None
         self._row_pid = None
         self._count_lock = threading.Lock()
+        self._miss_lock = threading.Lock()
 
     def __len__(self):
         return self._n
@@ -110,40 +124,90 @@ class CachedDataset(Dataset):
         # `None in values` is one C-level scan: an all-hit batch (the common case once the cache
         # is warm) builds no Python list of misses.
         missed = [i for i, v in zip(ids, values) if v is None] if None in values else []
-        nbytes = reads = 0
         if missed:
-            uniq, data = self.read_misses(missed)
-            reads = len(uniq)
-            got = dict(zip(uniq, data))
-            nbytes = sum(len(d) for d in data)
+            uniq = list(dict.fromkeys(missed))          # a batch may hold an id twice
+            got = dict(zip(uniq, self.fetch_missing(uniq)))
             values = [got[i] if v is None else v for i, v in zip(ids, values)]
-        self.count(len(ids) - len(missed), len(missed), nbytes, len(ids), reads)
+        self.count(len(ids) - len(missed), len(missed), len(ids))
         return values
 
-    def read_misses(self, missed):
-        """(unique ids, their bytes) for the missed ids of one batch (a list of ints, an id may
-        repeat): one batch read from the next tier (the store), then offered to the cache, where
-        the engine admits each by its current importance score. The one miss path of every reader
-        (fetch_bytes, sc.CachedLoader), so a tier added here serves them all. Counts nothing: the
-        caller reports the batch through count()."""
-        uniq = list(dict.fromkeys(missed))          # a batch may hold an id twice
-        data = self.store.read_many(uniq)
-        if self.cache is not None and self.admit:
-            # No scores passed: the engine admits each sample by its current score in the
-            # shared table (importance policy), so nothing is copied out of the table here.
-            self.cache.put_many(np.asarray(uniq, dtype=np.int64), data)
-        return uniq, data
-
-    def count(self, hits: int, misses: int, nbytes: int, samples: int, reads: int) -> None:
-        """Adds one batch to this process's counter row. Threads of one process share the row
-        (CachedLoader's assembly threads), so the read-modify-write is done under a lock."""
+    def count(self, hits: int, misses: int, samples: int) -> None:
+        """Adds one batch's cache lookups to this process's counter row (fetch_missing counts what
+        the tiers served). Under a lock: CachedLoader's threads share the row."""
         row = self._row()
         with self._count_lock:
             row[0] += hits
             row[1] += misses
-            row[2] += nbytes
             row[3] += samples
-            row[4] += reads
+
+    def fetch_missing(self, ids: list) -> list:
+        """The bytes of every id (distinct, in range) that the node cache missed, through the tiers
+        (see _fetch_missing_locked). The one miss path of every reader (fetch_bytes,
+        sc.CachedLoader). One caller at a time per process: the tier counters are bumped under
+        this lock, and the store serialises its callers anyway."""
+        with self._miss_lock:
+            return self._fetch_missing_locked(ids)
+
+    def _fetch_missing_locked(self, ids: list) -> list:
+        """The bytes of every id (distinct, in range) that the node cache missed, through the
+        tiers in order: the peer node that is home to the id (cluster=), the local SSD tier
+        (ssd=), the store. What this node is home to is offered to the cache (admitted by its
+        policy) and to the SSD tier (written behind, off this path); what another node is home
+        to is kept only with keep_remote=True. Counts go to this process's counter row."""
+        n = len(ids)
+        values = [None] * n
+        row = self._row()
+        a = np.asarray(ids, dtype=np.int64)
+        own = np.ones(n, dtype=bool)
+        cluster = self.cluster
+        if cluster is not None and cluster.num_nodes > 1:
+            home = cluster.home_of(a)
+            own = home == cluster.node
+            remote = np.flatnonzero(~own)
+            if remote.size:
+                t0 = time.perf_counter_ns()
+                got = cluster.fetch(a[remote], home[remote])
+                hits = 0
+                for k, v in zip(remote.tolist(), got):
+                    if v is not None:
+                        values[k] = v
+                        hits += 1
+                        row[6] += len(v)
+                row[5] += hits
+                row[7] += time.perf_counter_ns() - t0
+        from_ssd = []
+        if self.ssd is not None:
+            pending = [k for k in range(n) if values[k] is None]
+            if pending:
+                t0 = time.perf_counter_ns()
+                got = self.ssd.get_many([ids[k] for k in pending])
+                for k, v in zip(pending, got):
+                    if v is not None:
+                        values[k] = v
+                        from_ssd.append(k)
+                        row[9] += len(v)
+                row[8] += len(from_ssd)
+                row[10] += time.perf_counter_ns() - t0
+        pending = [k for k in range(n) if values[k] is None]
+        if pending:
+            t0 = time.perf_counter_ns()
+            data = self.store.read_many([ids[k] for k in pending])
+            row[11] += time.perf_counter_ns() - t0
+            for k, v in zip(pending, data):
+                values[k] = v
+            row[2] += sum(len(d) for d in data)
+            row[4] += len(pending)
+            if self.ssd is not None:
+                keep = [k for k in pending if own[k] or self.keep_remote]
+                if keep:
+                    self.ssd.put_many([ids[k] for k in keep], [values[k] for k in keep])
+        if self.cache is not None and self.admit:
+            keep = np.flatnonzero(own) if not self.keep_remote else np.arange(n)
+            if keep.size:
+                # No scores passed: the engine admits each sample by its current score in the
+                # shared table (importance policy), so nothing is copied out of the table here.
+                self.cache.put_many(a[keep], [values[k] for k in keep.tolist()])
+        return values
 
     def _row(self):
         """This process's counter row, as a memoryview of int64 (cheaper to bump than numpy)."""
@@ -152,7 +216,9 @@ class CachedDataset(Dataset):
             r = 0 if info is None else 1 + info.id % (_ROWS - 1)
             self._row_view = memoryview(self._counters).cast("B").cast("q")[r * len(_FIELDS):(r + 1) * len(_FIELDS)]
             self._row_pid = os.getpid()
-            self._count_lock = threading.Lock()   # a forked child must not inherit a held lock
+            # a forked child must not inherit a lock held by a thread that did not come along
+            self._count_lock = threading.Lock()
+            self._miss_lock = threading.Lock()
         return self._row_view
 
     def __getitems__(self, ids):
@@ -179,18 +245,30 @@ class CachedDataset(Dataset):
         state["_view"] = None      # rebuilt over the shared array in the receiving process
         state["_row_view"] = None
         state["_row_pid"] = None
-        del state["_count_lock"]   # a lock does not pickle; each process gets its own
+        del state["_count_lock"], state["_miss_lock"]   # locks do not pickle; each process its own
         return state
 
     def __setstate__(self, state):
         self.__dict__.update(state)
         self._count_lock = threading.Lock()
+        self._miss_lock = threading.Lock()
 
     def stats(self) -> dict:
         """Counts over every process that used this data set: hits, misses, bytes_read (from the
-        store), samples, store_reads (distinct ids read), and hit_ratio."""
-        d = dict(zip(_FIELDS, (int(v) for v in self._table().sum(axis=0))))
+        store), samples, store_reads (distinct ids read), and hit_ratio; per tier below the
+        cache (`tiers`: peer, ssd, store): samples served, bytes, and seconds spent in that tier's
+        batched calls."""
+        t = self._table()
+        d = dict(zip(_FIELDS, (int(v) for v in t.sum(axis=0))))
         d["hit_ratio"] = d["hits"] / d["samples"] if d["samples"] else 0.0
+        d["tiers"] = {
+            "peer": {"hits": d["peer_hits"], "bytes": d["peer_bytes"], "ns": d.pop("peer_ns")},
+            "ssd": {"hits": d["ssd_hits"], "bytes": d["ssd_bytes"], "ns": d.pop("ssd_ns")},
+            "store": {"hits": d["store_reads"], "bytes": d["bytes_read"], "ns": d.pop("store_ns")},
+        }
+        for tier in d["tiers"].values():
+            ns = tier.pop("ns")
+            tier["seconds"] = ns / 1e9
         return d
 
     def reset_stats(self):

@@ -15,8 +15,8 @@ num_workers=0 makes it in the iterating thread):
   2. hits: one native call (_core.gather_rows / gather_flat) copies every cached value into the
      batch's buffer with the GIL released: a (B, S) tensor when every sample of the store has the
      same size S, else one flat tensor plus offsets (RaggedBatch). No Python object per sample;
-  3. misses: CachedDataset.read_misses (one batch read from the store, then admission into the
-     cache, exactly as a DataLoader worker does), copied into their rows;
+  3. misses: CachedDataset.fetch_missing (the tiers below the cache, one batch each, then admission
+     into the cache, exactly as a DataLoader worker does), copied into their rows;
   4. labels gathered from the store's label array; `batch_transform(x)` (vectorized, on the whole
      batch) if given.
 When the data set has its own `decode` or `transform`, or `collate` is given, a batch is instead
@@ -260,7 +260,7 @@ class CachedLoader:
         return x, y, idx
 
     def _rows(self, ids, pin):
-        """A (B, S) uint8 tensor: hits copied by one native call, misses from read_misses."""
+        """A (B, S) uint8 tensor: hits copied by one native call, misses from fetch_missing."""
         ds = self.dataset
         s = self._row_bytes
         x = torch.empty((ids.size, s), dtype=torch.uint8, pin_memory=pin)
@@ -269,7 +269,7 @@ class CachedLoader:
             lens = _core.gather_rows(ds.cache._core, ids, out)   # checks every id
         else:
             lens = np.full(ds.check_ids(ids).size, -1, dtype=np.int64)
-        nbytes = reads = missed = 0
+        missed = 0
         if np.count_nonzero(lens != s):   # one pass; an all-hit batch does no more
             bad = np.flatnonzero((lens >= 0) & (lens != s))
             if bad.size:
@@ -278,12 +278,10 @@ class CachedLoader:
                                  f"every sample of the store has {s}")
             pos = np.flatnonzero(lens < 0)
             missed = pos.size
-            uniq, data = ds.read_misses(ids[pos].tolist())
-            got = dict(zip(uniq, data))
+            got = _fetch_missed(ds, ids[pos].tolist())
             for p, i in zip(pos.tolist(), ids[pos].tolist()):
                 out[p] = np.frombuffer(got[i], dtype=np.uint8)
-            reads, nbytes = len(uniq), sum(len(d) for d in data)
-        ds.count(ids.size - missed, missed, nbytes, ids.size, reads)
+        ds.count(ids.size - missed, missed, ids.size)
         return x
 
     def _ragged(self, ids):
@@ -295,11 +293,8 @@ class CachedLoader:
             flat = np.empty(0, dtype=np.uint8)
             lens = np.full(ds.check_ids(ids).size, -1, dtype=np.int64)
         missed = np.flatnonzero(lens < 0)
-        nbytes = reads = 0
         if missed.size:
-            uniq, data = ds.read_misses(ids[missed].tolist())
-            got = dict(zip(uniq, data))
-            reads, nbytes = len(uniq), sum(len(d) for d in data)
+            got = _fetch_missed(ds, ids[missed].tolist())
             hit_ends = np.cumsum(np.maximum(lens, 0))
             pieces = []
             for pos, (i, n) in enumerate(zip(ids.tolist(), lens.tolist())):
@@ -313,7 +308,7 @@ class CachedLoader:
         np.cumsum(lens, out=offsets[1:])
         if ds.cache is not None and lens.size:
             self._len_hint = int(offsets[-1]) // lens.size   # sizes the next batch's buffer once
-        ds.count(ids.size - missed.size, missed.size, nbytes, ids.size, reads)
+        ds.count(ids.size - missed.size, missed.size, ids.size)
         return RaggedBatch(torch.from_numpy(flat), torch.from_numpy(offsets))
 
     def _pin(self, batch):
@@ -321,6 +316,13 @@ class CachedLoader:
             return batch
         from torch.utils.data._utils.pin_memory import pin_memory
         return pin_memory(batch)
+
+
+def _fetch_missed(ds, missed: list) -> dict:
+    """id -> bytes for the missed ids of a batch (an id may repeat): one call of the data set's
+    miss path (tiers, store, admission into the cache), as a DataLoader worker makes it."""
+    uniq = list(dict.fromkeys(missed))
+    return dict(zip(uniq, ds.fetch_missing(uniq)))
 
 
 class _Threads:

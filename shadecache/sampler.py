@@ -2,8 +2,9 @@
 
 Each epoch the whole order is drawn up front, in four steps:
 
-1. draw   `total` ids WITH replacement, each with probability proportional to its importance score
-          (or a plain permutation when importance=False, the uniform baseline); the same global
+1. draw   `total` ids WITH replacement, each with probability p_i proportional to its importance
+          score tempered toward uniform (p = (1 - temper)/N + temper * score/sum), or a plain
+          permutation when importance=False or temper=0 (the uniform baseline); the same global
           draw on every rank, because every rank holds the same merged scores and the same seed;
 2. floor  (guardrail, on by default) every sample not drawn in the last `coverage_epochs - 1`
           epochs and absent from the draw replaces a duplicate slot of it, so every sample is
@@ -11,12 +12,20 @@ Each epoch the whole order is drawn up front, in four steps:
           one occurrence of a sample that is due;
 3. share  rank r keeps positions r, r + world, r + 2*world, ... of the global draw;
 4. PADS   against one snapshot of the cache's cached set: each cached id of the share may replace
-          up to `rep_factor` misses (a fractional factor is rounded at random), then cached ids go
-          first and misses after, each group shuffled.
+          up to `rep_factor` misses (a fractional factor is rounded at random), and all cached ids
+          together at most `substitute` * (the share's length) of them; then cached ids go first and
+          misses after, each group shuffled.
 
 `rep_factor` is the number of EXTRA copies each cached draw may take in place of a miss: 0 means
 ordering only, 1 means a cached sample drawn once is trained up to twice while one miss fewer is
-read from the store.
+read from the store. `substitute` caps the substitutions at a fraction of the epoch, so the
+distinct samples trained per epoch stay >= 1 - substitute of the draw whatever the cache size.
+
+Unbiased weights: `weights(idx)` gives each sample of a batch the weight 1 / (N * p_i * f_i), where
+N * p_i is its expected number of draws relative to a uniform epoch and f_i the factor by which
+substitution changes it (1 + substituted/cached for a cached id, 1 - substituted/misses for a
+miss). Multiplying each per-sample loss by its weight makes the epoch's expected gradient the
+uniform epoch's; the expected mean weight over an epoch is 1, so the learning rate means the same.
 
 Scores: `update(idx, losses)` takes the ids the DataLoader returned WITH the batch (CachedDataset
 yields (sample, target, index)), so each rank weight goes to the sample whose loss produced it, and
@@ -60,6 +69,10 @@ class ShadeSampler(Sampler):
     importance       False: a seeded permutation per epoch (uniform baseline, no replacement)
     pads             order cached ids first (ignored without a cache)
     coverage_epochs  K: every sample is drawn at least once every K epochs; 0/None disables
+    temper           in [0, 1]: 1 draws by the scores (SHADE), 0 uniformly (a permutation), between
+                     a mix of the two
+    substitute       fraction of this rank's epoch that substitution may take at most (None: no
+                     cap beyond rep_factor)
     epoch_size       samples per epoch over all ranks (default N)
     smoothing        the floor of the loss-trend blend (see ImportanceTable)
     num_replicas/rank  default: from torch.distributed when initialized, else 1/0
@@ -68,12 +81,17 @@ class ShadeSampler(Sampler):
     def __init__(self, data_source, cache=None, batch_size: int = 64, rep_factor: float = 1.0,
                  seed: int = 0, importance: bool = True, pads: bool = True,
                  coverage_epochs=2, epoch_size=None, smoothing: float = 0.5,
-                 draw: str = "systematic", num_replicas=None, rank=None):
+                 draw: str = "systematic", temper: float = 0.0, substitute=0.1,
+                 num_replicas=None, rank=None):
         n = data_source if isinstance(data_source, (int, np.integer)) else len(data_source)
         if n < 1:
             raise ValueError(f"ShadeSampler needs at least one sample, got {n}")
         if rep_factor < 0 or not math.isfinite(rep_factor):
             raise ValueError(f"rep_factor must be a finite number >= 0, got {rep_factor}")
+        if not 0.0 <= temper <= 1.0:
+            raise ValueError(f"temper must be in [0, 1], got {temper}")
+        if substitute is not None and not 0.0 <= substitute <= 1.0:
+            raise ValueError(f"substitute must be None or in [0, 1], got {substitute}")
         if coverage_epochs is not None and coverage_epochs < 0:
             raise ValueError(f"coverage_epochs must be >= 0 or None, got {coverage_epochs}")
         world, r = _dist_world()
@@ -93,6 +111,8 @@ class ShadeSampler(Sampler):
             raise ValueError(f"draw must be 'systematic' or 'multinomial', got {draw!r}")
         self.draw = draw
         self.importance = bool(importance)
+        self.temper = float(temper)
+        self.substitute = None if substitute is None else float(substitute)
         self.pads = bool(pads)
         self.coverage_epochs = int(coverage_epochs or 0)
         size = self.n if epoch_size is None else int(epoch_size)
@@ -104,6 +124,7 @@ class ShadeSampler(Sampler):
         self.epoch = 0
         self._order = None          # this rank's order for self.epoch, once drawn
         self._forced = None         # ids the coverage floor added this epoch (global)
+        self._weights = None        # per-id unbiased weight for self.epoch's order (see weights())
         self._consumed = 0          # samples reported through update() this epoch
         self._start = 0             # where the next __iter__ starts (set by load_state_dict)
         self._loss_sum = 0.0
@@ -111,6 +132,14 @@ class ShadeSampler(Sampler):
         self.last_epoch_stats = {}
         self._warned_unmerged = False
         self._push_scores(np.arange(self.n, dtype=np.int64), self.table.scores)
+
+    @classmethod
+    def defaults(cls) -> dict:
+        """The constructor's default options: what `ShadeSampler(data)` does (benchmarks and the
+        demo report them from here, so they cannot drift from the code)."""
+        import inspect
+        return {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items()
+                if p.default is not inspect.Parameter.empty}
 
     # ---- the epoch's order -------------------------------------------------------------------
     def __len__(self):
@@ -127,6 +156,7 @@ class ShadeSampler(Sampler):
         if epoch != self.epoch:
             self.epoch = epoch
             self._order = None
+            self._weights = None
             self._consumed = 0
             self._start = 0
 
@@ -134,18 +164,28 @@ class ShadeSampler(Sampler):
         # one independent stream per (seed, epoch, purpose); rank only where it must differ
         return np.random.default_rng([self.seed, self.epoch, stream])
 
-    def global_draw(self):
-        """The epoch's draw over all ranks after the coverage floor: (ids, forced ids)."""
-        rng = self._rng(0)
-        if not self.importance:
-            reps = math.ceil(self.total_size / self.n)
-            g = np.concatenate([rng.permutation(self.n) for _ in range(reps)])[:self.total_size]
-            return g.astype(np.int64), np.empty(0, dtype=np.int64)
+    def draw_probabilities(self):
+        """Each id's probability per draw this epoch (float64, sums to 1), or None when the epoch
+        is a permutation (importance=False or temper=0)."""
+        if not self.importance or self.temper == 0.0:
+            return None
         # The scores as folded at the last end_epoch (identical on every rank after its merge), not
         # the live ones: those move with this rank's own losses, and ranks drawing from different
         # weights would overlap and drop samples.
         w = self.table.base
         p = w / w.sum()
+        if self.temper != 1.0:
+            p = (1.0 - self.temper) / self.n + self.temper * p
+        return p
+
+    def global_draw(self):
+        """The epoch's draw over all ranks after the coverage floor: (ids, forced ids)."""
+        rng = self._rng(0)
+        p = self.draw_probabilities()
+        if p is None:
+            reps = math.ceil(self.total_size / self.n)
+            g = np.concatenate([rng.permutation(self.n) for _ in range(reps)])[:self.total_size]
+            return g.astype(np.int64), np.empty(0, dtype=np.int64)
         if self.draw == "multinomial":
             g = rng.choice(self.n, size=self.total_size, replace=True, p=p).astype(np.int64)
         else:
@@ -180,39 +220,72 @@ class ShadeSampler(Sampler):
         share = g[self.rank::self.num_replicas].copy()
         rng = self._rng(1 + self.rank)
         stats = {"substituted": 0, "planned_hits": 0}
+        cached = None
         if self.cache is None or not (self.pads or self.rep_factor > 0):
             if self.importance:
                 rng.shuffle(share)   # forced ids were placed at random slots; keep order random
-            return share, forced, stats
-        cached = np.asarray(self.cache.cached_mask(), dtype=bool)
-        hit = cached[share]
-        hits, misses = share[hit], share[~hit]
-        if self.rep_factor > 0 and hits.size and misses.size:
-            # the floor: one occurrence of every id due this epoch (not drawn in the last K-1
-            # epochs; the floor added those absent from the raw draw) must stay
-            protected = np.zeros(misses.size, dtype=bool)
-            if self.coverage_epochs > 0:
-                due = self.last_drawn[misses] <= self.epoch - self.coverage_epochs
-                _, first = np.unique(misses, return_index=True)
-                protected[first] = due[first]
-            free = np.flatnonzero(~protected)
-            want = self.rep_factor * hits.size
-            want = int(math.floor(want) + (rng.random() < want - math.floor(want)))
-            k = min(want, free.size)
-            if k:
-                drop = rng.choice(free, size=k, replace=False)
-                copies = np.tile(rng.permutation(hits), math.ceil(self.rep_factor))[:k]
-                keep = np.ones(misses.size, dtype=bool)
-                keep[drop] = False
-                misses = misses[keep]
-                hits = np.concatenate([hits, copies])
-                stats["substituted"] = int(k)
-        stats["planned_hits"] = int(hits.size)
-        if self.pads:
-            order = np.concatenate([rng.permutation(hits), rng.permutation(misses)])
+            order = share
         else:
-            order = rng.permutation(np.concatenate([hits, misses]))
+            cached = np.asarray(self.cache.cached_mask(), dtype=bool)
+            hit = cached[share]
+            hits, misses = share[hit], share[~hit]
+            stats["cached_draws"], stats["missed_draws"] = int(hits.size), int(misses.size)
+            if self.rep_factor > 0 and hits.size and misses.size:
+                # the floor: one occurrence of every id due this epoch (not drawn in the last K-1
+                # epochs; the floor added those absent from the raw draw) must stay
+                protected = np.zeros(misses.size, dtype=bool)
+                if self.coverage_epochs > 0:
+                    due = self.last_drawn[misses] <= self.epoch - self.coverage_epochs
+                    _, first = np.unique(misses, return_index=True)
+                    protected[first] = due[first]
+                free = np.flatnonzero(~protected)
+                want = self.rep_factor * hits.size
+                want = int(math.floor(want) + (rng.random() < want - math.floor(want)))
+                if self.substitute is not None:   # the budget: a fraction of the epoch, no more
+                    want = min(want, int(self.substitute * share.size))
+                k = min(want, free.size)
+                if k:
+                    drop = rng.choice(free, size=k, replace=False)
+                    copies = np.tile(rng.permutation(hits), math.ceil(self.rep_factor))[:k]
+                    keep = np.ones(misses.size, dtype=bool)
+                    keep[drop] = False
+                    misses = misses[keep]
+                    hits = np.concatenate([hits, copies])
+                    stats["substituted"] = int(k)
+            stats["planned_hits"] = int(hits.size)
+            if self.pads:
+                order = np.concatenate([rng.permutation(hits), rng.permutation(misses)])
+            else:
+                order = rng.permutation(np.concatenate([hits, misses]))
+        self._weights = self._unbiased_weights(cached, stats)
         return order.astype(np.int64), forced, stats
+
+    def _unbiased_weights(self, cached, stats) -> np.ndarray:
+        """1 / (N * p_i * f_i) for every id (see the module docstring). The factor f_i is the
+        expected one over this epoch's substitution: k of the cached draws' copies replace k of
+        the missed draws, each draw of a class equally likely to be copied or dropped (the floor's
+        protected draws make the true factor of a due miss slightly higher; left out on purpose,
+        the weight stays bounded)."""
+        p = self.draw_probabilities()
+        q = np.ones(self.n, dtype=np.float64) if p is None else self.n * p
+        k = stats.get("substituted", 0)
+        if k and cached is not None:
+            f_hit = 1.0 + k / stats["cached_draws"]
+            f_miss = max(1.0 - k / stats["missed_draws"], 0.05)
+            q = q * np.where(cached, f_hit, f_miss)
+        return (1.0 / q).astype(np.float32)
+
+    def weights(self, idx):
+        """The unbiased importance weight of each sample id in `idx` for this epoch's order, as a
+        float32 torch tensor when idx is a tensor (same device), else a numpy array. Multiply it
+        into the per-sample losses: `(losses * sampler.weights(idx)).mean()`. All ones for a
+        uniform epoch without substitution."""
+        ids = self.table.check_ids(_as_numpy(idx, np.int64).reshape(-1))
+        self.order()
+        w = self._weights[ids]
+        if isinstance(idx, torch.Tensor):
+            return torch.from_numpy(w).to(idx.device).reshape(idx.shape)
+        return w
 
     def order(self) -> np.ndarray:
         """This rank's order for the current epoch (drawn on first use, then fixed)."""
@@ -280,6 +353,7 @@ class ShadeSampler(Sampler):
         self._loss_sum, self._loss_cnt = 0.0, 0
         self.epoch += 1
         self._order = None
+        self._weights = None
         self._consumed = 0
         self._start = 0
 
@@ -303,6 +377,7 @@ class ShadeSampler(Sampler):
                 "coverage_history": list(self.coverage_history),
                 "order": None if self._order is None else self._order.copy(),
                 "forced": None if self._forced is None else self._forced.copy(),
+                "weights": None if self._weights is None else self._weights.copy(),
                 "consumed": self._consumed, "loss_sum": self._loss_sum,
                 "loss_cnt": self._loss_cnt, "rank": self.rank,
                 "num_replicas": self.num_replicas}
@@ -320,6 +395,10 @@ class ShadeSampler(Sampler):
         self.coverage_history = list(state["coverage_history"])
         self._order = None if state["order"] is None else np.asarray(state["order"], np.int64).copy()
         self._forced = None if state["forced"] is None else np.asarray(state["forced"], np.int64)
+        w = state.get("weights")   # absent in states saved before weights() existed: redrawn
+        self._weights = None if w is None else np.asarray(w, dtype=np.float32).copy()
+        if self._order is not None and self._weights is None:
+            self._weights = self._unbiased_weights(None, {})
         self._consumed = int(state["consumed"])
         self._start = self._consumed if self._order is not None else 0
         self._loss_sum = float(state["loss_sum"])

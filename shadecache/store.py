@@ -1,14 +1,13 @@
 """The backing store that cache misses are read from.
 
-- ``PackWriter`` / ``pack``: turn a data set into one packed file (format: docs/store_format.md).
 - ``PackedStore``: read a packed file; the sample directory lives in memory, every batch of reads
   goes to the kernel at once through io_uring (or a pread thread pool where io_uring is refused).
 - ``FolderStore``: the same interface over one file per sample (an ImageFolder tree), for users who
   will not convert their data; batches open/read/close through the same backends.
 
 The native work lives in ``shadecache._io`` (csrc/io); this module adds the Python conveniences:
-argument checking, the one-time fallback warning, pickling for spawned workers, and the sources
-``pack`` accepts.
+argument checking, the one-time fallback warning and pickling for spawned workers. Writing a store
+is shadecache/store_writer.py.
 """
 from __future__ import annotations
 
@@ -20,10 +19,9 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from . import _io
-from ._version import __version__
 from .errors import StoreFormatError
 
-__all__ = ["PackWriter", "PackedStore", "FolderStore", "pack", "scan_image_folder"]
+__all__ = ["PackedStore", "FolderStore", "scan_image_folder", "FORMAT_VERSION"]
 
 FORMAT_VERSION = _io.FORMAT_VERSION
 _BACKENDS = ("auto", "io_uring", "pread")
@@ -72,56 +70,6 @@ def probe_backend(backend: str = "auto", queue_depth: int = 64) -> tuple:
     """(name, fallback_reason) of the I/O backend this process would get (``shadecache info``)."""
     _check_backend_args(backend, queue_depth)
     return tuple(_io.probe_backend(backend, queue_depth))
-
-
-class PackWriter:
-    """Writes a packed store atomically: nothing appears at ``path`` until ``close()``.
-
-    >>> with PackWriter("train.shc", meta={"classes": ["cat", "dog"]}) as w:
-    ...     w.add(b"...", 1)
-
-    Leaving the ``with`` block by an exception (or dropping an unclosed writer) discards the
-    temporary file; an existing store at ``path`` is replaced only by a successful close.
-    """
-
-    def __init__(self, path: str | os.PathLike, meta: dict | None = None):
-        self.path = os.fspath(path)
-        if os.path.isdir(self.path):
-            raise IsADirectoryError(f"PackWriter: {self.path} is a directory")
-        self.meta = dict(meta or {})
-        self._w = _io.PackWriter(self.path)
-
-    def add(self, data, label: int = 0) -> int:
-        """Appends one sample (any contiguous bytes-like object); returns its id."""
-        return self._w.add(data, int(label))
-
-    def close(self) -> str:
-        """Writes the directory and header, fsyncs and renames into place; returns the path."""
-        if self._w.is_open:
-            meta = dict(self.meta)
-            meta.setdefault("created_by", f"shadecache {__version__}")
-            self._w.close(json.dumps(meta, sort_keys=True))
-        return self.path
-
-    def abort(self) -> None:
-        """Discards everything written; ``path`` is left as it was."""
-        self._w.abort()
-
-    @property
-    def temp_path(self) -> str:
-        return self._w.temp_path
-
-    def __len__(self) -> int:
-        return self._w.num_samples
-
-    def __enter__(self) -> "PackWriter":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
 
 
 class _StoreBase:
@@ -206,6 +154,9 @@ class PackedStore(_StoreBase):
         self._labels = self._r.labels()
         self._labels.flags.writeable = False
         self._lengths = None
+        self._fingerprint = None
+        st = os.stat(self.path)
+        self._identity = (st.st_dev, st.st_ino)   # the fingerprint is read from this file only
 
     @property
     def lengths(self) -> np.ndarray:
@@ -249,6 +200,19 @@ class PackedStore(_StoreBase):
             raise StoreFormatError(f"{self.path}: metadata 'classes' is not a list of names")
         return classes
 
+    @property
+    def fingerprint(self) -> str:
+        """A stable identity of the store's contents (64 hex digits).
+
+        sha256 over the header, the sample directory (every sample's offset, length, crc32c and
+        label) and the metadata, so it changes when any sample, label or the metadata changes and
+        not when the file is copied or moved. A persisted cache records it and refuses a store
+        with another one (docs/cache.md). Computed once, on first use: it reads the directory
+        (24 bytes a sample) again, not the samples."""
+        if self._fingerprint is None:
+            self._fingerprint = _fingerprint_of(self.path, self._identity)
+        return self._fingerprint
+
     def offset(self, i: int) -> int:
         """File offset of sample ``i`` (what CorruptSampleError reports)."""
         return self._r.offset(i)
@@ -282,6 +246,43 @@ class PackedStore(_StoreBase):
     def __repr__(self) -> str:
         return (f"PackedStore({self.path!r}, {len(self)} samples, backend={self.backend!r}, "
                 f"direct={self.direct}, queue_depth={self.queue_depth})")
+
+
+_HEADER_SUMMED = 124          # header bytes [0, 124): everything but the header's own crc
+_FINGERPRINT_CHUNK = 16 << 20
+
+
+def _fingerprint_of(path: str, identity: tuple) -> str:
+    """sha256 of a packed store's header, directory and metadata (the layout of
+    docs/store_format.md; the file was validated when the store was opened)."""
+    import hashlib
+    import struct
+
+    h = hashlib.sha256()
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != identity:
+            raise StoreFormatError(f"{path} was replaced since the store was opened; reopen it "
+                                   "to take its fingerprint")
+        header = os.pread(fd, _HEADER_SUMMED, 0)
+        if len(header) != _HEADER_SUMMED:
+            raise StoreFormatError(f"{path}: truncated header while taking the fingerprint")
+        h.update(header)
+        dir_offset, dir_bytes = struct.unpack_from("<QQ", header, 32)
+        meta_offset, meta_bytes = struct.unpack_from("<QQ", header, 56)
+        for start, size in ((dir_offset, dir_bytes), (meta_offset, meta_bytes)):
+            done = 0
+            while done < size:
+                chunk = os.pread(fd, min(_FINGERPRINT_CHUNK, size - done), start + done)
+                if not chunk:
+                    raise StoreFormatError(f"{path}: the file was cut short while taking the "
+                                           "fingerprint")
+                h.update(chunk)
+                done += len(chunk)
+    finally:
+        os.close(fd)
+    return h.hexdigest()
 
 
 def scan_image_folder(root: str | os.PathLike) -> tuple:
@@ -365,69 +366,3 @@ class FolderStore(_StoreBase):
 
 def _folder_from_files(files, backend, queue_depth):
     return FolderStore(None, backend, queue_depth, files=files)
-
-
-def _is_path(x) -> bool:
-    return isinstance(x, (str, os.PathLike))
-
-
-def pack(src, dst: str | os.PathLike, *, progress: bool = True, meta: dict | None = None,
-         batch: int = 256, backend: str = "auto") -> int:
-    """Packs ``src`` into the store file ``dst`` atomically; returns the number of samples.
-
-    src may be:
-    - a folder in ImageFolder layout (``src/<class>/<file>``): labels are class indices and the
-      class names are kept in the store's metadata;
-    - a list of ``(path, label)`` pairs: each file becomes one sample;
-    - any map-style data set (``len()`` and ``ds[i] -> (bytes-like, label)``), e.g. a PackedStore.
-    Files are read in batches through a FolderStore (io_uring where available).
-    """
-    from tqdm import tqdm
-
-    dst = os.fspath(dst)
-    meta = dict(meta or {})
-    folder = None
-    if _is_path(src):
-        folder = FolderStore(src, backend=backend)
-        meta.setdefault("classes", folder.classes)
-        meta.setdefault("source", os.path.abspath(os.fspath(src)))
-    elif isinstance(src, (list, tuple)) and src and _is_pair_of_path(src[0]):
-        folder = FolderStore(None, backend=backend, files=src)
-        meta.setdefault("source", "file list")
-    elif not (hasattr(src, "__len__") and hasattr(src, "__getitem__")):
-        raise TypeError("pack: src must be a folder, a list of (path, label) or a map-style data "
-                        f"set yielding (bytes, label), not {type(src).__name__}")
-    n = len(folder) if folder is not None else len(src)
-    if n == 0:
-        raise ValueError(f"pack: the source {src!r} is empty; there is nothing to pack")
-    if folder is None:
-        meta.setdefault("source", type(src).__name__)
-    with PackWriter(dst, meta=meta) as w, \
-            tqdm(total=n, unit="sample", desc=f"pack {os.path.basename(dst)}",
-                 disable=not progress) as bar:
-        if folder is not None:
-            labels = folder.labels
-            for start in range(0, n, batch):
-                ids = np.arange(start, min(start + batch, n))
-                for i, data in zip(ids, folder.read_many(ids)):
-                    w.add(data, int(labels[i]))
-                bar.update(len(ids))
-        else:
-            for i in range(n):
-                item = src[i]
-                try:
-                    data, label = item
-                except (TypeError, ValueError):
-                    raise TypeError(f"pack: item {i} of the data set is not a (bytes, label) "
-                                    f"pair: {type(item).__name__}") from None
-                try:
-                    w.add(data, label)
-                except TypeError:
-                    raise TypeError(f"pack: item {i}: data must be bytes-like, not "
-                                    f"{type(data).__name__}") from None
-                bar.update(1)
-    return n
-
-
-def _is_pair_of_path(x) -> bool:
-    return isinstance(x, (tuple, list)) and len(x) == 2 and _is_path(x[0])

@@ -1,28 +1,12 @@
 """`shadecache pack | verify | info`: the packed store from the command line."""
 from __future__ import annotations
 
-import functools
 import os
 import sys
 
 
-def _clean_errors(fn):
-    """Bad input (missing file, malformed store, empty folder) ends with one line, not a traceback."""
-    @functools.wraps(fn)
-    def run(args) -> int:
-        from .errors import ShadecacheError
-
-        try:
-            return fn(args)
-        except (ShadecacheError, OSError, ValueError) as e:
-            print(f"shadecache {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
-            return 2
-    return run
-
-
-@_clean_errors
 def _pack(args) -> int:
-    from .store import pack
+    from .store_writer import pack
 
     n = pack(args.src, args.dst, progress=not args.quiet, backend=args.backend)
     size = os.path.getsize(args.dst)
@@ -30,7 +14,6 @@ def _pack(args) -> int:
     return 0
 
 
-@_clean_errors
 def _verify(args) -> int:
     from .store import PackedStore
 
@@ -48,7 +31,6 @@ def _verify(args) -> int:
     return 1
 
 
-@_clean_errors
 def _info(args) -> int:
     import numpy as np
 

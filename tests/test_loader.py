@@ -410,7 +410,7 @@ def test_ddp_two_processes(fixed_store, cache_factory):
 
 # ---- the demo -------------------------------------------------------------------------------
 def test_demo_without_augmentation_trains_the_same_through_cached_loader(tmp_path):
-    from shadecache import demo
+    from shadecache import experiment as demo    # the demo's training code
     path, tx, ty = demo.build_data(str(tmp_path), 600, 200, seed=0)
     store = sc.PackedStore(path)
     runs = []

@@ -14,6 +14,15 @@ import shadecache as sc
 from shadecache.importance import rank_weights
 
 
+# SHADE's draw by scores without a substitution budget (ShadeSampler's defaults draw a permutation
+# and cap substitution at 10% of the epoch since issue 11): the tests of the draw use it by name
+SHADE_DRAW = dict(temper=1.0, substitute=None)
+
+
+def shade(*args, **kw):
+    return sc.ShadeSampler(*args, **{**SHADE_DRAW, **kw})
+
+
 def drain(sampler):
     return np.fromiter(iter(sampler), dtype=np.int64)
 
@@ -30,11 +39,14 @@ def test_same_seed_same_order_other_seed_other_order():
     assert not np.array_equal(drain(s), a)     # epochs differ
     u = sc.ShadeSampler(200, seed=7, importance=False)
     assert sorted(drain(u).tolist()) == list(range(200))   # uniform baseline: a permutation
+    d = sc.ShadeSampler(200, seed=7)
+    d.table.base[:] = np.linspace(1.0, 5.0, 200)           # defaults: a permutation whatever the scores
+    assert sorted(drain(d).tolist()) == list(range(200))
 
 
 def test_draw_follows_the_scores_with_replacement():
     n = 4
-    s = sc.ShadeSampler(n, batch_size=2, seed=1, coverage_epochs=0, epoch_size=40_000,
+    s = shade(n, batch_size=2, seed=1, coverage_epochs=0, epoch_size=40_000,
                         draw="multinomial")
     s.table.base[:] = [1.0, 1.0, 1.0, 5.0]
     counts = np.bincount(drain(s), minlength=n) / 40_000
@@ -47,7 +59,7 @@ def test_systematic_draw_gives_each_sample_floor_or_ceil_of_its_share():
     rng = np.random.default_rng(0)
     scores = rng.uniform(0.5, 3.0, n)
     for epoch in range(5):
-        s = sc.ShadeSampler(n, seed=9, coverage_epochs=0, epoch_size=total)
+        s = shade(n, seed=9, coverage_epochs=0, epoch_size=total)
         s.set_epoch(epoch)
         s.table.base[:] = scores
         counts = np.bincount(drain(s), minlength=n)
@@ -64,7 +76,7 @@ def test_systematic_draw_gives_each_sample_floor_or_ceil_of_its_share():
 def test_coverage_floor_draws_every_sample_every_k_epochs():
     n = 300
     for k in (2, 3):
-        s = sc.ShadeSampler(n, seed=0, coverage_epochs=k)
+        s = shade(n, seed=0, coverage_epochs=k)
         seen_by_epoch = []
         for epoch in range(7):
             s.set_epoch(epoch)
@@ -80,7 +92,7 @@ def test_coverage_floor_draws_every_sample_every_k_epochs():
                                  f"{e - k + 1}..{e}"
         assert s.coverage()["not_seen_in_window"] == 0
     # without the floor the same scores starve most samples
-    off = sc.ShadeSampler(n, seed=0, coverage_epochs=0)
+    off = shade(n, seed=0, coverage_epochs=0)
     for epoch in range(3):
         off.set_epoch(epoch)
         off.table.base[:] = 1e-6
@@ -97,12 +109,12 @@ def test_pads_puts_cached_first_and_substitutes_misses(cache_factory):
     cache.put_many(cached, [b"x" * 8] * cached.size)
     mask = cache.cached_mask()
     assert mask.sum() == cached.size
-    plain = sc.ShadeSampler(n, cache=cache, seed=3, rep_factor=0.0, coverage_epochs=0)
+    plain = shade(n, cache=cache, seed=3, rep_factor=0.0, coverage_epochs=0)
     o0 = drain(plain)
     hits0 = int(mask[o0].sum())
     assert mask[o0[:hits0]].all() and not mask[o0[hits0:]].any()   # hits first, then misses
     for rep in (1.0, 2.0, 0.5):
-        s = sc.ShadeSampler(n, cache=cache, seed=3, rep_factor=rep, coverage_epochs=0)
+        s = shade(n, cache=cache, seed=3, rep_factor=rep, coverage_epochs=0)
         o = drain(s)
         assert o.size == n
         hits = int(mask[o].sum())
@@ -120,7 +132,7 @@ def test_forced_samples_are_never_substituted(cache_factory):
     n = 200
     cache = cache_factory(n)
     cache.put_many(np.arange(100), [b"y"] * 100)   # half cached
-    s = sc.ShadeSampler(n, cache=cache, seed=5, rep_factor=3.0, coverage_epochs=2)
+    s = shade(n, cache=cache, seed=5, rep_factor=3.0, coverage_epochs=2)
     for arr in (s.table.base, s.table.scores):  # base: what the draw uses; scores: what end_epoch folds
         arr[:] = 1e-6
         arr[:100] = 1.0                          # the draw lands on cached ids only
@@ -160,7 +172,7 @@ def test_score_goes_to_the_sample_whose_loss_produced_it(cache_factory, workers)
     n, b = 96, 8
     cache = cache_factory(n)
     cache.put_many(np.arange(0, n, 3), [b"z"] * len(range(0, n, 3)))
-    s = sc.ShadeSampler(n, cache=cache, batch_size=b, seed=11, rep_factor=1.0)
+    s = shade(n, cache=cache, batch_size=b, seed=11, rep_factor=1.0)
     loader = DataLoader(IdEncodedData(n), batch_size=b, sampler=s, num_workers=workers)
     expected_sum = np.zeros(n)
     expected_cnt = np.zeros(n)
@@ -210,12 +222,12 @@ def run_epochs(s, n_epochs, b, stop_after=None):
 
 def test_resume_mid_epoch_reproduces_order_and_scores():
     n, b = 120, 10
-    ref = sc.ShadeSampler(n, batch_size=b, seed=4)
+    ref = shade(n, batch_size=b, seed=4)
     full = run_epochs(ref, 4, b)
-    first = sc.ShadeSampler(n, batch_size=b, seed=4)
+    first = shade(n, batch_size=b, seed=4)
     part = run_epochs(first, 4, b, stop_after=(2, 5))
     state = first.state_dict()
-    resumed = sc.ShadeSampler(n, batch_size=b, seed=4)
+    resumed = shade(n, batch_size=b, seed=4)
     resumed.load_state_dict(state)
     rest = run_epochs(resumed, 4, b)
     got = np.concatenate(part + rest)
@@ -249,7 +261,7 @@ def _ddp_worker(rank, world, init_file, out_dir, n, b, epochs, cache_name):
     dist.barrier()
     if rank != 0:
         cache = sc.Cache.attach(cache_name)
-    s = sc.ShadeSampler(n, cache=cache, batch_size=b, seed=21, coverage_epochs=2, rep_factor=0.0)
+    s = shade(n, cache=cache, batch_size=b, seed=21, coverage_epochs=2, rep_factor=0.0)
     assert (s.num_replicas, s.rank) == (world, rank)
     for epoch in range(epochs):
         s.set_epoch(epoch)
@@ -277,7 +289,7 @@ def test_ddp_two_ranks_share_the_draw_and_merge_scores(tmp_path):
     name = f"sc-test-ddp-{uuid.uuid4().hex[:10]}"
     tmp_mp.spawn(_ddp_worker, args=(world, str(tmp_path / "rdzv"), str(tmp_path), n, b, epochs,
                                     name), nprocs=world, join=True)
-    ref = sc.ShadeSampler(n, batch_size=b, seed=21, coverage_epochs=2)   # one process, same draws
+    ref = shade(n, batch_size=b, seed=21, coverage_epochs=2)   # one process, same draws
     seen = np.zeros(n, dtype=bool)
     for epoch in range(epochs):
         shares = [np.load(tmp_path / f"share-{r}-{epoch}.npy") for r in range(world)]
@@ -314,7 +326,7 @@ def test_ranks_draw_the_same_global_order_even_without_end_epoch():
     habit, no end_epoch) still draw from the same weights (those of the last end_epoch), so
     their shares stay disjoint halves of one draw; the missing end_epoch is warned about."""
     n = 400
-    ranks = [sc.ShadeSampler(n, seed=3, num_replicas=2, rank=r, coverage_epochs=0) for r in (0, 1)]
+    ranks = [shade(n, seed=3, num_replicas=2, rank=r, coverage_epochs=0) for r in (0, 1)]
     rng = np.random.default_rng(0)
     for s in ranks:
         s.set_epoch(0)
@@ -329,3 +341,106 @@ def test_ranks_draw_the_same_global_order_even_without_end_epoch():
     a, b = drain(ranks[0]), drain(ranks[1])
     g, _ = ranks[0].global_draw()
     assert np.array_equal(np.sort(np.concatenate([a, b])), np.sort(g))
+
+
+# ---- issue 11: tempering, the substitution budget, unbiased weights ----------------------------
+def test_temper_mixes_the_scores_toward_uniform():
+    n, total = 40, 4000
+    scores = np.linspace(1.0, 5.0, n)
+    s0 = sc.ShadeSampler(n, seed=2, temper=0.0, coverage_epochs=0)
+    s0.table.base[:] = scores
+    assert s0.draw_probabilities() is None
+    assert sorted(drain(s0).tolist()) == list(range(n))       # temper 0: a permutation
+    for t in (0.5, 1.0):
+        s = sc.ShadeSampler(n, seed=2, temper=t, coverage_epochs=0, epoch_size=total)
+        s.table.base[:] = scores
+        p = (1 - t) / n + t * scores / scores.sum()
+        assert s.draw_probabilities() == pytest.approx(p)
+        counts = np.bincount(drain(s), minlength=n)
+        assert ((counts == np.floor(total * p)) | (counts == np.ceil(total * p))).all()
+    with pytest.raises(ValueError, match="temper"):
+        sc.ShadeSampler(n, temper=1.5)
+    with pytest.raises(ValueError, match="substitute"):
+        sc.ShadeSampler(n, substitute=-0.1)
+
+
+def test_substitution_budget_caps_the_repeats(cache_factory):
+    n = 400
+    cache = cache_factory(n)
+    cache.put_many(np.arange(0, n, 4), [b"x" * 8] * (n // 4))  # a quarter cached
+    mask = cache.cached_mask()
+    for budget in (0.0, 0.05, 0.1):
+        s = sc.ShadeSampler(n, cache=cache, seed=3, rep_factor=2.0, substitute=budget,
+                            importance=False, coverage_epochs=0)
+        o = drain(s)
+        assert o.size == n
+        assert s.last_epoch_stats["substituted"] == int(budget * n)
+        assert np.unique(o).size == n - int(budget * n)       # distinct = all but the repeats
+        hits = int(mask[o].sum())
+        assert mask[o[:hits]].all() and hits == n // 4 + int(budget * n)
+    # the per-cached-draw cap still applies below the budget
+    s = sc.ShadeSampler(n, cache=cache, seed=3, rep_factor=0.1, substitute=0.5,
+                        importance=False, coverage_epochs=0)
+    drain(s)
+    assert abs(s.last_epoch_stats["substituted"] - 0.1 * n // 4) <= 1
+
+
+def test_weights_are_one_over_n_p_f_and_average_one(cache_factory):
+    n = 300
+    scores = np.random.default_rng(1).uniform(2.3, 4.3, n)
+    # uniform epoch, no cache: every weight is 1
+    u = sc.ShadeSampler(n, seed=1, importance=False)
+    assert np.array_equal(u.weights(np.arange(n)), np.ones(n, dtype=np.float32))
+    # importance draw, no cache: 1 / (N p)
+    s = shade(n, seed=1, coverage_epochs=0)
+    s.table.base[:] = scores
+    p = scores / scores.sum()
+    o = drain(s)
+    w = s.weights(o)
+    assert w == pytest.approx(1.0 / (n * p[o]), rel=1e-5)
+    assert w.mean() == pytest.approx(1.0, abs=0.02)           # E_p[1/(Np)] = 1
+    t = s.weights(torch.from_numpy(o[:8]).view(2, 4))         # tensors in, tensor out, same shape
+    assert isinstance(t, torch.Tensor) and t.shape == (2, 4) and t.dtype == torch.float32
+    # with substitution: cached ids weigh 1/(1 + k/h), misses 1/(1 - k/m)
+    cache = cache_factory(n)
+    cached = np.arange(0, n, 5)
+    cache.put_many(cached, [b"z" * 8] * cached.size)
+    c = sc.ShadeSampler(n, cache=cache, seed=1, importance=False, rep_factor=1.0,
+                        coverage_epochs=0)
+    o = drain(c)
+    st = c.last_epoch_stats
+    k, h, m = st["substituted"], st["cached_draws"], st["missed_draws"]
+    assert k > 0
+    assert c.weights(cached) == pytest.approx(np.full(cached.size, 1 / (1 + k / h)), rel=1e-5)
+    miss = np.setdiff1d(np.arange(n), cached)
+    assert c.weights(miss) == pytest.approx(np.full(miss.size, 1 / (1 - k / m)), rel=1e-5)
+    assert c.weights(o).sum() == pytest.approx(n, rel=0.05)
+    with pytest.raises(IndexError, match="sample id 300"):
+        c.weights([0, 300])
+
+
+def test_weights_deterministic_rank_consistent_and_resume_safe(cache_factory):
+    n, b = 120, 10
+    scores = np.random.default_rng(5).uniform(2.3, 4.3, n)
+
+    def make(**kw):
+        s = sc.ShadeSampler(n, batch_size=b, seed=4, temper=0.5, **kw)
+        s.table.base[:] = scores
+        return s
+    a, b2 = make(), make()
+    assert np.array_equal(a.weights(np.arange(n)), b2.weights(np.arange(n)))
+    # ranks hold the same merged scores: the same id gets the same weight on every rank
+    r0, r1 = make(num_replicas=2, rank=0), make(num_replicas=2, rank=1)
+    assert np.array_equal(r0.weights(np.arange(n)), r1.weights(np.arange(n)))
+    # resume: the weights of the interrupted epoch come back even if the cache changed since
+    cache = cache_factory(n)
+    cache.put_many(np.arange(30), [b"q"] * 30)
+    s = make(cache=cache, rep_factor=1.0)
+    drain(s)
+    before = s.weights(np.arange(n))
+    state = s.state_dict()
+    cache.put_many(np.arange(30, 90), [b"q"] * 60)            # the cache moves on
+    r = make(cache=cache, rep_factor=1.0)
+    r.load_state_dict(state)
+    assert np.array_equal(r.weights(np.arange(n)), before)
+    assert np.array_equal(r.order(), s.order())

@@ -10,16 +10,12 @@ import shadecache as sc
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-# The store's subcommands on a parser of their own, as shadecache/cli.py assembles them: the
-# other areas' subcommands (under development elsewhere) cannot break these tests.
+# The real entry point (shadecache.cli.main, as the `shadecache` script runs it), with the package
+# of this checkout on the path.
 DRIVER = """
-import argparse, sys
-from shadecache import store_cli
-p = argparse.ArgumentParser(prog="shadecache")
-sub = p.add_subparsers(dest="command", required=True)
-store_cli.register(sub)
-args = p.parse_args(sys.argv[1:])
-sys.exit(args.func(args))
+import sys
+from shadecache.cli import main
+sys.exit(main(sys.argv[1:]))
 """
 
 

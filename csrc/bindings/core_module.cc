@@ -20,6 +20,7 @@
 #include "bindings/errors.h"
 #include "bindings/ids.h"
 #include "bindings/sample_view.h"
+#include "bindings/test_hooks.h"
 #include "cache/cache.h"
 #include "cache/segment.h"
 
@@ -62,17 +63,6 @@ class Borrowed {
   Py_buffer view_{};
   bool held_ = false;
 };
-
-int64_t as_id(PyObject* o) {
-  long long v = PyLong_AsLongLong(o);
-  if (v == -1 && PyErr_Occurred()) {
-    bool overflow = PyErr_ExceptionMatches(PyExc_OverflowError);
-    PyErr_Clear();
-    if (overflow) throw py::index_error("sample id " + std::string(py::str(o)) + " is out of range");
-    throw py::type_error(std::string("sample ids must be integers, got ") + Py_TYPE(o)->tp_name);
-  }
-  return v;
-}
 
 // The checks Cache::read leaves to its caller: the cache is open and the id in range.
 uint64_t checked_id(Cache& c, int64_t id) {
@@ -124,7 +114,7 @@ std::vector<int64_t> ids_of(py::handle ids) {
     Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
     PyObject** items = PySequence_Fast_ITEMS(o);
     out.resize(n);
-    for (Py_ssize_t i = 0; i < n; ++i) out[i] = as_id(items[i]);
+    for (Py_ssize_t i = 0; i < n; ++i) out[i] = as_id(items[i]);  // as single ids are
     return out;
   }
   IdArray arr = integer_ids(ids);
@@ -137,6 +127,17 @@ PyObject* const* fast_items(py::handle seq, Py_ssize_t* n, py::object* keep) {
   if (!*keep) throw py::error_already_set();
   *n = PySequence_Fast_GET_SIZE(keep->ptr());
   return PySequence_Fast_ITEMS(keep->ptr());
+}
+
+// One score, by the rule scores_of applies to each: a number (float() of it), else TypeError; the
+// engine then refuses NaN and values beyond float32 (ValueError).
+float score_of(py::handle s) {
+  double d = PyFloat_AsDouble(s.ptr());
+  if (d == -1.0 && PyErr_Occurred()) {
+    PyErr_Clear();
+    throw py::type_error(std::string("score must be a number, got ") + Py_TYPE(s.ptr())->tp_name);
+  }
+  return static_cast<float>(d);
 }
 
 // A copy, not a view of the caller's array: the scores are checked, then used with the GIL
@@ -154,9 +155,8 @@ std::vector<float> scores_of(py::handle s, size_t n, const char* what) {
 }
 
 const char* policy_name(Policy p) {
-  static const char* kPolicies[] = {"importance", "lru", "fifo", "static"};
-  auto i = static_cast<uint32_t>(p);
-  return i < 4 ? kPolicies[i] : "unknown";
+  const EvictionPolicy* e = policy_by_id(static_cast<uint32_t>(p));
+  return e ? e->name() : "unknown";
 }
 
 py::dict stats_dict(const CacheStats& s) {
@@ -218,24 +218,6 @@ void ready_fast_get_type() {
   FastGetSelfType.tp_dealloc = fast_get_dealloc;
   FastGetSelfType.tp_flags = Py_TPFLAGS_DEFAULT;
   if (PyType_Ready(&FastGetSelfType) < 0) throw py::error_already_set();
-}
-
-// The id argument of the raw entry points; false with a Python error set.
-bool parse_id(PyObject* arg, long long* id) {
-  *id = PyLong_AsLongLong(arg);
-  if (*id == -1 && PyErr_Occurred()) {
-    if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
-      PyErr_Clear();
-      PyObject* text = PyObject_Str(arg);
-      PyErr_Format(PyExc_IndexError, "sample id %U is out of range", text);
-      Py_XDECREF(text);
-    } else if (PyErr_ExceptionMatches(PyExc_TypeError)) {
-      PyErr_Clear();
-      PyErr_Format(PyExc_TypeError, "sample ids must be integers, got %s", Py_TYPE(arg)->tp_name);
-    }
-    return false;
-  }
-  return true;
 }
 
 PyObject* fast_get(PyObject* self, PyObject* arg) {
@@ -344,7 +326,7 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("closed", &Cache::closed)
       .def_property_readonly("policy", [](Cache& c) { c.check_open(); return policy_name(c.policy()); })
       .def_property_readonly("capacity_bytes", [](Cache& c) { c.check_open(); return c.capacity_bytes(); })
-      .def("get", [](Cache& c, int64_t id) { return get_bytes(c, checked_id(c, id)); }, py::arg("id"))
+      .def("get", [](Cache& c, py::handle id) { return get_bytes(c, checked_id(c, as_id(id))); }, py::arg("id"))
       .def("get_many",
            [](Cache& c, py::handle ids) {
              std::vector<int64_t> v = ids_of(ids);
@@ -365,16 +347,17 @@ PYBIND11_MODULE(_core, m) {
            },
            py::arg("ids"))
       .def("view",
-           [](py::object self, int64_t id) {
+           [](py::object self, py::handle id) {
              Cache& c = self.cast<Cache&>();
-             return make_sample_view(self, c, checked_id(c, id));
+             return make_sample_view(self, c, checked_id(c, as_id(id)));
            },
            py::arg("id"))
       // Test only (tests/test_cache_views.py): the pin entry of a reader backing out.
       .def("_stale_pin", [](Cache& c, int64_t id) { return c.stale_pin_for_tests(checked_id(c, id)); })
       .def("_stale_unpin", [](Cache& c, uint32_t token) { c.stale_unpin_for_tests(token); })
       .def("get_into",
-           [](Cache& c, int64_t id, py::handle buf) {
+           [](Cache& c, py::handle id_arg, py::handle buf) {
+             int64_t id = as_id(id_arg);
              // PyObject_GetBuffer directly: py::buffer::request builds a buffer_info (shape and
              // stride vectors) that costs more than a 3 KB copy.
              Py_buffer view;
@@ -403,12 +386,13 @@ PYBIND11_MODULE(_core, m) {
              return len;
            },
            py::arg("id"), py::arg("buffer"))
-      .def("contains", [](Cache& c, int64_t id) { return c.contains(checked_id(c, id)); }, py::arg("id"))
+      .def("contains", [](Cache& c, py::handle id) { return c.contains(checked_id(c, as_id(id))); }, py::arg("id"))
       .def("put",
-           [](Cache& c, int64_t id, py::handle data, py::object score) {
+           [](Cache& c, py::handle id, py::handle data, py::object score) {
+             int64_t raw = as_id(id);
              Borrowed b(data.ptr());
-             uint64_t i = checked_id(c, id);
-             float s = score.is_none() ? 0.0f : score.cast<float>();
+             uint64_t i = checked_id(c, raw);
+             float s = score.is_none() ? 0.0f : score_of(score);
              const float* sp = score.is_none() ? nullptr : &s;
              // Small values on an uncontended mutex: keep the GIL (releasing it costs more than
              // the whole put). Large values, or a busy mutex: release it for the copy / the wait.
@@ -455,8 +439,8 @@ PYBIND11_MODULE(_core, m) {
            },
            py::arg("ids"), py::arg("values"), py::arg("scores") = py::none())
       .def("remove",
-           [](Cache& c, int64_t id) {
-             uint64_t i = checked_id(c, id);
+           [](Cache& c, py::handle id) {
+             uint64_t i = checked_id(c, as_id(id));
              py::gil_scoped_release nogil;
              return c.remove(i);
            },
@@ -508,22 +492,14 @@ PYBIND11_MODULE(_core, m) {
   m.def("fast_get", [](py::object core) { return make_fast(core, &fast_get_def); }, py::arg("core"),
         "A plain CPython function equivalent to core.get, without pybind11's dispatch cost.");
 
-  // Test-only: SIGKILL this process at crash point `point` after `countdown` passes (0 disarms).
-  m.def("_arm_crash_point", [](int point, long countdown) {
-    g_crash_countdown.store(countdown);
-    g_crash_point.store(countdown > 0 ? point : 0);
-  });
-  py::dict points;
-  points["put_after_alloc"] = static_cast<int>(CrashPoint::kPutAfterAlloc);
-  points["put_mid_write"] = static_cast<int>(CrashPoint::kPutMidWrite);
-  points["put_after_write"] = static_cast<int>(CrashPoint::kPutAfterWrite);
-  points["put_after_publish"] = static_cast<int>(CrashPoint::kPutAfterPublish);
-  points["evict_after_unpublish"] = static_cast<int>(CrashPoint::kEvictAfterUnpublish);
-  points["evict_after_free"] = static_cast<int>(CrashPoint::kEvictAfterFree);
-  points["move_page_mid"] = static_cast<int>(CrashPoint::kMovePageMid);
-  points["scores_mid"] = static_cast<int>(CrashPoint::kScoresMid);
-  m.attr("CRASH_POINTS") = points;
+  register_test_hooks(m);
   m.attr("LAYOUT_VERSION") = kLayoutVersion;
+  // Defined once here for Python: policy names by number, and the bytes a slot adds to a value.
+  m.attr("POLICIES") = policy_names();
+  m.attr("SLOT_HEADER_SIZE") = sizeof(SlotHeader);
   m.def("process_start_time", &process_start_time, py::arg("pid"),
         "Start time of process `pid` in clock ticks since boot, 0 if there is no such process.");
+  m.def("process_gone", &process_gone, py::arg("pid"), py::arg("start_time"),
+        "True only when process `pid` (started at `start_time`, 0 = unknown) is known to be gone: no such "
+        "pid, exited but not yet waited for, or the pid reused. False when in doubt.");
 }

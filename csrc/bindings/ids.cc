@@ -21,4 +21,27 @@ IdArray integer_ids(py::handle ids) {
   return a;
 }
 
+bool parse_id(PyObject* arg, long long* id) {
+  *id = PyLong_AsLongLong(arg);
+  if (*id == -1 && PyErr_Occurred()) {
+    if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+      PyErr_Clear();
+      PyObject* text = PyObject_Str(arg);
+      PyErr_Format(PyExc_IndexError, "sample id %U is out of range", text);
+      Py_XDECREF(text);
+    } else if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+      PyErr_Clear();
+      PyErr_Format(PyExc_TypeError, "sample ids must be integers, got %s", Py_TYPE(arg)->tp_name);
+    }
+    return false;
+  }
+  return true;
+}
+
+int64_t as_id(py::handle arg) {
+  long long id;
+  if (!parse_id(arg.ptr(), &id)) throw py::error_already_set();
+  return id;
+}
+
 }  // namespace shadecache

@@ -15,4 +15,11 @@ using IdArray = pybind11::array_t<int64_t, pybind11::array::c_style | pybind11::
 // so any other dtype is a TypeError (an empty sequence, float64 to numpy, is allowed).
 IdArray integer_ids(pybind11::handle ids);
 
+// One sample id from a Python int (or anything with __index__). False with a Python error set:
+// TypeError for a non-integer, IndexError for an integer beyond int64 (the range check against
+// num_samples is the engine's, and raises IndexError too). The raw METH_O entry points use this.
+bool parse_id(PyObject* arg, long long* id);
+// The same, throwing pybind11::error_already_set, for pybind11 bindings.
+int64_t as_id(pybind11::handle arg);
+
 }  // namespace shadecache

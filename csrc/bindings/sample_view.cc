@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include "bindings/errors.h"
 #include "cache/cache.h"
 
 namespace py = pybind11;
@@ -18,6 +19,8 @@ struct SampleViewObject {
   uint64_t id;
   uint32_t token;
   int64_t pid;      // the process that pinned it: release() in a forked child unpins nothing
+  uint64_t fork_gen;  // g_fork_generation when pinned: another value means a forked child holds it
+  uint64_t seq, gen;  // what Cache::repin checks in a forked child
   Py_ssize_t exports;
   bool released;
 };
@@ -37,10 +40,38 @@ void view_dealloc(PyObject* o) {
   Py_TYPE(o)->tp_free(o);
 }
 
+// A view inherited by fork shows bytes its parent pinned and may release at once: the child pins
+// them itself on first use, or refuses to show them when the parent's pin went and the value
+// changed in between. (Buffers exported before the fork are plain memory: they cannot follow.)
+bool own_inherited(SampleViewObject* v) {
+  if (__builtin_expect(v->fork_gen == g_fork_generation.load(std::memory_order_relaxed), 1)) return true;
+  Cache::Pinned p{v->data, static_cast<uint32_t>(v->len), 0, v->seq, v->gen};
+  try {
+    if (!v->cache->repin(v->id, &p)) {
+      PyErr_Format(PyExc_ValueError,
+                   "the view of sample %llu was inherited from process %lld, which released it, and the "
+                   "value changed before this process used the view; take a new view here",
+                   static_cast<unsigned long long>(v->id), static_cast<long long>(v->pid));
+      return false;
+    }
+  } catch (const Error& e) {
+    set_python_error(e);
+    return false;
+  }
+  v->token = p.token;
+  v->pid = ::getpid();
+  v->fork_gen = g_fork_generation.load(std::memory_order_relaxed);
+  return true;
+}
+
 int view_getbuffer(PyObject* o, Py_buffer* view, int flags) {
   auto* v = reinterpret_cast<SampleViewObject*>(o);
   if (v->released) {
     PyErr_Format(PyExc_ValueError, "the view of sample %llu was released", static_cast<unsigned long long>(v->id));
+    view->obj = nullptr;
+    return -1;
+  }
+  if (!own_inherited(v)) {
     view->obj = nullptr;
     return -1;
   }
@@ -144,6 +175,9 @@ py::object make_sample_view(py::handle owner, Cache& cache, uint64_t id) {
   v->id = id;
   v->token = p.token;
   v->pid = ::getpid();
+  v->fork_gen = g_fork_generation.load(std::memory_order_relaxed);
+  v->seq = p.seq;
+  v->gen = p.gen;
   v->exports = 0;
   v->released = false;
   return py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(v));

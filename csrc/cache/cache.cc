@@ -4,94 +4,16 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
-#include <cmath>
-#include <limits>
+#include <cstddef>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <thread>
 
 #include "cache/robust_mutex.h"
 #include "common/crc32c.h"
 
 namespace shadecache {
-namespace {
-
-constexpr uint64_t kMinPageSize = 64 * 1024;
-
-uint64_t next_pow2(uint64_t v) {
-  uint64_t p = 1;
-  while (p < v) p <<= 1;
-  return p;
-}
-
-uint64_t page_size_for(uint64_t max_item_bytes) {
-  uint64_t ps = next_pow2(max_item_bytes + sizeof(SlotHeader));
-  return ps < kMinPageSize ? kMinPageSize : ps;
-}
-
-struct Layout {
-  uint64_t page_size, num_pages, off_index, off_heap_pos, off_scores, off_ticks, off_heap, off_pages,
-      off_classes, off_pins, off_data, total;
-};
-
-Layout compute_layout(const CacheOptions& o) {
-  Layout l{};
-  l.page_size = page_size_for(o.max_item_bytes);
-  l.num_pages = o.capacity_bytes / l.page_size;
-  uint64_t n = o.num_samples;
-  uint64_t off = align_up(sizeof(Header), kAlign);
-  auto take = [&](uint64_t bytes) {
-    uint64_t at = off;
-    off = align_up(off + bytes, kAlign);
-    return at;
-  };
-  l.off_index = take(n * sizeof(std::atomic<uint32_t>));
-  l.off_heap_pos = take(n * sizeof(uint32_t));
-  l.off_scores = take(n * sizeof(std::atomic<float>));
-  bool ticked = o.policy == Policy::kLru || o.policy == Policy::kFifo;
-  l.off_ticks = take(ticked ? n * sizeof(std::atomic<uint64_t>) : 0);
-  l.off_heap = take(n * sizeof(HeapNode));
-  l.off_pages = take(l.num_pages * sizeof(PageMeta));
-  l.off_classes = take(kMaxClasses * sizeof(ClassMeta));
-  l.off_pins = take(kPinOwners * sizeof(PinOwner));
-  l.off_data = align_up(off, 4096);
-  l.total = l.off_data + l.num_pages * l.page_size;
-  return l;
-}
-
-void validate(const CacheOptions& o) {
-  if (o.num_samples == 0 || o.num_samples >= kNoId)
-    throw Error(ErrorKind::kInvalidArgument,
-                "num_samples must be in [1, " + std::to_string(kNoId - 1) + "], got " + std::to_string(o.num_samples));
-  if (o.max_item_bytes == 0 || o.max_item_bytes > (uint64_t{1} << 30))
-    throw Error(ErrorKind::kInvalidArgument, "max_item_bytes must be in [1, 1 GiB], got " + std::to_string(o.max_item_bytes));
-  uint64_t ps = page_size_for(o.max_item_bytes);
-  if (o.capacity_bytes < ps)
-    throw Error(ErrorKind::kInvalidArgument,
-                "capacity_bytes=" + std::to_string(o.capacity_bytes) + " is smaller than one slab page (" +
-                    std::to_string(ps) + " bytes for max_item_bytes=" + std::to_string(o.max_item_bytes) +
-                    "); raise capacity_bytes or lower max_item_bytes");
-  if (o.capacity_bytes > kMaxDataBytes)
-    throw Error(ErrorKind::kInvalidArgument, "capacity_bytes may be at most 256 GiB");
-  if (static_cast<uint32_t>(o.policy) > static_cast<uint32_t>(Policy::kStatic))
-    throw Error(ErrorKind::kInvalidArgument, "unknown policy number " + std::to_string(static_cast<uint32_t>(o.policy)));
-}
-
-}  // namespace
-
-uint64_t process_start_time(int64_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  size_t close = s.rfind(')');  // the command name may hold spaces and parentheses
-  if (close == std::string::npos) return 0;
-  std::istringstream rest(s.substr(close + 2));
-  std::string field;
-  for (int i = 3; i <= 22 && rest >> field; ++i)
-    if (i == 22) return std::stoull(field);
-  return 0;
-}
 
 std::atomic<uint64_t> g_fork_generation{0};
 
@@ -118,7 +40,18 @@ uint64_t Cache::segment_bytes(const CacheOptions& opts) {
 std::unique_ptr<Cache> Cache::create(const std::string& name, const CacheOptions& opts) {
   validate(opts);
   Layout l = compute_layout(opts);
-  Segment seg = Segment::create(name, l.total);
+  // The creator's identity goes in first (pwrite: an error, not a SIGBUS, on a full tmpfs), so that
+  // an attacher arriving during the reservation sees who is still building the segment.
+  struct {
+    int64_t pid;
+    uint64_t start_time;
+  } creator{::getpid(), process_start_time(::getpid())};
+  static_assert(offsetof(Header, creator_start_time) == offsetof(Header, creator_pid) + 8, "creator fields adjacent");
+  Segment seg = Segment::create(name, l.total, [&](int fd) {
+    if (::pwrite(fd, &creator, sizeof creator, offsetof(Header, creator_pid)) != sizeof creator)
+      throw_errno("pwrite(" + Segment::path(name) + ")", errno);
+    if (long ms = g_create_delay_ms.load()) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  });
   // The segment is zero-filled (tmpfs): index empty, heap_pos "absent", scores 0, ticks 0.
   auto* h = new (seg.base()) Header();
   h->layout_version = kLayoutVersion;
@@ -143,8 +76,8 @@ std::unique_ptr<Cache> Cache::create(const std::string& name, const CacheOptions
   h->off_classes = l.off_classes;
   h->off_pins = l.off_pins;
   h->off_data = l.off_data;
-  h->creator_pid = ::getpid();
-  h->creator_start_time = process_start_time(h->creator_pid);
+  h->creator_pid = creator.pid;
+  h->creator_start_time = creator.start_time;
   h->created_unix_ns = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
   std::snprintf(h->name, sizeof h->name, "%s", name.c_str());
@@ -163,15 +96,19 @@ std::unique_ptr<Cache> Cache::attach(const std::string& name) {
   if (seg.size() < sizeof(Header))
     throw Error(ErrorKind::kLayout, "'" + Segment::path(name) + "' is too small to be a shadecache segment");
   auto* h = reinterpret_cast<Header*>(seg.base());
-  // The creator publishes the magic last; give a creator that is still initializing a moment.
+  // The creator publishes the magic last. Reserving a large segment takes seconds: wait as long as
+  // the creator (whose pid it writes before reserving) lives; a segment naming no creator for 2 s,
+  // or one whose creator is gone, was abandoned.
   uint64_t magic = h->magic.load(std::memory_order_acquire);
-  for (int i = 0; magic == 0 && i < 200; ++i) {
+  for (int unnamed_ms = 0; magic == 0; unnamed_ms += 10) {
+    int64_t pid = __atomic_load_n(&h->creator_pid, __ATOMIC_RELAXED);
+    uint64_t start = __atomic_load_n(&h->creator_start_time, __ATOMIC_RELAXED);
+    if ((pid && process_gone(pid, start)) || (!pid && unnamed_ms >= 2000))
+      throw Error(ErrorKind::kLayout, "cache '" + name + "' was never finished: its creator (pid " + std::to_string(pid) +
+                                          ") died while creating it; remove it with `shadecache rm " + name + "`");
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
     magic = h->magic.load(std::memory_order_acquire);
   }
-  if (magic == 0)
-    throw Error(ErrorKind::kLayout, "cache '" + name + "' was never finished by its creator (pid " +
-                                        std::to_string(h->creator_pid) + "); remove it with `shadecache rm " + name + "`");
   if (magic != kMagic)
     throw Error(ErrorKind::kLayout, "'" + Segment::path(name) + "' is not a shadecache segment (bad magic)");
   if (h->layout_version != kLayoutVersion || h->header_size != sizeof(Header) ||
@@ -183,6 +120,9 @@ std::unique_ptr<Cache> Cache::attach(const std::string& name) {
   if (h->page_size < kMinPageSize || (h->page_size & (h->page_size - 1)))
     throw Error(ErrorKind::kLayout, "cache '" + name + "' has a page size of " + std::to_string(h->page_size) +
                                         " bytes, not a power of two: the header is corrupt");
+  if (!policy_by_id(h->policy))
+    throw Error(ErrorKind::kLayout, "cache '" + name + "' names policy number " + std::to_string(h->policy) +
+                                        ", which this shadecache does not know");
   if (h->total_size != seg.size())
     throw Error(ErrorKind::kLayout, "cache '" + name + "' is " + std::to_string(seg.size()) + " bytes but its header says " +
                                         std::to_string(h->total_size));
@@ -219,6 +159,9 @@ void Cache::bind(Segment seg, const std::string& name) {
                hdr_->num_pages, page_size_, hdr_->num_classes);
   heap_ = IndexedHeap(reinterpret_cast<HeapNode*>(b + hdr_->off_heap), heap_pos_, &hdr_->heap_size);
   pins_.bind(reinterpret_cast<PinOwner*>(b + hdr_->off_pins), hdr_->pin_active);
+  policy_ = policy_by_id(hdr_->policy);  // checked by create and attach
+  pstate_ = PolicyState{scores_, policy_->uses_ticks() ? ticks_ : nullptr, &hdr_->clock};
+  stamp_hits_ = policy_->stamps_hits();
 }
 
 WriteLock::WriteLock(Cache* c, Mode mode) : c_(c) {
@@ -263,12 +206,28 @@ bool Cache::pin(uint64_t id, Pinned* out) {
     users_.fetch_add(1, std::memory_order_relaxed);  // the view keeps the mapping (see close())
     stripe().hits.fetch_add(1, std::memory_order_relaxed);
     note_hit(id);
-    *out = Pinned{slab_.value(at.off), at.len, token};
+    *out = Pinned{slab_.value(at.off), at.len, token, at.seq, at.gen};
     return true;
   }
   if (token) pins_.release(token);
   stripe().misses.fetch_add(1, std::memory_order_relaxed);
   return false;
+}
+
+bool Cache::repin(uint64_t id, Pinned* p) {
+  uint64_t off = static_cast<uint64_t>(p->data - data_) - sizeof(SlotHeader);
+  uint32_t token = pins_.claim(slot_code(off), name_);
+  const SlotHeader* s = slab_.slot(off);
+  // seq_cst loads after the seq_cst entry store (pins.h): a writer either sees our pin or we see
+  // its odd seq / new generation.
+  if (s->seq.load(std::memory_order_seq_cst) != p->seq ||
+      pages_[slab_.page_of(off)].gen.load(std::memory_order_seq_cst) != p->gen ||
+      __atomic_load_n(&s->id, __ATOMIC_RELAXED) != id) {
+    pins_.release(token);
+    return false;
+  }
+  p->token = token;
+  return true;
 }
 
 uint32_t Cache::stale_pin_for_tests(uint64_t id) {
@@ -405,8 +364,10 @@ bool Cache::remove(uint64_t id) {
   check_id(id);
   WriteLock lock(this);
   do_reclaim_zombies();
-  if (idx_get(id, std::memory_order_relaxed) == 0) return false;
+  uint64_t v = idx_get(id, std::memory_order_relaxed);
+  if (v == 0) return false;
   do_evict(static_cast<uint32_t>(id));
+  slab_.do_release_if_empty(slab_.page_of(v - 1));
   return true;
 }
 
@@ -437,36 +398,7 @@ void Cache::update_scores(const int64_t* ids, const float* scores, size_t n) {
 
 void Cache::do_set_score(uint32_t id, float score) {
   scores_[id].store(score, std::memory_order_relaxed);
-  if (hdr_->policy == static_cast<uint32_t>(Policy::kImportance) && heap_.contains(id)) do_rekey(id, score);
-}
-
-double Cache::do_new_key(uint32_t id) {
-  switch (static_cast<Policy>(hdr_->policy)) {
-    case Policy::kImportance:
-      return scores_[id].load(std::memory_order_relaxed);
-    case Policy::kLru:
-    case Policy::kFifo: {
-      uint64_t t = hdr_->clock.fetch_add(1, std::memory_order_relaxed) + 1;
-      ticks_[id].store(t, std::memory_order_relaxed);
-      return static_cast<double>(t);
-    }
-    case Policy::kStatic:
-      return 0.0;
-  }
-  return 0.0;
-}
-
-double Cache::do_repair_key(uint32_t id) const {
-  switch (static_cast<Policy>(hdr_->policy)) {
-    case Policy::kImportance:
-      return scores_[id].load(std::memory_order_relaxed);
-    case Policy::kLru:
-    case Policy::kFifo:
-      return static_cast<double>(ticks_[id].load(std::memory_order_relaxed));
-    case Policy::kStatic:
-      return 0.0;
-  }
-  return 0.0;
+  if (policy_->keyed_by_score() && heap_.contains(id)) do_rekey(id, score);
 }
 
 // Seqlock write of one slot: odd seq, fence, body, even seq with release (readers: see read()).
@@ -501,14 +433,18 @@ bool Cache::do_put(const PutItem& it) {
     if (pages_[slab_.page_of(off)].cls == static_cast<uint32_t>(it.cls) && write_slot(s, it, true)) {
       // Same size class, no view on it: rewritten in place; readers racing it retry on the seqlock.
       hdr_->bytes_used += static_cast<uint64_t>(it.len) - old_len;
-      if (hdr_->policy == static_cast<uint32_t>(Policy::kLru)) do_rekey(it.id, do_new_key(it.id));
+      if (policy_->rekey_on_rewrite()) {
+        double key = policy_->insert_key(pstate_, it.id);
+        do_rekey(it.id, key);
+        policy_->on_insert(pstate_, it.id, key);
+      }
       hdr_->stats.updates.fetch_add(1, std::memory_order_relaxed);
       return true;
     }
     // Another class, or a view pins the old copy: the new value goes to a new slot below, and the
     // old copy is dropped only once that slot is won (a refused update keeps the old value).
   }
-  double key = do_new_key(it.id);
+  double key = policy_->insert_key(pstate_, it.id);
   uint64_t u = do_alloc_slot(static_cast<uint32_t>(it.cls), key);
   if (u == 0) {
     hdr_->stats.rejected.fetch_add(1, std::memory_order_relaxed);
@@ -520,461 +456,21 @@ bool Cache::do_put(const PutItem& it) {
   crash_point(CrashPoint::kPutAfterWrite);
   // The old copy (unless the allocation evicted it as a victim) goes now: freed, or a zombie while
   // a view pins it. A crash between this and the publish below loses the id (a miss), never bytes.
-  if (idx_get(it.id, std::memory_order_relaxed)) {
+  if (uint64_t old = idx_get(it.id, std::memory_order_relaxed)) {
     do_evict(it.id);
+    slab_.do_release_if_empty(slab_.page_of(old - 1));
     hdr_->stats.updates.fetch_add(1, std::memory_order_relaxed);
   }
   idx_set(it.id, off + 1, std::memory_order_release);  // publish
   crash_point(CrashPoint::kPutAfterPublish);
+  policy_->on_insert(pstate_, it.id, key);
   heap_.push(it.id, key);
-  PageMeta& pm = pages_[slab_.page_of(off)];
   do_add_key(slab_.page_of(off), 0, key);
-  ++pm.live;
-  ++slab_.cls(pm.cls).items;
+  slab_.do_count_live(off, +1);
   ++hdr_->items;
   hdr_->bytes_used += it.len;
   hdr_->stats.inserts.fetch_add(1, std::memory_order_relaxed);
   return true;
-}
-
-// Finds a free slot of class `cls` for a value whose priority will be `key`, evicting if needed.
-// Returns the slot offset + 1, or 0 when the policy refuses (static full, or importance admission
-// fails because `key` does not beat the lowest cached priority).
-uint64_t Cache::do_alloc_slot(uint32_t cls, double key) {
-  const auto policy = static_cast<Policy>(hdr_->policy);
-  // Under "importance" a full cache admits a value only if it beats the lowest cached score. A
-  // cache is full when no page is free and its free slots are under 1/8 of the capacity: the few
-  // slots a page move frees beyond the one it needed must not let low-score values in through the
-  // side door (with a mix of sizes, nearly every admission would otherwise take such a slot).
-  if (policy == Policy::kImportance && hdr_->free_page_head == 0 && !heap_.empty() &&
-      !(key > heap_.top().key) && slab_.free_slot_bytes() < hdr_->capacity_bytes / 8)
-    return 0;
-  if (uint64_t u = slab_.do_pop_free_slot(cls)) return u;
-  if (slab_.do_take_free_page(cls)) return slab_.do_pop_free_slot(cls);
-  if (policy == Policy::kStatic) return 0;
-  // Values that views pin are set aside (they cannot be evicted now) and go back at the end,
-  // whatever happens (an exception here would otherwise leave them out of the heap).
-  std::vector<HeapNode> pinned;
-  struct PutBack {
-    IndexedHeap& heap;
-    std::vector<HeapNode>& nodes;
-    ~PutBack() {
-      for (const HeapNode& n : nodes) heap.push(n.id, n.key);
-    }
-  } put_back{heap_, pinned};
-  bool reaped = false;
-  uint64_t got = 0;
-  while (!heap_.empty()) {
-    HeapNode top = heap_.top();
-    if (policy == Policy::kLru) {
-      // Readers bump ticks without the lock, so heap keys lag: refresh the top and look again.
-      double now = static_cast<double>(ticks_[top.id].load(std::memory_order_relaxed));
-      if (now > top.key) {
-        do_rekey(top.id, now);
-        continue;
-      }
-    }
-    if (policy == Policy::kImportance && !(key > top.key)) break;
-    uint64_t voff = idx_get(top.id, std::memory_order_relaxed) - 1;
-    if (pins_.any() && pins_.pinned(slot_code(voff))) {
-      // A hint (the value is still published): views of dead processes are dropped once, then
-      // a value still pinned is passed over. do_evict decides for real.
-      if (!reaped) {
-        reaped = true;
-        do_reap_dead_pins();
-        continue;
-      }
-      pinned.push_back(top);  // first: if it throws, the node is still in the heap
-      heap_.remove(top.id);
-      continue;
-    }
-    uint64_t vpage = slab_.page_of(voff);
-    if (pages_[vpage].cls == cls) {
-      bool freed = do_evict(top.id);
-      hdr_->stats.evictions.fetch_add(1, std::memory_order_relaxed);
-      if (freed) {
-        got = slab_.do_pop_free_slot(cls);
-        break;
-      }
-      continue;  // a view pinned it at the last moment: it is a zombie now; take the next
-    }
-    // The lowest-priority value sits in another size class: memory must move to ours, a page at a
-    // time. This is how memory follows the size mix (a cache full of 3 KB values can take 100 KB
-    // ones). Move the page of another class whose values matter least on average (lowest mean
-    // key), not merely the victim's page: that one holds a random sample of its class, and moving
-    // it would evict values of every priority.
-    uint64_t page = do_pick_page_to_move(cls, pinned);
-    if (page == kNoPage) break;
-    if (do_move_page(page, cls)) {
-      got = slab_.do_pop_free_slot(cls);
-      break;
-    }
-    // A view pins a value of that page: it now holds a zombie and is not picked again.
-  }
-  return got;
-}
-
-// Changes the eviction key of cached `id`, keeping its page's key_sum in step.
-void Cache::do_rekey(uint32_t id, double key) {
-  uint64_t off = idx_get(id, std::memory_order_relaxed) - 1;
-  double old = heap_.key_of(id);
-  heap_.update(id, key);
-  do_add_key(slab_.page_of(off), old, key);
-}
-
-// key_sum of page p: minus `removed`, plus `added`; the heap already holds the new state. A
-// running sum loses its small terms when a huge key passes through it (1e30 in, then out, leaves
-// 0 for fifty keys of 1); then the page's sum is taken again from its live values (O(slots)).
-void Cache::do_add_key(uint64_t p, double removed, double added) {
-  PageMeta& pm = pages_[p];
-  pm.key_sum = pm.key_sum - removed + added;
-  if (!(std::fabs(removed) + std::fabs(added) > 1e9 * std::fabs(pm.key_sum))) return;
-  const ClassMeta& cm = slab_.cls(pm.cls);
-  double sum = 0;
-  for (uint32_t i = 0; i < cm.slots_per_page; ++i) {
-    uint64_t off = p * page_size_ + static_cast<uint64_t>(i) * cm.slot_size;
-    const SlotHeader* s = slab_.slot(off);
-    if (s->id < n_ && !s->zombie && idx_get(s->id, std::memory_order_relaxed) == off + 1 && heap_.contains(s->id))
-      sum += heap_.key_of(s->id);
-  }
-  pm.key_sum = sum;
-}
-
-// The page, outside class `cls`, with the lowest mean key (an empty page first), among pages that
-// hold no zombie, no pinned value and none of the values `aside` (taken out of the heap, pinned,
-// by the caller: they must still be cached when it puts them back). O(pages): runs once per page move, i.e. at most once per
-// slots-per-page allocations of the class.
-uint64_t Cache::do_pick_page_to_move(uint32_t cls, const std::vector<HeapNode>& aside) {
-  std::vector<uint8_t> blocked;
-  if (pins_.any()) do_reap_dead_pins();  // pins of the dead must not block pages forever
-  if (hdr_->zombies || pins_.any() || !aside.empty()) {
-    blocked.assign(hdr_->num_pages, 0);
-    for (const HeapNode& n : aside) blocked[slab_.page_of(idx_get(n.id, std::memory_order_relaxed) - 1)] = 1;
-    for (uint64_t u = hdr_->zombie_head; u; u = slab_.slot((u - 1) * kAlign)->next_free)
-      blocked[slab_.page_of((u - 1) * kAlign)] = 1;
-    std::vector<uint32_t> codes;
-    pins_.snapshot(&codes);
-    for (uint32_t c : codes)
-      if ((c - 1) * kAlign < data_bytes_) blocked[slab_.page_of(uint64_t{c - 1} * kAlign)] = 1;
-  }
-  uint64_t best = kNoPage;
-  double best_mean = 0;
-  for (uint64_t p = 0; p < hdr_->num_pages; ++p) {
-    const PageMeta& pm = pages_[p];
-    if (pm.cls == cls || pm.cls >= slab_.num_classes() || (!blocked.empty() && blocked[p])) continue;
-    double mean = pm.live ? pm.key_sum / pm.live : -std::numeric_limits<double>::infinity();
-    if (best == kNoPage || mean < best_mean) {
-      best = p;
-      best_mean = mean;
-    }
-  }
-  return best;
-}
-
-bool Cache::do_evict(uint32_t id) {
-  uint64_t off = idx_get(id, std::memory_order_relaxed) - 1;
-  SlotHeader* s = slab_.slot(off);
-  idx_set(id, 0, std::memory_order_release);  // new readers miss from here on
-  crash_point(CrashPoint::kEvictAfterUnpublish);
-  PageMeta& pm = pages_[slab_.page_of(off)];
-  bool freed = !do_slot_pinned(off);
-  if (freed) {
-    uint64_t seq = s->seq.load(std::memory_order_relaxed);
-    s->seq.store(seq + 1, std::memory_order_relaxed);  // readers mid-copy see the change and retry
-    std::atomic_thread_fence(std::memory_order_release);
-    s->id = kNoId;
-    s->seq.store(seq + 2, std::memory_order_release);
-    slab_.do_push_free_slot(pm.cls, off);
-  } else {
-    do_push_zombie(off);  // bytes untouched: a view reads them
-  }
-  crash_point(CrashPoint::kEvictAfterFree);
-  if (heap_.contains(id)) {
-    double key = heap_.key_of(id);
-    heap_.remove(id);
-    do_add_key(slab_.page_of(off), key, 0);
-  }
-  --pm.live;
-  if (pm.live == 0) pm.key_sum = 0;  // drop the rounding residue of the additions
-  --slab_.cls(pm.cls).items;
-  --hdr_->items;
-  hdr_->bytes_used -= s->len;
-  return freed;
-}
-
-bool Cache::do_move_page(uint64_t p, uint32_t cls) {
-  PageMeta& pm = pages_[p];
-  uint32_t old = pm.cls;
-  const ClassMeta& ocm = slab_.cls(old);
-  uint64_t base = p * page_size_;
-  // Pass 1: evict every value on the page onto its class's free list. A value a view pins turns
-  // into a zombie instead, and a page holding a zombie cannot move.
-  bool blocked = false;
-  for (uint32_t i = 0; i < ocm.slots_per_page; ++i) {
-    SlotHeader* s = slab_.slot(base + static_cast<uint64_t>(i) * ocm.slot_size);
-    if (s->zombie) {
-      blocked = true;
-    } else if (s->id != kNoId) {
-      blocked |= !do_evict(s->id);
-      hdr_->stats.evictions.fetch_add(1, std::memory_order_relaxed);
-    }
-    if (i == ocm.slots_per_page / 2) crash_point(CrashPoint::kMovePageMid);
-  }
-  if (blocked) return false;
-  // Pass 2: every slot is free and unpublished (no view can pin it any more): take them off the
-  // free list and recut the page.
-  for (uint32_t i = 0; i < ocm.slots_per_page; ++i)
-    slab_.do_unlink_free_slot(old, base + static_cast<uint64_t>(i) * ocm.slot_size);
-  --slab_.cls(old).pages;
-  slab_.do_cut_page(p, cls);
-  hdr_->stats.page_moves.fetch_add(1, std::memory_order_relaxed);
-  return true;
-}
-
-// ---- pins and zombies -------------------------------------------------------------------------
-
-bool Cache::do_slot_pinned(uint64_t off) {
-  // Orders the caller's unpublish / odd seq before the pin table loads (see pins.h).
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  return pins_.any() && pins_.pinned(slot_code(off));
-}
-
-void Cache::do_push_zombie(uint64_t off) {
-  SlotHeader* s = slab_.slot(off);
-  s->zombie = 1;
-  s->next_free = static_cast<uint32_t>(hdr_->zombie_head);
-  hdr_->zombie_head = slot_code(off);
-  ++hdr_->zombies;
-}
-
-void Cache::do_reclaim_zombies() {
-  if (hdr_->zombies == 0) return;
-  std::vector<uint32_t> codes;
-  pins_.snapshot(&codes);
-  bool still_pinned = false;
-  // prev: the zombie before `u` that stays listed (nullptr: `u` is the head).
-  uint64_t u = hdr_->zombie_head;
-  SlotHeader* prev = nullptr;
-  while (u) {
-    uint64_t off = (u - 1) * kAlign;
-    SlotHeader* s = slab_.slot(off);
-    uint64_t next = s->next_free;
-    if (std::binary_search(codes.begin(), codes.end(), static_cast<uint32_t>(u))) {
-      still_pinned = true;
-      prev = s;
-    } else {
-      // Unreachable (unpublished) and no view left: free it. A crash between the unlink and the
-      // push leaves it on neither list; repair rebuilds both from the slot headers.
-      if (prev) prev->next_free = static_cast<uint32_t>(next); else hdr_->zombie_head = next;
-      --hdr_->zombies;
-      uint64_t seq = s->seq.load(std::memory_order_relaxed);
-      s->seq.store(seq + 1, std::memory_order_relaxed);
-      std::atomic_thread_fence(std::memory_order_release);
-      s->id = kNoId;
-      s->zombie = 0;
-      s->seq.store(seq + 2, std::memory_order_release);
-      slab_.do_push_free_slot(pages_[slab_.page_of(off)].cls, off);
-    }
-    u = next;
-  }
-  if (still_pinned) do_reap_dead_pins();  // the next call frees what dead processes pinned
-}
-
-void Cache::do_reap_dead_pins() {
-  // Each check reads /proc for every record in use: throttled, as pins of the dead only cost memory.
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  uint64_t now = static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
-  if (last_reap_ns_ && now - last_reap_ns_ < 100000000ull) return;
-  last_reap_ns_ = now;
-  pins_.reap_dead();
-}
-
-// ---- repair -----------------------------------------------------------------------------------
-
-// Runs when a writer died holding the mutex. The ground truth is the index plus the slot headers
-// (each changed by single aligned stores in an order that keeps them meaningful): a slot is live
-// iff its seq is even, it names an id, and index[id] points at it. Everything else (free lists,
-// page and class counts, the heap, items, bytes_used) is derived again from that truth. Idempotent:
-// a repairer killed half way leaves EOWNERDEAD for the next locker, which starts over.
-void Cache::do_repair() {
-  // The dead writer may have unpublished a slot without reaching its own fence before the pin
-  // check (pins.h): this one orders its stores before the table loads below.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  pins_.reap_dead();
-  std::vector<uint32_t> pinned;  // one snapshot: scanning the table per slot would be O(slots x pins)
-  pins_.snapshot(&pinned);
-  hdr_->zombie_head = 0;
-  hdr_->zombies = 0;
-  heap_.clear();
-  std::memset(heap_pos_, 0, n_ * sizeof(uint32_t));
-  uint64_t page_count = hdr_->num_pages;
-  // Pages: classes keep their pages; a page caught mid-move becomes free (none of its slots can be
-  // live: the mover unpublished them all before cutting it).
-  for (uint32_t c = 0; c < slab_.num_classes(); ++c) {
-    ClassMeta& cm = slab_.cls(c);
-    cm.free_head = cm.free_slots = cm.pages = cm.items = 0;
-  }
-  hdr_->free_page_head = 0;
-  hdr_->items = 0;
-  hdr_->bytes_used = 0;
-  for (uint64_t p = page_count; p-- > 0;) {
-    PageMeta& pm = pages_[p];
-    uint64_t g = pm.gen.load(std::memory_order_relaxed);
-    if (g & 1) {
-      pm.gen.store(g + 1, std::memory_order_release);
-      pm.cls = kFreePage;
-    }
-    if (pm.cls >= slab_.num_classes()) {
-      slab_.do_push_free_page(p);
-      continue;
-    }
-    ClassMeta& cm = slab_.cls(pm.cls);
-    ++cm.pages;
-    pm.live = 0;
-    pm.key_sum = 0;
-    for (uint32_t i = cm.slots_per_page; i-- > 0;) {
-      uint64_t off = p * page_size_ + static_cast<uint64_t>(i) * cm.slot_size;
-      SlotHeader* s = slab_.slot(off);
-      uint64_t seq = s->seq.load(std::memory_order_relaxed);
-      bool live = !(seq & 1) && s->id < n_ && idx_get(s->id, std::memory_order_relaxed) == off + 1 &&
-                  s->len <= cm.slot_size - sizeof(SlotHeader);
-      if (live) {
-        s->zombie = 0;
-        double key = do_repair_key(s->id);
-        heap_.append(s->id, key);
-        pm.key_sum += key;
-        ++pm.live;
-        ++cm.items;
-        ++hdr_->items;
-        hdr_->bytes_used += s->len;
-      } else {
-        // Not live. Its id goes first, while a torn slot's seq is still odd: the index may still
-        // name it (cleared below, after every page), and a reader must never find an even seq
-        // with a matching id on bytes that a dead writer left half written.
-        __atomic_store_n(&s->id, kNoId, __ATOMIC_RELAXED);
-        std::atomic_thread_fence(std::memory_order_release);
-        if (seq & 1) s->seq.store(seq + 1, std::memory_order_release);
-        if (std::binary_search(pinned.begin(), pinned.end(), slot_code(off))) {
-          // A view may be reading it: keep the bytes, as a zombie. (A torn slot is never under a
-          // view that was handed out: a writer checks the pins after making seq odd and before
-          // writing. Its entry is a reader's that is backing out.)
-          do_push_zombie(off);
-        } else {
-          s->zombie = 0;
-          slab_.do_push_free_slot(pm.cls, off);
-        }
-      }
-    }
-  }
-  // Index entries that do not name a live slot (a put that died before its slot was stable, an
-  // eviction that died after unpublishing) are cleared.
-  for (uint64_t id = 0; id < n_; ++id) {
-    uint64_t v = idx_get(id, std::memory_order_relaxed);
-    if (v && heap_pos_[id] == 0) idx_set(id, 0, std::memory_order_release);
-  }
-  heap_.heapify();
-}
-
-// ---- check --------------------------------------------------------------------------------------
-
-void Cache::check() {
-  Use use(*this);
-  std::string fault;
-  {
-    WriteLock lock(this);
-    fault = do_check();
-  }
-  if (!fault.empty()) throw Error(ErrorKind::kCorruption, "cache '" + name_ + "': " + fault);
-}
-
-std::string Cache::do_check() {
-  std::string f = heap_.check(n_);
-  if (!f.empty()) return f;
-  f = slab_.check_free_lists();
-  if (!f.empty()) return f;
-  uint64_t items = 0, bytes = 0, free_pages = 0, zombies = 0;
-  std::vector<uint64_t> class_pages(slab_.num_classes()), class_items(slab_.num_classes()),
-      class_zombies(slab_.num_classes());
-  const auto policy = static_cast<Policy>(hdr_->policy);
-  for (uint64_t p = 0; p < hdr_->num_pages; ++p) {
-    const PageMeta& pm = pages_[p];
-    if (pm.gen.load(std::memory_order_relaxed) & 1) return "page " + std::to_string(p) + " is stuck mid-move";
-    if (pm.cls == kFreePage) {
-      ++free_pages;
-      continue;
-    }
-    if (pm.cls >= slab_.num_classes()) return "page " + std::to_string(p) + " has invalid class " + std::to_string(pm.cls);
-    const ClassMeta& cm = slab_.cls(pm.cls);
-    ++class_pages[pm.cls];
-    uint32_t live = 0;
-    double key_sum = 0;
-    for (uint32_t i = 0; i < cm.slots_per_page; ++i) {
-      uint64_t off = p * page_size_ + static_cast<uint64_t>(i) * cm.slot_size;
-      const SlotHeader* s = slab_.slot(off);
-      if (s->zombie) {  // kept for a view; its bytes are the view's business
-        ++class_zombies[pm.cls];
-        ++zombies;
-        continue;
-      }
-      if (s->id == kNoId) continue;
-      std::string where = "slot at offset " + std::to_string(off) + " (id " + std::to_string(s->id) + ")";
-      if (s->id >= n_) return where + " names an id out of range";
-      if (s->seq.load(std::memory_order_relaxed) & 1) return where + " is stuck mid-write";
-      if (idx_get(s->id, std::memory_order_relaxed) != off + 1) return where + " is not the one the index names";
-      if (s->len > cm.slot_size - sizeof(SlotHeader)) return where + " claims a length larger than its slot";
-      if (crc32c(slab_.value(off), s->len) != s->crc) return where + " fails its checksum";
-      if (!heap_.contains(s->id)) return where + " is not in the eviction heap";
-      double key = heap_.key_of(s->id);
-      if (policy == Policy::kImportance && key != scores_[s->id].load(std::memory_order_relaxed))
-        return where + " has heap key " + std::to_string(key) + " but score " + std::to_string(scores_[s->id].load());
-      if (policy == Policy::kFifo && key != static_cast<double>(ticks_[s->id].load()))
-        return where + " has a heap key that is not its insert tick";
-      // Not "key <= tick": a reader stamps a hit with a plain load-then-store of the clock (no
-      // read-modify-write on the hot path), so it may leave an older stamp over a writer's newer
-      // one. Eviction only ever raises a key to the stamp; the clock bounds both.
-      if (policy == Policy::kLru && key > static_cast<double>(hdr_->clock.load()))
-        return where + " has a heap key newer than the clock";
-      ++live;
-      key_sum += key;
-      bytes += s->len;
-    }
-    if (live != pm.live) return "page " + std::to_string(p) + " counts " + std::to_string(pm.live) + " live slots, holds " + std::to_string(live);
-    if (std::fabs(key_sum - pm.key_sum) > 1e-6 * (std::fabs(key_sum) + live + 1))
-      return "page " + std::to_string(p) + " key sum " + std::to_string(pm.key_sum) + " but its values' keys add to " +
-             std::to_string(key_sum);
-    class_items[pm.cls] += live;
-    items += live;
-  }
-  for (uint32_t c = 0; c < slab_.num_classes(); ++c) {
-    const ClassMeta& cm = slab_.cls(c);
-    if (cm.pages != class_pages[c] || cm.items != class_items[c])
-      return "class " + std::to_string(c) + " counts disagree with its pages";
-    if (cm.items + cm.free_slots + class_zombies[c] != cm.pages * cm.slots_per_page)
-      return "class " + std::to_string(c) + ": items + free slots + zombies != slots in its pages";
-  }
-  uint64_t listed = 0;
-  for (uint64_t u = hdr_->free_page_head; u && listed <= hdr_->num_pages; u = pages_[u - 1].next_free_page) {
-    if (u > hdr_->num_pages || pages_[u - 1].cls != kFreePage) return "free page list names a page in use";
-    ++listed;
-  }
-  uint64_t listed_zombies = 0;
-  for (uint64_t u = hdr_->zombie_head; u && listed_zombies <= zombies; u = slab_.slot((u - 1) * kAlign)->next_free) {
-    if ((u - 1) * kAlign >= data_bytes_ || !slab_.is_slot_start((u - 1) * kAlign) || !slab_.slot((u - 1) * kAlign)->zombie)
-      return "zombie list names slot " + std::to_string(u) + ", which is not a zombie";
-    ++listed_zombies;
-  }
-  if (listed_zombies != zombies || zombies != hdr_->zombies)
-    return "zombie list holds " + std::to_string(listed_zombies) + " slots, header counts " +
-           std::to_string(hdr_->zombies) + ", pages hold " + std::to_string(zombies);
-  if (listed != free_pages) return "free page list holds " + std::to_string(listed) + " pages, " + std::to_string(free_pages) + " are free";
-  if (items != hdr_->items || items != heap_.size())
-    return "items: header " + std::to_string(hdr_->items) + ", heap " + std::to_string(heap_.size()) + ", slots " + std::to_string(items);
-  if (bytes != hdr_->bytes_used) return "bytes_used says " + std::to_string(hdr_->bytes_used) + ", slots hold " + std::to_string(bytes);
-  uint64_t indexed = 0;
-  for (uint64_t id = 0; id < n_; ++id) indexed += idx_get(id, std::memory_order_relaxed) != 0;
-  if (indexed != items) return std::to_string(indexed) + " index entries for " + std::to_string(items) + " live slots";
-  return "";
 }
 
 }  // namespace shadecache

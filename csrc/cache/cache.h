@@ -2,7 +2,8 @@
 // for every id, an eviction heap and a slab allocator. Many processes map it at once.
 //
 // Contracts (docs/shared_memory.md has the full protocol):
-// - Readers (read, contains, snapshots, stats) take no lock. A reader copies a value out under the
+// - Readers (read, contains, pin, snapshots) take no lock; stats() takes the mutex briefly for
+//   the writer-state counters (items, bytes_used, zombies, free pages). A reader copies a value out under the
 //   slot's seqlock and the page's generation and retries if a writer raced it; a reader that dies
 //   holds nothing.
 // - Writers (put, remove, update_scores, check) take the segment's one robust mutex. Methods named
@@ -21,31 +22,22 @@
 #include <vector>
 
 #include "cache/crash_point.h"
+#include "cache/geometry.h"
 #include "cache/heap.h"
 #include "cache/layout.h"
 #include "cache/pins.h"
+#include "cache/policy.h"
 #include "cache/segment.h"
 #include "cache/slab.h"
 #include "common/error.h"
+#include "common/proc.h"
 
 namespace shadecache {
-
-// Start time of process `pid` (field 22 of /proc/<pid>/stat, clock ticks since boot), 0 if there
-// is no such process. With the pid it names a process uniquely: `gc` tells a reused pid from the
-// creator of a segment by it.
-uint64_t process_start_time(int64_t pid);
 
 constexpr uint64_t kNoPage = ~uint64_t{0};
 
 // Bumped in the child after every fork (see cache.cc).
 extern std::atomic<uint64_t> g_fork_generation;
-
-struct CacheOptions {
-  uint64_t num_samples = 0;
-  uint64_t capacity_bytes = 0;   // bytes of slab memory for values (rounded down to whole pages)
-  uint64_t max_item_bytes = 1 << 20;  // largest value accepted; sets the slab page size
-  Policy policy = Policy::kImportance;
-};
 
 struct CacheStats {
   uint64_t hits, misses, read_retries, inserts, updates, evictions, rejected, page_moves,
@@ -133,8 +125,15 @@ class Cache {
     const char* data;
     uint32_t len;
     uint32_t token;
+    uint64_t seq, gen;  // the slot's seq and its page's generation when it was pinned
   };
   bool pin(uint64_t id, Pinned* out);
+  // A forked child's copy of a view names its parent's pin, which the parent may end at any time.
+  // The child pins the same slot in its own record, then checks that the slot still holds the
+  // value the view showed (seq and page generation unchanged: no writer freed, rewrote or moved it
+  // since; the Dekker pairing of pins.h makes the check final). On success `p->token` is the
+  // child's; false (nothing pinned) when the value is gone.
+  bool repin(uint64_t id, Pinned* p);
   // Ends a view. `pinned_by` is the pid that pinned it: a forked child ending an inherited view
   // drops nothing of its parent's. Unmaps a closed cache when its last view ends.
   void unpin(uint32_t token, int64_t pinned_by);
@@ -208,8 +207,6 @@ class Cache {
   void do_reap_dead_pins();   // drops pins of dead processes; at most every 100 ms per process
   static uint32_t slot_code(uint64_t off) { return static_cast<uint32_t>(off / kAlign + 1); }
   void do_set_score(uint32_t id, float score);
-  double do_new_key(uint32_t id);
-  double do_repair_key(uint32_t id) const;
   void do_repair();
   std::string do_check();
   // Writes `it` into slot `s`. With check_pins (a rewrite in place of a published value) it
@@ -230,7 +227,7 @@ class Cache {
   Probe probe(uint64_t id, SlotAt* at) const;
 
   void note_hit(uint64_t id) {
-    if (hdr_->policy == static_cast<uint32_t>(Policy::kLru)) {
+    if (stamp_hits_) {
       // Readers do not advance the clock (a read-modify-write of one shared word by every get in
       // every process would bounce its cache line between cores); writers advance it on every
       // insert. So a hit is stamped with the time of the latest insert: recency at the
@@ -277,6 +274,12 @@ class Cache {
   Slab slab_;
   IndexedHeap heap_;
   PinTable pins_;
+  const EvictionPolicy* policy_ = nullptr;
+  PolicyState pstate_{};
+  bool stamp_hits_ = false;  // policy_->stamps_hits(), read on the hot path
+  // Heap nodes of pinned values that do_alloc_slot took out of the heap for the time of one
+  // allocation (mutex held; empty between calls).
+  std::vector<HeapNode> aside_;
   // users_: calls in flight without the GIL (Use) plus views not yet unpinned. begin_use
   // increments it then loads closed_, close() stores closed_ then loads it (all seq_cst): one of
   // the two sees the other, so a call either fails with kClosed or runs on a mapping that stays.

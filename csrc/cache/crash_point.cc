@@ -5,6 +5,7 @@
 
 namespace shadecache {
 
+std::atomic<long> g_create_delay_ms{0};
 std::atomic<int> g_crash_point{0};
 std::atomic<long> g_crash_countdown{0};
 

@@ -22,6 +22,10 @@ enum class CrashPoint : int {
   kCount,
 };
 
+// Test-only: Cache::create sleeps this long after sizing the segment and before reserving it,
+// as a create of many gigabytes does in posix_fallocate (attach must wait for it).
+extern std::atomic<long> g_create_delay_ms;
+
 extern std::atomic<int> g_crash_point;
 extern std::atomic<long> g_crash_countdown;
 

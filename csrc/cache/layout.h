@@ -28,7 +28,7 @@
 namespace shadecache {
 
 constexpr uint64_t kMagic = 0x3148434544414853ull;  // "SHADECH1" little-endian
-constexpr uint32_t kLayoutVersion = 2;  // 2: pin table, zombie list
+constexpr uint32_t kLayoutVersion = 3;  // 2: pin table, zombie list; 3: PageMeta::zombies
 constexpr uint32_t kNoId = 0xFFFFFFFFu;
 constexpr uint32_t kFreePage = 0xFFFFFFFFu;
 constexpr uint32_t kMaxClasses = 64;
@@ -136,11 +136,14 @@ struct SlotHeader {
 };
 
 // gen is a seqlock over the page's layout: odd while the page is being moved to another class.
+// A page of a class holds at least one live value or zombie at every unlock: a page that holds
+// neither goes back to the free page list at once (Slab::do_release_page), for any class to take.
 struct PageMeta {
   std::atomic<uint64_t> gen;
   uint32_t cls;             // size class, or kFreePage
   uint32_t live;            // live slots on the page (writer-only)
-  uint64_t next_free_page;  // free page list link: page index + 1, 0 = end
+  uint32_t zombies;         // zombie slots on the page (writer-only)
+  uint32_t next_free_page;  // free page list link: page index + 1, 0 = end
   double key_sum;           // sum of the eviction keys of the page's live values (writer-only):
                             // picks the page to move when memory must change size class
 };

@@ -1,25 +1,18 @@
 #include "cache/pins.h"
 
-#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 
-#include "cache/cache.h"
 #include "common/error.h"
+#include "common/proc.h"
 
 namespace shadecache {
 
 bool PinTable::dead(const PinOwner& o, int64_t pid) {
-  if (pid <= 0) return false;  // free, or being taken over
-  if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return true;
-  // The pid exists. It is another process only if both start times are known and differ: a record
-  // being claimed has none yet, and /proc may be unreadable (fd limit, hidepid). When in doubt the
-  // owner is alive: reaping a live owner would unprotect its views, keeping a dead one costs a record.
-  uint64_t stored = o.start_time.load(std::memory_order_acquire);
-  uint64_t now = stored ? process_start_time(pid) : 0;
-  return stored && now && now != stored;
+  // Free (0) or being taken over (kReaping): not a process. A record being claimed has no start
+  // time yet (0 = unknown): then only a missing or exited pid counts (common/proc.h).
+  return pid > 0 && process_gone(pid, o.start_time.load(std::memory_order_acquire));
 }
 
 bool PinTable::take_over(PinOwner& o, int64_t pid) {

@@ -64,7 +64,8 @@ class PinTable {
     return owners_[t / kPinsPerOwner].slots[t % kPinsPerOwner];
   }
   int my_record(const std::string& cache_name);
-  // True only when the owner `pid` of record `o` is known to be gone (see pins.cc: doubt = alive).
+  // True only when the owner `pid` of record `o` is known to be gone (exited, even if not yet
+  // waited for, or its pid reused): common/proc.h's process_gone, where doubt means alive.
   static bool dead(const PinOwner& o, int64_t pid);
   // Moves a dead owner's record from `pid` to kReaping and clears its entries; false when another
   // reaper or claimer got there first.

@@ -52,7 +52,7 @@ std::string Segment::path(const std::string& name) {
   return std::string(kShmDir) + "/" + kPrefix + name;
 }
 
-Segment Segment::create(const std::string& name, size_t size) {
+Segment Segment::create(const std::string& name, size_t size, const std::function<void(int fd)>& before_reserve) {
   validate_name(name);
   struct statvfs vfs;
   if (::statvfs(kShmDir, &vfs) == 0) {
@@ -74,6 +74,7 @@ Segment Segment::create(const std::string& name, size_t size) {
   // From here on a failure must remove the half-made segment.
   try {
     if (::ftruncate(f.fd, static_cast<off_t>(size)) != 0) throw_errno("ftruncate(" + path(name) + ")", errno);
+    if (before_reserve) before_reserve(f.fd);
     int rc = ::posix_fallocate(f.fd, 0, static_cast<off_t>(size));
     if (rc == ENOSPC || rc == ENOMEM)
       throw Error(ErrorKind::kCapacity, "cache '" + name + "': " + kShmDir + " ran out of space reserving " +
@@ -100,7 +101,12 @@ Segment Segment::attach(const std::string& name) {
     throw_errno("shm_open(" + path(name) + ")", err);
   }
   struct stat st;
-  if (::fstat(f.fd, &st) != 0) throw_errno("fstat(" + path(name) + ")", errno);
+  // shm_open and ftruncate are two calls: a creator between them shows size 0 for a moment.
+  for (int i = 0;; ++i) {
+    if (::fstat(f.fd, &st) != 0) throw_errno("fstat(" + path(name) + ")", errno);
+    if (st.st_size > 0 || i == 200) break;
+    ::usleep(10000);
+  }
   if (st.st_size <= 0)
     throw Error(ErrorKind::kLayout, "cache '" + name + "' is empty: its creator died while creating it; "
                                     "remove it with `shadecache rm " + name + "`");

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -13,8 +14,12 @@ class Segment {
   // Creates "/shadecache.<name>" of `size` bytes. Fails with kExists if the name is taken and with
   // kCapacity (before creating anything) if /dev/shm lacks the room. The pages are reserved with
   // posix_fallocate, so a full tmpfs is an error here and never a SIGBUS on first touch later.
-  static Segment create(const std::string& name, size_t size);
-  // Maps an existing segment read-write. kNotFound if there is none.
+  // `before_reserve(fd)` runs once the file has its size and before the reservation (which takes
+  // seconds for gigabytes): the caller writes with it what an attacher may read meanwhile.
+  static Segment create(const std::string& name, size_t size,
+                        const std::function<void(int fd)>& before_reserve = nullptr);
+  // Maps an existing segment read-write. kNotFound if there is none. A size of 0 means its creator
+  // has not sized it yet: attach waits up to 2 s for that (kLayout after).
   static Segment attach(const std::string& name);
   // Removes the name (mappings stay valid until unmapped). Returns false if it did not exist.
   static bool unlink(const std::string& name);

@@ -36,7 +36,8 @@ void Slab::init() {
   for (uint64_t p = num_pages_; p-- > 0;) {
     pages_[p].cls = kFreePage;
     pages_[p].live = 0;
-    pages_[p].next_free_page = *free_page_head_;
+    pages_[p].zombies = 0;
+    pages_[p].next_free_page = static_cast<uint32_t>(*free_page_head_);
     *free_page_head_ = p + 1;
   }
 }
@@ -100,8 +101,25 @@ void Slab::do_push_free_page(uint64_t p) {
   // The caller has already taken the page out of its class (no live slot, no listed free slot).
   pages_[p].cls = kFreePage;
   pages_[p].live = 0;
-  pages_[p].next_free_page = *free_page_head_;
+  pages_[p].zombies = 0;
+  pages_[p].key_sum = 0;
+  pages_[p].next_free_page = static_cast<uint32_t>(*free_page_head_);
   *free_page_head_ = p + 1;
+}
+
+bool Slab::do_release_if_empty(uint64_t p) {
+  PageMeta& pm = pages_[p];
+  if (pm.cls >= num_classes_ || pm.live || pm.zombies) return false;
+  ClassMeta& cm = classes_[pm.cls];
+  for (uint32_t i = 0; i < cm.slots_per_page; ++i) do_unlink_free_slot(pm.cls, p * page_size_ + uint64_t{i} * cm.slot_size);
+  --cm.pages;
+  do_push_free_page(p);
+  return true;
+}
+
+uint64_t Slab::do_take_slot(uint32_t c) {
+  if (uint64_t u = do_pop_free_slot(c)) return u;
+  return do_take_free_page(c) ? do_pop_free_slot(c) : 0;
 }
 
 bool Slab::do_take_free_page(uint32_t c) {
@@ -122,6 +140,7 @@ void Slab::do_cut_page(uint64_t p, uint32_t c) {
   ClassMeta& cm = classes_[c];
   pm.cls = c;
   pm.live = 0;
+  pm.zombies = 0;
   pm.key_sum = 0;
   ++cm.pages;
   uint64_t base = p * page_size_;

@@ -53,9 +53,24 @@ class Slab {
   void do_push_free_slot(uint32_t c, uint64_t off);
   void do_unlink_free_slot(uint32_t c, uint64_t off);
 
+  // A free slot of class c (offset + 1): from the class's free list, else from a free page cut
+  // for c; 0 when neither has one.
+  uint64_t do_take_slot(uint32_t c);
   // Free pages. do_take_free_page cuts a free page for class c and frees its slots; false if none.
   bool do_take_free_page(uint32_t c);
   void do_push_free_page(uint64_t p);
+  // Page p goes back to the free page list when it holds no live value and no zombie (all its
+  // slots are on its class's free list: they are unlinked). Returns whether it went.
+  bool do_release_if_empty(uint64_t p);
+
+  // The page and class counters of a slot that becomes live, stops being live, or becomes / stops
+  // being a zombie. The only places those counters change outside a page cut or a repair.
+  void do_count_live(uint64_t off, int delta) {
+    PageMeta& pm = pages_[page_of(off)];
+    pm.live += delta;
+    classes_[pm.cls].items += delta;
+  }
+  void do_count_zombie(uint64_t off, int delta) { pages_[page_of(off)].zombies += delta; }
   // Recuts page p (which holds no live slot and none of whose slots is on a free list) for class c.
   // Bumps the page generation around the change so that readers holding a stale offset retry.
   void do_cut_page(uint64_t p, uint32_t c);

@@ -1,0 +1,29 @@
+#include "bindings/test_hooks.h"
+
+#include "cache/crash_point.h"
+
+namespace py = pybind11;
+
+namespace shadecache {
+
+void register_test_hooks(py::module_& m) {
+  // SIGKILL this process at crash point `point` after `countdown` passes (0 disarms).
+  m.def("_arm_crash_point", [](int point, long countdown) {
+    g_crash_countdown.store(countdown);
+    g_crash_point.store(countdown > 0 ? point : 0);
+  });
+  // Make every Cache.create of this process sleep `ms` between sizing and reserving the segment.
+  m.def("_set_create_delay_ms", [](long ms) { g_create_delay_ms.store(ms); });
+  py::dict points;
+  points["put_after_alloc"] = static_cast<int>(CrashPoint::kPutAfterAlloc);
+  points["put_mid_write"] = static_cast<int>(CrashPoint::kPutMidWrite);
+  points["put_after_write"] = static_cast<int>(CrashPoint::kPutAfterWrite);
+  points["put_after_publish"] = static_cast<int>(CrashPoint::kPutAfterPublish);
+  points["evict_after_unpublish"] = static_cast<int>(CrashPoint::kEvictAfterUnpublish);
+  points["evict_after_free"] = static_cast<int>(CrashPoint::kEvictAfterFree);
+  points["move_page_mid"] = static_cast<int>(CrashPoint::kMovePageMid);
+  points["scores_mid"] = static_cast<int>(CrashPoint::kScoresMid);
+  m.attr("CRASH_POINTS") = points;
+}
+
+}  // namespace shadecache

@@ -1,0 +1,234 @@
+"""Cluster: this node's view of the job's nodes, and the batched fetch from their servers.
+
+    cluster = Cluster(["10.0.0.1:7070", "10.0.0.2:7070"], node=0, secret=..., timeout=1.0)
+    cluster = Cluster.from_torch(cache, secret=...)      # under torchrun: membership from the job's store
+    values = cluster.fetch(ids)                          # bytes or None per id
+
+Each id has a home node (homes.py, over the nodes this process currently considers alive). fetch()
+sends one GET to every peer that is home to some of the ids, all before reading any reply, so the
+peers work in parallel; every reply must arrive by one deadline (`timeout` seconds after the call).
+A peer that fails (refused, reset, timed out, malformed or corrupt reply) is marked down: its ids
+come back None (the caller reads them from the next tier), and it is retried after a backoff that
+doubles from `backoff[0]` to `backoff[1]` seconds; the first call after that reconnects (the
+address looked up again under torchrun, so a restarted server on a new port rejoins). While a peer
+is down its ids' homes move to the live nodes (only its share moves).
+
+Picklable: DataLoader workers get the addresses and the secret, and open their own connections.
+"""
+import os
+import socket
+import time
+
+import numpy as np
+
+from . import auth, homes, wire
+from .client import PeerClient, split_address
+
+STORE_PREFIX = "shadecache/peer/node"
+
+
+class _Peer:
+    def __init__(self, address):
+        self.address = address
+        self.client = None
+        self.failures = 0
+        self.retry_at = 0.0
+
+
+class Cluster:
+    def __init__(self, addresses, node: int, secret=None, timeout: float = 1.0,
+                 backoff=(0.5, 8.0), lookup=None):
+        if isinstance(addresses, (str, bytes)) or not len(addresses):
+            raise ValueError("addresses must be a non-empty list of 'host:port' (one per node)")
+        addresses = [None if a is None else str(a) for a in addresses]
+        for k, a in enumerate(addresses):
+            if a is not None and k != node:
+                split_address(a)
+        if isinstance(node, bool) or not isinstance(node, int) or not 0 <= node < len(addresses):
+            raise ValueError(f"node must be an index into the {len(addresses)} addresses, got {node!r}")
+        if not (isinstance(timeout, (int, float)) and 0 < timeout <= 3600):
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        self.addresses = addresses
+        self.node = node
+        self.num_nodes = len(addresses)
+        self.timeout = float(timeout)
+        self.backoff = (float(backoff[0]), float(backoff[1]))
+        self._key = auth.secret_bytes(secret)
+        self._lookup = lookup      # node -> address, or None (under torchrun: the job's store)
+        self.server = None         # the PeerServer this process started, if any
+        self._reset()
+
+    def _reset(self):
+        self._pid = os.getpid()
+        self._peers = [_Peer(a) for a in self.addresses]
+        self.counters = {"requests": 0, "hits": 0, "misses": 0, "bytes": 0, "seconds": 0.0,
+                         "failures": 0, "skipped": 0}
+
+    def __getstate__(self):
+        return {"addresses": [p.address for p in self._peers] if hasattr(self, "_peers") else self.addresses,
+                "node": self.node, "timeout": self.timeout, "backoff": self.backoff, "key": self._key}
+
+    def __setstate__(self, s):
+        self.__init__(s["addresses"], s["node"], s["key"], s["timeout"], s["backoff"])
+
+    # ---- membership --------------------------------------------------------------------------
+    def alive(self) -> np.ndarray:
+        """Which nodes this process currently sends requests to (itself always)."""
+        now = time.monotonic()
+        return np.array([k == self.node or (p.address is not None and p.retry_at <= now)
+                         for k, p in enumerate(self._peers)])
+
+    def home_of(self, ids) -> np.ndarray:
+        """The home node of every id among the nodes alive now."""
+        self._check_pid()
+        return homes.home_of(ids, range(self.num_nodes), self.alive())
+
+    def _check_pid(self):
+        if self._pid != os.getpid():   # forked: the parent's sockets are not ours to use
+            self._reset()
+
+    def _failed(self, peer: _Peer) -> None:
+        if peer.client is not None:
+            peer.client.close()
+        peer.failures += 1
+        delay = min(self.backoff[0] * 2 ** (peer.failures - 1), self.backoff[1])
+        peer.retry_at = time.monotonic() + delay
+        self.counters["failures"] += 1
+
+    def _client(self, k: int) -> PeerClient:
+        peer = self._peers[k]
+        if peer.client is None or peer.client.sock is None:
+            if peer.failures and self._lookup is not None:
+                address = self._lookup(k)       # a restarted server may have a new port
+                if address and address != peer.address:
+                    peer.address = address
+                    peer.client = None
+            if peer.client is None:
+                peer.client = PeerClient(peer.address, self._key)
+        return peer.client
+
+    # ---- the batched fetch -------------------------------------------------------------------
+    def fetch(self, ids, home=None) -> list:
+        """bytes or None for every id: the ids whose home is a live peer are asked of it; the
+        others (this node's own, and those of peers that fail) are None."""
+        self._check_pid()
+        ids = np.asarray(ids, dtype=np.int64)
+        out = [None] * ids.size
+        if self.num_nodes == 1 or ids.size == 0:
+            return out
+        if home is None:
+            home = self.home_of(ids)
+        t0 = time.monotonic()
+        deadline = t0 + self.timeout
+        sent = []
+        for k in np.unique(home).tolist():
+            if k == self.node:
+                continue
+            where = np.flatnonzero(home == k)
+            peer = self._peers[k]
+            if peer.retry_at > t0:
+                self.counters["skipped"] += where.size
+                continue
+            for part in np.array_split(where, -(-where.size // wire.MAX_BATCH)):
+                try:
+                    client = self._client(k)
+                    sent.append((k, part, client.send_get(ids[part], deadline)))
+                except (OSError, ValueError) as e:
+                    self._failed(peer)
+                    break
+        for k, part, opaque in sent:
+            peer = self._peers[k]
+            if peer.client is None or peer.client.sock is None:
+                continue    # failed on an earlier part of this call
+            try:
+                values = peer.client.recv_get(ids[part].tolist(), opaque, deadline)
+            except (OSError, ValueError):   # timeouts, resets, ProtocolError, RemoteError
+                self._failed(peer)
+                continue
+            peer.failures = 0
+            for j, v in zip(part.tolist(), values):
+                out[j] = v
+        c = self.counters
+        c["requests"] += len(sent)
+        hits = sum(v is not None for v in out)
+        c["hits"] += hits
+        c["misses"] += sum(p.size for _, p, _ in sent) - hits
+        c["bytes"] += sum(len(v) for v in out if v is not None)
+        c["seconds"] += time.monotonic() - t0
+        return out
+
+    def ping(self) -> dict:
+        """Round-trip seconds (or the error) of every peer."""
+        out = {}
+        for k in range(self.num_nodes):
+            if k == self.node:
+                continue
+            try:
+                out[k] = self._client(k).ping(self.timeout)
+            except (OSError, ValueError) as e:
+                out[k] = e
+        return out
+
+    def stats(self) -> dict:
+        d = dict(self.counters)
+        d["nodes"] = self.num_nodes
+        d["node"] = self.node
+        d["down"] = [k for k, a in enumerate(self.alive().tolist()) if not a]
+        return d
+
+    def close(self) -> None:
+        for p in self._peers:
+            if p.client is not None:
+                p.client.close()
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+
+    # ---- membership from torch.distributed ---------------------------------------------------
+    @classmethod
+    def from_torch(cls, cache, secret=None, host=None, port: int = 0, timeout: float = 1.0,
+                   ssd=None, store=None, prefix: str = STORE_PREFIX) -> "Cluster":
+        """Joins the job's nodes through torch.distributed's key-value store (torchrun).
+
+        Local rank 0 of each node starts the node's server (serving `cache`, `ssd`, and `store`
+        read-through) and publishes its address under `prefix/<node rank>`; every process reads
+        all addresses. Node rank: GROUP_RANK (torchrun), else rank // LOCAL_WORLD_SIZE.
+        secret: default $SHADECACHE_SECRET; host: the address to bind and publish (default
+        127.0.0.1 when MASTER_ADDR is loopback, else this host's name; a non-loopback host
+        needs a secret)."""
+        import torch.distributed as dist
+
+        from .launch import serve
+
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("Cluster.from_torch needs torch.distributed initialised "
+                               "(init_process_group) first")
+        if secret is None:
+            secret = os.environ.get("SHADECACHE_SECRET")
+        kv = dist.distributed_c10d._get_default_store()
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        node = int(os.environ.get("GROUP_RANK", dist.get_rank() // local_world))
+        num_nodes = dist.get_world_size() // local_world
+        server = None
+        if local_rank == 0:
+            if host is None:
+                from .server import is_loopback
+                master = os.environ.get("MASTER_ADDR", "127.0.0.1")
+                host = "127.0.0.1" if is_loopback(master) else socket.gethostname()
+            server = serve(cache, host=host, port=port, secret=secret, ssd=ssd, store=store)
+            kv.set(f"{prefix}/{node}", server.address)
+        addresses = [kv.get(f"{prefix}/{k}").decode() for k in range(num_nodes)]
+
+        def lookup(k, kv=kv):
+            try:
+                return kv.get(f"{prefix}/{k}").decode()
+            except Exception:   # the store itself is gone: keep the old address
+                return None
+
+        cluster = cls(addresses, node, secret, timeout, lookup=lookup)
+        cluster.server = server
+        return cluster
+
+    def __repr__(self):
+        return f"<Cluster node {self.node} of {self.num_nodes}, timeout={self.timeout}s>"

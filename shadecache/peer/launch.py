@@ -1,0 +1,84 @@
+"""serve(): starts this node's peer server in a process of its own and returns its handle.
+
+The server process is `python -m shadecache.peer` (a fresh interpreter: no fork of a
+training process with its threads, no re-import of the user's __main__). It gets its
+configuration, secret included, over its stdin pipe, never on the command line, and exits when
+that pipe closes, so it never outlives the process that started it.
+"""
+import os
+import pickle
+import select
+import signal
+import struct
+import subprocess
+import sys
+
+from . import auth
+from .server import check_bind
+
+START_TIMEOUT = 60.0
+
+
+class PeerServer:
+    """Handle of a running peer server process: .address ("host:port"), .pid, close()."""
+
+    def __init__(self, proc, address: str):
+        self._proc = proc
+        self.address = address
+        self.pid = proc.pid
+
+    @property
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stops the server (closing its pipe asks it to exit; SIGKILL after `timeout`)."""
+        if self._proc.stdin is not None and not self._proc.stdin.closed:
+            try:
+                self._proc.stdin.close()
+            except OSError:
+                pass
+        try:
+            self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return f"<PeerServer {self.address} pid={self.pid}{'' if self.alive else ' exited'}>"
+
+
+def serve(cache, host: str = "127.0.0.1", port: int = 0, secret=None, ssd=None, store=None) -> PeerServer:
+    """Serves `cache` (and `ssd`, an SSDTier; and `store`, read through on a miss, so that the
+    home node of a sample reads it from shared storage once) to the other nodes.
+
+    secret: str or bytes shared by the nodes (None: only loopback may be bound). port 0 picks a
+    free port; the handle's .address says which."""
+    key = auth.secret_bytes(secret)
+    check_bind(host, key)
+    if not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ValueError(f"port must be an int in 0..65535, got {port!r}")
+    cfg = pickle.dumps({"cache": cache.name, "host": host, "port": port, "secret": key,
+                        "ssd": ssd, "store": store})
+    env = dict(os.environ)
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    proc = subprocess.Popen([sys.executable, "-m", "shadecache.peer"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, env=env, start_new_session=True)
+    proc.stdin.write(struct.pack("<I", len(cfg)) + cfg)
+    proc.stdin.flush()
+    ready, _, _ = select.select([proc.stdout], [], [], START_TIMEOUT)
+    line = proc.stdout.readline().decode().strip() if ready else ""
+    if not line:
+        proc.kill()
+        proc.wait()
+        raise OSError(f"peer server did not start (exit status {proc.returncode})")
+    return PeerServer(proc, line)
