@@ -61,7 +61,8 @@ else:
     print("shadecache: liburing not found; _io builds with the pread backend only")
 io = Pybind11Extension(
     "shadecache._io",
-    common + sources("csrc/io/*.cc", "csrc/bindings/io_module.cc"),
+    common + sources("csrc/io/*.cc", "csrc/bindings/io_module.cc",
+                     "csrc/bindings/read_stream_bindings.cc"),
     include_dirs=["csrc"],
     cxx_std=17,
     extra_compile_args=CXXFLAGS,

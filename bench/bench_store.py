@@ -15,6 +15,10 @@ rounds of 1 s runs):
 3. 128 KB samples, O_DIRECT, QD 32: read_many(256) bandwidth vs fio --bs=128k.
 4. One file per sample (an ImageFolder tree of small files): FolderStore.read_many(256) vs a loop
    of open(path, 'rb').read(), with a cold page cache (dropped before each side) and warm.
+5. (issue 10) The same 4 KB and 128 KB O_DIRECT ids through the prefetch path: a stream of
+   256-id batches into the prefetcher's ReadStream (shadecache/prefetch.py `_NextTier`, 2 lanes,
+   QD 32 in all, 4 batches queued) vs fio in the same rounds (fio, stream, stream, fio).
+   `--stream-only` runs just these rows.
 
 Checksums are verified by read_many in every row (the default); the alternatives check nothing.
 Needs fio (installed with apt-get when missing and possible, else its rows are skipped) and root
@@ -129,6 +133,30 @@ def read_many_for(store, ids: np.ndarray, secs: float) -> dict:
             return {"iops": done / el, "bw": nbytes / el}
 
 
+def stream_for(store, ids: np.ndarray, secs: float, ahead: int = 4) -> dict:
+    """The prefetch path: BATCH-id batches submitted to the prefetcher's reader `ahead` at a time
+    (the next one goes in as soon as the oldest is taken), for about `secs` seconds."""
+    from shadecache.prefetch import _NextTier
+    tier = _NextTier(store, QD, 2)
+    done = nbytes = k = 0
+    t0 = time.perf_counter()
+    try:
+        for _ in range(ahead):
+            tier.submit(ids[k:k + BATCH])
+            k = (k + BATCH) % (len(ids) - BATCH)
+        while True:
+            out = tier.take()
+            done += len(out)
+            nbytes += sum(map(len, out))
+            el = time.perf_counter() - t0
+            if el >= secs:
+                return {"iops": done / el, "bw": nbytes / el}
+            tier.submit(ids[k:k + BATCH])
+            k = (k + BATCH) % (len(ids) - BATCH)
+    finally:
+        tier.close()
+
+
 def timed(fn) -> float:
     t0 = time.perf_counter()
     fn()
@@ -165,7 +193,7 @@ def median(xs) -> float:
 
 # ---- rows --------------------------------------------------------------------------------------
 
-def bench_vs_fio(fio, path, bs_label, n, rounds, secs, key) -> dict:
+def bench_vs_fio(fio, path, bs_label, n, rounds, secs, key, read_for=read_many_for) -> dict:
     """Rounds of fio, ours, ours, fio (ABBA, so a drift within a round weighs on both sides alike);
     the device's speed wanders by +-30 % from second to second here, so rounds are short."""
     store = sc.PackedStore(path, direct=True, queue_depth=QD)
@@ -174,8 +202,8 @@ def bench_vs_fio(fio, path, bs_label, n, rounds, secs, key) -> dict:
     for _ in tqdm(range(rounds), desc=f"{bs_label} O_DIRECT vs fio", file=sys.stderr):
         ids = rng.integers(0, n, 400_000)
         f1 = fio_run(fio, path, bs_label, int(secs))[key]
-        o1 = read_many_for(store, ids[:200_000], secs)[key]
-        o2 = read_many_for(store, ids[200_000:], secs)[key]
+        o1 = read_for(store, ids[:200_000], secs)[key]
+        o2 = read_for(store, ids[200_000:], secs)[key]
         f2 = fio_run(fio, path, bs_label, int(secs))[key]
         ours.append((o1 + o2) / 2)
         theirs.append((f1 + f2) / 2)
@@ -271,6 +299,8 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the files for another run")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test, not a result")
     ap.add_argument("--no-fio", action="store_true", help="skip the fio rows")
+    ap.add_argument("--stream-only", action="store_true",
+                    help="only the prefetch-path rows against fio (issue 10)")
     ap.add_argument("--json", default=os.path.join(OUT, "bench_store.json"),
                     help="where the results go")
     args = ap.parse_args(argv)
@@ -291,7 +321,7 @@ def main(argv=None) -> int:
           else make_pack(p4, 4096, total))
     n128 = (sc.PackedStore(p128).__len__() if os.path.exists(p128) and args.keep
             else make_pack(p128, 128 << 10, total))
-    if not (os.path.isdir(tree) and args.keep):
+    if not (os.path.isdir(tree) and args.keep) and not args.stream_only:
         shutil.rmtree(tree, ignore_errors=True)
         make_tree(tree, args.files)
 
@@ -304,6 +334,13 @@ def main(argv=None) -> int:
     count = 1000 if args.quick else 20000
     t_start = time.time()
     try:
+        if fio:
+            results["4k_stream_vs_fio"] = bench_vs_fio(fio, p4, "4k", n4, args.rounds, args.secs,
+                                                       "iops", read_for=stream_for)
+            results["128k_stream_vs_fio"] = bench_vs_fio(fio, p128, "128k", n128, args.rounds,
+                                                         args.secs, "bw", read_for=stream_for)
+        if args.stream_only:
+            return finish(results, args, t_start)
         if fio:
             results["4k_vs_fio"] = bench_vs_fio(fio, p4, "4k", n4, args.rounds, args.secs, "iops")
         if cold_ok:
@@ -321,6 +358,11 @@ def main(argv=None) -> int:
         results["seconds"] = time.time() - t_start
         if not args.keep:
             shutil.rmtree(args.dir, ignore_errors=True)
+    return finish(results, args, t_start)
+
+
+def finish(results, args, t_start) -> int:
+    results["seconds"] = time.time() - t_start
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:
         json.dump(results, f, indent=1)
@@ -344,6 +386,16 @@ def print_table(r: dict) -> None:
         x = r["4k_vs_pread_cold"]
         row("4 KB cold cache, read_many(256)", x["ours"], x["loop"], "os.pread loop", x["ratio"],
             2.5, "reads/s")
+    if "4k_stream_vs_fio" in r:
+        x = r["4k_stream_vs_fio"]
+        row("4 KB O_DIRECT QD32, prefetch stream of 256-id batches", x["ours"], x["fio"],
+            "fio io_uring", x["ratio"], 0.95, "IOPS")
+    if "128k_stream_vs_fio" in r:
+        x = r["128k_stream_vs_fio"]
+        row("128 KB O_DIRECT QD32, prefetch stream of 256-id batches", x["ours"] / 2**20,
+            x["fio"] / 2**20, "fio io_uring", x["ratio"], 0.95, "MiB/s")
+    if "4k_vs_pread_warm" not in r:
+        return print_rows(rows, r)
     x = r["4k_vs_pread_warm"]
     row("4 KB warm cache, read_many(256)", x["ours"], x["loop"], "os.pread loop", x["ratio"],
         None, "reads/s")
@@ -361,6 +413,10 @@ def print_table(r: dict) -> None:
     x = r["folder_warm"]
     row("FolderStore warm cache, read_many(256)", x["ours"], x["loop"], "open().read()",
         x["ratio"], None, "files/s")
+    print_rows(rows, r)
+
+
+def print_rows(rows, r) -> None:
     head = ("case", "shadecache", "alternative", "ratio", "target", "met")
     widths = [max(len(str(c[i])) for c in rows + [head]) for i in range(len(head))]
     line = " | ".join(h.ljust(w) for h, w in zip(head, widths))
@@ -368,7 +424,7 @@ def print_table(r: dict) -> None:
     print("-+-".join("-" * w for w in widths))
     for c in rows:
         print(" | ".join(str(v).ljust(w) for v, w in zip(c, widths)))
-    for key in ("4k_vs_fio", "128k_vs_fio"):
+    for key in ("4k_vs_fio", "128k_vs_fio", "4k_stream_vs_fio", "128k_stream_vs_fio"):
         if key in r:
             print(f"per-round ratios {key}: " + " ".join(f"{x:.2f}" for x in r[key]["ratios"]))
     print(f"\nkernel {r['kernel']}, {r['fio'] or 'no fio'}, "

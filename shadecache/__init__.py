@@ -35,6 +35,9 @@ _LAZY = {
     "serve": ".peer",
     "PeerServer": ".peer",
     "SSDTier": ".ssd_tier",
+    "OrderBoard": ".order",
+    "belady_hits": ".order",
+    "Prefetcher": ".prefetch",
 }
 
 __all__ = sorted(list(_LAZY) + ["__version__", "CapacityError", "ClosedError", "CorruptionError",

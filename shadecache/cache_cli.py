@@ -34,7 +34,13 @@ def cmd_ls(args) -> int:
 
 def cmd_stats(args) -> int:
     with Cache.attach(args.name) as c:
-        print(json.dumps(c.stats(), indent=2, sort_keys=True))
+        d = c.stats()
+        from .order import board_for   # issue 10: the prefetcher's per-epoch counters, if any
+        board = board_for(c)
+        if board is not None:
+            d["prefetch"] = {"prefetcher_pid": board.prefetcher_pid, **board.totals(),
+                             "per_epoch": board.epoch_counters()}
+        print(json.dumps(d, indent=2, sort_keys=True))
     return 0
 
 

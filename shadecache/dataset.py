@@ -33,7 +33,8 @@ import torch
 from torch.utils.data import Dataset, get_worker_info
 
 _FIELDS = ("hits", "misses", "bytes_read", "samples", "store_reads",
-           "peer_hits", "peer_bytes", "peer_ns", "ssd_hits", "ssd_bytes", "ssd_ns", "store_ns")
+           "peer_hits", "peer_bytes", "peer_ns", "ssd_hits", "ssd_bytes", "ssd_ns", "store_ns",
+           "prefetch_hits", "wait_ns")
 _ROWS = 65   # row 0: the main process; rows 1..64: DataLoader workers by worker id (mod 64)
 
 
@@ -41,6 +42,31 @@ def _default_decode(data):
     if not data:  # torch.frombuffer refuses an empty buffer; the format allows 0-byte samples
         return torch.empty(0, dtype=torch.uint8)
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def _prefetch_hits(cache, ids, hit) -> int:
+    """Hits on samples the prefetcher brought and no read had used yet (their board flag is
+    cleared here: shadecache/order.py). hit(): the batch's bool mask of cache hits."""
+    from .order import board_for
+    board = board_for(cache)
+    if board is None:
+        return 0
+    flags = board.flags[ids]
+    if not flags.any():
+        return 0
+    used = ids[(flags != 0) & hit()]
+    board.flags[used] = 0
+    return int(np.unique(used).size)
+
+
+def _prefetch_stats(cache) -> dict:
+    from .order import board_for
+    board = board_for(cache)
+    if board is None:
+        return {}
+    t = board.totals()
+    return {"prefetched": t["prefetched"], "prefetch_wasted": t["prefetch_wasted"],
+            "prefetch_per_epoch": board.epoch_counters()}
 
 
 class CachedDataset(Dataset):
@@ -124,14 +150,21 @@ class CachedDataset(Dataset):
         # `None in values` is one C-level scan: an all-hit batch (the common case once the cache
         # is warm) builds no Python list of misses.
         missed = [i for i, v in zip(ids, values) if v is None] if None in values else []
+        hits = len(ids) - len(missed)
+        pf_hits = self.prefetch_hits(a, lambda: np.fromiter((v is not None for v in values), bool,
+                                                            len(values))) if hits else 0
+        wait_ns = 0
         if missed:
             uniq = list(dict.fromkeys(missed))          # a batch may hold an id twice
+            t0 = time.perf_counter_ns()
             got = dict(zip(uniq, self.fetch_missing(uniq)))
+            wait_ns = time.perf_counter_ns() - t0   # the loop waits on every tier below the cache
             values = [got[i] if v is None else v for i, v in zip(ids, values)]
-        self.count(len(ids) - len(missed), len(missed), len(ids))
+        self.count(hits, len(missed), len(ids), pf_hits, wait_ns)
         return values
 
-    def count(self, hits: int, misses: int, samples: int) -> None:
+    def count(self, hits: int, misses: int, samples: int, prefetch_hits: int = 0,
+              wait_ns: int = 0) -> None:
         """Adds one batch's cache lookups to this process's counter row (fetch_missing counts what
         the tiers served). Under a lock: CachedLoader's threads share the row."""
         row = self._row()
@@ -139,6 +172,14 @@ class CachedDataset(Dataset):
             row[0] += hits
             row[1] += misses
             row[3] += samples
+            row[12] += prefetch_hits
+            row[13] += wait_ns
+
+    def prefetch_hits(self, ids: np.ndarray, hit) -> int:
+        """Hits of a batch on samples the prefetcher brought (their board flags are cleared).
+        hit() returns the batch's bool mask of cache hits; it is called only when some id of the
+        batch carries a flag, so a batch without prefetched samples pays one flag lookup."""
+        return _prefetch_hits(self.cache, ids, hit) if self.cache is not None else 0
 
     def fetch_missing(self, ids: list) -> list:
         """The bytes of every id (distinct, in range) that the node cache missed, through the tiers
@@ -255,11 +296,12 @@ class CachedDataset(Dataset):
 
     def stats(self) -> dict:
         """Counts over every process that used this data set: hits, misses, bytes_read (from the
-        store), samples, store_reads (distinct ids read), and hit_ratio; per tier below the
-        cache (`tiers`: peer, ssd, store): samples served, bytes, and seconds spent in that tier's
-        batched calls."""
-        t = self._table()
-        d = dict(zip(_FIELDS, (int(v) for v in t.sum(axis=0))))
+        store), samples, store_reads (distinct ids read), hit_ratio; per tier below the cache
+        (`tiers`: peer, ssd, store): samples served, bytes, and seconds spent in that tier's
+        batched calls; wait_s (time the loop waited on the tiers below the cache for misses),
+        prefetch_hits (hits on samples the prefetcher brought); with an order board also
+        prefetched, prefetch_wasted and their per-epoch rows (prefetch.py)."""
+        d = dict(zip(_FIELDS, (int(v) for v in self._table().sum(axis=0))))
         d["hit_ratio"] = d["hits"] / d["samples"] if d["samples"] else 0.0
         d["tiers"] = {
             "peer": {"hits": d["peer_hits"], "bytes": d["peer_bytes"], "ns": d.pop("peer_ns")},
@@ -267,8 +309,9 @@ class CachedDataset(Dataset):
             "store": {"hits": d["store_reads"], "bytes": d["bytes_read"], "ns": d.pop("store_ns")},
         }
         for tier in d["tiers"].values():
-            ns = tier.pop("ns")
-            tier["seconds"] = ns / 1e9
+            tier["seconds"] = tier.pop("ns") / 1e9
+        d["wait_s"] = d.pop("wait_ns") / 1e9
+        d.update(_prefetch_stats(self.cache))
         return d
 
     def reset_stats(self):

@@ -130,7 +130,8 @@ def train_run(store, cfg: RunConfig, test, cache_name: str, progress: bool = Fal
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda k: 0.5 * (1.0 + np.cos(np.pi * min(k, steps_total) / steps_total)))
     out = {"config": asdict(cfg), "acc": [], "hit_ratio": [], "bytes_read": [],
-           "coverage": [], "not_in_window": [], "cached_fraction": []}
+           "coverage": [], "not_in_window": [], "cached_fraction": [], "max_items": 0,
+           "trace": []}   # trace: every id the loader served, in order (offline bounds)
     with sc.Cache.create(cache_name, num_samples=n, capacity_bytes=capacity,
                          policy=cfg.policy, max_item_bytes=item_bytes) as cache:
         aug = cfg.extra.get("augment", cfg.augment)
@@ -172,6 +173,7 @@ def train_run(store, cfg: RunConfig, test, cache_name: str, progress: bool = Fal
                 opt.step()
                 sched.step()
                 samples += len(idx)
+                out["trace"].extend(idx.tolist())
                 bar.update(1)
             train_time += time.perf_counter() - t0
             sampler.end_epoch()
@@ -185,6 +187,7 @@ def train_run(store, cfg: RunConfig, test, cache_name: str, progress: bool = Fal
             out["not_in_window"].append(int((sampler.last_drawn
                                              <= epoch - max(cfg.coverage_epochs, 2)).sum()))
             out["cached_fraction"].append(cache.stats()["items"] / n)
+            out["max_items"] = max(out["max_items"], cache.stats()["items"])
             out["acc"].append(_accuracy(model, tx, ty))
             bar.set_postfix(acc=f"{out['acc'][-1]:.1f}", hit=f"{out['hit_ratio'][-1]:.2f}")
         bar.close()

@@ -34,6 +34,7 @@ import itertools
 import math
 import queue
 import threading
+import time
 import warnings
 
 import numpy as np
@@ -269,7 +270,7 @@ class CachedLoader:
             lens = _core.gather_rows(ds.cache._core, ids, out)   # checks every id
         else:
             lens = np.full(ds.check_ids(ids).size, -1, dtype=np.int64)
-        missed = 0
+        missed = wait_ns = 0
         if np.count_nonzero(lens != s):   # one pass; an all-hit batch does no more
             bad = np.flatnonzero((lens >= 0) & (lens != s))
             if bad.size:
@@ -278,10 +279,12 @@ class CachedLoader:
                                  f"every sample of the store has {s}")
             pos = np.flatnonzero(lens < 0)
             missed = pos.size
-            got = _fetch_missed(ds, ids[pos].tolist())
+            got, wait_ns = _fetch_missed(ds, ids[pos].tolist())
             for p, i in zip(pos.tolist(), ids[pos].tolist()):
                 out[p] = np.frombuffer(got[i], dtype=np.uint8)
-        ds.count(ids.size - missed, missed, ids.size)
+        hits = ids.size - missed
+        pf = ds.prefetch_hits(ids, lambda: lens >= 0) if hits else 0
+        ds.count(hits, missed, ids.size, pf, wait_ns)
         return x
 
     def _ragged(self, ids):
@@ -293,8 +296,10 @@ class CachedLoader:
             flat = np.empty(0, dtype=np.uint8)
             lens = np.full(ds.check_ids(ids).size, -1, dtype=np.int64)
         missed = np.flatnonzero(lens < 0)
+        hit = lens >= 0            # before the misses' lengths are filled in below
+        wait_ns = 0
         if missed.size:
-            got = _fetch_missed(ds, ids[missed].tolist())
+            got, wait_ns = _fetch_missed(ds, ids[missed].tolist())
             hit_ends = np.cumsum(np.maximum(lens, 0))
             pieces = []
             for pos, (i, n) in enumerate(zip(ids.tolist(), lens.tolist())):
@@ -308,7 +313,9 @@ class CachedLoader:
         np.cumsum(lens, out=offsets[1:])
         if ds.cache is not None and lens.size:
             self._len_hint = int(offsets[-1]) // lens.size   # sizes the next batch's buffer once
-        ds.count(ids.size - missed.size, missed.size, ids.size)
+        hits = ids.size - missed.size
+        pf = ds.prefetch_hits(ids, lambda: hit) if hits else 0
+        ds.count(hits, missed.size, ids.size, pf, wait_ns)
         return RaggedBatch(torch.from_numpy(flat), torch.from_numpy(offsets))
 
     def _pin(self, batch):
@@ -318,11 +325,13 @@ class CachedLoader:
         return pin_memory(batch)
 
 
-def _fetch_missed(ds, missed: list) -> dict:
-    """id -> bytes for the missed ids of a batch (an id may repeat): one call of the data set's
-    miss path (tiers, store, admission into the cache), as a DataLoader worker makes it."""
+def _fetch_missed(ds, missed: list):
+    """({id: bytes}, ns waited) for the missed ids of a batch (an id may repeat): one call of the
+    data set's miss path (tiers, store, admission into the cache), as a DataLoader worker makes it."""
     uniq = list(dict.fromkeys(missed))
-    return dict(zip(uniq, ds.fetch_missing(uniq)))
+    t0 = time.perf_counter_ns()
+    values = ds.fetch_missing(uniq)
+    return dict(zip(uniq, values)), time.perf_counter_ns() - t0
 
 
 class _Threads:

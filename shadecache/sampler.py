@@ -44,6 +44,7 @@ import torch.distributed as dist
 from torch.utils.data import Sampler
 
 from .importance import ImportanceTable
+from .order import published_iter
 
 
 def _dist_world():
@@ -298,7 +299,7 @@ class ShadeSampler(Sampler):
         start, self._start = self._start, 0
         if start == 0:
             self._consumed = 0
-        return iter(order[start:].tolist())
+        return published_iter(self, order, start)   # issue 10: publishes to the order board
 
     # ---- scores ------------------------------------------------------------------------------
     def update(self, idx, losses):

@@ -109,6 +109,7 @@ def test_fixed_size_same_as_dataloader_hits_and_misses(fixed_store, cache_factor
     assert st["samples"] == served and st["hits"] + st["misses"] == served
     assert 0 < st["hits"] < served and st["misses"] > 0
     assert st["bytes_read"] == st["store_reads"] * SIZE * SIZE
+    assert st["wait_s"] > 0 and st["tiers"]["store"]["hits"] == st["store_reads"]
     assert cache.cached_mask()[np.concatenate([b[2].numpy() for b in batches])].all()  # admitted
     cache.check()
     # a second epoch is all hits and still the same batches

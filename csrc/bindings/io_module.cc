@@ -27,6 +27,8 @@
 namespace py = pybind11;
 using namespace shadecache;
 
+void register_read_stream(py::module_& m);  // read_stream_bindings.cc (issue 10)
+
 namespace {
 
 py::list packed_read_many(PackedReader& r, const py::handle& ids_obj) {
@@ -212,6 +214,8 @@ PYBIND11_MODULE(_io, m) {
       .def_property_readonly("backend_pid", [](PackedReader& r) { return r.backend().owner_pid(); })
       .def_property_readonly("closed", &PackedReader::closed)
       .def("close", &PackedReader::close);
+
+  register_read_stream(m);
 
   py::class_<FolderReader>(m, "FolderReader")
       .def(py::init([](std::vector<std::string> paths, const std::string& backend,

@@ -1,0 +1,196 @@
+"""Stall time with and without the prefetcher, on slow storage (issue 10, acceptance 3).
+
+    python bench/bench_prefetch.py            # ~2 minutes; prints a table, writes bench/prefetch_stall.png
+
+Slow storage, named openly: the packed store is read with O_DIRECT from this machine's disk, and
+every batch of reads additionally waits `latency x ceil(reads / 32)`: a device on which each read
+takes `latency` (1, 2 and 5 ms here) with 32 reads in flight (`SlowStore` below). The same
+SlowStore object serves the loader's misses and the prefetcher's reads, so both pay the same
+latency.
+
+The loop: a stock DataLoader (num_workers=0) over CachedDataset, ShadeSampler with uniform
+sampling (importance=False: the same order with and without the prefetcher), batch 64, and a
+training step stood in by `--step-ms` of sleep (the time a model would compute; the prefetcher
+is a separate process and does not share the loop's core time in a sleep). The cache holds
+`--cache-fraction` of the samples in both runs. Stall = the time the loop waits in next(loader)
+per epoch (the data path: cache hits copied out, misses read through SlowStore); the first epoch
+is reported too (cold cache) but the target is over all epochs.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import shadecache as sc  # noqa: E402
+from shadecache.experiment import capacity_for_fraction  # noqa: E402
+
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out")
+
+
+class SlowStore:
+    """A PackedStore (O_DIRECT) behind an injected per-read latency: each read_many waits
+    latency x ceil(len(ids) / depth) after the real reads, as a device whose every read takes
+    `latency` with `depth` reads in flight would."""
+
+    def __init__(self, path, latency_s: float, depth: int = 32):
+        self.inner = sc.PackedStore(path, direct=True)
+        self.path, self.latency_s, self.depth = path, latency_s, depth
+        self.lengths = self.inner.lengths
+        self.labels = self.inner.labels
+
+    def __len__(self):
+        return len(self.inner)
+
+    def label(self, i):
+        return self.inner.label(i)
+
+    def read_many(self, ids):
+        out = self.inner.read_many(ids)
+        if len(out):
+            time.sleep(self.latency_s * math.ceil(len(out) / self.depth))
+        return out
+
+    def __reduce__(self):
+        return (SlowStore, (self.path, self.latency_s, self.depth))
+
+
+# The prefetcher process unpickles the store by module name: make this file importable there as
+# `bench_prefetch` (not `__main__`).
+SlowStore.__module__ = "bench_prefetch"
+sys.modules.setdefault("bench_prefetch", sys.modules[__name__])
+_here = os.path.dirname(os.path.abspath(__file__))
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [_here] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+
+
+def run(path, latency_s, prefetch, args, name):
+    from torch.utils.data import DataLoader
+    store = SlowStore(path, latency_s)
+    n = len(store)
+    cap = capacity_for_fraction(n, args.sample_kb << 10, args.cache_fraction)
+    out = {"wait": [], "hit_ratio": [], "prefetched": 0, "prefetch_hits": 0, "wasted": 0}
+    with sc.Cache.create(name, num_samples=n, capacity_bytes=cap, policy="importance",
+                         max_item_bytes=args.sample_kb << 10) as cache, \
+            sc.OrderBoard.create(name, n) as board:
+        ds = sc.CachedDataset(store, cache, decode=bytes)
+        sampler = sc.ShadeSampler(ds, cache=cache, batch_size=64, importance=False, pads=False,
+                                  rep_factor=0.0, seed=0)
+        pf = (sc.Prefetcher(cache, store, lookahead_samples=args.lookahead, batch=128,
+                            max_batches=4).start() if prefetch else None)
+        try:
+            for epoch in range(args.epochs):
+                sampler.set_epoch(epoch)
+                before = ds.stats()
+                waited = 0.0
+                it = iter(DataLoader(ds, batch_size=64, sampler=sampler,
+                                     collate_fn=lambda items: items))
+                while True:
+                    t0 = time.perf_counter()
+                    batch = next(it, None)
+                    waited += time.perf_counter() - t0
+                    if batch is None:
+                        break
+                    time.sleep(args.step_ms / 1000)          # the training step
+                sampler.end_epoch(0.0)
+                after = ds.stats()
+                out["wait"].append(waited)
+                out["hit_ratio"].append((after["hits"] - before["hits"])
+                                        / max(1, after["samples"] - before["samples"]))
+        finally:
+            if pf is not None:
+                pf.stop()
+        st = ds.stats()
+        out["prefetched"] = st.get("prefetched", 0)
+        out["wasted"] = st.get("prefetch_wasted", 0)
+        out["prefetch_hits"] = st["prefetch_hits"]
+        cache.check()
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--samples", type=int, default=4000)
+    ap.add_argument("--sample-kb", type=int, default=16)
+    ap.add_argument("--cache-fraction", type=float, default=0.2)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--step-ms", type=float, default=10.0)
+    ap.add_argument("--lookahead", type=int, default=512)
+    ap.add_argument("--latencies-ms", default="1,2,5")
+    ap.add_argument("--dir", default=os.path.join(OUT, "prefetch_bench"))
+    ap.add_argument("--png", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                  "prefetch_stall.png"))
+    args = ap.parse_args(argv)
+    os.makedirs(args.dir, exist_ok=True)
+    path = os.path.join(args.dir, "slow.shc")
+    rng = np.random.default_rng(0)
+    with sc.PackWriter(path) as w:
+        for i in tqdm(range(args.samples), desc="pack", unit="sample", file=sys.stderr):
+            w.add(rng.bytes((args.sample_kb << 10) - 64), i % 10)
+    lat = [float(x) for x in args.latencies_ms.split(",")]
+    res = {}
+    for k, (ms, pf) in enumerate(tqdm([(m, p) for m in lat for p in (False, True)],
+                                      desc="runs", file=sys.stderr)):
+        res[(ms, pf)] = run(path, ms / 1000, pf, args, f"sc-stall-{os.getpid()}-{k}")
+    # the floor: the same loop with every sample cached after epoch 1 (what the data path costs
+    # in memory: get_many copies, collate), epochs 2+
+    import copy
+    full = copy.copy(args)
+    full.cache_fraction = 1.0
+    floor = run(path, 0.0, False, full, f"sc-stall-{os.getpid()}-floor")
+    os.remove(path)
+    print(f"\n{args.samples} samples of {args.sample_kb} KB, cache {args.cache_fraction:.0%} of "
+          f"them, {args.epochs} epochs, batch 64, step {args.step_ms:g} ms, lookahead "
+          f"{args.lookahead} samples, O_DIRECT + injected latency per read (32 in flight)\n")
+    print("| latency per read | stall/epoch without (s) | stall/epoch with prefetch (s) | ratio "
+          "| epochs 2+ ratio | hit ratio without / with | prefetched | prefetch hits | wasted | "
+          "target <= 0.10 |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    ok_all = True
+    for ms in lat:
+        a, b = res[(ms, False)], res[(ms, True)]
+        wa, wb = np.mean(a["wait"]), np.mean(b["wait"])
+        r = wb / wa
+        r2 = np.mean(b["wait"][1:]) / np.mean(a["wait"][1:]) if args.epochs > 1 else float("nan")
+        ok = r <= 0.10
+        ok_all &= ok
+        print(f"| {ms:g} ms | {wa:.3f} ({' '.join(f'{x:.2f}' for x in a['wait'])}) | "
+              f"{wb:.3f} ({' '.join(f'{x:.2f}' for x in b['wait'])}) | {r:.3f} | {r2:.3f} | "
+              f"{np.mean(a['hit_ratio']):.2f} / {np.mean(b['hit_ratio']):.2f} | "
+              f"{b['prefetched']} | {b['prefetch_hits']} | {b['wasted']} | "
+              f"{'yes' if ok else 'NO'} |")
+    fl = np.mean(floor["wait"][1:]) if args.epochs > 1 else float("nan")
+    print(f"\nfloor (every sample cached, epochs 2+, hit ratio "
+          f"{np.mean(floor['hit_ratio'][1:]):.2f}): {fl:.3f} s/epoch waiting in next(loader)")
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4))
+    x = np.arange(len(lat))
+    ax.bar(x - 0.2, [np.mean(res[(m, False)]["wait"]) for m in lat], 0.4, label="no prefetch")
+    ax.bar(x + 0.2, [np.mean(res[(m, True)]["wait"]) for m in lat], 0.4, label="prefetch")
+    if args.epochs > 1:
+        ax.axhline(fl, color="grey", linestyle=":", label="every sample cached (floor)")
+    ax.set_xticks(x)
+    ax.set_xticklabels([f"{m:g} ms/read" for m in lat])
+    ax.set_ylabel("time the loop waited on data per epoch (s)")
+    ax.set_title(f"stall per epoch, O_DIRECT + injected read latency, cache "
+                 f"{args.cache_fraction:.0%}")
+    ax.legend()
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(args.png, dpi=110)
+    print(f"\nplot: {args.png}")
+    return 0 if ok_all else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

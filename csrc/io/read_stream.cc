@@ -1,0 +1,223 @@
+#include "io/read_stream.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include "common/crc32c.h"
+#include "common/error.h"
+#include "io/pread_backend.h"
+#include "io/uring_backend.h"
+
+namespace shadecache {
+
+namespace {
+
+std::string hex32(uint32_t v) {
+  char buf[16];
+  std::snprintf(buf, sizeof(buf), "%08x", v);
+  return buf;
+}
+
+}  // namespace
+
+ReadStream::ReadStream(PackedReader& reader, BackendKind kind, unsigned queue_depth,
+                       unsigned lanes)
+    : reader_(reader), kind_(kind), pid_(::getpid()) {
+  if (queue_depth < 1 || queue_depth > 4096)
+    throw Error(ErrorKind::kInvalidArgument,
+                "queue_depth must be in [1, 4096], not " + std::to_string(queue_depth));
+  if (lanes < 1 || lanes > 16)
+    throw Error(ErrorKind::kInvalidArgument, "lanes must be in [1, 16], not " + std::to_string(lanes));
+  if (reader.closed()) throw Error(ErrorKind::kClosed, reader.path() + ": store is closed");
+  lanes = std::min(lanes, queue_depth);
+  lane_depth_ = (queue_depth + lanes - 1) / lanes;
+  int flags = O_RDONLY | O_CLOEXEC | (reader.direct() ? O_DIRECT : 0);
+  fd_ = ::open(reader.path().c_str(), flags);
+  if (fd_ < 0) throw_errno("open " + reader.path(), errno);
+  // Make the first lane's backend here-and-now semantics visible: a refused io_uring with
+  // kind == kUring must throw from the constructor, not from a lane. So the lanes are started
+  // and the first one reports whether it could make its backend.
+  std::exception_ptr first_error;
+  bool first_ready = false;
+  for (unsigned i = 0; i < lanes; ++i) threads_.emplace_back([this] { lane_main(); });
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    done_cv_.wait(lk, [&] { return !backend_name_.empty() || stopping_; });
+    first_ready = !backend_name_.empty();
+  }
+  if (!first_ready) {
+    close();
+    throw Error(ErrorKind::kOs, "io_uring: " + fallback_reason_);
+  }
+}
+
+ReadStream::~ReadStream() { close(); }
+
+void ReadStream::check_process() const {
+  if (::getpid() != pid_)
+    throw Error(ErrorKind::kInvalidArgument,
+                "a ReadStream is used only in the process that made it (its threads do not "
+                "survive fork); make a new one in this process");
+}
+
+void ReadStream::lane_main() {
+  // The backend is made in the thread that uses it (an io_uring ring bound to it reads faster).
+  std::unique_ptr<IoBackend> backend;
+  std::string reason;
+  if (kind_ != BackendKind::kPread) {
+    try {
+      backend = make_uring_backend(lane_depth_, /*bind_to_thread=*/true);
+    } catch (const Error& e) {
+      reason = e.what();
+    }
+  }
+  if (!backend && kind_ != BackendKind::kUring) backend = make_pread_backend(std::min(lane_depth_, 64u));
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!backend) {  // io_uring was demanded and refused: the constructor reports it
+      fallback_reason_ = reason;
+      stopping_ = true;
+      done_cv_.notify_all();
+      work_cv_.notify_all();
+      return;
+    }
+    if (backend_name_.empty()) {
+      backend_name_ = backend->name();
+      fallback_reason_ = reason;
+      done_cv_.notify_all();
+    }
+  }
+  for (;;) {
+    std::shared_ptr<Batch> b;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      work_cv_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
+      if (stopping_) return;
+      b = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    try {
+      run(*b, *backend);
+    } catch (...) {
+      b->error = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      b->done = true;
+    }
+    done_cv_.notify_all();
+  }
+}
+
+void ReadStream::run(Batch& b, IoBackend& backend) {
+  const auto& dir = reader_.directory();
+  std::vector<RangeRead> ops;
+  std::vector<size_t> pos;  // ops[j] is batch position pos[j]
+  ops.reserve(b.ids.size());
+  pos.reserve(b.ids.size());
+  for (size_t k = 0; k < b.ids.size(); ++k) {
+    const store::Entry& e = dir[static_cast<size_t>(b.ids[k])];
+    if (e.length == 0) continue;
+    ops.push_back(RangeRead{e.offset, e.length, b.dests[k]});
+    pos.push_back(k);
+  }
+  const bool verify = reader_.verify();
+  std::mutex mu;
+  size_t bad = SIZE_MAX;  // lowest failing batch position
+  uint32_t bad_crc = 0;
+  RangeDone done = [&](size_t j) {
+    if (!verify) return;
+    const RangeRead& op = ops[j];
+    uint32_t c = crc32c(op.dest, op.len);
+    if (c != dir[static_cast<size_t>(b.ids[pos[j]])].crc) {
+      std::lock_guard<std::mutex> lk(mu);
+      if (pos[j] < bad) {
+        bad = pos[j];
+        bad_crc = c;
+      }
+    }
+  };
+  backend.read_ranges(fd_, reader_.direct(), ops.data(), ops.size(), done);
+  if (bad != SIZE_MAX) {
+    int64_t id = b.ids[bad];
+    const store::Entry& e = dir[static_cast<size_t>(id)];
+    throw CorruptSample(reader_.path() + ": sample " + std::to_string(id) + " at file offset " +
+                            std::to_string(e.offset) + " (" + std::to_string(e.length) +
+                            " bytes) is corrupt: checksum " + hex32(bad_crc) + " != stored " +
+                            hex32(e.crc),
+                        static_cast<unsigned long long>(id), e.offset);
+  }
+}
+
+uint64_t ReadStream::submit(std::vector<int64_t> ids, std::vector<char*> dests) {
+  check_process();
+  if (ids.size() != dests.size())
+    throw Error(ErrorKind::kInvalidArgument, "submit: ids and destinations differ in length");
+  auto b = std::make_shared<Batch>();
+  b->ids = std::move(ids);
+  b->dests = std::move(dests);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (stopping_) throw Error(ErrorKind::kClosed, "the read stream is closed");
+    b->ticket = next_ticket_++;
+    queue_.push_back(b);
+    results_.push_back(b);
+  }
+  work_cv_.notify_one();
+  return b->ticket;
+}
+
+uint64_t ReadStream::take() {
+  check_process();
+  std::shared_ptr<Batch> b;
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    if (results_.empty())
+      throw Error(ErrorKind::kInvalidArgument, "take: no batch is pending");
+    b = results_.front();
+    done_cv_.wait(lk, [&] { return b->done || stopping_; });
+    if (!b->done) throw Error(ErrorKind::kClosed, "the read stream is closed");
+    results_.pop_front();
+  }
+  if (b->error) std::rethrow_exception(b->error);
+  return b->ticket;
+}
+
+size_t ReadStream::pending() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return results_.size();
+}
+
+std::string ReadStream::backend_name() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return backend_name_;
+}
+
+std::string ReadStream::fallback_reason() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return fallback_reason_;
+}
+
+void ReadStream::close() {
+  if (::getpid() != pid_) return;  // a forked child: the threads are not here (see the header)
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stopping_ = true;
+    queue_.clear();
+  }
+  work_cv_.notify_all();
+  done_cv_.notify_all();
+  for (auto& t : threads_)
+    if (t.joinable()) t.join();
+  threads_.clear();
+  if (fd_ >= 0) {
+    ::close(fd_);
+    fd_ = -1;
+  }
+}
+
+}  // namespace shadecache

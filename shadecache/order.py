@@ -1,0 +1,490 @@
+"""The order board: each rank's upcoming sample order, published into the node's shared memory.
+
+ShadeSampler draws a whole epoch's order before the epoch starts. Publishing it lets the node's
+prefetcher (shadecache/prefetch.py) read the upcoming misses ahead of the DataLoader and lets the
+clairvoyant eviction policy keep what will be read soonest (Belady, NoPFS SC'21).
+
+One board per cache, a file `/dev/shm/shadecache-order.<cache name>` (mode 0600, removed by its
+creator; not a cache segment, so `shadecache ls` does not list it). It holds S streams, one per
+rank of the node (the stream of a rank is its LOCAL_RANK, else its rank, modulo S), each bounded
+to `capacity` entries: an order longer than that is published up to `capacity` (the prefetcher and
+the policy then see less of the future, nothing breaks).
+
+Positions. Entry k of the order a stream published for epoch e has the global position
+P = e * capacity + k. Positions grow with time on every stream and are compared across the ranks of
+a node (DDP ranks step together), so "the next position at which any rank reads sample i" is the
+minimum over streams of that stream's next position of i.
+
+Layout (little-endian; all offsets fixed by the header so attach checks them):
+
+    header   4096 bytes   magic, version, streams, capacity, num_samples, creator pid,
+                          prefetcher pid + stop word, per-epoch prefetch counters
+    streams  S x 64 bytes seq, epoch, length, cursor (see the contract below)
+    ids      S x capacity int64    the published order of each stream
+    nxt      S x capacity int32    nxt[k]: the next k' > k with ids[k'] == ids[k] in the same stream
+                                   and epoch, or NONE
+    next_use S x N int32           the next k (>= cursor) at which this stream reads sample i in its
+                                   current epoch, or NONE
+    flags    N uint8               1 while sample i sits in the cache because the prefetcher brought
+                                   it and no read has used it yet
+
+Concurrency contract (single writer per stream; any number of readers; no lock):
+- The writer of stream s is the training process of that rank (through ShadeSampler's hook).
+  publish() is a seqlock write: seq += 1 (odd), a full fence, write ids/nxt/next_use/length/epoch,
+  a full fence, seq += 1 (even). A reader copies what it needs between two reads of seq and keeps
+  the copy only when both are equal and even, with a fence after the first read and before the
+  second (memory_fence(): std::atomic_thread_fence(seq_cst) in the native _io module), so the
+  contract holds on weakly ordered CPUs too, not only on x86-TSO.
+- The cursor (how many entries of the epoch the DataLoader has taken from the sampler) and the
+  next_use entries of consumed samples are single aligned 8/4-byte stores by the same writer,
+  outside the seqlock: a reader may see the old or the new value, both valid, never a torn one.
+  next_use entries only move later within an epoch, so a stale one errs on "needed sooner".
+- The per-epoch prefetch counters and the flags are written by the prefetcher (one per node); the
+  flags are also cleared by the processes that read a prefetched sample (a byte store; two readers
+  clearing the same flag at once may both count the prefetch hit, a rare overcount).
+- A process killed at any point leaves at most one stream with an odd seq: readers skip that
+  stream until its writer (or a successor) publishes again. Nothing in the cache depends on the
+  board, so a dead board writer can never make the cache inconsistent.
+"""
+from __future__ import annotations
+
+import atexit
+import heapq
+import mmap
+import os
+import struct
+import time
+from typing import Optional
+
+import numpy as np
+
+MAGIC = 0x3152454452_4F4353   # "SCORDER1"-ish tag; any other value is not a board
+VERSION = 1
+HEADER_BYTES = 4096
+STREAM_BYTES = 64
+MAX_STREAMS = 64
+NONE = np.iinfo(np.int32).max          # "no known next use" in nxt / next_use
+EPOCH_SLOTS = 32                       # per-epoch counter rows kept (epoch mod EPOCH_SLOTS)
+COUNTERS = ("epoch", "prefetched", "prefetch_wasted", "prefetched_bytes", "reads_issued")
+_COUNTER_OFF = 128                     # header offset of the counter rows
+SHM_DIR = "/dev/shm"
+PREFIX = "shadecache-order."
+
+# header words (int64 each) at these byte offsets
+_H_MAGIC, _H_VERSION, _H_STREAMS, _H_CAPACITY, _H_N, _H_CREATOR = 0, 8, 16, 24, 32, 40
+_H_PREFETCHER, _H_STOP = 48, 56
+# stream record words
+_S_SEQ, _S_EPOCH, _S_LENGTH, _S_CURSOR = 0, 1, 2, 3
+
+_OWNED: dict = {}   # board path -> creating pid, unlinked at interpreter exit by that pid only
+
+
+def _unlink_owned_at_exit():
+    for path, pid in list(_OWNED.items()):
+        if pid == os.getpid():
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+
+atexit.register(_unlink_owned_at_exit)
+
+
+def _fence():
+    # A full hardware fence around the seqlock's sequence word (see the module docstring).
+    from . import _io
+    _io.memory_fence()
+
+
+def board_path(cache_name: str) -> str:
+    if not isinstance(cache_name, str) or not cache_name or "/" in cache_name:
+        raise ValueError(f"a board is named after its cache; bad cache name {cache_name!r}")
+    return os.path.join(SHM_DIR, PREFIX + cache_name)
+
+
+def _sizes(streams: int, capacity: int, n: int):
+    off_streams = HEADER_BYTES
+    off_ids = off_streams + MAX_STREAMS * STREAM_BYTES
+    off_nxt = off_ids + streams * capacity * 8
+    off_next = off_nxt + streams * capacity * 4
+    off_flags = off_next + streams * n * 4
+    total = off_flags + n
+    return off_ids, off_nxt, off_next, off_flags, total
+
+
+class OrderBoard:
+    """The published orders of the ranks of one node, for the cache `cache_name`.
+
+    OrderBoard.create(cache_name, num_samples, streams=1, capacity=None)   (capacity: entries per
+    stream, default num_samples); OrderBoard.attach(cache_name); publish(stream, epoch, order);
+    snapshot(stream) -> (epoch, ids, cursor) or None; next_use(ids) -> global positions;
+    set_cursor(stream, k). See the module docstring for the layout and the memory contract.
+    """
+
+    def __init__(self, path: str, fd: int, owner: bool):
+        self.path = path
+        try:
+            size = os.fstat(fd).st_size
+            if size < HEADER_BYTES:
+                raise ValueError(f"{path} is not an order board (only {size} bytes)")
+            self._mm = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        magic, version, streams, capacity, n = struct.unpack_from("<5q", self._mm, 0)
+        if magic != MAGIC:
+            self._mm.close()
+            raise ValueError(f"{path} is not an order board (bad magic)")
+        if version != VERSION:
+            from .errors import LayoutVersionError
+            self._mm.close()
+            raise LayoutVersionError(f"{path}: order board layout {version}, this shadecache "
+                                     f"reads {VERSION}")
+        if not (1 <= streams <= MAX_STREAMS and capacity >= 1 and n >= 1):
+            self._mm.close()
+            raise ValueError(f"{path}: damaged order board header")
+        self.streams, self.capacity, self.num_samples = streams, capacity, n
+        off_ids, off_nxt, off_next, off_flags, total = _sizes(self.streams, self.capacity,
+                                                              self.num_samples)
+        if size != total:
+            self._mm.close()
+            raise ValueError(f"{path}: {size} bytes, its header describes {total}")
+        self._header = np.frombuffer(self._mm, dtype=np.int64, count=HEADER_BYTES // 8)
+        self._srec = np.frombuffer(self._mm, dtype=np.int64, count=MAX_STREAMS * STREAM_BYTES // 8,
+                                   offset=HEADER_BYTES).reshape(MAX_STREAMS, STREAM_BYTES // 8)
+        self._ids = np.frombuffer(self._mm, dtype=np.int64, count=self.streams * self.capacity,
+                                  offset=off_ids).reshape(self.streams, self.capacity)
+        self._nxt = np.frombuffer(self._mm, dtype=np.int32, count=self.streams * self.capacity,
+                                  offset=off_nxt).reshape(self.streams, self.capacity)
+        self._next = np.frombuffer(self._mm, dtype=np.int32, count=self.streams * self.num_samples,
+                                   offset=off_next).reshape(self.streams, self.num_samples)
+        self.flags = np.frombuffer(self._mm, dtype=np.uint8, count=self.num_samples, offset=off_flags)
+        self._counters = np.frombuffer(self._mm, dtype=np.int64, count=EPOCH_SLOTS * len(COUNTERS),
+                                       offset=_COUNTER_OFF).reshape(EPOCH_SLOTS, len(COUNTERS))
+        self._creator = os.getpid() if owner else None
+
+    # ---- lifetime ----------------------------------------------------------------------------
+    @classmethod
+    def create(cls, cache_name: str, num_samples: int, streams: int = 1,
+               capacity: Optional[int] = None) -> "OrderBoard":
+        """Creates the board of cache `cache_name`; FileExistsError if it exists."""
+        for what, v in (("num_samples", num_samples), ("streams", streams)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise TypeError(f"{what} must be an int, got {type(v).__name__}")
+        if num_samples < 1:
+            raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+        if not 1 <= streams <= MAX_STREAMS:
+            raise ValueError(f"streams must be in 1..{MAX_STREAMS}, got {streams}")
+        capacity = int(num_samples if capacity is None else capacity)
+        if not 1 <= capacity < NONE:
+            raise ValueError(f"capacity must be in 1..{NONE - 1}, got {capacity}")
+        path = board_path(cache_name)
+        *_, total = _sizes(int(streams), capacity, int(num_samples))
+        st = os.statvfs(SHM_DIR)
+        if total > st.f_bavail * st.f_frsize:
+            from .errors import CapacityError
+            raise CapacityError(f"order board needs {total} bytes, {SHM_DIR} has "
+                                f"{st.f_bavail * st.f_frsize} free")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            os.ftruncate(fd, total)
+            os.posix_fallocate(fd, 0, total)   # a full tmpfs is an error now, not a SIGBUS later
+            hdr = struct.pack("<qqqqqq", 0, VERSION, streams, capacity, num_samples, os.getpid())
+            os.pwrite(fd, hdr, 0)
+            # next_use starts as NONE everywhere (no stream has published)
+            off_next = _sizes(int(streams), capacity, int(num_samples))[2]
+            os.pwrite(fd, np.full(int(streams) * int(num_samples), NONE, np.int32).tobytes(), off_next)
+            os.pwrite(fd, struct.pack("<q", MAGIC), 0)   # the magic last: a half-made board is refused
+        except BaseException:
+            os.close(fd)
+            os.unlink(path)
+            raise
+        _OWNED[path] = os.getpid()
+        return cls(path, fd, owner=True)
+
+    @classmethod
+    def attach(cls, cache_name: str) -> "OrderBoard":
+        path = board_path(cache_name)
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        return cls(path, fd, owner=False)
+
+    def close(self):
+        if self._mm is None:
+            return
+        for a in ("_header", "_srec", "_ids", "_nxt", "_next", "flags", "_counters"):
+            setattr(self, a, None)
+        try:
+            self._mm.close()
+        except BufferError:
+            pass   # a caller still holds a view; the mapping goes with the last of them
+        self._mm = None
+
+    def unlink(self):
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        _OWNED.pop(self.path, None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        if self._creator == os.getpid():
+            self.unlink()
+
+    def __reduce__(self):
+        return (OrderBoard.attach, (os.path.basename(self.path)[len(PREFIX):],))
+
+    # ---- the writer side (one process per stream) --------------------------------------------
+    def _check_stream(self, stream: int) -> int:
+        if isinstance(stream, bool) or not isinstance(stream, (int, np.integer)):
+            raise TypeError(f"stream must be an int, got {type(stream).__name__}")
+        if not 0 <= stream < self.streams:
+            raise IndexError(f"stream {stream} is not in 0..{self.streams - 1}")
+        return int(stream)
+
+    def publish(self, stream: int, epoch: int, order) -> int:
+        """Publishes `order` (sample ids) as stream's order for `epoch`; returns how many entries
+        were published (at most `capacity`). The cursor goes back to 0."""
+        s = self._check_stream(stream)
+        ids = np.asarray(order)
+        if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
+            raise TypeError("order must be a 1-D array of integer sample ids")
+        ids = ids[:self.capacity].astype(np.int64, copy=False)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.num_samples):
+            bad = ids[(ids < 0) | (ids >= self.num_samples)][0]
+            raise IndexError(f"sample id {int(bad)} is out of range 0..{self.num_samples - 1}")
+        m = ids.size
+        k = np.arange(m, dtype=np.int64)
+        # next occurrence in the same order: sort by (id, position), link neighbours of equal id
+        srt = np.lexsort((k, ids))
+        nxt = np.full(m, NONE, dtype=np.int32)
+        same = ids[srt[1:]] == ids[srt[:-1]] if m > 1 else np.zeros(0, bool)
+        nxt[srt[:-1][same]] = srt[1:][same]
+        rec = self._srec[s]
+        rec[_S_SEQ] += 1              # odd: readers keep away
+        _fence()
+        self._ids[s, :m] = ids
+        self._nxt[s, :m] = nxt
+        row = self._next[s]
+        row[:] = NONE
+        row[ids[::-1]] = k[::-1].astype(np.int32)    # the last write per id wins: its first k
+        rec[_S_LENGTH] = m
+        rec[_S_EPOCH] = int(epoch)
+        rec[_S_CURSOR] = 0
+        _fence()
+        rec[_S_SEQ] += 1              # even: a consistent order is up
+        return m
+
+    def set_cursor(self, stream: int, k: int) -> None:
+        """The DataLoader has taken entries [0, k) of the stream's order (one aligned store)."""
+        self._srec[stream, _S_CURSOR] = k
+
+    def consumed(self, stream: int, first: int, last: int) -> np.ndarray:
+        """Entries [first, last) were taken: each of their samples' next use in this stream moves
+        to its following occurrence (or NONE). Returns those samples' ids."""
+        ids = self._ids[stream, first:last]
+        # in position order, so a sample taken twice in the range ends at its latest successor
+        self._next[stream][ids] = self._nxt[stream, first:last]
+        return ids
+
+    # ---- the reader side ---------------------------------------------------------------------
+    def snapshot(self, stream: int, window: Optional[int] = None):
+        """(epoch, ids from the cursor on (at most `window` of them), cursor), or None when the
+        stream has published nothing or is being written. A consistent copy (seqlock)."""
+        s = self._check_stream(stream)
+        rec = self._srec[s]
+        for _ in range(100):
+            seq = int(rec[_S_SEQ])
+            if seq == 0:
+                return None
+            if seq & 1:
+                time.sleep(0.0005)
+                continue
+            _fence()
+            epoch, length, cursor = int(rec[_S_EPOCH]), int(rec[_S_LENGTH]), int(rec[_S_CURSOR])
+            cursor = min(max(cursor, 0), length)
+            end = length if window is None else min(length, cursor + int(window))
+            ids = self._ids[s, cursor:end].copy()
+            _fence()
+            if int(rec[_S_SEQ]) == seq:
+                return epoch, ids, cursor
+        return None   # a writer died mid-publish (odd seq forever) or keeps rewriting
+
+    def next_use(self, ids) -> np.ndarray:
+        """Global position (epoch * capacity + k) of the next read of each id by any stream, or
+        -1 where no stream knows one. Benign races: see the module docstring."""
+        ids = np.asarray(ids, dtype=np.int64)
+        best = np.full(ids.size, np.iinfo(np.int64).max, dtype=np.int64)
+        for s in range(self.streams):
+            if int(self._srec[s, _S_SEQ]) == 0:
+                continue
+            k = self._next[s][ids].astype(np.int64)
+            pos = np.where(k == NONE, np.iinfo(np.int64).max,
+                           int(self._srec[s, _S_EPOCH]) * self.capacity + k)
+            np.minimum(best, pos, out=best)
+        best[best == np.iinfo(np.int64).max] = -1
+        return best
+
+    def stream_state(self, stream: int) -> dict:
+        rec = self._srec[self._check_stream(stream)]
+        return {"seq": int(rec[_S_SEQ]), "epoch": int(rec[_S_EPOCH]), "length": int(rec[_S_LENGTH]),
+                "cursor": int(rec[_S_CURSOR])}
+
+    # ---- prefetcher registration and counters ------------------------------------------------
+    @property
+    def prefetcher_pid(self) -> int:
+        return int(self._header[_H_PREFETCHER // 8])
+
+    def set_prefetcher(self, pid: int) -> None:
+        self._header[_H_PREFETCHER // 8] = int(pid)
+
+    @property
+    def stop_requested(self) -> bool:
+        return bool(self._header[_H_STOP // 8])
+
+    def request_stop(self, value: bool = True) -> None:
+        self._header[_H_STOP // 8] = int(bool(value))
+
+    def count(self, epoch: int, **deltas) -> None:
+        """Adds to epoch's counters (prefetcher only: the single writer of the counter rows)."""
+        row = self._counters[int(epoch) % EPOCH_SLOTS]
+        if row[0] != epoch:
+            row[1:] = 0
+            row[0] = epoch
+        for key, v in deltas.items():
+            row[COUNTERS.index(key)] += int(v)
+
+    def epoch_counters(self) -> list:
+        """[{epoch, prefetched, prefetch_wasted, prefetched_bytes, reads_issued}] of the epochs
+        recorded, oldest first (the last EPOCH_SLOTS epochs)."""
+        rows = [dict(zip(COUNTERS, (int(v) for v in r))) for r in self._counters]
+        rows = [r for r in rows if any(r[c] for c in COUNTERS[1:])]
+        return sorted(rows, key=lambda r: r["epoch"])
+
+    def totals(self) -> dict:
+        t = {c: 0 for c in COUNTERS[1:]}
+        for r in self.epoch_counters():
+            for c in t:
+                t[c] += r[c]
+        return t
+
+
+# ---- the sampler's hook -------------------------------------------------------------------------
+_ATTACHED: dict = {}   # (pid, cache name) -> OrderBoard, or the time a look found none
+_RELOOK_S = 1.0        # a cache without a board is looked at again after this long
+
+
+def board_for(cache) -> Optional[OrderBoard]:
+    """The board of `cache` attached in this process, or None when it has none."""
+    if cache is None:
+        return None
+    key = (os.getpid(), cache.name)
+    b = _ATTACHED.get(key)
+    if isinstance(b, OrderBoard) and b._mm is not None:
+        return b
+    if isinstance(b, float) and time.monotonic() - b < _RELOOK_S:
+        return None
+    try:
+        b = OrderBoard.attach(cache.name)
+    except (FileNotFoundError, ValueError):
+        _ATTACHED[key] = time.monotonic()
+        return None
+    _ATTACHED[key] = b
+    return b
+
+
+def stream_of(rank: int, streams: int) -> int:
+    local = os.environ.get("LOCAL_RANK")
+    r = int(local) if local is not None and local.isdigit() else int(rank)
+    return r % streams
+
+
+def published_iter(sampler, order: np.ndarray, start: int):
+    """ShadeSampler.__iter__'s hook: publishes the epoch's order when the sampler's cache has a
+    board, and returns the iterator of order[start:] that moves the board's cursor as the
+    DataLoader takes ids (and the next uses of the ids taken, for the clairvoyant policy)."""
+    board = board_for(getattr(sampler, "cache", None))
+    if board is None:
+        return iter(order[start:].tolist())
+    s = stream_of(getattr(sampler, "rank", 0), board.streams)
+    m = board.publish(s, sampler.epoch, order)
+    return _tracked(board, s, order, start, m, sampler.cache,
+                    max(1, int(getattr(sampler, "batch_size", 64))))
+
+
+def _push_next_use(cache, board, ids):
+    setter = getattr(cache, "set_next_use", None)   # the clairvoyant policy's input
+    if setter is not None and ids.size:
+        setter(ids, board.next_use(ids))
+
+
+def _tracked(board, s, order, start, m, cache, step):
+    setter = getattr(cache, "set_next_use", None)
+    if setter is not None:   # every published id gets its first position of this epoch
+        _push_next_use(cache, board, np.unique(order[:m]))
+    if start:
+        board.consumed(s, 0, min(start, m))
+    done = min(start, m)
+    board.set_cursor(s, done)
+    k = start
+    for i in order[start:].tolist():
+        k += 1
+        # at every batch boundary: the cursor, and the next use of the ids just taken (their
+        # read is now, so what matters for keeping them is the read after it)
+        if k - done >= step and done < m:
+            last = min(k, m)
+            taken = board.consumed(s, done, last)
+            board.set_cursor(s, last)
+            if setter is not None:
+                _push_next_use(cache, board, taken)
+            done = last
+        yield i
+    if done < m:
+        taken = board.consumed(s, done, m)
+        board.set_cursor(s, m)
+        if setter is not None:
+            _push_next_use(cache, board, taken)
+
+
+# ---- the offline bound ---------------------------------------------------------------------------
+def belady_hits(trace, capacity: int) -> int:
+    """Hits of Belady's optimal replacement (MIN, with bypass: a miss is not kept when it is
+    needed later than everything cached) on `trace` for a cache of `capacity` equal-size items.
+
+    The offline bound for any policy on that exact sequence of reads; O(T log capacity)."""
+    trace = np.asarray(trace, dtype=np.int64)
+    t = trace.size
+    if capacity < 0:
+        raise ValueError(f"capacity must be >= 0, got {capacity}")
+    if t == 0 or capacity == 0:
+        return 0
+    # nxt[j]: the next position of trace[j] after j (t = never)
+    srt = np.lexsort((np.arange(t), trace))
+    nxt = np.full(t, t, dtype=np.int64)
+    same = trace[srt[1:]] == trace[srt[:-1]]
+    nxt[srt[:-1][same]] = srt[1:][same]
+    nxt_l = nxt.tolist()
+    cached = {}          # id -> its next use (the key in the heap)
+    heap = []            # (-next use, id), lazily deleted
+    hits = 0
+    for j, x in enumerate(trace.tolist()):
+        nu = nxt_l[j]
+        if x in cached:
+            hits += 1
+        elif len(cached) >= capacity:
+            # the farthest next use among the cached items and the incoming one goes
+            while True:
+                neg, y = heap[0]
+                if cached.get(y) == -neg:
+                    break
+                heapq.heappop(heap)
+            if -heap[0][0] <= nu:
+                continue          # bypass: the newcomer is needed last
+            heapq.heappop(heap)
+            del cached[y]
+        cached[x] = nu
+        heapq.heappush(heap, (-nu, x))
+    return hits

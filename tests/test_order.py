@@ -1,0 +1,163 @@
+"""The order board (shadecache/order.py): publishing, windows, next uses across streams, the
+seqlock under a writer killed mid-publish, bad input, the sampler's hook, and the Belady bound."""
+import itertools
+import multiprocessing as mp
+import os
+import signal
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+import shadecache as sc
+from shadecache.order import NONE, OrderBoard, belady_hits
+
+
+@pytest.fixture
+def board_name():
+    name = f"t-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    yield name
+    try:
+        os.unlink(f"/dev/shm/shadecache-order.{name}")
+    except FileNotFoundError:
+        pass
+
+
+def test_publish_window_cursor_and_next_use(board_name):
+    with OrderBoard.create(board_name, 10, streams=2, capacity=8) as b:
+        assert b.snapshot(0) is None                         # nothing published yet
+        assert b.next_use([1, 2]).tolist() == [-1, -1]
+        assert b.publish(0, 3, [4, 1, 4, 7, 2, 9, 1, 0, 5, 5]) == 8     # bounded to capacity
+        epoch, ids, cursor = b.snapshot(0, window=3)
+        assert (epoch, ids.tolist(), cursor) == (3, [4, 1, 4], 0)
+        # global position = epoch * capacity + k
+        assert b.next_use([4, 1, 9, 5, 3]).tolist() == [24, 25, 29, -1, -1]
+        b.publish(1, 3, [9, 3])
+        assert b.next_use([9, 3]).tolist() == [24, 25]      # stream 1 reads 9 sooner
+        taken = b.consumed(0, 0, 3)                          # 4, 1, 4 were taken
+        b.set_cursor(0, 3)
+        assert taken.tolist() == [4, 1, 4]
+        assert b.next_use([4, 1]).tolist() == [-1, 30]      # 4: no later read; 1: at k=6
+        epoch, ids, cursor = b.snapshot(0, window=2)
+        assert (ids.tolist(), cursor) == ([7, 2], 3)
+        b.publish(0, 4, [2])                                 # a new epoch resets the stream
+        assert b.stream_state(0) == {"seq": 4, "epoch": 4, "length": 1, "cursor": 0}
+        assert b.next_use([2, 1]).tolist() == [32, -1]
+        attached = OrderBoard.attach(board_name)
+        assert attached.snapshot(0)[1].tolist() == [2] and attached.streams == 2
+        attached.close()
+
+
+def test_bad_input(board_name):
+    with pytest.raises(ValueError):
+        OrderBoard.create(board_name, 0)
+    with pytest.raises(ValueError):
+        OrderBoard.create(board_name, 4, streams=0)
+    with pytest.raises(TypeError):
+        OrderBoard.create(board_name, 4.0)
+    with pytest.raises(ValueError):
+        OrderBoard.create("a/b", 4)
+    with pytest.raises(FileNotFoundError):
+        OrderBoard.attach(board_name)
+    with OrderBoard.create(board_name, 4) as b:
+        with pytest.raises(FileExistsError):
+            OrderBoard.create(board_name, 4)
+        with pytest.raises(IndexError):
+            b.publish(1, 0, [0])
+        with pytest.raises(IndexError, match="sample id 4"):
+            b.publish(0, 0, [0, 4])
+        with pytest.raises(TypeError):
+            b.publish(0, 0, [0.5])
+        with pytest.raises(TypeError):
+            b.snapshot("0")
+        assert b.snapshot(0) is None                         # nothing half-published
+    assert not os.path.exists(f"/dev/shm/shadecache-order.{board_name}")
+    with open(f"/dev/shm/shadecache-order.{board_name}", "wb") as f:
+        f.write(b"\0" * 8192)
+    with pytest.raises(ValueError, match="not an order board"):
+        OrderBoard.attach(board_name)
+
+
+def _publish_forever(name, n):
+    b = OrderBoard.attach(name)
+    rng = np.random.default_rng(os.getpid())
+    e = 0
+    while True:
+        e += 1
+        v = int(rng.integers(0, 1000))
+        b.publish(0, e, np.full(n, v, dtype=np.int64) + np.arange(n) * 0)   # every id equal
+
+
+def test_a_writer_killed_mid_publish_never_shows_a_torn_order(board_name):
+    """Each published order holds one id repeated; a reader must never see two different ids in
+    one snapshot, whatever moment the writer is SIGKILLed at."""
+    n = 50_000
+    with OrderBoard.create(board_name, 1000, capacity=n) as b:
+        ctx = mp.get_context("fork")
+        seen = 0
+        for _ in range(6):
+            p = ctx.Process(target=_publish_forever, args=(board_name, n))
+            p.start()
+            t_end = time.monotonic() + 0.3
+            while time.monotonic() < t_end:
+                snap = b.snapshot(0, window=n)
+                if snap is not None:
+                    ids = snap[1]
+                    assert ids.size == 0 or (ids == ids[0]).all(), "a torn order was read"
+                    seen += 1
+            os.kill(p.pid, signal.SIGKILL)
+            p.join()
+            snap = b.snapshot(0, window=n)     # odd seq left behind: None; else consistent
+            assert snap is None or (snap[1] == snap[1][0]).all()
+        assert seen > 0
+
+
+def test_the_sampler_publishes_its_order_and_moves_the_cursor(board_name, tmp_path):
+    n = 300
+    with sc.Cache.create(board_name, num_samples=n, capacity_bytes=1 << 20) as cache, \
+            OrderBoard.create(board_name, n) as b:
+        s = sc.ShadeSampler(n, cache=cache, batch_size=32, seed=1)
+        s.set_epoch(2)
+        it = iter(s)
+        first = [next(it) for _ in range(70)]
+        st = b.stream_state(0)
+        assert st["epoch"] == 2 and st["length"] == len(s.order())
+        assert st["cursor"] == 64                       # two batches of 32 fully taken
+        assert b.snapshot(0, window=6)[1].tolist() == s.order()[64:70].tolist()
+        rest = list(it)
+        assert first + rest == s.order().tolist()        # the hook changes nothing it yields
+        assert b.stream_state(0)["cursor"] == len(s.order())
+        assert (b.next_use(np.arange(n)) == -1).all()    # everything of the epoch was read
+
+
+def _opt_hits(trace, cap):
+    """Optimal hits by exhaustive search over every keep/evict choice (tiny traces only)."""
+    best = {frozenset(): 0}
+    for x in trace:
+        nxt = {}
+        for cached, h in best.items():
+            if x in cached:
+                opts = [(cached, h + 1)]
+            else:
+                opts = [(cached, h)]                             # bypass
+                if len(cached) < cap:
+                    opts.append((cached | {x}, h))
+                else:
+                    opts += [((cached - {y}) | {x}, h) for y in cached]
+            for c, v in opts:
+                if nxt.get(c, -1) < v:
+                    nxt[c] = v
+        best = nxt
+    return max(best.values())
+
+
+def test_belady_matches_the_exhaustive_optimum():
+    rng = np.random.default_rng(0)
+    for _ in range(60):
+        trace = rng.integers(0, 6, int(rng.integers(1, 14))).tolist()
+        cap = int(rng.integers(1, 4))
+        assert belady_hits(trace, cap) == _opt_hits(trace, cap), (trace, cap)
+    assert belady_hits([], 3) == 0 and belady_hits([1, 1], 0) == 0
+    with pytest.raises(ValueError):
+        belady_hits([1], -1)

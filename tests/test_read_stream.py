@@ -1,0 +1,111 @@
+"""ReadStream (csrc/io/read_stream.h): batches come back whole, in submission order, with the same
+bytes and the same errors as read_many, on both backends, buffered and O_DIRECT."""
+import os
+
+import numpy as np
+import pytest
+
+import shadecache as sc
+from shadecache import _io
+
+MODES = [("pread", False), ("pread", True)]
+if _io.built_with_uring() and _io.probe_backend("io_uring", 8)[0] == "io_uring":
+    MODES += [("io_uring", False), ("io_uring", True)]
+
+
+@pytest.fixture
+def packed(tmp_path):
+    rng = np.random.default_rng(3)
+    data = [rng.bytes(int(s)) for s in rng.integers(0, 9000, 600)] + [b"", rng.bytes(70_000)]
+    path = tmp_path / "s.shc"
+    with sc.PackWriter(path) as w:
+        for d in data:
+            w.add(d, 0)
+    return path, data
+
+
+@pytest.mark.parametrize("backend,direct", MODES)
+@pytest.mark.parametrize("lanes", [1, 3])
+def test_stream_returns_every_batch_in_order(packed, backend, direct, lanes):
+    path, data = packed
+    store = sc.PackedStore(path, direct=direct)
+    rs = _io.ReadStream(store._r, backend, 8, lanes)
+    assert rs.backend == backend and rs.lanes == lanes and rs.lane_depth == -(-8 // lanes)
+    rng = np.random.default_rng(lanes)
+    batches = [rng.integers(0, len(data), int(rng.integers(0, 300))) for _ in range(25)]
+    got = []
+    for k, b in enumerate(batches):
+        rs.submit(store._r, b)
+        if k >= 4:                      # keep four batches queued behind the one taken
+            got.append(rs.take())
+    while rs.pending:
+        got.append(rs.take())
+    assert len(got) == len(batches)
+    for b, g in zip(batches, got):
+        assert g == [data[i] for i in b]
+    rs.close()
+    assert rs.closed
+
+
+def test_a_corrupt_sample_fails_its_batch_only(packed):
+    path, data = packed
+    store = sc.PackedStore(path)
+    off = store.offset(5)
+    with open(path, "r+b") as f:
+        f.seek(off)
+        b = f.read(1)
+        f.seek(off)
+        f.write(bytes([b[0] ^ 1]))
+    rs = _io.ReadStream(store._r, "auto", 8, 2)
+    rs.submit(store._r, [1, 2])
+    rs.submit(store._r, [3, 5, 4])
+    rs.submit(store._r, [6])
+    assert rs.take() == [data[1], data[2]]
+    with pytest.raises(sc.CorruptSampleError) as e:
+        rs.take()
+    assert e.value.sample_id == 5 and e.value.offset == off
+    assert rs.take() == [data[6]]
+
+
+def test_bad_input_is_refused(packed):
+    path, data = packed
+    store = sc.PackedStore(path)
+    rs = _io.ReadStream(store._r, "auto", 8, 2)
+    with pytest.raises(IndexError):
+        rs.submit(store._r, [0, len(data)])
+    with pytest.raises(TypeError):
+        rs.submit(store._r, [0.5])
+    assert rs.pending == 0
+    with pytest.raises(ValueError, match="no batch is pending"):
+        rs.take()
+    with pytest.raises(ValueError):
+        _io.ReadStream(store._r, "auto", 0, 2)
+    with pytest.raises(ValueError):
+        _io.ReadStream(store._r, "auto", 8, 0)
+    with pytest.raises(ValueError):
+        _io.ReadStream(store._r, "nvme", 8, 1)
+    rs.submit(store._r, [1])
+    rs.close()                     # a dropped batch: never handed out
+    with pytest.raises(sc.ClosedError):
+        rs.take()
+    with pytest.raises(sc.ClosedError):
+        rs.submit(store._r, [1])
+
+
+def test_a_forked_child_cannot_use_its_parents_stream(packed):
+    path, _ = packed
+    store = sc.PackedStore(path)
+    rs = _io.ReadStream(store._r, "auto", 8, 2)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            rs.submit(store._r, [1])
+        except ValueError as e:
+            code = 0 if "only in the process that made it" in str(e) else 2
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    rs.submit(store._r, [1])
+    assert len(rs.take()) == 1
+
