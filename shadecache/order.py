@@ -264,7 +264,11 @@ class OrderBoard:
         same = ids[srt[1:]] == ids[srt[:-1]] if m > 1 else np.zeros(0, bool)
         nxt[srt[:-1][same]] = srt[1:][same]
         rec = self._srec[s]
-        rec[_S_SEQ] += 1              # odd: readers keep away
+        # odd: readers keep away. A writer killed mid-publish left seq odd; adding 1 would make
+        # it even (readers would take the order being written), so go to the NEXT odd value.
+        seq = int(rec[_S_SEQ])
+        odd = seq + 1 if seq % 2 == 0 else seq + 2
+        rec[_S_SEQ] = odd
         _fence()
         self._ids[s, :m] = ids
         self._nxt[s, :m] = nxt
@@ -275,7 +279,7 @@ class OrderBoard:
         rec[_S_EPOCH] = int(epoch)
         rec[_S_CURSOR] = 0
         _fence()
-        rec[_S_SEQ] += 1              # even: a consistent order is up
+        rec[_S_SEQ] = odd + 1         # even: a consistent order is up
         return m
 
     def set_cursor(self, stream: int, k: int) -> None:

@@ -161,3 +161,18 @@ def test_belady_matches_the_exhaustive_optimum():
     assert belady_hits([], 3) == 0 and belady_hits([1, 1], 0) == 0
     with pytest.raises(ValueError):
         belady_hits([1], -1)
+
+
+def test_a_publish_after_a_writer_died_mid_publish_is_readable(board_name):
+    """A writer killed mid-publish leaves its stream's sequence word odd. The next publish must
+    still write under an odd word and end on an even one: flipping the parity would let readers
+    take orders while they are written, and leave the finished one unreadable."""
+    from shadecache.order import _S_SEQ
+    with OrderBoard.create(board_name, 100, capacity=10) as b:
+        b.publish(0, 0, np.arange(10))
+        b._srec[0, _S_SEQ] += 1                  # what a writer killed after its first store leaves
+        assert b.snapshot(0) is None
+        b.publish(0, 1, np.arange(10, 20))
+        snap = b.snapshot(0)
+        assert snap is not None and snap[0] == 1 and np.array_equal(snap[1], np.arange(10, 20))
+        assert int(b._srec[0, _S_SEQ]) % 2 == 0
