@@ -370,7 +370,7 @@ SETTINGS = [  # (label, how to ask for it); status is decided by the measurement
     ("default", "ShadeSampler(...)"),
     ("temper 0.5 + substitute 10%", "temper=0.5"),
     ("permutation + substitute 20%", "rep_factor=2, substitute=0.2"),
-    ("SHADE rep 1 (old default)", "temper=1, substitute=None (SHADE as published)"),
+    ("SHADE rep 1 (old default)", "temper=1, substitute=None (SHADE's weighting, systematic draw + coverage floor)"),
 ]
 
 

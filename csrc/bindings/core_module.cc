@@ -29,6 +29,22 @@ using namespace shadecache;
 
 namespace {
 
+// True when a struct-module format string holds an 'O' (a Python object pointer) code. Field
+// names of a structured array stand between colons ("T{i:Offset:f:x:}") and are skipped: a name
+// holding the letter O is not an object field.
+bool format_has_objects(const char* f) {
+  for (; *f; ++f) {
+    if (*f == ':') {
+      while (*++f && *f != ':') {
+      }
+      if (!*f) return false;
+    } else if (*f == 'O') {
+      return true;
+    }
+  }
+  return false;
+}
+
 // A borrowed, read-only view of any bytes-like object, released when it goes out of scope.
 class Borrowed {
  public:
@@ -43,7 +59,7 @@ class Borrowed {
     std::string bad;
     if (!PyBuffer_IsContiguous(&view_, 'C'))
       bad = std::string("cache values must be contiguous, got a strided ") + Py_TYPE(o)->tp_name;
-    else if (view_.format && std::strchr(view_.format, 'O'))
+    else if (view_.format && format_has_objects(view_.format))
       bad = "cache values must hold plain bytes, got a buffer of Python objects (format '" + std::string(view_.format) + "')";
     if (!bad.empty()) {
       PyBuffer_Release(&view_);  // a constructor that throws runs no destructor
