@@ -20,8 +20,9 @@ row 0 for the main process and 1 + worker id for a DataLoader worker, so no proc
 another's row and no lock between processes is needed (no lock object could be shared between a
 fork-context parent and spawn-context workers anyway). Threads of one process (sc.CachedLoader's)
 share its row: the hit counts are bumped under one threading lock (count()), the tier counts under
-another (fetch_missing), so each field has one lock. `stats()` sums the rows. Two DataLoaders iterating the SAME
-CachedDataset object at the same time would share worker rows; give each its own object.
+another (fetch_missing), so each field has one lock. `stats()` sums the rows. Two DataLoaders
+iterating the SAME CachedDataset object at the same time would share worker rows; give each its
+own object.
 """
 import multiprocessing as mp
 import os
@@ -186,6 +187,7 @@ class CachedDataset(Dataset):
         (see _fetch_missing_locked). The one miss path of every reader (fetch_bytes,
         sc.CachedLoader). One caller at a time per process: the tier counters are bumped under
         this lock, and the store serialises its callers anyway."""
+        self._row()   # first, so a forked child takes its own lock, never one inherited held
         with self._miss_lock:
             return self._fetch_missing_locked(ids)
 
