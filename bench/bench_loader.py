@@ -232,7 +232,7 @@ def main(argv=None):
     # default_collate warns once that the list's np.frombuffer arrays are read-only (harmless)
     warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
     all_rows, all_checks = [], []
-    with tempfile.TemporaryDirectory(prefix="shadecache-bench-loader-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="shadecache-loaderbench-") as tmp:
         for size in args.sizes:
             n, m, res = measure(size, args, tmp)
             rows, checks = table(size, n, res)
