@@ -30,6 +30,8 @@ _LAZY = {
     "ImportanceTable": ".importance",
     "ShadeSampler": ".sampler",
     "CachedDataset": ".dataset",
+    "CachedLoader": ".loader",
+    "RaggedBatch": ".loader",
     "Cluster": ".peer",
     "serve": ".peer",
     "PeerServer": ".peer",

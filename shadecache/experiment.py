@@ -52,6 +52,11 @@ class Augment:
         return (img + self.noise * torch.randn_like(img)).reshape(-1)
 
 
+def decode_batch(x: torch.Tensor) -> torch.Tensor:
+    """synthetic.decode on a whole (B, size*size) uint8 batch: the same float32 values."""
+    return (x.float() - 127.5) / 127.5
+
+
 def make_model(in_features: int, num_classes: int) -> nn.Module:
     return nn.Sequential(nn.Linear(in_features, 128), nn.ReLU(), nn.Linear(128, num_classes))
 
@@ -105,16 +110,28 @@ def train_run(store, cfg: RunConfig, test, cache_name: str, progress: bool = Fal
                          policy=cfg.policy, sizes=sizes) as cache, \
             _board_for_policy(cache, n) as _board:
         aug = cfg.extra.get("augment", cfg.augment)
-        ds = sc.CachedDataset(store, cache, decode=functools.partial(synthetic.decode, size=size),
-                              transform=Augment(size, **aug) if aug is not None else None)
+        # Without per-sample augmentation nothing per sample runs in Python: CachedLoader copies
+        # each batch out of shared memory in this process and decodes it in one vectorized op.
+        # The per-sample Augment (Python, torch RNG per worker) stays on DataLoader workers.
+        # extra={"loader": "dataloader"} forces the DataLoader (to compare the two).
+        batched = aug is None and cfg.extra.get("loader", "cached") == "cached"
+        if batched:
+            ds = sc.CachedDataset(store, cache)
+        else:
+            ds = sc.CachedDataset(store, cache, decode=functools.partial(synthetic.decode, size=size),
+                                  transform=Augment(size, **aug) if aug is not None else None)
         shade = cfg.sampler == "shade"
         kw = dict(rep_factor=cfg.rep_factor if shade else 0.0, importance=shade, pads=shade,
                   coverage_epochs=cfg.coverage_epochs, seed=cfg.seed)
         kw.update(cfg.extra.get("sampler", {}))    # experiments: any other ShadeSampler option
         sampler = sc.ShadeSampler(ds, cache=cache, batch_size=cfg.batch_size, **kw)
-        loader = DataLoader(ds, batch_size=cfg.batch_size, sampler=sampler,
-                            num_workers=cfg.num_workers,
-                            persistent_workers=cfg.num_workers > 0)
+        if batched:
+            loader = sc.CachedLoader(ds, batch_size=cfg.batch_size, sampler=sampler,
+                                     num_workers=0, batch_transform=decode_batch)
+        else:
+            loader = DataLoader(ds, batch_size=cfg.batch_size, sampler=sampler,
+                                num_workers=cfg.num_workers,
+                                persistent_workers=cfg.num_workers > 0)
         train_time = 0.0
         samples = 0
         bar = tqdm(total=cfg.epochs * len(loader), desc=cfg.label, disable=not progress,

@@ -16,6 +16,7 @@
 #include <new>
 #include <vector>
 
+#include "bindings/batch_gather.h"
 #include "bindings/errors.h"
 #include "bindings/ids.h"
 #include "bindings/next_use_bindings.h"
@@ -527,6 +528,7 @@ PYBIND11_MODULE(_core, m) {
 
   register_next_use(m);
   register_sample_view(m);
+  register_batch_gather(m);
   m.attr("MAX_VIEWS_PER_PROCESS") = kPinsPerOwner;
   m.attr("MAX_VIEW_PROCESSES") = kPinOwners;
   ready_fast_get_type();
