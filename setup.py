@@ -47,7 +47,8 @@ common = sources("csrc/common/*.cc", "csrc/bindings/errors.cc", "csrc/bindings/i
 core = Pybind11Extension(
     "shadecache._core",
     common + sources("csrc/cache/*.cc", "csrc/cache/policies/*.cc", "csrc/net/*.cc", "csrc/bindings/core_module.cc",
-                     "csrc/bindings/sample_view.cc", "csrc/bindings/test_hooks.cc", "csrc/bindings/peer_io.cc"),
+                     "csrc/bindings/sample_view.cc", "csrc/bindings/test_hooks.cc", "csrc/bindings/next_use_bindings.cc",
+                     "csrc/bindings/batch_gather.cc", "csrc/bindings/peer_io.cc"),
     include_dirs=["csrc"],
     cxx_std=17,
     extra_compile_args=CXXFLAGS,

@@ -8,7 +8,8 @@ takes `latency` (1, 2 and 5 ms here) with 32 reads in flight (`SlowStore` below)
 SlowStore object serves the loader's misses and the prefetcher's reads, so both pay the same
 latency.
 
-The loop: a stock DataLoader (num_workers=0) over CachedDataset, ShadeSampler with uniform
+Each cache policy of --policies (importance, clairvoyant) is measured with and without the
+prefetcher. The loop: a stock DataLoader (num_workers=0) over CachedDataset, ShadeSampler with uniform
 sampling (importance=False: the same order with and without the prefetcher), batch 64, and a
 training step stood in by `--step-ms` of sleep (the time a model would compute; the prefetcher
 is a separate process and does not share the loop's core time in a sleep). The cache holds
@@ -31,7 +32,6 @@ from tqdm import tqdm  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import shadecache as sc  # noqa: E402
-from shadecache.experiment import capacity_for_fraction  # noqa: E402
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out")
 
@@ -72,14 +72,14 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
     [_here] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 
 
-def run(path, latency_s, prefetch, args, name):
+def run(path, latency_s, prefetch, args, name, policy="importance"):
     from torch.utils.data import DataLoader
     store = SlowStore(path, latency_s)
     n = len(store)
-    cap = capacity_for_fraction(n, args.sample_kb << 10, args.cache_fraction)
+    cap = sc.Cache.capacity_for(max(1, round(args.cache_fraction * n)), store.lengths)
     out = {"wait": [], "hit_ratio": [], "prefetched": 0, "prefetch_hits": 0, "wasted": 0}
-    with sc.Cache.create(name, num_samples=n, capacity_bytes=cap, policy="importance",
-                         max_item_bytes=args.sample_kb << 10) as cache, \
+    with sc.Cache.create(name, num_samples=n, capacity_bytes=cap, policy=policy,
+                         sizes=store.lengths) as cache, \
             sc.OrderBoard.create(name, n) as board:
         ds = sc.CachedDataset(store, cache, decode=bytes)
         sampler = sc.ShadeSampler(ds, cache=cache, batch_size=64, importance=False, pads=False,
@@ -112,6 +112,7 @@ def run(path, latency_s, prefetch, args, name):
         out["prefetched"] = st.get("prefetched", 0)
         out["wasted"] = st.get("prefetch_wasted", 0)
         out["prefetch_hits"] = st["prefetch_hits"]
+        out["per_epoch"] = st.get("per_epoch", [])
         cache.check()
     return out
 
@@ -125,6 +126,8 @@ def main(argv=None):
     ap.add_argument("--step-ms", type=float, default=10.0)
     ap.add_argument("--lookahead", type=int, default=512)
     ap.add_argument("--latencies-ms", default="1,2,5")
+    ap.add_argument("--policies", default="importance,clairvoyant",
+                    help="cache policies to measure (each with and without the prefetcher)")
     ap.add_argument("--dir", default=os.path.join(OUT, "prefetch_bench"))
     ap.add_argument("--png", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                   "prefetch_stall.png"))
@@ -136,10 +139,11 @@ def main(argv=None):
         for i in tqdm(range(args.samples), desc="pack", unit="sample", file=sys.stderr):
             w.add(rng.bytes((args.sample_kb << 10) - 64), i % 10)
     lat = [float(x) for x in args.latencies_ms.split(",")]
+    policies = args.policies.split(",")
     res = {}
-    for k, (ms, pf) in enumerate(tqdm([(m, p) for m in lat for p in (False, True)],
-                                      desc="runs", file=sys.stderr)):
-        res[(ms, pf)] = run(path, ms / 1000, pf, args, f"sc-stall-{os.getpid()}-{k}")
+    for k, (pol, ms, pf) in enumerate(tqdm([(q, m, p) for q in policies for m in lat
+                                            for p in (False, True)], desc="runs", file=sys.stderr)):
+        res[(pol, ms, pf)] = run(path, ms / 1000, pf, args, f"sc-stall-{os.getpid()}-{k}", pol)
     # the floor: the same loop with every sample cached after epoch 1 (what the data path costs
     # in memory: get_many copies, collate), epochs 2+
     import copy
@@ -150,33 +154,49 @@ def main(argv=None):
     print(f"\n{args.samples} samples of {args.sample_kb} KB, cache {args.cache_fraction:.0%} of "
           f"them, {args.epochs} epochs, batch 64, step {args.step_ms:g} ms, lookahead "
           f"{args.lookahead} samples, O_DIRECT + injected latency per read (32 in flight)\n")
-    print("| latency per read | stall/epoch without (s) | stall/epoch with prefetch (s) | ratio "
-          "| epochs 2+ ratio | hit ratio without / with | prefetched | prefetch hits | wasted | "
-          "target <= 0.10 |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| policy | latency per read | stall/epoch without (s) | stall/epoch with prefetch (s) "
+          "| ratio | epochs 2+ ratio | store wait/epoch without / with (s) | store-wait ratio "
+          "| hit ratio without / with | prefetched | prefetch hits | wasted | target <= 0.10 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     ok_all = True
-    for ms in lat:
-        a, b = res[(ms, False)], res[(ms, True)]
+    for pol, ms in [(q, m) for q in policies for m in lat]:
+        a, b = res[(pol, ms, False)], res[(pol, ms, True)]
         wa, wb = np.mean(a["wait"]), np.mean(b["wait"])
         r = wb / wa
         r2 = np.mean(b["wait"][1:]) / np.mean(a["wait"][1:]) if args.epochs > 1 else float("nan")
+        # the part of the stall spent waiting on the store (CachedDataset's per-epoch wait_s):
+        # what prefetching can remove; the rest is the in-memory data path (see the floor)
+        sa = np.mean([e["wait_s"] for e in a["per_epoch"]]) if a["per_epoch"] else float("nan")
+        sb = np.mean([e["wait_s"] for e in b["per_epoch"]]) if b["per_epoch"] else float("nan")
         ok = r <= 0.10
         ok_all &= ok
-        print(f"| {ms:g} ms | {wa:.3f} ({' '.join(f'{x:.2f}' for x in a['wait'])}) | "
+        print(f"| {pol} | {ms:g} ms | {wa:.3f} ({' '.join(f'{x:.2f}' for x in a['wait'])}) | "
               f"{wb:.3f} ({' '.join(f'{x:.2f}' for x in b['wait'])}) | {r:.3f} | {r2:.3f} | "
+              f"{sa:.3f} / {sb:.3f} | {sb / max(sa, 1e-12):.3f} | "
               f"{np.mean(a['hit_ratio']):.2f} / {np.mean(b['hit_ratio']):.2f} | "
               f"{b['prefetched']} | {b['prefetch_hits']} | {b['wasted']} | "
               f"{'yes' if ok else 'NO'} |")
+    print("\nper epoch with prefetch (ds.stats()['per_epoch']): epoch: samples / prefetch hits / "
+          "wait_s (loop's wait on store reads) / prefetched / wasted")
+    for pol, ms in [(q, m) for q in policies for m in lat]:
+        rows = res[(pol, ms, True)]["per_epoch"]
+        print(f"  {pol} {ms:g} ms: " + "; ".join(
+            f"{r['epoch']}: {r['samples']}/{r['prefetch_hits']}/{r['wait_s']:.3f}/"
+            f"{r['prefetched']}/{r['prefetch_wasted']}" for r in rows))
     fl = np.mean(floor["wait"][1:]) if args.epochs > 1 else float("nan")
     print(f"\nfloor (every sample cached, epochs 2+, hit ratio "
           f"{np.mean(floor['hit_ratio'][1:]):.2f}): {fl:.3f} s/epoch waiting in next(loader)")
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(8, 4))
     x = np.arange(len(lat))
-    ax.bar(x - 0.2, [np.mean(res[(m, False)]["wait"]) for m in lat], 0.4, label="no prefetch")
-    ax.bar(x + 0.2, [np.mean(res[(m, True)]["wait"]) for m in lat], 0.4, label="prefetch")
+    w = 0.8 / (2 * len(policies))
+    for j, pol in enumerate(policies):
+        ax.bar(x - 0.4 + (2 * j + 0.5) * w, [np.mean(res[(pol, m, False)]["wait"]) for m in lat],
+               w, label=f"no prefetch ({pol})")
+        ax.bar(x - 0.4 + (2 * j + 1.5) * w, [np.mean(res[(pol, m, True)]["wait"]) for m in lat],
+               w, label=f"prefetch ({pol})")
     if args.epochs > 1:
         ax.axhline(fl, color="grey", linestyle=":", label="every sample cached (floor)")
     ax.set_xticks(x)

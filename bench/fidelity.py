@@ -37,7 +37,7 @@ from torch.utils.data import DataLoader
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import shadecache as sc  # noqa: E402
 from shadecache import synthetic  # noqa: E402
-from shadecache.experiment import Augment, capacity_for_fraction  # noqa: E402
+from shadecache.experiment import Augment  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SECTION = "## Sampling fidelity (issue 11)"
@@ -139,7 +139,8 @@ class Prepared:
 
     def capacity(self, fraction):
         if fraction not in self._capacity:
-            self._capacity[fraction] = capacity_for_fraction(self.n, self.item_bytes, fraction)
+            self._capacity[fraction] = sc.Cache.capacity_for(max(1, round(fraction * self.n)),
+                                                             self.store.lengths)
         return self._capacity[fraction]
 
 
@@ -201,7 +202,7 @@ def train_run(data: Prepared, label, schedule, seed, fraction, cache_name, train
         side = int(round(np.sqrt(np.prod(spec["shape"]))))
         transform = Augment(side, **aug)
     with sc.Cache.create(cache_name, num_samples=data.n, capacity_bytes=data.capacity(fraction),
-                         policy=policy, max_item_bytes=data.item_bytes) as cache:
+                         policy=policy, sizes=data.store.lengths) as cache:
         ds = sc.CachedDataset(data.store, cache, decode=functools.partial(
             decode_fn, dtype=data.dtype, shape=spec["shape"], scale=spec["scale"]),
             transform=transform)
@@ -370,7 +371,7 @@ SETTINGS = [  # (label, how to ask for it); status is decided by the measurement
     ("default", "ShadeSampler(...)"),
     ("temper 0.5 + substitute 10%", "temper=0.5"),
     ("permutation + substitute 20%", "rep_factor=2, substitute=0.2"),
-    ("SHADE rep 1 (old default)", "temper=1, substitute=None (SHADE as published)"),
+    ("SHADE rep 1 (old default)", "temper=1, substitute=None (SHADE's weighting, systematic draw + coverage floor)"),
 ]
 
 

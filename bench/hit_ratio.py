@@ -46,7 +46,9 @@ ROWS = [  # (label, sampler, policy, rep_factor, coverage_epochs)
 # Issue 10: the clairvoyant policy (evict by next use, then importance), once the engine has it.
 if "clairvoyant" in sc.POLICIES:
     ROWS += [("uniform + clairvoyant", "uniform", "clairvoyant", 0.0, 2),
-             ("SHADE rep 1 + clairvoyant", "shade", "clairvoyant", 1.0, 2)]
+             ("SHADE rep 1 + clairvoyant", "shade", "clairvoyant", 1.0, 2),
+             ("ShadeSampler defaults + clairvoyant", "shade", "clairvoyant", None, None)]
+BASE_ROWS = ("uniform + LRU", "uniform + static")   # every table compares with these
 BELADY_OF = "SHADE rep 1 + importance"   # the offline bound is computed on this row's exact reads
 # The same loop WITHOUT augmentation, at the 10% cache only: there the small network memorizes the
 # training set within a few epochs, so any repetition (substitution) costs test accuracy.
@@ -70,9 +72,10 @@ def ms(values, fmt="{:.3f}"):
 def run_all(args):
     results = {}   # (size, label) -> list of run dicts, one per seed
     todo = [(size, seed, row, True) for size in args.sizes for seed in range(args.seeds)
-            for row in ROWS]
+            for row in ROWS if row[0] in args.rows]
     if not args.skip_no_aug:
-        todo += [(0.10, seed, row, False) for seed in range(args.seeds) for row in NO_AUG_ROWS]
+        todo += [(0.10, seed, row, False) for seed in range(args.seeds) for row in NO_AUG_ROWS
+                 if row[0] in args.rows]
     from tqdm import tqdm
     with tempfile.TemporaryDirectory(prefix="sc-hit-ratio-") as tmp:
         path, tx, ty = build_data(tmp, args.samples, args.test_samples, seed=args.data_seed)
@@ -110,6 +113,8 @@ def summarize(results, args):
                      "Δ accuracy vs uniform (points) |")
         lines.append("|---|---|---|---|---|---|---|---|")
         for label, *_ in ROWS:
+            if (size, label) not in results:   # --rows left it out
+                continue
             rs = results[(size, label)]
             hit = [r["total_hit_ratio"] for r in rs]
             acc = [r["final_acc"] for r in rs]
@@ -123,28 +128,39 @@ def summarize(results, args):
             if guarded:
                 checks.append((f"{size:.0%} {label}: accuracy loss vs uniform <= 0.5 points",
                                float(delta.mean()) >= -0.5, f"{delta.mean():+.2f}"))
-        if all("belady_hit_ratio" in r for r in results[(size, BELADY_OF)]):
+        for label, *_ in ROWS:   # the offline bound on each clairvoyant run's own reads
+            if "clairvoyant" in label and (size, label) in results:
+                bel = [r["belady_hit_ratio"] for r in results[(size, label)]]
+                lines.append(f"| Belady bound (offline) on the reads of {label} | {ms(bel)} | "
+                             f"{np.mean(bel) / max(static_hit, 1e-9):.2f}× | | | | | |")
+        if (size, BELADY_OF) in results and all("belady_hit_ratio" in r for r in results[(size, BELADY_OF)]):
             bel = [r["belady_hit_ratio"] for r in results[(size, BELADY_OF)]]
             lines.append(f"| Belady bound (offline) on the reads of {BELADY_OF} | {ms(bel)} | "
                          f"{np.mean(bel) / max(static_hit, 1e-9):.2f}× | | | | | |")
-        if abs(size - 0.10) < 1e-9 and (size, "SHADE rep 1 + clairvoyant") in results:
-            imp = np.mean([r["total_hit_ratio"] for r in results[(size, BELADY_OF)]])
-            cv = results[(size, "SHADE rep 1 + clairvoyant")]
+        for setting, imp_row, cv_row in (
+                ("SHADE rep 1", BELADY_OF, "SHADE rep 1 + clairvoyant"),
+                ("defaults", "ShadeSampler defaults + importance",
+                 "ShadeSampler defaults + clairvoyant")):
+            if abs(size - 0.10) > 1e-9 or (size, cv_row) not in results \
+                    or (size, imp_row) not in results:
+                continue
+            imp = np.mean([r["total_hit_ratio"] for r in results[(size, imp_row)]])
+            cv = results[(size, cv_row)]
             cvh = np.mean([r["total_hit_ratio"] for r in cv])
             bel = np.mean([r["belady_hit_ratio"] for r in cv])
-            checks.append(("10% SHADE rep 1: clairvoyant >= 1.5x importance", cvh >= 1.5 * imp,
+            checks.append((f"10% {setting}: clairvoyant >= 1.5x importance", cvh >= 1.5 * imp,
                            f"{cvh / max(imp, 1e-9):.2f}x"))
-            checks.append(("10% SHADE rep 1: clairvoyant >= 80% of Belady on its own reads",
+            checks.append((f"10% {setting}: clairvoyant >= 80% of Belady on its own reads",
                            cvh >= 0.8 * bel, f"{cvh / max(bel, 1e-9):.0%}"))
-            dacc = np.mean([r["final_acc"] for r in cv]) - np.mean(
-                [r["final_acc"] for r in results[(size, BELADY_OF)]])
-            checks.append(("10% SHADE rep 1: clairvoyant accuracy within 0.5 points of importance",
-                           dacc >= -0.5, f"{dacc:+.2f}"))
+            dacc = np.asarray([r["final_acc"] for r in cv]) - np.asarray(
+                [r["final_acc"] for r in results[(size, imp_row)]])
+            checks.append((f"10% {setting}: clairvoyant accuracy within 0.5 points of importance "
+                           f"(paired by seed)", dacc.mean() >= -0.5, ms(dacc, "{:+.2f}")))
         if (size, "uniform + clairvoyant") in results:
             u = np.mean([r["total_hit_ratio"] for r in results[(size, "uniform + clairvoyant")]])
             checks.append((f"{size:.0%} uniform: clairvoyant >= static", u >= static_hit,
                            f"{u:.3f} vs {static_hit:.3f}"))
-        if abs(size - 0.10) < 1e-9:
+        if abs(size - 0.10) < 1e-9 and (size, "SHADE rep 1 + importance") in results:
             r1 = results[(size, "SHADE rep 1 + importance")]
             ratio = np.mean([r["total_hit_ratio"] for r in r1]) / max(static_hit, 1e-9)
             checks.insert(0, ("10% SHADE rep 1 hit ratio >= 1.8x uniform+static", ratio >= 1.8,
@@ -160,6 +176,8 @@ def summarize(results, args):
                      "Δ accuracy vs uniform (points) |")
         lines.append("|---|---|---|---|---|")
         for label, *_ in NO_AUG_ROWS:
+            if ("no-aug", label) not in results:
+                continue
             rs = results[("no-aug", label)]
             acc = [r["final_acc"] for r in rs]
             lines.append(f"| {label} | {ms([r['total_hit_ratio'] for r in rs])} | "
@@ -176,6 +194,8 @@ def plot(results, args, path):
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
     xs = np.asarray(args.sizes) * 100
     for label, *_ in ROWS:
+        if any((s, label) not in results for s in args.sizes):
+            continue
         hit = [[r["total_hit_ratio"] for r in results[(s, label)]] for s in args.sizes]
         mb = [[r["total_bytes_read"] / 1e6 for r in results[(s, label)]] for s in args.sizes]
         dacc = [np.asarray([r["final_acc"] for r in results[(s, label)]])
@@ -217,9 +237,9 @@ def write_md(table, checks, args, png, elapsed):
             f"pixel noise, `experiment.Augment`); accuracy on "
             f"{args.test_samples} held-out samples; seeds 0..{args.seeds - 1} (same initial "
             f"weights per seed in every row, so Δ accuracy is paired). Every row makes the same "
-            f"number of steps. Cache sizes are fractions of the samples; the engine's slab pages "
-            f"and slot headers make a byte budget hold fewer samples, so the capacity is found by "
-            f"filling a throwaway cache (`experiment.capacity_for_fraction`). Coverage = distinct "
+            f"number of steps. Cache sizes are fractions of the samples: "
+            f"`sc.Cache.capacity_for(fraction * N, store.lengths)`, the cache created with the "
+            f"store's sizes (slot headers and page ends come on top of the budget). Coverage = distinct "
             f"samples trained in an epoch / N (lowest epoch). rep_factor = extra copies a cached "
             f"draw may take in place of a miss. The floor (K=2) is ShadeSampler's default.",
             "", f"![hit ratio]({os.path.relpath(png, os.path.dirname(md))})", "", table, "",
@@ -271,9 +291,20 @@ def main(argv=None):
         os.path.abspath(__file__))), "BENCHMARKS.md"), help="the file whose issue-4 section to write")
     p.add_argument("--from-json", default=None, help="render the table of a saved --json run")
     p.add_argument("--elapsed", type=float, default=0.0, help="with --from-json: its minutes")
+    p.add_argument("--rows", type=lambda s: [x.strip() for x in s.split(",")], default=None,
+                   help="run only these rows (labels, comma-separated; "
+                        "the uniform + LRU and uniform + static baselines always run)")
     p.add_argument("--skip-no-aug", action="store_true",
                    help="skip the rows trained without augmentation")
     args = p.parse_args(argv)
+    labels = [r[0] for r in ROWS]
+    if args.rows is None:
+        args.rows = labels
+    else:
+        unknown = [r for r in args.rows if r not in labels]
+        if unknown:
+            p.error(f"unknown rows {unknown}; rows are {labels}")
+        args.rows = list(BASE_ROWS) + [r for r in args.rows if r not in BASE_ROWS]
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     if args.from_json:   # re-render a finished run

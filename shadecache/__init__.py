@@ -11,6 +11,7 @@ from .errors import (  # noqa: F401
     ClosedError,
     CorruptionError,
     CorruptSampleError,
+    FingerprintError,
     LayoutVersionError,
     ShadecacheError,
     StoreFormatError,
@@ -29,6 +30,8 @@ _LAZY = {
     "ImportanceTable": ".importance",
     "ShadeSampler": ".sampler",
     "CachedDataset": ".dataset",
+    "CachedLoader": ".loader",
+    "RaggedBatch": ".loader",
     "Cluster": ".peer",
     "serve": ".peer",
     "PeerServer": ".peer",
@@ -38,7 +41,7 @@ _LAZY = {
     "Prefetcher": ".prefetch",
 }
 
-__all__ = sorted(list(_LAZY) + ["__version__", "CapacityError", "ClosedError", "CorruptionError",
+__all__ = sorted(list(_LAZY) + ["__version__", "CapacityError", "ClosedError", "CorruptionError", "FingerprintError",
                                 "CorruptSampleError", "LayoutVersionError", "ShadecacheError",
                                 "StoreFormatError", "ValueTooLargeError"])
 

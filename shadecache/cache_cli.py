@@ -1,9 +1,10 @@
 """`shadecache ls | stats NAME | rm NAME | gc`: the caches on this node."""
 import json
 import sys
+import time
 
 from . import tier_status
-from .cache import Cache, creator_alive, gc, list_caches, remove
+from .cache import Cache, creator_alive, describe, gc, list_caches, remove
 
 
 def _fmt_bytes(n: int) -> str:
@@ -17,16 +18,17 @@ def cmd_ls(args) -> int:
     rows = []
     for name in list_caches():
         try:
-            with Cache.attach(name) as c:
-                s = c.stats()
+            s = describe(name)
         except Exception as e:  # a half-made or foreign segment: show it, do not stop
-            rows.append((name, "-", "-", "-", "-", f"unreadable: {e}"))
+            rows.append((name, "-", "-", "-", "-", f"unreadable: {e}", "-", "-"))
             continue
         alive = creator_alive(name)
         owner = f"{s['creator_pid']}" + ("" if alive else " (dead)")
+        kept = "persisted" if s["persist"] else "-"
+        last = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s["last_attach"]))
         rows.append((name, s["policy"], f"{_fmt_bytes(s['bytes_used'])}/{_fmt_bytes(s['capacity_bytes'])}",
-                     str(s["items"]), f"{s['hit_ratio']:.3f}", owner))
-    header = ("NAME", "POLICY", "USED/CAPACITY", "ITEMS", "HIT RATIO", "OWNER PID")
+                     str(s["items"]), f"{s['hit_ratio']:.3f}", owner, kept, last))
+    header = ("NAME", "POLICY", "USED/CAPACITY", "ITEMS", "HIT RATIO", "OWNER PID", "KEPT", "LAST ATTACH")
     widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
     for r in [header] + rows:
         print("  ".join(col.ljust(w) for col, w in zip(r, widths)).rstrip())
@@ -69,9 +71,22 @@ def cmd_rm(args) -> int:
 
 
 def cmd_gc(args) -> int:
-    for name in gc():
+    keep_for = None if args.keep_for is None else _parse_age(args.keep_for)
+    for name in gc(persisted=args.persisted, keep_for=keep_for):
         print(f"removed {name} (its creator is gone)")
     return 0
+
+
+def _parse_age(text: str) -> float:
+    """'90', '90s', '30m', '12h', '7d' -> seconds; ValueError naming the text otherwise."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    t = text.strip().lower()
+    try:
+        if t and t[-1] in units:
+            return float(t[:-1]) * units[t[-1]]
+        return float(t)
+    except ValueError:
+        raise ValueError(f"--keep-for {text!r}: give an age such as 3600, 30m, 12h or 7d") from None
 
 
 def register(sub) -> None:
@@ -83,5 +98,9 @@ def register(sub) -> None:
     p = sub.add_parser("rm", help="remove caches by name")
     p.add_argument("names", nargs="+")
     p.set_defaults(func=cmd_rm)
-    p = sub.add_parser("gc", help="remove caches whose creating process is gone")
+    p = sub.add_parser("gc", help="remove caches whose creating process is gone (persisted ones only "
+                                  "with --persisted, or once not attached for --keep-for)")
+    p.add_argument("--persisted", action="store_true", help="also remove persisted caches")
+    p.add_argument("--keep-for", metavar="AGE", default=None,
+                   help="also remove persisted caches not attached for longer than AGE (3600, 30m, 12h, 7d)")
     p.set_defaults(func=cmd_gc)

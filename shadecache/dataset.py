@@ -17,12 +17,16 @@ give each loss to the sample that produced it (ShadeSampler.update).
 Hits, misses, bytes read from the store and samples served are counted in a small shared array
 (multiprocessing.RawArray, which travels to fork and spawn workers alike), one row per process:
 row 0 for the main process and 1 + worker id for a DataLoader worker, so no process ever writes
-another's row and no lock is needed (no lock object could be shared between a fork-context parent
-and spawn-context workers anyway). `stats()` sums the rows. Two DataLoaders iterating the SAME
-CachedDataset object at the same time would share worker rows; give each its own object.
+another's row and no lock between processes is needed (no lock object could be shared between a
+fork-context parent and spawn-context workers anyway). Threads of one process (sc.CachedLoader's)
+share its row: the hit counts are bumped under one threading lock (count()), the tier counts under
+another (fetch_missing), so each field has one lock. `stats()` sums the rows. Two DataLoaders
+iterating the SAME CachedDataset object at the same time would share worker rows; give each its
+own object.
 """
 import multiprocessing as mp
 import os
+import threading
 import time
 
 import numpy as np
@@ -41,9 +45,9 @@ def _default_decode(data):
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
-def _prefetch_hits(cache, ids, values) -> int:
+def _prefetch_hits(cache, ids, hit) -> int:
     """Hits on samples the prefetcher brought and no read had used yet (their board flag is
-    cleared here: shadecache/order.py)."""
+    cleared here: shadecache/order.py). hit(): the batch's bool mask of cache hits."""
     from .order import board_for
     board = board_for(cache)
     if board is None:
@@ -51,9 +55,17 @@ def _prefetch_hits(cache, ids, values) -> int:
     flags = board.flags[ids]
     if not flags.any():
         return 0
-    used = ids[(flags != 0) & np.fromiter((v is not None for v in values), bool, len(values))]
+    used = ids[(flags != 0) & hit()]
     board.flags[used] = 0
     return int(np.unique(used).size)
+
+
+def _count_epoch_reads(cache, samples, hits, pf_hits, wait_ns) -> None:
+    """This batch, into the current epoch's reader row of the cache's order board (if any)."""
+    from .order import board_for
+    board = board_for(cache)
+    if board is not None:
+        board.count_reads(samples, hits, pf_hits, wait_ns)
 
 
 def _prefetch_stats(cache) -> dict:
@@ -62,8 +74,9 @@ def _prefetch_stats(cache) -> dict:
     if board is None:
         return {}
     t = board.totals()
+    rows = board.epoch_counters()
     return {"prefetched": t["prefetched"], "prefetch_wasted": t["prefetch_wasted"],
-            "prefetch_per_epoch": board.epoch_counters()}
+            "per_epoch": rows, "prefetch_per_epoch": rows}
 
 
 class CachedDataset(Dataset):
@@ -103,6 +116,8 @@ class CachedDataset(Dataset):
         self._view = None
         self._row_view = None
         self._row_pid = None
+        self._count_lock = threading.Lock()
+        self._miss_lock = threading.Lock()
 
     def __len__(self):
         return self._n
@@ -110,11 +125,12 @@ class CachedDataset(Dataset):
     def label(self, i: int) -> int:
         return int(self.store.label(i))
 
-    def _labels_of(self, ids: np.ndarray) -> list:
+    def labels_of(self, ids: np.ndarray) -> np.ndarray:
+        """Labels of checked ids, as an int64 array (one gather from the store's label array)."""
         labels = getattr(self.store, "labels", None)   # the store's in-memory label array
         if isinstance(labels, np.ndarray) and labels.shape == (self._n,):
-            return labels[ids].tolist()
-        return [int(self.store.label(i)) for i in ids.tolist()]
+            return labels.take(ids).astype(np.int64, copy=False)
+        return np.array([int(self.store.label(i)) for i in ids.tolist()], dtype=np.int64)
 
     # ---- the batched path --------------------------------------------------------------------
     def check_ids(self, ids) -> np.ndarray:
@@ -145,7 +161,8 @@ class CachedDataset(Dataset):
         # is warm) builds no Python list of misses.
         missed = [i for i, v in zip(ids, values) if v is None] if None in values else []
         hits = len(ids) - len(missed)
-        pf_hits = _prefetch_hits(self.cache, a, values) if hits else 0
+        pf_hits = self.prefetch_hits(a, lambda: np.fromiter((v is not None for v in values), bool,
+                                                            len(values))) if hits else 0
         wait_ns = 0
         if missed:
             uniq = list(dict.fromkeys(missed))          # a batch may hold an id twice
@@ -153,15 +170,39 @@ class CachedDataset(Dataset):
             got = dict(zip(uniq, self.fetch_missing(uniq)))
             wait_ns = time.perf_counter_ns() - t0   # the loop waits on every tier below the cache
             values = [got[i] if v is None else v for i, v in zip(ids, values)]
-        row = self._row()
-        row[0] += hits                     # this process's row only: plain int64 slots, no lock
-        row[1] += len(missed)
-        row[3] += len(ids)
-        row[12] += pf_hits
-        row[13] += wait_ns
+        self.count(hits, len(missed), len(ids), pf_hits, wait_ns)
         return values
 
+    def count(self, hits: int, misses: int, samples: int, prefetch_hits: int = 0,
+              wait_ns: int = 0) -> None:
+        """Adds one batch's cache lookups to this process's counter row (fetch_missing counts what
+        the tiers served). Under a lock: CachedLoader's threads share the row."""
+        row = self._row()
+        with self._count_lock:
+            row[0] += hits
+            row[1] += misses
+            row[3] += samples
+            row[12] += prefetch_hits
+            row[13] += wait_ns
+        if self.cache is not None:   # per epoch, for ds.stats() and `shadecache stats`
+            _count_epoch_reads(self.cache, samples, hits, prefetch_hits, wait_ns)
+
+    def prefetch_hits(self, ids: np.ndarray, hit) -> int:
+        """Hits of a batch on samples the prefetcher brought (their board flags are cleared).
+        hit() returns the batch's bool mask of cache hits; it is called only when some id of the
+        batch carries a flag, so a batch without prefetched samples pays one flag lookup."""
+        return _prefetch_hits(self.cache, ids, hit) if self.cache is not None else 0
+
     def fetch_missing(self, ids: list) -> list:
+        """The bytes of every id (distinct, in range) that the node cache missed, through the tiers
+        (see _fetch_missing_locked). The one miss path of every reader (fetch_bytes,
+        sc.CachedLoader). One caller at a time per process: the tier counters are bumped under
+        this lock, and the store serialises its callers anyway."""
+        self._row()   # first, so a forked child takes its own lock, never one inherited held
+        with self._miss_lock:
+            return self._fetch_missing_locked(ids)
+
+    def _fetch_missing_locked(self, ids: list) -> list:
         """The bytes of every id (distinct, in range) that the node cache missed, through the
         tiers in order: the peer node that is home to the id (cluster=), the local SSD tier
         (ssd=), the store. What this node is home to is offered to the cache (admitted by its
@@ -235,6 +276,9 @@ class CachedDataset(Dataset):
             r = 0 if info is None else 1 + info.id % (_ROWS - 1)
             self._row_view = memoryview(self._counters).cast("B").cast("q")[r * len(_FIELDS):(r + 1) * len(_FIELDS)]
             self._row_pid = os.getpid()
+            # a forked child must not inherit a lock held by a thread that did not come along
+            self._count_lock = threading.Lock()
+            self._miss_lock = threading.Lock()
         return self._row_view
 
     def __getitems__(self, ids):
@@ -245,7 +289,7 @@ class CachedDataset(Dataset):
             xs = [decode(v) for v in values]
         else:
             xs = [transform(decode(v)) for v in values]
-        return list(zip(xs, self._labels_of(a), a.tolist()))
+        return list(zip(xs, self.labels_of(a).tolist(), a.tolist()))
 
     def __getitem__(self, i):
         return self.__getitems__([i])[0]
@@ -261,16 +305,24 @@ class CachedDataset(Dataset):
         state["_view"] = None      # rebuilt over the shared array in the receiving process
         state["_row_view"] = None
         state["_row_pid"] = None
+        del state["_count_lock"], state["_miss_lock"]   # locks do not pickle; each process its own
         return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._count_lock = threading.Lock()
+        self._miss_lock = threading.Lock()
 
     def stats(self) -> dict:
         """Counts over every process that used this data set: hits, misses, bytes_read (from the
         store), samples, store_reads (distinct ids read), hit_ratio; per tier below the cache
         (`tiers`: peer, ssd, store): samples served, bytes, seconds spent in that tier's batched
-        calls, the number of those calls and their mean latency; wait_s (time the loop waited on
-        the tiers below the cache for misses), prefetch_hits (hits on samples the prefetcher
-        brought); with an order board also prefetched, prefetch_wasted and their per-epoch rows
-        (prefetch.py)."""
+        calls, the number of those calls and their mean latency; wait_s (time the loop waited on the tiers below the cache for misses),
+        prefetch_hits (hits on samples the prefetcher brought); with an order board also
+        prefetched, prefetch_wasted and `per_epoch` (alias `prefetch_per_epoch`): one row per
+        epoch (the board keeps the last 32) with the prefetcher's counters (prefetched,
+        prefetch_wasted, prefetched_bytes, reads_issued) and what the loaders of every process on
+        the node read in it (samples, hits, prefetch_hits, wait_s)."""
         d = dict(zip(_FIELDS, (int(v) for v in self._table().sum(axis=0))))
         d["hit_ratio"] = d["hits"] / d["samples"] if d["samples"] else 0.0
         d["tiers"] = {

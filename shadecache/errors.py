@@ -27,6 +27,11 @@ class LayoutVersionError(ShadecacheError):
     """A shared-memory segment or file was written by an incompatible layout/format version."""
 
 
+class FingerprintError(ShadecacheError, ValueError):
+    """An existing cache holds the samples of another data set (or another version of it, or
+    another number of samples) than the one asked for."""
+
+
 class CorruptionError(ShadecacheError):
     """An internal invariant does not hold (raised by Cache.check())."""
 

@@ -24,10 +24,10 @@ class RunConfig:
     """One training run. sampler: "uniform" (a permutation per epoch) or "shade"."""
     label: str
     sampler: str = "shade"
-    policy: str = "importance"          # cache policy: importance, lru, fifo, static
+    policy: str = "importance"          # cache policy: importance, lru, fifo, static, clairvoyant
     rep_factor: float = 1.0
     coverage_epochs: int = 2            # ShadeSampler's floor; 0 turns the guardrail off
-    cache_fraction: float = 0.15        # of the samples (see capacity_for_fraction)
+    cache_fraction: float = 0.15        # of the samples (sc.Cache.capacity_for)
     epochs: int = 8
     batch_size: int = 64
     num_workers: int = 0
@@ -52,6 +52,11 @@ class Augment:
         return (img + self.noise * torch.randn_like(img)).reshape(-1)
 
 
+def decode_batch(x: torch.Tensor) -> torch.Tensor:
+    """synthetic.decode on a whole (B, size*size) uint8 batch: the same float32 values."""
+    return (x.float() - 127.5) / 127.5
+
+
 def make_model(in_features: int, num_classes: int) -> nn.Module:
     return nn.Sequential(nn.Linear(in_features, 128), nn.ReLU(), nn.Linear(128, num_classes))
 
@@ -67,32 +72,6 @@ def build_data(workdir: str, n_train: int, n_test: int, seed: int = 0, size: int
     timgs, tlabels = synthetic.make_images(n_test, seed=seed + 10_000, size=size, **kw)
     tx = torch.from_numpy((timgs.reshape(n_test, -1).astype(np.float32) - 127.5) / 127.5)
     return path, tx, torch.from_numpy(tlabels)
-
-
-def capacity_for_fraction(n: int, item_bytes: int, fraction: float) -> int:
-    """capacity_bytes of a cache that holds about `fraction` of n samples of item_bytes each.
-
-    The engine stores values in slab pages with a per-slot header, so a byte budget of
-    fraction * n * item_bytes holds fewer samples than that; cache sizes in this project's
-    benchmarks are fractions of the SAMPLES, found by filling throwaway caches.
-    """
-    import shadecache as sc
-    target = max(1, int(round(fraction * n)))
-    cap = max(1 << 16, int(fraction * n * item_bytes))
-    blob = [b"\0" * item_bytes] * n
-    ids = np.arange(n, dtype=np.int64)
-    best = cap
-    for step in range(8):
-        name = f"shadecache-calibrate-{os.getpid()}-{step}"
-        with sc.Cache.create(name, num_samples=n, capacity_bytes=cap, policy="lru",
-                             max_item_bytes=item_bytes) as c:
-            c.put_many(ids, blob)
-            items = c.stats()["items"]
-        best = cap
-        if abs(items - target) <= max(1, 0.02 * target):
-            break
-        cap = max(1 << 16, int(cap * target / max(items, 1)))
-    return best
 
 
 def _accuracy(model, tx, ty) -> float:
@@ -114,8 +93,8 @@ def train_run(store, cfg: RunConfig, test, cache_name: str, progress: bool = Fal
     from tqdm import tqdm
     n = len(store)
     tx, ty = test
-    item_bytes = max(len(b) for b in store.read_many(list(range(min(n, 64)))))
-    capacity = capacity_for_fraction(n, item_bytes, cfg.cache_fraction)
+    sizes = store.lengths
+    capacity = sc.Cache.capacity_for(max(1, int(round(cfg.cache_fraction * n))), sizes)
     torch.manual_seed(cfg.seed)
     model = make_model(size * size, num_classes)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
@@ -128,18 +107,31 @@ def train_run(store, cfg: RunConfig, test, cache_name: str, progress: bool = Fal
            "coverage": [], "not_in_window": [], "cached_fraction": [], "max_items": 0,
            "trace": []}   # trace: every id the loader served, in order (offline bounds)
     with sc.Cache.create(cache_name, num_samples=n, capacity_bytes=capacity,
-                         policy=cfg.policy, max_item_bytes=item_bytes) as cache:
+                         policy=cfg.policy, sizes=sizes) as cache, \
+            _board_for_policy(cache, n) as _board:
         aug = cfg.extra.get("augment", cfg.augment)
-        ds = sc.CachedDataset(store, cache, decode=functools.partial(synthetic.decode, size=size),
-                              transform=Augment(size, **aug) if aug is not None else None)
+        # Without per-sample augmentation nothing per sample runs in Python: CachedLoader copies
+        # each batch out of shared memory in this process and decodes it in one vectorized op.
+        # The per-sample Augment (Python, torch RNG per worker) stays on DataLoader workers.
+        # extra={"loader": "dataloader"} forces the DataLoader (to compare the two).
+        batched = aug is None and cfg.extra.get("loader", "cached") == "cached"
+        if batched:
+            ds = sc.CachedDataset(store, cache)
+        else:
+            ds = sc.CachedDataset(store, cache, decode=functools.partial(synthetic.decode, size=size),
+                                  transform=Augment(size, **aug) if aug is not None else None)
         shade = cfg.sampler == "shade"
         kw = dict(rep_factor=cfg.rep_factor if shade else 0.0, importance=shade, pads=shade,
                   coverage_epochs=cfg.coverage_epochs, seed=cfg.seed)
         kw.update(cfg.extra.get("sampler", {}))    # experiments: any other ShadeSampler option
         sampler = sc.ShadeSampler(ds, cache=cache, batch_size=cfg.batch_size, **kw)
-        loader = DataLoader(ds, batch_size=cfg.batch_size, sampler=sampler,
-                            num_workers=cfg.num_workers,
-                            persistent_workers=cfg.num_workers > 0)
+        if batched:
+            loader = sc.CachedLoader(ds, batch_size=cfg.batch_size, sampler=sampler,
+                                     num_workers=0, batch_transform=decode_batch)
+        else:
+            loader = DataLoader(ds, batch_size=cfg.batch_size, sampler=sampler,
+                                num_workers=cfg.num_workers,
+                                persistent_workers=cfg.num_workers > 0)
         train_time = 0.0
         samples = 0
         bar = tqdm(total=cfg.epochs * len(loader), desc=cfg.label, disable=not progress,
@@ -180,6 +172,17 @@ def train_run(store, cfg: RunConfig, test, cache_name: str, progress: bool = Fal
                total_bytes_read=st["bytes_read"], samples_per_s=samples / train_time,
                min_coverage=min(out["coverage"]), steps=cfg.epochs * len(sampler) // cfg.batch_size)
     return out
+
+
+def _board_for_policy(cache, n):
+    """The order board a policy that keys on next use (clairvoyant) reads the sampler's order
+    from (the sampler publishes into it by itself); nothing for the other policies."""
+    import contextlib
+
+    import shadecache as sc
+    if not cache.keys_on_next_use:
+        return contextlib.nullcontext()
+    return sc.OrderBoard.create(cache.name, n)
 
 
 def plot_runs(runs, path: str, title: str = ""):

@@ -67,6 +67,11 @@ NONE = np.iinfo(np.int32).max          # "no known next use" in nxt / next_use
 EPOCH_SLOTS = 32                       # per-epoch counter rows kept (epoch mod EPOCH_SLOTS)
 COUNTERS = ("epoch", "prefetched", "prefetch_wasted", "prefetched_bytes", "reads_issued")
 _COUNTER_OFF = 128                     # header offset of the counter rows
+# The readers' per-epoch rows (CachedDataset in any process of the node adds to them with an
+# atomic add; the stream writer that publishes an epoch first zeroes its row): what the training
+# loop saw, per epoch. In the header's spare bytes (zeros in a board of an older writer).
+READER_COUNTERS = ("epoch", "samples", "hits", "prefetch_hits", "wait_ns")
+_READER_OFF = 2048
 SHM_DIR = "/dev/shm"
 PREFIX = "shadecache-order."
 
@@ -161,6 +166,9 @@ class OrderBoard:
         self.flags = np.frombuffer(self._mm, dtype=np.uint8, count=self.num_samples, offset=off_flags)
         self._counters = np.frombuffer(self._mm, dtype=np.int64, count=EPOCH_SLOTS * len(COUNTERS),
                                        offset=_COUNTER_OFF).reshape(EPOCH_SLOTS, len(COUNTERS))
+        self._readers = np.frombuffer(self._mm, dtype=np.int64,
+                                      count=EPOCH_SLOTS * len(READER_COUNTERS),
+                                      offset=_READER_OFF)   # flat: _io.atomic_add indexes it
         self._creator = os.getpid() if owner else None
 
     # ---- lifetime ----------------------------------------------------------------------------
@@ -211,7 +219,7 @@ class OrderBoard:
     def close(self):
         if self._mm is None:
             return
-        for a in ("_header", "_srec", "_ids", "_nxt", "_next", "flags", "_counters"):
+        for a in ("_header", "_srec", "_ids", "_nxt", "_next", "flags", "_counters", "_readers"):
             setattr(self, a, None)
         try:
             self._mm.close()
@@ -264,7 +272,11 @@ class OrderBoard:
         same = ids[srt[1:]] == ids[srt[:-1]] if m > 1 else np.zeros(0, bool)
         nxt[srt[:-1][same]] = srt[1:][same]
         rec = self._srec[s]
-        rec[_S_SEQ] += 1              # odd: readers keep away
+        # odd: readers keep away. A writer killed mid-publish left seq odd; adding 1 would make
+        # it even (readers would take the order being written), so go to the NEXT odd value.
+        seq = int(rec[_S_SEQ])
+        odd = seq + 1 if seq % 2 == 0 else seq + 2
+        rec[_S_SEQ] = odd
         _fence()
         self._ids[s, :m] = ids
         self._nxt[s, :m] = nxt
@@ -275,7 +287,16 @@ class OrderBoard:
         rec[_S_EPOCH] = int(epoch)
         rec[_S_CURSOR] = 0
         _fence()
-        rec[_S_SEQ] += 1              # even: a consistent order is up
+        rec[_S_SEQ] = odd + 1         # even: a consistent order is up
+        # The readers' row of this epoch starts at zero: the first stream to publish the epoch
+        # zeroes it (its reads have not begun; the previous epoch's go to another row), and so
+        # does the very first publish on the board (a row of epoch 0 left by no one is zeros).
+        w = len(READER_COUNTERS)
+        row = self._readers[(int(epoch) % EPOCH_SLOTS) * w:(int(epoch) % EPOCH_SLOTS + 1) * w]
+        first_on_board = odd + 1 == 2 and not (np.delete(self._srec[:self.streams, _S_SEQ], s)).any()
+        if row[0] != epoch or first_on_board:
+            row[1:] = 0
+            row[0] = int(epoch)
         return m
 
     def set_cursor(self, stream: int, k: int) -> None:
@@ -357,12 +378,51 @@ class OrderBoard:
         for key, v in deltas.items():
             row[COUNTERS.index(key)] += int(v)
 
+    def current_epoch(self) -> int:
+        """The latest epoch any stream has published (-1: none yet)."""
+        seqs = self._srec[:self.streams, _S_SEQ]
+        epochs = self._srec[:self.streams, _S_EPOCH][seqs != 0]
+        return int(epochs.max()) if epochs.size else -1
+
+    def count_reads(self, samples: int, hits: int, prefetch_hits: int, wait_ns: int) -> None:
+        """Adds one batch of reads to the reader row of this process's epoch (any process; atomic
+        adds). The epoch is that of the stream this process's sampler publishes (else the one
+        LOCAL_RANK names, as for a DataLoader worker of that rank, else stream 0): ranks of a node
+        may be an epoch apart for a moment, and each read counts in its own rank's epoch."""
+        from . import _io
+        s = _MY_STREAM.get((os.getpid(), self.path))
+        if s is None:
+            s = stream_of(0, self.streams)
+        rec = self._srec[s]
+        epoch = int(rec[_S_EPOCH]) if int(rec[_S_SEQ]) else self.current_epoch()
+        if epoch < 0:
+            return
+        base = (epoch % EPOCH_SLOTS) * len(READER_COUNTERS)
+        for k, v in ((1, samples), (2, hits), (3, prefetch_hits), (4, wait_ns)):
+            if v:
+                _io.atomic_add(self._readers, base + k, int(v))
+
     def epoch_counters(self) -> list:
-        """[{epoch, prefetched, prefetch_wasted, prefetched_bytes, reads_issued}] of the epochs
-        recorded, oldest first (the last EPOCH_SLOTS epochs)."""
-        rows = [dict(zip(COUNTERS, (int(v) for v in r))) for r in self._counters]
-        rows = [r for r in rows if any(r[c] for c in COUNTERS[1:])]
-        return sorted(rows, key=lambda r: r["epoch"])
+        """[{epoch, prefetched, prefetch_wasted, prefetched_bytes, reads_issued, samples, hits,
+        prefetch_hits, wait_s}] of the epochs recorded, oldest first (the last EPOCH_SLOTS
+        epochs): the prefetcher's counters and what the loaders read (CachedDataset)."""
+        by_epoch = {}
+        for r in self._counters:
+            d = dict(zip(COUNTERS, (int(v) for v in r)))
+            if any(d[c] for c in COUNTERS[1:]):
+                by_epoch[d["epoch"]] = d
+        w = len(READER_COUNTERS)
+        for k in range(EPOCH_SLOTS):
+            d = dict(zip(READER_COUNTERS, (int(v) for v in self._readers[k * w:(k + 1) * w])))
+            if any(d[c] for c in READER_COUNTERS[1:]):
+                row = by_epoch.setdefault(d["epoch"], {c: 0 for c in COUNTERS} | {"epoch": d["epoch"]})
+                row.update(samples=d["samples"], hits=d["hits"], prefetch_hits=d["prefetch_hits"],
+                           wait_s=d["wait_ns"] / 1e9)
+        for row in by_epoch.values():
+            for c in ("samples", "hits", "prefetch_hits"):
+                row.setdefault(c, 0)
+            row.setdefault("wait_s", 0.0)
+        return [by_epoch[e] for e in sorted(by_epoch)]
 
     def totals(self) -> dict:
         t = {c: 0 for c in COUNTERS[1:]}
@@ -374,6 +434,7 @@ class OrderBoard:
 
 # ---- the sampler's hook -------------------------------------------------------------------------
 _ATTACHED: dict = {}   # (pid, cache name) -> OrderBoard, or the time a look found none
+_MY_STREAM: dict = {}  # (pid, board path) -> the stream this process's sampler publishes
 _RELOOK_S = 1.0        # a cache without a board is looked at again after this long
 
 
@@ -410,43 +471,60 @@ def published_iter(sampler, order: np.ndarray, start: int):
     if board is None:
         return iter(order[start:].tolist())
     s = stream_of(getattr(sampler, "rank", 0), board.streams)
+    _MY_STREAM[(os.getpid(), board.path)] = s
     m = board.publish(s, sampler.epoch, order)
     return _tracked(board, s, order, start, m, sampler.cache,
                     max(1, int(getattr(sampler, "batch_size", 64))))
 
 
+def _next_use_setter(cache):
+    """cache.set_next_use when the cache's policy keys on next use (clairvoyant), else None."""
+    if cache is None or not getattr(cache, "keys_on_next_use", False):
+        return None
+    return getattr(cache, "set_next_use", None)
+
+
 def _push_next_use(cache, board, ids):
-    setter = getattr(cache, "set_next_use", None)   # the clairvoyant policy's input
+    setter = _next_use_setter(cache)   # the clairvoyant policy's input
     if setter is not None and ids.size:
         setter(ids, board.next_use(ids))
 
 
 def _tracked(board, s, order, start, m, cache, step):
-    setter = getattr(cache, "set_next_use", None)
+    setter = _next_use_setter(cache)
     if setter is not None:   # every published id gets its first position of this epoch
         _push_next_use(cache, board, np.unique(order[:m]))
     if start:
         board.consumed(s, 0, min(start, m))
-    done = min(start, m)
+    done = used = min(start, m)   # entries [0, done) taken by the loader; [0, used) consumed
     board.set_cursor(s, done)
+
+    def consume(upto):
+        nonlocal used
+        if upto > used:
+            taken = board.consumed(s, used, upto)
+            if setter is not None:
+                _push_next_use(cache, board, taken)
+            used = upto
+
     k = start
     for i in order[start:].tolist():
         k += 1
-        # at every batch boundary: the cursor, and the next use of the ids just taken (their
-        # read is now, so what matters for keeping them is the read after it)
+        # At every batch boundary the cursor moves past the batch just taken, and the next use
+        # of its ids moves to the read after it (their read is now; what matters for keeping
+        # them is the next one). With a prefetcher running, that move waits one batch: the
+        # loader is still reading the batch it just took, and a sample whose next use looked
+        # "none" would be the first that the prefetcher's room-making and the clairvoyant
+        # policy evict, under the very read that needs it. (Without one, the immediate move
+        # lets the policy refuse a demand miss that is not read again: Belady's bypass.)
         if k - done >= step and done < m:
             last = min(k, m)
-            taken = board.consumed(s, done, last)
             board.set_cursor(s, last)
-            if setter is not None:
-                _push_next_use(cache, board, taken)
+            consume(done if board.prefetcher_pid else last)
             done = last
         yield i
-    if done < m:
-        taken = board.consumed(s, done, m)
-        board.set_cursor(s, m)
-        if setter is not None:
-            _push_next_use(cache, board, taken)
+    consume(m)
+    board.set_cursor(s, m)
 
 
 # ---- the offline bound ---------------------------------------------------------------------------

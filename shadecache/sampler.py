@@ -117,6 +117,8 @@ class ShadeSampler(Sampler):
         self.pads = bool(pads)
         self.coverage_epochs = int(coverage_epochs or 0)
         size = self.n if epoch_size is None else int(epoch_size)
+        if size < 1:
+            raise ValueError(f"epoch_size must be at least 1, got {epoch_size!r}")
         self.num_samples = math.ceil(size / self.num_replicas)     # this rank's share
         self.total_size = self.num_samples * self.num_replicas
         self.table = ImportanceTable(self.n, self.batch_size, smoothing)
@@ -280,13 +282,24 @@ class ShadeSampler(Sampler):
         """The unbiased importance weight of each sample id in `idx` for this epoch's order, as a
         float32 torch tensor when idx is a tensor (same device), else a numpy array. Multiply it
         into the per-sample losses: `(losses * sampler.weights(idx)).mean()`. All ones for a
-        uniform epoch without substitution."""
+        uniform epoch without substitution.
+
+        Unbiased (each sample's count x weight averages one uniform epoch's) at the defaults and
+        wherever every draw is random: the coverage floor's forced draws and a substitution that
+        takes every miss are not random, so with temper=1 and the floor on, low-score samples
+        average ~1.1, and with substitute=None and rep_factor large enough to replace every miss,
+        misses average ~0.5 (tests/test_sampler.py measures the defaults)."""
         ids = self.table.check_ids(_as_numpy(idx, np.int64).reshape(-1))
         self.order()
         w = self._weights[ids]
         if isinstance(idx, torch.Tensor):
             return torch.from_numpy(w).to(idx.device).reshape(idx.shape)
         return w
+
+    def _draw_uses_history(self) -> bool:
+        """Whether the next epoch's draw depends on the scores or the coverage record that
+        end_epoch folds (so every rank must fold the same ones)."""
+        return self.temper > 0 and (self.importance or self.coverage_epochs > 0)
 
     def order(self) -> np.ndarray:
         """This rank's order for the current epoch (drawn on first use, then fixed)."""
@@ -339,6 +352,15 @@ class ShadeSampler(Sampler):
         loss = np.array([self._loss_sum, self._loss_cnt,
                          float(mean_loss) if mean_loss is not None else 0.0], dtype=np.float64)
         world, _ = _dist_world()
+        if self.num_replicas > 1 and world != self.num_replicas and self._draw_uses_history():
+            # Each rank would fold only its own losses and coverage: from the next epoch on the
+            # ranks draw from different weights, their shares overlap and samples are dropped.
+            raise RuntimeError(
+                f"ShadeSampler(num_replicas={self.num_replicas}) must merge the ranks' losses at "
+                f"end_epoch, but torch.distributed is "
+                + ("not initialized" if world == 1 else f"running with world size {world}")
+                + "; initialize the process group, or use temper=0, whose draw does not depend "
+                  "on the scores")
         if world > 1:
             # views share memory with the numpy arrays, so all_reduce updates them in place
             for arr in (obs_sum, obs_cnt, trained, loss):

@@ -12,6 +12,7 @@ is shadecache/store_writer.py.
 from __future__ import annotations
 
 import json
+import operator
 import os
 import warnings
 from typing import Any, Iterable, Sequence
@@ -88,6 +89,7 @@ class _StoreBase:
         return self._r.read_many(ids)
 
     def label(self, i: int) -> int:
+        i = operator.index(i)  # TypeError for 1.5 or "3", as read() gives
         if not 0 <= i < len(self._labels):
             raise IndexError(f"sample id {i} out of range [0, {len(self._labels)})")
         return int(self._labels[i])
@@ -148,7 +150,10 @@ class PackedStore(_StoreBase):
         _check_backend_args(backend, queue_depth)
         self.path = os.fspath(path)
         self._options = (backend, bool(direct), int(queue_depth), bool(verify))
-        self._r = _io.PackedReader(self.path, backend, bool(direct), int(queue_depth), bool(verify))
+        # fsencode: a Linux path is bytes, and one that is not UTF-8 (os.listdir gives it as a str
+        # with surrogates) must still open.
+        self._r = _io.PackedReader(os.fsencode(self.path), backend, bool(direct), int(queue_depth),
+                                   bool(verify))
         _tune_malloc_once()
         _warn_fallback(self._r.fallback_reason)
         self._labels = self._r.labels()
@@ -181,14 +186,18 @@ class PackedStore(_StoreBase):
     @property
     def meta(self) -> dict:
         """Metadata stored at pack time (class names, source, creator). StoreFormatError when it
-        is not a JSON object (its checksum only proves it is what the writer stored)."""
+        is not a JSON object, or nests too deeply to parse (its checksum only proves it is what
+        the writer stored)."""
         raw = self._r.meta
         if not raw:
             return {}
         try:
             meta = json.loads(raw)
-        except ValueError as exc:
+        except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
             raise StoreFormatError(f"{self.path}: metadata is not JSON ({exc})") from None
+        except RecursionError:  # a checksum does not stop `[[[[...` nested past the parser's limit
+            raise StoreFormatError(f"{self.path}: metadata is not JSON the reader accepts "
+                                   "(nested too deeply)") from None
         if not isinstance(meta, dict):
             raise StoreFormatError(f"{self.path}: metadata is a JSON {type(meta).__name__}, not an object")
         return meta
@@ -206,11 +215,11 @@ class PackedStore(_StoreBase):
 
         sha256 over the header, the sample directory (every sample's offset, length, crc32c and
         label) and the metadata, so it changes when any sample, label or the metadata changes and
-        not when the file is copied or moved. A persisted cache records it and refuses a store
-        with another one (docs/cache.md). Computed once, on first use: it reads the directory
+        not when the file is copied or moved: what a cache kept across a restart can be checked
+        against the store it came from. Computed once, on first use: it reads the directory
         (24 bytes a sample) again, not the samples."""
         if self._fingerprint is None:
-            self._fingerprint = _fingerprint_of(self.path, self._identity)
+            self._fingerprint = _fingerprint_of(self.path, self._identity, self)
         return self._fingerprint
 
     def offset(self, i: int) -> int:
@@ -248,13 +257,16 @@ class PackedStore(_StoreBase):
                 f"direct={self.direct}, queue_depth={self.queue_depth})")
 
 
+_ENTRY = np.dtype([("offset", "<u8"), ("length", "<u4"), ("crc", "<u4"), ("label", "<i8")])
 _HEADER_SUMMED = 124          # header bytes [0, 124): everything but the header's own crc
 _FINGERPRINT_CHUNK = 16 << 20
 
 
-def _fingerprint_of(path: str, identity: tuple) -> str:
+def _fingerprint_of(path: str, identity: tuple, store: "PackedStore") -> str:
     """sha256 of a packed store's header, directory and metadata (the layout of
-    docs/store_format.md; the file was validated when the store was opened)."""
+    docs/store_format.md), read again from `path`. What is read must be what `store` validated at
+    open: the same file (device and inode), the same size, sample count, lengths, labels and
+    metadata; a file replaced or rewritten in place since (`cp other.shc path`) is refused."""
     import hashlib
     import struct
 
@@ -269,17 +281,31 @@ def _fingerprint_of(path: str, identity: tuple) -> str:
         if len(header) != _HEADER_SUMMED:
             raise StoreFormatError(f"{path}: truncated header while taking the fingerprint")
         h.update(header)
-        dir_offset, dir_bytes = struct.unpack_from("<QQ", header, 32)
-        meta_offset, meta_bytes = struct.unpack_from("<QQ", header, 56)
-        for start, size in ((dir_offset, dir_bytes), (meta_offset, meta_bytes)):
-            done = 0
-            while done < size:
-                chunk = os.pread(fd, min(_FINGERPRINT_CHUNK, size - done), start + done)
+        num_samples, dir_offset, dir_bytes = struct.unpack_from("<QQQ", header, 24)
+        meta_offset, meta_bytes, file_bytes = struct.unpack_from("<QQQ", header, 56)
+        changed = (num_samples != len(store) or file_bytes != store.file_bytes
+                   or dir_bytes != num_samples * _ENTRY.itemsize)
+        parts = {}
+        for part, start, size in (("dir", dir_offset, dir_bytes), ("meta", meta_offset, meta_bytes)):
+            if changed:
+                break
+            buf = bytearray()
+            while len(buf) < size:
+                chunk = os.pread(fd, min(_FINGERPRINT_CHUNK, size - len(buf)), start + len(buf))
                 if not chunk:
                     raise StoreFormatError(f"{path}: the file was cut short while taking the "
                                            "fingerprint")
-                h.update(chunk)
-                done += len(chunk)
+                buf += chunk
+            h.update(buf)
+            parts[part] = buf
+        if not changed:
+            entries = np.frombuffer(parts["dir"], dtype=_ENTRY)
+            changed = (not np.array_equal(entries["length"], store.lengths)
+                       or not np.array_equal(entries["label"], store.labels)
+                       or bytes(parts["meta"]) != store._r.meta)
+        if changed:
+            raise StoreFormatError(f"{path} was rewritten since the store was opened; reopen it "
+                                   "to take its fingerprint")
     finally:
         os.close(fd)
     return h.hexdigest()
@@ -340,18 +366,18 @@ class FolderStore(_StoreBase):
             self.classes = None
         self._options = (backend, int(queue_depth))
         self._files = files if root is None else None
-        self._r = _io.FolderReader(paths, backend, int(queue_depth))
+        self._r = _io.FolderReader([os.fsencode(p) for p in paths], backend, int(queue_depth))
         _tune_malloc_once()
         _warn_fallback(self._r.fallback_reason)
         self._labels = np.asarray(labels, dtype=np.int64)
         self._labels.flags.writeable = False
 
     def path(self, i: int) -> str:
-        return self._r.path(i)
+        return os.fsdecode(self._r.path(i))
 
     @property
     def paths(self) -> list:
-        return [self._r.path(i) for i in range(len(self))]
+        return [self.path(i) for i in range(len(self))]
 
     def __reduce__(self):
         if self.root is not None:

@@ -8,7 +8,9 @@
 from __future__ import annotations
 
 import json
+import operator
 import os
+import re
 
 import numpy as np
 
@@ -30,12 +32,26 @@ def _contiguous_bytes(data, what: str):
     except TypeError:
         raise TypeError(f"{what}: data must be bytes-like, not {type(data).__name__}") from None
     dtype = getattr(data, "dtype", None)
-    if "O" in view.format or (dtype is not None and getattr(dtype, "hasobject", False)):
+    has_objects = (dtype.hasobject if isinstance(getattr(dtype, "hasobject", None), bool)
+                   else "O" in re.sub(r":[^:]*:", "", view.format))   # field names sit in colons
+    if has_objects:
         raise TypeError(f"{what}: an array of Python objects holds pointers, not sample bytes; "
                         "pass bytes or an array of numbers")
-    if not view.contiguous:
-        raise TypeError(f"{what}: data must be a contiguous buffer (a strided view was given)")
+    if not view.c_contiguous:
+        raise TypeError(f"{what}: data must be a C-contiguous buffer (a strided or "
+                        "Fortran-order view was given)")
     return view
+
+
+def _label(label, what: str) -> int:
+    """A label as an int64: integers only (1.5 or "3" would be stored as something else)."""
+    try:
+        value = operator.index(label)
+    except TypeError:
+        raise TypeError(f"{what}: a label must be an integer, not {type(label).__name__}") from None
+    if not -(1 << 63) <= value < (1 << 63):
+        raise ValueError(f"{what}: label {value} does not fit in 64 bits")
+    return value
 
 
 class PackWriter:
@@ -53,11 +69,11 @@ class PackWriter:
         if os.path.isdir(self.path):
             raise IsADirectoryError(f"PackWriter: {self.path} is a directory")
         self.meta = dict(meta or {})
-        self._w = _io.PackWriter(self.path)
+        self._w = _io.PackWriter(os.fsencode(self.path))  # bytes: see PackedStore
 
     def add(self, data, label: int = 0) -> int:
         """Appends one sample (any contiguous bytes-like object); returns its id."""
-        return self._w.add(_contiguous_bytes(data, "PackWriter.add"), int(label))
+        return self._w.add(_contiguous_bytes(data, "PackWriter.add"), _label(label, "PackWriter.add"))
 
     def close(self) -> str:
         """Writes the directory and header, fsyncs and renames into place; returns the path."""
@@ -73,7 +89,7 @@ class PackWriter:
 
     @property
     def temp_path(self) -> str:
-        return self._w.temp_path
+        return os.fsdecode(self._w.temp_path)
 
     def __len__(self) -> int:
         return self._w.num_samples
@@ -141,7 +157,7 @@ def pack(src, dst: str | os.PathLike, *, progress: bool = True, meta: dict | Non
                 except (TypeError, ValueError):
                     raise TypeError(f"pack: item {i} of the data set is not a (bytes, label) "
                                     f"pair: {type(item).__name__}") from None
-                w.add(_contiguous_bytes(data, f"pack: item {i}"), label)
+                w.add(_contiguous_bytes(data, f"pack: item {i}"), _label(label, f"pack: item {i}"))
                 bar.update(1)
     return n
 

@@ -22,13 +22,18 @@ from workload import ValueSet, access_order, run_interleaved  # noqa: E402
 
 
 def _leftovers():
-    shm = {p for p in glob.glob("/dev/shm/*") if "shadecache-bench" in os.path.basename(p)}
+    # Only this process's: segment names carry the pid, and temporary directories are made in a
+    # private folder (below), so a benchmark another job runs on this machine is not counted.
+    pid = f"-{os.getpid()}-"
+    shm = {p for p in glob.glob("/dev/shm/*")
+           if "shadecache-bench" in os.path.basename(p) and pid in os.path.basename(p)}
     tmp = set(glob.glob(os.path.join(tempfile.gettempdir(), "shadecache-bench-*")))
     return shm | tmp
 
 
 @pytest.fixture
-def no_leaks():
+def no_leaks(tmp_path_factory, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path_factory.mktemp("bench-tmp")))
     before = _leftovers()
     yield
     assert _leftovers() - before == set()

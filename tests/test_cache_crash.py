@@ -38,8 +38,11 @@ def _write_forever(name, seed, point, countdown):
         elif op < 0.7:
             i = rng.randrange(N)
             cache.put(i, make_value(i, seed * 100_000 + step, rng.choice(SIZES)), score=rng.random() * 2)
-        elif op < 0.9:
+        elif op < 0.8:
             cache.update_scores(np.array([rng.randrange(N) for _ in range(64)]), np.random.rand(64))
+        elif op < 0.9:   # the clairvoyant policy's keys (checked, then ignored by the others)
+            cache.set_next_use(np.array([rng.randrange(N) for _ in range(64)]),
+                               np.array([rng.randrange(-1, 10 * N) for _ in range(64)]))
         else:
             cache.remove(rng.randrange(N))
 
@@ -70,10 +73,14 @@ def _survivor(name, stop, out):
 # The full count under importance (the acceptance run); each other policy (its own eviction keys,
 # lazy LRU rekeys, static's refusals) a quarter as many.
 @pytest.mark.parametrize("policy,kills", [("importance", KILLS), ("lru", KILLS // 4), ("fifo", KILLS // 4),
-                                          ("static", KILLS // 4)])
+                                          ("static", KILLS // 4), ("clairvoyant", KILLS // 4)])
 def test_sigkill_writers_at_every_step(cache_name, policy, kills):
-    # A static cache never moves a page: that point would never fire.
-    points = sorted(v for k, v in _core.CRASH_POINTS.items() if not (policy == "static" and k == "move_page_mid"))
+    # A static cache never moves a page, and only clairvoyant keys on next use: those points
+    # would never fire.
+    never = {"move_page_mid"} if policy == "static" else set()
+    if policy != "clairvoyant":
+        never.add("next_use_mid")
+    points = sorted(v for k, v in _core.CRASH_POINTS.items() if k not in never)
     ctx = mp.get_context("fork")
     rng = random.Random(7)
     with sc.Cache.create(cache_name, num_samples=N, capacity_bytes=2 << 20, max_item_bytes=16 << 10,

@@ -26,9 +26,12 @@ def _worker(name, seed, ops, out):
         elif op < 0.4:
             ids = [rng.randrange(N) for _ in range(16)]
             cache.put_many(ids, [make_value(j, seed * 1_000_000 + step, rng.choice(SIZES)) for j in ids])
-        elif op < 0.5:
+        elif op < 0.45:
             ids = np.array([rng.randrange(N) for _ in range(64)])
             cache.update_scores(ids, np.random.default_rng(step).random(64))
+        elif op < 0.5:   # the clairvoyant policy's keys (the other policies ignore them)
+            ids = np.array([rng.randrange(N) for _ in range(64)])
+            cache.set_next_use(ids, np.random.default_rng(step).integers(-1, 100 * N, 64))
         elif op < 0.75:
             v = cache.get(i)
             if v is not None:
@@ -46,10 +49,11 @@ def _worker(name, seed, ops, out):
     out.put((seed, verified, faults[:5], len(faults)))
 
 
-@pytest.mark.parametrize("ops", [3000])
-def test_four_processes_fork_and_spawn(cache_name, ops):
+@pytest.mark.parametrize("ops,policy", [(3000, "importance"), (3000, "clairvoyant")])
+def test_four_processes_fork_and_spawn(cache_name, ops, policy):
     # ~4000 ids x mean 7.8 KB = 31 MB of data for a 6 MiB cache: evictions and page moves happen.
-    with sc.Cache.create(cache_name, num_samples=N, capacity_bytes=6 << 20, max_item_bytes=32 << 10) as cache:
+    with sc.Cache.create(cache_name, num_samples=N, capacity_bytes=6 << 20, max_item_bytes=32 << 10,
+                         policy=policy) as cache:
         procs, queues = [], []
         for k, method in enumerate(["fork", "fork", "spawn", "spawn"]):
             ctx = mp.get_context(method)

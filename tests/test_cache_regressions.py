@@ -280,7 +280,7 @@ def test_put_score_follows_the_put_many_rule(cache_factory):
             c.put(0, b"x", score=bad)
         with pytest.raises(TypeError):
             c.put_many([0], [b"x"], scores=[bad])
-    with pytest.raises(TypeError, match="score must be a number, got list"):
+    with pytest.raises(TypeError, match="score must be a real number, got list"):
         c.put(0, b"x", score=[1.0])
     with pytest.raises(ValueError, match="NaN"):
         c.put(0, b"x", score=float("nan"))

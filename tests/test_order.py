@@ -131,6 +131,27 @@ def test_the_sampler_publishes_its_order_and_moves_the_cursor(board_name, tmp_pa
         assert (b.next_use(np.arange(n)) == -1).all()    # everything of the epoch was read
 
 
+def test_with_a_prefetcher_next_uses_move_one_batch_late(board_name):
+    # The loader is still reading the batch it just took: with a prefetcher running, its ids keep
+    # their current position until the next batch is taken (nothing evicts them under the read).
+    n = 300
+    with sc.Cache.create(board_name, num_samples=n, capacity_bytes=1 << 20,
+                         policy="clairvoyant") as cache, OrderBoard.create(board_name, n) as b:
+        s = sc.ShadeSampler(n, cache=cache, batch_size=32, importance=False, pads=False,
+                            rep_factor=0.0, seed=1)
+        for prefetcher, consumed_upto in ((0, 64), (os.getpid(), 32)):
+            b.set_prefetcher(prefetcher)
+            s.set_epoch(3 if prefetcher else 2)
+            it = iter(s)
+            taken = [next(it) for _ in range(70)]
+            assert b.stream_state(0)["cursor"] == 64
+            nu = b.next_use(np.asarray(taken[:64]))
+            assert (nu[:consumed_upto] == -1).all() and (nu[consumed_upto:] >= 0).all()
+            list(it)
+            assert (b.next_use(np.arange(n)) == -1).all()
+        b.set_prefetcher(0)
+
+
 def _opt_hits(trace, cap):
     """Optimal hits by exhaustive search over every keep/evict choice (tiny traces only)."""
     best = {frozenset(): 0}
@@ -161,3 +182,18 @@ def test_belady_matches_the_exhaustive_optimum():
     assert belady_hits([], 3) == 0 and belady_hits([1, 1], 0) == 0
     with pytest.raises(ValueError):
         belady_hits([1], -1)
+
+
+def test_a_publish_after_a_writer_died_mid_publish_is_readable(board_name):
+    """A writer killed mid-publish leaves its stream's sequence word odd. The next publish must
+    still write under an odd word and end on an even one: flipping the parity would let readers
+    take orders while they are written, and leave the finished one unreadable."""
+    from shadecache.order import _S_SEQ
+    with OrderBoard.create(board_name, 100, capacity=10) as b:
+        b.publish(0, 0, np.arange(10))
+        b._srec[0, _S_SEQ] += 1                  # what a writer killed after its first store leaves
+        assert b.snapshot(0) is None
+        b.publish(0, 1, np.arange(10, 20))
+        snap = b.snapshot(0)
+        assert snap is not None and snap[0] == 1 and np.array_equal(snap[1], np.arange(10, 20))
+        assert int(b._srec[0, _S_SEQ]) % 2 == 0

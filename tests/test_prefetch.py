@@ -64,10 +64,10 @@ def _train(store, cache, epochs, workers=0, step_s=0.0):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_same_bytes_in_the_same_order_with_and_without_prefetch(store_path, name, workers):
     store = sc.PackedStore(store_path)
-    cap = 1 << 20           # one slab page: about 400 of the 1200 samples
-    with sc.Cache.create(name + "off", num_samples=N, capacity_bytes=cap) as c:
+    cap = 1 << 20           # about 600 of the 1200 samples (1.5-1.9 KB): a third to a half
+    with sc.Cache.create(name + "off", num_samples=N, capacity_bytes=cap, sizes=store.lengths) as c:
         off, off_stats = _train(store, c, 2, workers)
-    with sc.Cache.create(name, num_samples=N, capacity_bytes=cap) as c, \
+    with sc.Cache.create(name, num_samples=N, capacity_bytes=cap, sizes=store.lengths) as c, \
             OrderBoard.create(name, N):
         with sc.Prefetcher(c, store, lookahead_samples=128, batch=32) as pf:
             on, on_stats = _train(store, c, 2, workers, step_s=0.01)
@@ -81,8 +81,17 @@ def test_same_bytes_in_the_same_order_with_and_without_prefetch(store_path, name
     # the prefetcher did its work: most reads were served by samples it brought
     assert on_stats["prefetched"] > N // 3
     assert on_stats["prefetch_hits"] > N // 3
-    assert on_stats["hit_ratio"] > off_stats["hit_ratio"] + 0.3
-    assert len(on_stats["prefetch_per_epoch"]) == 2
+    # by how much depends on how far ahead the prefetcher keeps on a loaded machine (0.3 to 0.75
+    # more seen here); that figure is bench/bench_prefetch.py's, this only says it helped
+    assert on_stats["hit_ratio"] > off_stats["hit_ratio"] + 0.1
+    rows = on_stats["per_epoch"]
+    assert [r["epoch"] for r in rows] == [0, 1] and rows == on_stats["prefetch_per_epoch"]
+    # per epoch, what the loop read (counted by every worker, atomic adds on the board)
+    assert [r["samples"] for r in rows] == [N, N]
+    assert sum(r["hits"] for r in rows) == on_stats["hits"]
+    assert sum(r["prefetch_hits"] for r in rows) == on_stats["prefetch_hits"]
+    assert abs(sum(r["wait_s"] for r in rows) - on_stats["wait_s"]) < 1e-6
+    assert rows[1]["prefetch_hits"] > 0 and rows[1]["prefetched"] > 0
 
 
 def test_a_prefetcher_sigkilled_mid_batch_leaves_the_cache_consistent(store_path, name):
@@ -165,6 +174,10 @@ def test_four_processes_with_a_prefetcher(store_path, name):
             assert pf.alive()
         assert sum(r[0] for r in results) == 2 * N
         assert all(not r[1] for r in results), [r[1] for r in results]
+        # four processes added their reads to the same per-epoch rows: none lost
+        rows = board.epoch_counters()
+        assert [(r["epoch"], r["samples"]) for r in rows] == [(0, N), (1, N)]
+        assert sum(r["prefetch_hits"] for r in rows) == sum(r[2] for r in results)
         assert all(board.stream_state(s)["epoch"] == 1 for s in range(4))
         assert board.totals()["prefetched"] > 0
         c.check()
@@ -280,3 +293,4 @@ def test_shadecache_stats_shows_the_prefetch_counters(store_path, name):
         assert pf["reads_issued"] >= 100                 # the window (a swap may re-read a few)
         assert 0 < c.stats()["items"] <= pf["prefetched"]   # swaps remove some it brought
         assert pf["per_epoch"][0]["epoch"] == 0 and pf["prefetcher_pid"] == 0
+        assert {"samples", "hits", "prefetch_hits", "wait_s"} <= set(pf["per_epoch"][0])

@@ -16,9 +16,11 @@
 #include <new>
 #include <vector>
 
+#include "bindings/batch_gather.h"
 #include "bindings/peer_io.h"
 #include "bindings/errors.h"
 #include "bindings/ids.h"
+#include "bindings/next_use_bindings.h"
 #include "bindings/sample_view.h"
 #include "bindings/test_hooks.h"
 #include "cache/cache.h"
@@ -28,6 +30,22 @@ namespace py = pybind11;
 using namespace shadecache;
 
 namespace {
+
+// True when a struct-module format string holds an 'O' (a Python object pointer) code. Field
+// names of a structured array stand between colons ("T{i:Offset:f:x:}") and are skipped: a name
+// holding the letter O is not an object field.
+bool format_has_objects(const char* f) {
+  for (; *f; ++f) {
+    if (*f == ':') {
+      while (*++f && *f != ':') {
+      }
+      if (!*f) return false;
+    } else if (*f == 'O') {
+      return true;
+    }
+  }
+  return false;
+}
 
 // A borrowed, read-only view of any bytes-like object, released when it goes out of scope.
 class Borrowed {
@@ -43,7 +61,7 @@ class Borrowed {
     std::string bad;
     if (!PyBuffer_IsContiguous(&view_, 'C'))
       bad = std::string("cache values must be contiguous, got a strided ") + Py_TYPE(o)->tp_name;
-    else if (view_.format && std::strchr(view_.format, 'O'))
+    else if (view_.format && format_has_objects(view_.format))
       bad = "cache values must hold plain bytes, got a buffer of Python objects (format '" + std::string(view_.format) + "')";
     if (!bad.empty()) {
       PyBuffer_Release(&view_);  // a constructor that throws runs no destructor
@@ -135,7 +153,7 @@ float score_of(py::handle s) {
   double d = PyFloat_AsDouble(s.ptr());
   if (d == -1.0 && PyErr_Occurred()) {
     PyErr_Clear();
-    throw py::type_error(std::string("score must be a number, got ") + Py_TYPE(s.ptr())->tp_name);
+    throw py::type_error(std::string("score must be a real number, got ") + Py_TYPE(s.ptr())->tp_name);
   }
   return static_cast<float>(d);
 }
@@ -143,7 +161,14 @@ float score_of(py::handle s) {
 // A copy, not a view of the caller's array: the scores are checked, then used with the GIL
 // released, when another thread could change that array.
 std::vector<float> scores_of(py::handle s, size_t n, const char* what) {
-  auto arr = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(s);
+  // Numbers only: a cast would turn strings ("0.5") into scores where put refuses them.
+  py::array any = py::array::ensure(s);
+  char kind = any ? any.dtype().kind() : 'O';
+  if (!any || (any.size() > 0 && kind != 'f' && kind != 'i' && kind != 'u' && kind != 'b')) {
+    PyErr_Clear();
+    throw py::type_error(std::string(what) + " must be an array or sequence of numbers");
+  }
+  auto arr = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(any);
   if (!arr) {
     PyErr_Clear();
     throw py::type_error(std::string(what) + " must be an array or sequence of numbers");
@@ -157,6 +182,20 @@ std::vector<float> scores_of(py::handle s, size_t n, const char* what) {
 const char* policy_name(Policy p) {
   const EvictionPolicy* e = policy_by_id(static_cast<uint32_t>(p));
   return e ? e->name() : "unknown";
+}
+
+// Sample sizes for Cache::create (numpy uint64, checked by the Python layer); empty = none given.
+using SizesArray = py::array_t<uint64_t, py::array::c_style | py::array::forcecast>;
+
+CacheOptions options(uint64_t num_samples, uint64_t capacity_bytes, uint64_t max_item_bytes, uint32_t policy,
+                     const SizesArray& sizes) {
+  CacheOptions o;
+  o.num_samples = num_samples;
+  o.capacity_bytes = capacity_bytes;
+  o.max_item_bytes = max_item_bytes;
+  o.policy = static_cast<Policy>(policy);
+  o.sizes.assign(sizes.data(), sizes.data() + sizes.size());
+  return o;
 }
 
 py::dict stats_dict(const CacheStats& s) {
@@ -174,6 +213,9 @@ py::dict stats_dict(const CacheStats& s) {
   d["items"] = s.items;
   d["bytes_used"] = s.bytes_used;
   d["capacity_bytes"] = s.capacity_bytes;
+  d["value_bytes"] = s.bytes_used;
+  d["efficiency"] = s.capacity_bytes ? static_cast<double>(s.bytes_used) / s.capacity_bytes : 0.0;
+  d["data_bytes"] = s.data_bytes;
   d["num_samples"] = s.num_samples;
   d["page_size"] = s.page_size;
   d["num_pages"] = s.num_pages;
@@ -293,26 +335,25 @@ PYBIND11_MODULE(_core, m) {
       .def_static(
           "create",
           [](const std::string& name, uint64_t num_samples, uint64_t capacity_bytes, uint64_t max_item_bytes,
-             uint32_t policy) {
-            CacheOptions o;
-            o.num_samples = num_samples;
-            o.capacity_bytes = capacity_bytes;
-            o.max_item_bytes = max_item_bytes;
-            o.policy = static_cast<Policy>(policy);
+             uint32_t policy, const SizesArray& sizes, bool persist, const std::string& fingerprint) {
+            CacheOptions o = options(num_samples, capacity_bytes, max_item_bytes, policy, sizes);
+            o.persist = persist;
+            o.fingerprint = fingerprint;
             py::gil_scoped_release nogil;  // reserving and zeroing the segment can take a while
             return Cache::create(name, o);
           },
           py::arg("name"), py::arg("num_samples"), py::arg("capacity_bytes"), py::arg("max_item_bytes"),
-          py::arg("policy"))
-      .def_static("attach", [](const std::string& name) { return Cache::attach(name); }, py::arg("name"))
+          py::arg("policy"), py::arg("sizes"), py::arg("persist") = false, py::arg("fingerprint") = "")
+      .def_static("attach", [](const std::string& name, bool touch) { return Cache::attach(name, touch); },
+                  py::arg("name"), py::arg("touch") = true)
       .def_static("unlink", &Segment::unlink, py::arg("name"))
       .def_static("list", &Segment::list)
       .def_static("path", &Segment::path, py::arg("name"))
       .def_static(
           "segment_bytes",
-          [](uint64_t num_samples, uint64_t capacity_bytes, uint64_t max_item_bytes, uint32_t policy) {
-            CacheOptions o{num_samples, capacity_bytes, max_item_bytes, static_cast<Policy>(policy)};
-            return Cache::segment_bytes(o);
+          [](uint64_t num_samples, uint64_t capacity_bytes, uint64_t max_item_bytes, uint32_t policy,
+             const SizesArray& sizes) {
+            return Cache::segment_bytes(options(num_samples, capacity_bytes, max_item_bytes, policy, sizes));
           })
       .def_static("read_creator",
                   [](const std::string& name) -> py::object {
@@ -327,6 +368,10 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("closed", &Cache::closed)
       .def_property_readonly("policy", [](Cache& c) { c.check_open(); return policy_name(c.policy()); })
       .def_property_readonly("capacity_bytes", [](Cache& c) { c.check_open(); return c.capacity_bytes(); })
+      .def_property_readonly("persist", [](Cache& c) { c.check_open(); return c.persist(); })
+      .def_property_readonly("fingerprint", [](Cache& c) { c.check_open(); return c.fingerprint(); })
+      .def_property_readonly("created_unix_ns", [](Cache& c) { c.check_open(); return c.created_unix_ns(); })
+      .def_property_readonly("last_attach_unix_ns", [](Cache& c) { c.check_open(); return c.last_attach_unix_ns(); })
       .def("get", [](Cache& c, py::handle id) { return get_bytes(c, checked_id(c, as_id(id))); }, py::arg("id"))
       .def("get_many",
            [](Cache& c, py::handle ids) {
@@ -483,7 +528,9 @@ PYBIND11_MODULE(_core, m) {
            })
       .def("close", &Cache::close);
 
+  register_next_use(m);
   register_sample_view(m);
+  register_batch_gather(m);
   m.attr("MAX_VIEWS_PER_PROCESS") = kPinsPerOwner;
   m.attr("MAX_VIEW_PROCESSES") = kPinOwners;
   ready_fast_get_type();

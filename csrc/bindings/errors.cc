@@ -1,5 +1,7 @@
 #include "bindings/errors.h"
 
+#include <cstring>
+
 #include "common/error.h"
 
 namespace py = pybind11;
@@ -16,28 +18,33 @@ PyObject* cls(const char* name) {
   return py::object(errors.attr(name)).release().ptr();
 }
 
+// The message as str. Messages name paths, and a Linux path is bytes: one that is not UTF-8 comes
+// back as os.fsdecode would show it (surrogateescape), never as a UnicodeDecodeError instead.
+PyObject* message(const Error& e) {
+  return PyUnicode_DecodeUTF8(e.what(), static_cast<Py_ssize_t>(std::strlen(e.what())),
+                              "surrogateescape");
+}
+
 void raise(const Error& e) {
   PyObject* type = g_classes[static_cast<int>(e.kind())];
+  PyObject* msg = message(e);
+  if (msg == nullptr) return;  // MemoryError set
+  PyObject* exc = nullptr;
   if (e.kind() == ErrorKind::kOs || e.kind() == ErrorKind::kNotFound ||
       e.kind() == ErrorKind::kExists) {
     // OSError(errno, message) so that .errno is set, as Python's own I/O errors do.
-    PyObject* exc = PyObject_CallFunction(type, "is", e.err(), e.what());
-    if (exc) {
-      PyErr_SetObject(type, exc);
-      Py_DECREF(exc);
-    }
-    return;
-  }
-  if (e.kind() == ErrorKind::kCorruptSample) {
+    exc = PyObject_CallFunction(type, "iO", e.err(), msg);
+  } else if (e.kind() == ErrorKind::kCorruptSample) {
     auto& c = static_cast<const CorruptSample&>(e);
-    PyObject* exc = PyObject_CallFunction(type, "sKK", e.what(), c.id(), c.offset());
-    if (exc) {
-      PyErr_SetObject(type, exc);
-      Py_DECREF(exc);
-    }
-    return;
+    exc = PyObject_CallFunction(type, "OKK", msg, c.id(), c.offset());
+  } else {
+    PyErr_SetObject(type, msg);
   }
-  PyErr_SetString(type, e.what());
+  Py_DECREF(msg);
+  if (exc) {
+    PyErr_SetObject(type, exc);
+    Py_DECREF(exc);
+  }
 }
 
 }  // namespace

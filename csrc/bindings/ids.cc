@@ -7,6 +7,15 @@ namespace py = pybind11;
 namespace shadecache {
 
 IdArray integer_ids(py::handle ids) {
+  PyObject* o = ids.ptr();
+  if (PyList_Check(o) || PyTuple_Check(o)) {  // item by item: 2**64 is out of range, not a type
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
+    PyObject** items = PySequence_Fast_ITEMS(o);
+    IdArray a(n);
+    int64_t* out = a.mutable_data();
+    for (Py_ssize_t i = 0; i < n; ++i) out[i] = as_id(items[i]);
+    return a;
+  }
   py::array any = py::array::ensure(ids);
   if (!any) {
     PyErr_Clear();

@@ -12,7 +12,8 @@ using IdArray = pybind11::array_t<int64_t, pybind11::array::c_style | pybind11::
 
 // `ids` (an array, or any sequence numpy turns into one) as a contiguous 1-D int64 array.
 // Integers only: a cast would truncate floats (1.9 -> id 1) and turn bools and strings into ids,
-// so any other dtype is a TypeError (an empty sequence, float64 to numpy, is allowed).
+// so any other dtype is a TypeError (an empty sequence, float64 to numpy, is allowed). A list or
+// tuple is taken item by item (as_id), so [2**64] is IndexError as a single id is.
 IdArray integer_ids(pybind11::handle ids);
 
 // One sample id from a Python int (or anything with __index__). False with a Python error set:

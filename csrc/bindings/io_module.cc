@@ -56,7 +56,8 @@ py::list packed_read_many(PackedReader& r, const py::handle& ids_obj) {
   return list;
 }
 
-py::bytes packed_read(PackedReader& r, int64_t id) {
+py::bytes packed_read(PackedReader& r, py::handle id_obj) {
+  int64_t id = as_id(id_obj);
   const store::Entry& e = r.entry(id);
   PyObject* b = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(e.length));
   if (b == nullptr) throw py::error_already_set();
@@ -167,8 +168,9 @@ PYBIND11_MODULE(_io, m) {
       .def("abort", &PackWriter::abort)
       .def_property_readonly("num_samples", &PackWriter::num_samples)
       .def_property_readonly("is_open", &PackWriter::is_open)
-      .def_property_readonly("path", &PackWriter::path)
-      .def_property_readonly("temp_path", &PackWriter::temp_path);
+      // bytes: a Linux path need not be UTF-8 (store.py fsdecodes them)
+      .def_property_readonly("path", [](const PackWriter& w) { return py::bytes(w.path()); })
+      .def_property_readonly("temp_path", [](const PackWriter& w) { return py::bytes(w.temp_path()); });
 
   py::class_<PackedReader>(m, "PackedReader")
       .def(py::init([](const std::string& path, const std::string& backend, bool direct,
@@ -184,13 +186,13 @@ PYBIND11_MODULE(_io, m) {
       .def("read", &packed_read, py::arg("id"))
       .def("read_many", &packed_read_many, py::arg("ids"))
       .def(
-          "label", [](const PackedReader& r, int64_t id) { return r.entry(id).label; },
+          "label", [](const PackedReader& r, py::handle id) { return r.entry(as_id(id)).label; },
           py::arg("id"))
       .def(
-          "length", [](const PackedReader& r, int64_t id) { return r.entry(id).length; },
+          "length", [](const PackedReader& r, py::handle id) { return r.entry(as_id(id)).length; },
           py::arg("id"))
       .def(
-          "offset", [](const PackedReader& r, int64_t id) { return r.entry(id).offset; },
+          "offset", [](const PackedReader& r, py::handle id) { return r.entry(as_id(id)).offset; },
           py::arg("id"))
       .def("labels", [](const PackedReader& r) { return column(r, &store::Entry::label); })
       .def("lengths", [](const PackedReader& r) { return column(r, &store::Entry::length); })
@@ -207,7 +209,7 @@ PYBIND11_MODULE(_io, m) {
       .def_property_readonly("version", [](const PackedReader& r) { return r.header().version; })
       .def_property_readonly("file_bytes",
                              [](const PackedReader& r) { return r.header().file_bytes; })
-      .def_property_readonly("path", &PackedReader::path)
+      .def_property_readonly("path", [](const PackedReader& r) { return py::bytes(r.path()); })
       .def_property_readonly("direct", &PackedReader::direct)
       .def_property_readonly("verify", &PackedReader::verify)
       .def_property_readonly("queue_depth",
@@ -234,13 +236,14 @@ PYBIND11_MODULE(_io, m) {
       .def("read_many", &folder_read_many, py::arg("ids"))
       .def(
           "read",
-          [](FolderReader& r, int64_t id) {
-            py::list l = folder_read_many(r, py::cast(std::vector<int64_t>{id}));
+          [](FolderReader& r, py::handle id) {
+            py::list l = folder_read_many(r, py::cast(std::vector<int64_t>{as_id(id)}));
             return py::reinterpret_borrow<py::bytes>(l[0]);
           },
           py::arg("id"))
       .def(
-          "path", [](const FolderReader& r, int64_t id) { return r.path(id); }, py::arg("id"))
+          "path", [](const FolderReader& r, py::handle id) { return py::bytes(r.path(as_id(id))); },
+          py::arg("id"))
       .def_property_readonly("queue_depth",
                              [](FolderReader& r) { return r.backend().queue_depth(); })
       .def_property_readonly("backend", [](FolderReader& r) { return r.backend().name(); })

@@ -89,6 +89,29 @@ void register_read_stream(py::module_& m) {
   m.def(
       "memory_fence", [] { std::atomic_thread_fence(std::memory_order_seq_cst); },
       "A full hardware memory fence (the order board's seqlock, shadecache/order.py).");
+  m.def(
+      "atomic_add",
+      [](py::handle buf, int64_t index, int64_t value) {
+        // Counters that several processes add to in shared memory (the order board's per-epoch
+        // reader rows): one locked read-modify-write, so no add is lost between processes.
+        Py_buffer view;
+        if (PyObject_GetBuffer(buf.ptr(), &view, PyBUF_WRITABLE) != 0) {
+          PyErr_Clear();
+          throw py::type_error("atomic_add needs a writable buffer");
+        }
+        struct Release {
+          Py_buffer* v;
+          ~Release() { PyBuffer_Release(v); }
+        } release{&view};
+        if (index < 0 || static_cast<uint64_t>(index + 1) * 8 > static_cast<uint64_t>(view.len))
+          throw py::index_error("atomic_add: int64 index " + std::to_string(index) + " outside a buffer of " +
+                                std::to_string(view.len) + " bytes");
+        auto* p = static_cast<int64_t*>(view.buf) + index;
+        if (reinterpret_cast<uintptr_t>(p) % 8) throw py::value_error("atomic_add: the int64 is not 8-byte aligned");
+        return __atomic_add_fetch(p, value, __ATOMIC_RELAXED);
+      },
+      py::arg("buffer"), py::arg("index"), py::arg("value"),
+      "Adds `value` to int64 number `index` of a writable buffer atomically; returns the sum.");
 
   py::class_<PyReadStream>(m, "ReadStream")
       .def(py::init([](PackedReader& reader, const std::string& backend, unsigned queue_depth,

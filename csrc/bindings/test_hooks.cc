@@ -23,6 +23,7 @@ void register_test_hooks(py::module_& m) {
   points["evict_after_free"] = static_cast<int>(CrashPoint::kEvictAfterFree);
   points["move_page_mid"] = static_cast<int>(CrashPoint::kMovePageMid);
   points["scores_mid"] = static_cast<int>(CrashPoint::kScoresMid);
+  points["next_use_mid"] = static_cast<int>(CrashPoint::kNextUseMid);
   m.attr("CRASH_POINTS") = points;
 }
 

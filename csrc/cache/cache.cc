@@ -25,6 +25,11 @@ struct ForkWatch {
 } g_fork_watch;
 }  // namespace
 
+uint64_t unix_now_ns() {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+}
+
 void Cache::pick_stripe() {
   stripe_ = &hdr_->reader_stats[static_cast<uint32_t>(::getpid()) % kReaderStripes];
   stripe_gen_ = g_fork_generation.load(std::memory_order_relaxed);
@@ -40,6 +45,10 @@ uint64_t Cache::segment_bytes(const CacheOptions& opts) {
 std::unique_ptr<Cache> Cache::create(const std::string& name, const CacheOptions& opts) {
   validate(opts);
   Layout l = compute_layout(opts);
+  if (l.num_pages * l.page_size > kMaxDataBytes)
+    throw Error(ErrorKind::kInvalidArgument, "a data area of " + std::to_string(l.num_pages * l.page_size) +
+                                                 " bytes is needed for capacity_bytes=" + std::to_string(opts.capacity_bytes) +
+                                                 " of these sizes; at most 256 GiB is possible");
   // The creator's identity goes in first (pwrite: an error, not a SIGBUS, on a full tmpfs), so that
   // an attacher arriving during the reservation sees who is still building the segment.
   struct {
@@ -65,7 +74,10 @@ std::unique_ptr<Cache> Cache::create(const std::string& name, const CacheOptions
   h->page_size = l.page_size;
   h->max_item_bytes = opts.max_item_bytes;
   h->num_pages = l.num_pages;
-  h->capacity_bytes = l.num_pages * l.page_size;
+  h->capacity_bytes = l.value_budget;
+  h->data_bytes = l.num_pages * l.page_size;
+  h->persist = opts.persist ? 1 : 0;
+  std::snprintf(h->fingerprint, sizeof h->fingerprint, "%s", opts.fingerprint.c_str());
   h->total_size = l.total;
   h->off_index = l.off_index;
   h->off_heap_pos = l.off_heap_pos;
@@ -78,11 +90,11 @@ std::unique_ptr<Cache> Cache::create(const std::string& name, const CacheOptions
   h->off_data = l.off_data;
   h->creator_pid = creator.pid;
   h->creator_start_time = creator.start_time;
-  h->created_unix_ns = static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+  h->created_unix_ns = unix_now_ns();
+  h->last_attach_unix_ns.store(h->created_unix_ns, std::memory_order_relaxed);
   std::snprintf(h->name, sizeof h->name, "%s", name.c_str());
   robust_mutex_init(&h->mutex);
-  h->num_classes = Slab::build_classes(reinterpret_cast<ClassMeta*>(seg.base() + l.off_classes), l.page_size);
+  h->num_classes = Slab::init_classes(reinterpret_cast<ClassMeta*>(seg.base() + l.off_classes), l.page_size, l.classes);
   std::unique_ptr<Cache> c(new Cache());
   c->bind(std::move(seg), name);
   c->slab_.init();
@@ -91,7 +103,7 @@ std::unique_ptr<Cache> Cache::create(const std::string& name, const CacheOptions
   return c;
 }
 
-std::unique_ptr<Cache> Cache::attach(const std::string& name) {
+std::unique_ptr<Cache> Cache::attach(const std::string& name, bool touch) {
   Segment seg = Segment::attach(name);
   if (seg.size() < sizeof(Header))
     throw Error(ErrorKind::kLayout, "'" + Segment::path(name) + "' is too small to be a shadecache segment");
@@ -128,6 +140,7 @@ std::unique_ptr<Cache> Cache::attach(const std::string& name) {
                                         std::to_string(h->total_size));
   std::unique_ptr<Cache> c(new Cache());
   c->bind(std::move(seg), name);
+  if (touch) h->last_attach_unix_ns.store(unix_now_ns(), std::memory_order_relaxed);  // a hint for ls/gc
   return c;
 }
 
@@ -156,11 +169,11 @@ void Cache::bind(Segment seg, const std::string& name) {
   page_shift_ = static_cast<uint32_t>(__builtin_ctzll(page_size_));  // a power of two (checked on attach)
   data_bytes_ = hdr_->num_pages * page_size_;
   slab_ = Slab(data_, pages_, reinterpret_cast<ClassMeta*>(b + hdr_->off_classes), &hdr_->free_page_head,
-               hdr_->num_pages, page_size_, hdr_->num_classes);
+               &hdr_->class_gen, hdr_->num_pages, page_size_, hdr_->num_classes);
   heap_ = IndexedHeap(reinterpret_cast<HeapNode*>(b + hdr_->off_heap), heap_pos_, &hdr_->heap_size);
   pins_.bind(reinterpret_cast<PinOwner*>(b + hdr_->off_pins), hdr_->pin_active);
   policy_ = policy_by_id(hdr_->policy);  // checked by create and attach
-  pstate_ = PolicyState{scores_, policy_->uses_ticks() ? ticks_ : nullptr, &hdr_->clock};
+  pstate_ = PolicyState{scores_, policy_->uses_ticks() ? ticks_ : nullptr, &hdr_->clock, &hdr_->policy_weight};
   stamp_hits_ = policy_->stamps_hits();
 }
 
@@ -303,6 +316,7 @@ CacheStats Cache::stats() {
   }
   out.pinned = pins_.count_live();
   out.capacity_bytes = hdr_->capacity_bytes;
+  out.data_bytes = hdr_->data_bytes;
   out.num_samples = n_;
   out.page_size = page_size_;
   out.num_pages = hdr_->num_pages;
@@ -319,14 +333,16 @@ CacheStats Cache::stats() {
 PutItem Cache::make_item(uint64_t id, const char* data, uint64_t len) {
   check_open();
   check_id(id);
-  int cls = slab_.class_for(len);
-  if (cls < 0 || len > hdr_->max_item_bytes)
+  if (len > hdr_->max_item_bytes || Slab::need_for(len) > page_size_)
     throw Error(ErrorKind::kTooLarge, "value for sample id " + std::to_string(id) + " is " + std::to_string(len) +
                                           " bytes; cache '" + name_ + "' holds values of at most " +
                                           std::to_string(hdr_->max_item_bytes) +
                                           " bytes (create it with a larger max_item_bytes)");
-  return PutItem{static_cast<uint32_t>(id), data, static_cast<uint32_t>(len), crc32c(data, len),
-                 cls};
+  if (len > hdr_->capacity_bytes)
+    throw Error(ErrorKind::kTooLarge, "value for sample id " + std::to_string(id) + " is " + std::to_string(len) +
+                                          " bytes, more than the capacity of cache '" + name_ + "' (" +
+                                          std::to_string(hdr_->capacity_bytes) + " bytes)");
+  return PutItem{static_cast<uint32_t>(id), data, static_cast<uint32_t>(len), crc32c(data, len)};
 }
 
 void Cache::put_many(std::vector<PutItem>& items, const float* scores, uint8_t* admitted) {
@@ -398,7 +414,7 @@ void Cache::update_scores(const int64_t* ids, const float* scores, size_t n) {
 
 void Cache::do_set_score(uint32_t id, float score) {
   scores_[id].store(score, std::memory_order_relaxed);
-  if (policy_->keyed_by_score() && heap_.contains(id)) do_rekey(id, score);
+  if (policy_->keyed_by_score() && heap_.contains(id)) do_rekey(id, policy_->insert_key(pstate_, id));
 }
 
 // Seqlock write of one slot: odd seq, fence, body, even seq with release (readers: see read()).
@@ -425,12 +441,14 @@ bool Cache::write_slot(SlotHeader* s, const PutItem& it, bool check_pins) {
 }
 
 bool Cache::do_put(const PutItem& it) {
+  uint32_t cls = slab_.do_class_for(it.len);
   uint64_t cur = idx_get(it.id, std::memory_order_relaxed);
   if (cur) {
     uint64_t off = cur - 1;
     SlotHeader* s = slab_.slot(off);
     uint32_t old_len = s->len;
-    if (pages_[slab_.page_of(off)].cls == static_cast<uint32_t>(it.cls) && write_slot(s, it, true)) {
+    if (pages_[slab_.page_of(off)].cls == cls && hdr_->bytes_used - old_len + it.len <= hdr_->capacity_bytes &&
+        write_slot(s, it, true)) {
       // Same size class, no view on it: rewritten in place; readers racing it retry on the seqlock.
       hdr_->bytes_used += static_cast<uint64_t>(it.len) - old_len;
       if (policy_->rekey_on_rewrite()) {
@@ -445,7 +463,7 @@ bool Cache::do_put(const PutItem& it) {
     // old copy is dropped only once that slot is won (a refused update keeps the old value).
   }
   double key = policy_->insert_key(pstate_, it.id);
-  uint64_t u = do_alloc_slot(static_cast<uint32_t>(it.cls), key);
+  uint64_t u = do_alloc_slot(cls, it.id, it.len, key);
   if (u == 0) {
     hdr_->stats.rejected.fetch_add(1, std::memory_order_relaxed);
     return false;

@@ -38,11 +38,13 @@ constexpr uint64_t kNoPage = ~uint64_t{0};
 
 // Bumped in the child after every fork (see cache.cc).
 extern std::atomic<uint64_t> g_fork_generation;
+// Wall-clock time, ns since the Unix epoch (creation and attach times in the header).
+uint64_t unix_now_ns();
 
 struct CacheStats {
   uint64_t hits, misses, read_retries, inserts, updates, evictions, rejected, page_moves,
       recoveries, score_updates, items, bytes_used, capacity_bytes, num_samples, page_size,
-      num_pages, free_pages, segment_bytes, max_item_bytes, pinned, zombies;
+      num_pages, free_pages, segment_bytes, max_item_bytes, pinned, zombies, data_bytes;
   int64_t creator_pid;
   uint64_t creator_start_time;
   uint32_t policy;
@@ -54,13 +56,13 @@ struct PutItem {
   const char* data;
   uint32_t len;
   uint32_t crc;
-  int cls;
 };
 
 class Cache {
  public:
   static std::unique_ptr<Cache> create(const std::string& name, const CacheOptions& opts);
-  static std::unique_ptr<Cache> attach(const std::string& name);
+  // touch: record this attach as the cache's last use (`shadecache ls` and `gc` look without it).
+  static std::unique_ptr<Cache> attach(const std::string& name, bool touch = true);
   // Size a segment for `opts` would take (header + arrays + data), after rounding.
   static uint64_t segment_bytes(const CacheOptions& opts);
   // pid and start time of the process that created segment `name`, read without taking its lock.
@@ -90,6 +92,10 @@ class Cache {
   Policy policy() const { return static_cast<Policy>(hdr_->policy); }
   uint64_t capacity_bytes() const { return hdr_->capacity_bytes; }
   uint64_t max_item_bytes() const { return hdr_->max_item_bytes; }
+  bool persist() const { return hdr_->persist != 0; }
+  std::string fingerprint() const { return std::string(hdr_->fingerprint, strnlen(hdr_->fingerprint, sizeof hdr_->fingerprint)); }
+  uint64_t created_unix_ns() const { return hdr_->created_unix_ns; }
+  uint64_t last_attach_unix_ns() const { return hdr_->last_attach_unix_ns.load(std::memory_order_relaxed); }
 
   // ---- readers: no lock -------------------------------------------------------------------
   // Copies the value of `id` into alloc(len) and returns len, or returns -1 on a miss. alloc may
@@ -158,6 +164,14 @@ class Cache {
   PutItem make_item(uint64_t id, const char* data, uint64_t len);
   bool remove(uint64_t id);
   void update_scores(const int64_t* ids, const float* scores, size_t n);
+  // The clairvoyant policy's input (csrc/cache/next_use.cc): positions[i] is the next position at
+  // which the node reads ids[i], -1 when none is known. One lock per call; a no-op (after the
+  // checks) under a policy that does not key on next use.
+  void set_next_use(const int64_t* ids, const int64_t* positions, size_t n);
+  // The clairvoyant blend weight (finite, >= 0): rekeys every cached value, one lock.
+  void set_policy_weight(double w);
+  double policy_weight();
+  bool keys_on_next_use() const { return policy_->keys_on_next_use(); }
   // Walks every structure under the lock; throws Error(kCorruption) describing the first fault.
   void check();
 
@@ -189,7 +203,9 @@ class Cache {
 
   // All do_* run with the mutex held.
   bool do_put(const PutItem& it);
-  uint64_t do_alloc_slot(uint32_t cls, double key);
+  // A free slot of class `cls` for `len` bytes of `id` (whose cached copy, if any, goes after):
+  // evicts while the value bytes would exceed capacity_bytes or no slot is free.
+  uint64_t do_alloc_slot(uint32_t cls, uint32_t id, uint64_t len, double key);
   // Unpublishes `id` and frees its slot, or, when a view pins it, leaves the bytes as they are on
   // the zombie list. Returns false in that case.
   bool do_evict(uint32_t id);

@@ -96,6 +96,8 @@ std::string Cache::do_check() {
   if (listed != free_pages) return "free page list holds " + std::to_string(listed) + " pages, " + std::to_string(free_pages) + " are free";
   if (items != hdr_->items || items != heap_.size())
     return "items: header " + std::to_string(hdr_->items) + ", heap " + std::to_string(heap_.size()) + ", slots " + std::to_string(items);
+  if (bytes > hdr_->capacity_bytes)
+    return "values hold " + std::to_string(bytes) + " bytes, over the budget of " + std::to_string(hdr_->capacity_bytes);
   if (bytes != hdr_->bytes_used) return "bytes_used says " + std::to_string(hdr_->bytes_used) + ", slots hold " + std::to_string(bytes);
   uint64_t indexed = 0;
   for (uint64_t id = 0; id < n_; ++id) indexed += idx_get(id, std::memory_order_relaxed) != 0;

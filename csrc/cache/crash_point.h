@@ -19,6 +19,7 @@ enum class CrashPoint : int {
   kEvictAfterFree,    // slot freed, heap not yet updated
   kMovePageMid,       // a page is half way through moving to another class
   kScoresMid,         // half of a score batch applied
+  kNextUseMid,        // half of a next-use batch applied (clairvoyant)
   kCount,
 };
 

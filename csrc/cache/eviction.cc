@@ -7,19 +7,28 @@
 
 namespace shadecache {
 
-// Finds a free slot of class `cls` for a value whose priority will be `key`, evicting if needed.
+// Finds a free slot of class `cls` for `len` bytes of `id` whose priority will be `key`, evicting
+// while the value bytes would exceed the budget (capacity_bytes) or the class has no free slot.
 // Returns the slot offset + 1, or 0 when the policy refuses (static full, or importance admission
 // fails because `key` does not beat the lowest cached priority).
-uint64_t Cache::do_alloc_slot(uint32_t cls, double key) {
+uint64_t Cache::do_alloc_slot(uint32_t cls, uint32_t id, uint64_t len, double key) {
+  // Over budget: the cached copy of `id` (if any; it goes once the new slot is won) does not count.
+  auto over_budget = [&] {
+    uint64_t cur = idx_get(id, std::memory_order_relaxed);
+    uint64_t old = cur ? slab_.slot(cur - 1)->len : 0;
+    return hdr_->bytes_used - old + len > hdr_->capacity_bytes;
+  };
   // A full cache may refuse the value (importance: unless it beats the lowest cached key). A
-  // cache is full when no page is free and its free slots are under 1/8 of the capacity: the few
-  // slots a page move frees beyond the one it needed must not let low-key values in through the
-  // side door (with a mix of sizes, nearly every admission would otherwise take such a slot).
-  // Empty pages are free pages (Slab::do_release_if_empty), so they count as room.
-  if (hdr_->free_page_head == 0 && !heap_.empty() && !policy_->admits(key, heap_.top().key) &&
-      slab_.free_slot_bytes() < hdr_->capacity_bytes / 8)
+  // cache is full when the value is over budget, or when no page is free and its free slots are
+  // under 1/8 of the data area: the few slots a page move frees beyond the one it needed must not
+  // let low-key values in through the side door (with a mix of sizes, nearly every admission
+  // would otherwise take such a slot). Empty pages are free pages (Slab::do_release_if_empty).
+  bool over = over_budget();
+  if (!heap_.empty() && !policy_->admits(key, heap_.top().key) &&
+      (over || (hdr_->free_page_head == 0 && slab_.free_slot_bytes() < hdr_->data_bytes / 8)))
     return 0;
-  if (uint64_t u = slab_.do_take_slot(cls)) return u;
+  if (!over)
+    if (uint64_t u = slab_.do_take_slot(cls)) return u;
   if (!policy_->evicts()) return 0;
   // Values that views pin are set aside (they cannot be evicted now) and go back at the end,
   // whatever happens (an exception here would otherwise leave them out of the heap). A page's
@@ -56,14 +65,16 @@ uint64_t Cache::do_alloc_slot(uint32_t cls, double key) {
       continue;
     }
     uint64_t vpage = slab_.page_of(voff);
-    if (pages_[vpage].cls == cls) {
+    if (over || pages_[vpage].cls == cls) {
+      // Over budget any victim helps (its page goes to the free list once empty); within budget
+      // a victim of our class frees the slot we need (its page stays: we fill it).
       bool freed = do_evict(top.id);
       hdr_->stats.evictions.fetch_add(1, std::memory_order_relaxed);
-      if (freed) {
-        got = slab_.do_pop_free_slot(cls);  // the slot just freed (the page stays: we fill it)
-        break;
-      }
-      continue;  // a view pinned it at the last moment: it is a zombie now; take the next
+      if (!freed) continue;  // a view pinned it at the last moment: it is a zombie now; take the next
+      if (pages_[vpage].cls != cls) slab_.do_release_if_empty(vpage);
+      over = over_budget();
+      if (!over && (got = slab_.do_take_slot(cls))) break;
+      continue;
     }
     // The lowest-priority value sits in another size class: memory must move to ours, a page at a
     // time. This is how memory follows the size mix (a cache full of 3 KB values can take 100 KB

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "cache/layout.h"
 
@@ -12,12 +14,27 @@ constexpr uint64_t kMinPageSize = 64 * 1024;
 
 struct CacheOptions {
   uint64_t num_samples = 0;
-  uint64_t capacity_bytes = 0;   // bytes of slab memory for values (rounded down to whole pages)
+  // Without `sizes`: bytes of slab memory (rounded down to whole pages), slot headers included.
+  // With `sizes`: a budget of value bytes; the data area is sized so that values of these sizes
+  // fill the budget, slot headers and page ends on top (segment_bytes says the whole).
+  uint64_t capacity_bytes = 0;
   uint64_t max_item_bytes = 1 << 20;  // largest value accepted; sets the slab page size
   Policy policy = Policy::kImportance;
+  std::vector<uint64_t> sizes;   // sample sizes (e.g. every length of the store); may be empty
+  bool persist = false;          // the segment outlives every process (Cache::create)
+  std::string fingerprint;       // the data set the values belong to; checked by attach
 };
 
+// Size classes fitted to `sizes`: one per distinct slot need when there are few, else one per
+// equal share of the samples (the widest slot of that share). Ascending slot sizes, each below
+// page_size, at most max_classes (the other entries are left for classes learned later).
+constexpr uint32_t kMaxFittedClasses = 48;
+std::vector<uint32_t> fit_classes(const std::vector<uint64_t>& sizes, uint64_t page_size,
+                                  uint32_t max_classes = kMaxFittedClasses);
+
 struct Layout {
+  std::vector<uint32_t> classes;  // fitted slot sizes (empty without sizes)
+  uint64_t value_budget;          // the header's capacity_bytes
   uint64_t page_size, num_pages, off_index, off_heap_pos, off_scores, off_ticks, off_heap, off_pages,
       off_classes, off_pins, off_data, total;
 };

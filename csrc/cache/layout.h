@@ -7,7 +7,8 @@
 // index[id]     u32 atomic: 0 = not cached, else (offset of the slot in the data area) / 64 + 1
 // heap_pos[id]  u32: 0 = not in the eviction heap, else position + 1 (so a zeroed segment is valid)
 // scores[id]    f32 atomic: importance of EVERY sample, cached or not (SHADE's ghost cache)
-// ticks[id]     u64 atomic: last access (lru) or insert (fifo) clock value; 0 entries for other policies
+// ticks[id]     u64 atomic: last access (lru) or insert (fifo) clock value; next known read position + 1
+//               (clairvoyant, 0 = none known); 0 entries for other policies
 // heap[k]       HeapNode{key, id}: indexed min-heap over the eviction priority (csrc/cache/heap.h)
 // pages[p]      PageMeta: the size class a slab page belongs to and its generation (seqlock)
 // classes[c]    ClassMeta: slot size, free list head, counts
@@ -28,14 +29,16 @@
 namespace shadecache {
 
 constexpr uint64_t kMagic = 0x3148434544414853ull;  // "SHADECH1" little-endian
-constexpr uint32_t kLayoutVersion = 3;  // 2: pin table, zombie list; 3: PageMeta::zombies
+// 2: pin table, zombie list; 3: PageMeta::zombies; 4: size classes fitted and learned (ClassMeta
+// slot_size 0 = unused entry), capacity_bytes a budget of value bytes, data_bytes, persistence.
+constexpr uint32_t kLayoutVersion = 4;
 constexpr uint32_t kNoId = 0xFFFFFFFFu;
 constexpr uint32_t kFreePage = 0xFFFFFFFFu;
 constexpr uint32_t kMaxClasses = 64;
 constexpr size_t kAlign = 64;  // cache line: every array and every slot starts on one
 constexpr uint64_t kMaxDataBytes = (uint64_t{1} << 32) * kAlign;  // see SlotHeader::next_free
 
-enum class Policy : uint32_t { kImportance = 0, kLru = 1, kFifo = 2, kStatic = 3 };
+enum class Policy : uint32_t { kImportance = 0, kLru = 1, kFifo = 2, kStatic = 3, kClairvoyant = 4 };
 
 // Reader counters, striped: each process counts in the stripe of its pid, on its own cache line,
 // so that readers in many processes do not bounce one line between cores on every get. stats()
@@ -83,7 +86,7 @@ struct alignas(64) Header {
   uint32_t policy;
   uint32_t num_classes;
   uint64_t num_samples;
-  uint64_t capacity_bytes;     // size of the data area = num_pages * page_size
+  uint64_t capacity_bytes;     // budget of value bytes: bytes_used never exceeds it
   uint64_t page_size;
   uint64_t max_item_bytes;     // largest value accepted (<= page_size - sizeof(SlotHeader))
   uint64_t num_pages;
@@ -93,6 +96,13 @@ struct alignas(64) Header {
   uint64_t creator_start_time;  // /proc/<pid>/stat field 22: tells a reused pid from the creator
   uint64_t created_unix_ns;
   char name[128];
+  uint64_t data_bytes;          // size of the data area = num_pages * page_size (>= capacity_bytes
+                                // when sized from the sample sizes: slot headers come on top)
+  uint32_t persist;             // 1: the segment outlives every process (warm restart)
+  uint32_t reserved0_;
+  char fingerprint[80];         // the data set the values belong to ("" = not named)
+  // Time of the latest create or attach (ns since the epoch): `shadecache ls`, and `gc --keep-for`.
+  std::atomic<uint64_t> last_attach_unix_ns;
 
   // ---- writer state: only read or written with `mutex` held.
   alignas(64) pthread_mutex_t mutex;  // process-shared, robust
@@ -105,6 +115,12 @@ struct alignas(64) Header {
   // freed by the first writer that finds them unpinned.
   uint64_t zombie_head;
   uint64_t zombies;
+  // Bumped whenever a size class is created or recut for another slot size (classes are learned
+  // as values arrive): each process keeps a sorted copy of the table and rebuilds it on a change.
+  uint64_t class_gen;
+  // The clairvoyant policy's blend weight (csrc/cache/policies/clairvoyant.cc): 0 in a zeroed
+  // segment, the default. It sits in the padding before pin_active, so no offset or size moves.
+  double policy_weight;
 
   // ---- pin records in use: bit r of word r / 64 is set while PinOwner r is claimed. Set by the
   // claiming process (seq_cst), cleared by a writer's reap; lets writers skip the table when no
@@ -149,13 +165,14 @@ struct PageMeta {
 };
 
 struct ClassMeta {
-  uint32_t slot_size;       // header + largest value, a multiple of kAlign
+  uint32_t slot_size;       // header + largest value, a multiple of kAlign; 0 = entry unused
   uint32_t slots_per_page;
   uint64_t free_head;       // first free slot, as SlotHeader::next_free; 0 = none
   uint64_t free_slots;
   uint64_t pages;
   uint64_t items;
-  uint64_t reserved[3];
+  uint64_t fitted;          // 1: fitted to the sizes given at create; kept for the cache's life
+  uint64_t reserved[2];
 };
 
 struct HeapNode {

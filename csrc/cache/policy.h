@@ -21,6 +21,7 @@ struct PolicyState {
   std::atomic<float>* scores;   // importance of every id (cached or not)
   std::atomic<uint64_t>* ticks;  // per id, only when uses_ticks(); else nullptr
   std::atomic<uint64_t>* clock;  // advanced by writers on every insert (Header::clock)
+  const double* weight;          // Header::policy_weight (clairvoyant's blend), mutex held to read
 };
 
 class EvictionPolicy {
@@ -32,10 +33,13 @@ class EvictionPolicy {
   virtual bool uses_ticks() const { return false; }
   // Readers stamp hits: ticks[id] = clock (relaxed, no lock; see Cache::note_hit).
   virtual bool stamps_hits() const { return false; }
-  // Score updates move the key of a cached value (the key is the score).
+  // Score updates move the key of a cached value: it is rekeyed to insert_key(), which for such
+  // a policy is a pure function of the per-id state (it advances no clock).
   virtual bool keyed_by_score() const { return false; }
   // Full cache: no value is evicted to make room (static).
   virtual bool evicts() const { return true; }
+  // ticks[id] holds the next position at which the node reads id (Cache::set_next_use).
+  virtual bool keys_on_next_use() const { return false; }
 
   // The key a value of `id` about to be written gets. It may advance the clock, but changes no
   // state of `id` itself: a put that is then refused must leave `id` as it was. on_insert records
@@ -55,6 +59,9 @@ class EvictionPolicy {
   // "" when `key` is a key this policy could have given cached `id`; else what is wrong.
   virtual std::string check_key(const PolicyState& s, uint32_t id, double key) const = 0;
 };
+
+// Next-use positions (Cache::set_next_use) are below this: 2^39, far beyond any job's reads.
+constexpr int64_t kMaxNextUsePosition = int64_t{1} << 39;
 
 // The policy stored in a header, nullptr for an unknown number.
 const EvictionPolicy* policy_by_id(uint32_t id);

@@ -28,7 +28,11 @@ void Cache::do_repair() {
   for (uint32_t c = 0; c < slab_.num_classes(); ++c) {
     ClassMeta& cm = slab_.cls(c);
     cm.free_head = cm.free_slots = cm.pages = cm.items = 0;
+    // A writer killed while cutting a new class (Slab::do_class_for) may have left the entry's
+    // slots_per_page for another slot size.
+    if (cm.slot_size) cm.slots_per_page = static_cast<uint32_t>(page_size_ / cm.slot_size);
   }
+  ++hdr_->class_gen;  // every process rebuilds its copy of the class table
   hdr_->free_page_head = 0;
   hdr_->items = 0;
   hdr_->bytes_used = 0;
@@ -39,7 +43,7 @@ void Cache::do_repair() {
       pm.gen.store(g + 1, std::memory_order_release);
       pm.cls = kFreePage;
     }
-    if (pm.cls >= slab_.num_classes()) {
+    if (pm.cls >= slab_.num_classes() || slab_.cls(pm.cls).slot_size == 0) {
       slab_.do_push_free_page(p);
       continue;
     }

@@ -1,28 +1,23 @@
 #include "cache/slab.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace shadecache {
 
-uint32_t Slab::build_classes(ClassMeta* classes, uint64_t page_size) {
-  uint32_t n = 0;
-  uint64_t size = 128;
-  while (size < page_size && n < kMaxClasses - 1) {
-    // Give each class the largest slot that still fits the same number of slots in a page: the
-    // space would be lost at the end of the page anyway.
-    uint64_t per_page = page_size / size;
-    uint64_t widest = (page_size / per_page) / kAlign * kAlign;
-    if (widest >= page_size) break;
-    std::memset(&classes[n], 0, sizeof(ClassMeta));
-    classes[n].slot_size = static_cast<uint32_t>(widest);
-    classes[n].slots_per_page = static_cast<uint32_t>(page_size / widest);
+uint32_t Slab::init_classes(ClassMeta* classes, uint64_t page_size, const std::vector<uint32_t>& fitted) {
+  std::memset(classes, 0, kMaxClasses * sizeof(ClassMeta));
+  classes[0].slot_size = static_cast<uint32_t>(page_size);
+  classes[0].slots_per_page = 1;
+  uint32_t n = 1;
+  for (uint32_t slot : fitted) {
+    if (n == kMaxClasses || slot >= page_size) break;
+    classes[n].slot_size = slot;
+    classes[n].slots_per_page = static_cast<uint32_t>(page_size / slot);
+    classes[n].fitted = 1;
     ++n;
-    size = align_up(static_cast<uint64_t>(widest * 1.25) + 1, kAlign);
   }
-  std::memset(&classes[n], 0, sizeof(ClassMeta));
-  classes[n].slot_size = static_cast<uint32_t>(page_size);
-  classes[n].slots_per_page = 1;
-  return n + 1;
+  return kMaxClasses;
 }
 
 void Slab::init() {
@@ -42,26 +37,70 @@ void Slab::init() {
   }
 }
 
-int Slab::class_for(uint64_t value_len) const {
-  uint64_t need = value_len + sizeof(SlotHeader);
-  // Classes are few (<= 64) and sorted: a linear scan over one or two cache lines of slot sizes
-  // would be as fast as a binary search; we binary search anyway to keep it O(log) for big pages.
-  uint32_t lo = 0, hi = num_classes_;
-  while (lo < hi) {
-    uint32_t mid = (lo + hi) / 2;
-    if (classes_[mid].slot_size >= need)
-      hi = mid;
-    else
-      lo = mid + 1;
+uint32_t Slab::do_class_for(uint64_t value_len) {
+  uint64_t need = need_for(value_len);
+  if (sorted_gen_ == *class_gen_ && need == last_need_) return last_cls_;
+  if (sorted_gen_ != *class_gen_) {
+    sorted_.clear();
+    for (uint32_t c = 0; c < num_classes_; ++c)
+      if (classes_[c].slot_size) sorted_.emplace_back(classes_[c].slot_size, c);
+    std::sort(sorted_.begin(), sorted_.end());
+    sorted_gen_ = *class_gen_;
   }
-  return lo < num_classes_ ? static_cast<int>(lo) : -1;
+  auto fit = std::lower_bound(sorted_.begin(), sorted_.end(), std::make_pair(static_cast<uint32_t>(need), 0u));
+  // Entry 0 (the whole page) holds any value that may be put, so `fit` is never the end.
+  uint64_t widest = widest_slot(need, page_size_);
+  uint32_t cls = fit->second;
+  // A value within the sizes the classes were fitted to goes to its fitted class: they were cut
+  // for the whole mix and the cache's page count. Otherwise the closest class, and when that one
+  // wastes more than a class cut for this size would, at a quarter of the pages in use, the
+  // smallest class that holds it among those that have pages.
+  auto first_fitted = std::find_if(fit, sorted_.end(), [&](const auto& e) { return classes_[e.second].fitted; });
+  bool in_fitted_range = first_fitted != sorted_.end();
+  if (in_fitted_range) {
+    cls = first_fitted->second;
+  } else if (fit->first > std::max(widest, need + need / 32) && do_classes_in_use() >= max_classes_in_use(num_pages_)) {
+    auto used = std::find_if(fit, sorted_.end(), [&](const auto& e) { return classes_[e.second].pages > 0; });
+    if (used != sorted_.end()) cls = used->second;
+  } else if (fit->first > std::max(widest, need + need / 32)) {
+    // Too loose: cut a class for this size, in an unused entry or one with no page left. Not
+    // when classes hold a quarter of the pages already: each class keeps a page partly cut, and
+    // in a cache of few pages a class per size would move pages back and forth between classes.
+    uint32_t free_entry = 0;
+    for (uint32_t c = 1; c < num_classes_ && !free_entry; ++c)
+      if (classes_[c].slot_size == 0) free_entry = c;
+    for (uint32_t c = 1; c < num_classes_ && !free_entry; ++c)
+      if (classes_[c].pages == 0 && !classes_[c].fitted) free_entry = c;  // no page, hence no slot
+    if (free_entry) {
+      ClassMeta& cm = classes_[free_entry];
+      // The generation first (every process drops its copy of the table, even if we die next),
+      // then the entry, slot_size last (nonzero marks it in use). Repair recomputes
+      // slots_per_page from slot_size, so a writer killed in between leaves a consistent entry.
+      ++*class_gen_;
+      cm.slot_size = 0;
+      cm.slots_per_page = static_cast<uint32_t>(page_size_ / widest);
+      cm.free_head = cm.free_slots = cm.pages = cm.items = cm.fitted = 0;
+      cm.slot_size = static_cast<uint32_t>(widest);
+      sorted_gen_ = ~uint64_t{0};
+      return do_class_for(value_len);
+    }
+  }
+  last_need_ = need;
+  last_cls_ = cls;
+  return cls;
+}
+
+uint64_t Slab::do_classes_in_use() const {
+  uint64_t n = 0;
+  for (uint32_t c = 0; c < num_classes_; ++c) n += classes_[c].slot_size && classes_[c].pages;
+  return n;
 }
 
 bool Slab::is_slot_start(uint64_t off) const {
   uint64_t p = page_of(off);
   if (p >= num_pages_) return false;
   uint32_t c = pages_[p].cls;
-  if (c >= num_classes_) return false;
+  if (c >= num_classes_ || classes_[c].slot_size == 0) return false;
   uint64_t in_page = off - p * page_size_;
   const ClassMeta& cm = classes_[c];
   return in_page % cm.slot_size == 0 && in_page / cm.slot_size < cm.slots_per_page;

@@ -2,12 +2,20 @@
 // size class (or is free) and is cut into equal slots of that class. Pages move between classes
 // when the size mix changes (the cache decides when; see Cache::do_alloc_slot).
 //
+// Size classes are fitted to the values, not fixed: the creator may preset classes fitted to the
+// sample sizes it was given (geometry.h: fit_classes), and a value no class fits closely creates
+// its own class (do_class_for), taking a free entry of the table or one whose pages are all gone.
+// Entry 0 is always the whole-page class, so every value up to a page has somewhere to go.
+//
 // Every do_ method is called with the cache mutex held. Readers only ever look at slot headers and
 // page generations (see docs/shared_memory.md for the seqlock protocol).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cache/layout.h"
 
@@ -17,18 +25,33 @@ class Slab {
  public:
   Slab() = default;
   // free_page_head: the head of the free page list (page index + 1, 0 = none), kept in the Header.
-  Slab(char* data, PageMeta* pages, ClassMeta* classes, uint64_t* free_page_head, uint64_t num_pages,
-       uint64_t page_size, uint32_t num_classes)
-      : data_(data), pages_(pages), classes_(classes), free_page_head_(free_page_head),
+  // class_gen: Header::class_gen, bumped on every change to the class table.
+  Slab(char* data, PageMeta* pages, ClassMeta* classes, uint64_t* free_page_head, uint64_t* class_gen,
+       uint64_t num_pages, uint64_t page_size, uint32_t num_classes)
+      : data_(data), pages_(pages), classes_(classes), free_page_head_(free_page_head), class_gen_(class_gen),
         num_pages_(num_pages), page_size_(page_size), num_classes_(num_classes) {}
 
-  // Fills classes[] with slot sizes growing by ~1.25x from 128 B to page_size; returns the count.
-  static uint32_t build_classes(ClassMeta* classes, uint64_t page_size);
+  // The slot a value of `value_len` bytes needs: its header and value, rounded up to kAlign.
+  static uint64_t need_for(uint64_t value_len) { return align_up(value_len + sizeof(SlotHeader), kAlign); }
+  // The widest slot that cuts as many slots from a page as `need` does (the rest of the page would
+  // be lost anyway); >= need.
+  static uint64_t widest_slot(uint64_t need, uint64_t page_size) {
+    return page_size / (page_size / need) / kAlign * kAlign;
+  }
+  // Creator: entry 0 the whole-page class, then one class per slot size in `fitted` (ascending,
+  // each <= page_size), the rest of the kMaxClasses entries unused. Returns kMaxClasses.
+  static uint32_t init_classes(ClassMeta* classes, uint64_t page_size, const std::vector<uint32_t>& fitted);
   // Creator, and repair: every page free, every class empty, no free slot anywhere.
   void init();
 
-  // Smallest class whose slot holds a SlotHeader plus `value_len` bytes; -1 if none does.
-  int class_for(uint64_t value_len) const;
+  // The class a value of `value_len` (<= page_size - header) bytes goes to: the smallest class
+  // whose slot holds it when that slot wastes little (at most what cutting a class for it would,
+  // or 1/32), else a new class cut to fit it (an unused entry, or one that has no page left),
+  // else the smallest class that holds it. Mutex held: may change the class table.
+  uint32_t do_class_for(uint64_t value_len);
+  // Classes that hold pages, and how many may: a quarter of the pages (at least 2).
+  uint64_t do_classes_in_use() const;
+  static uint64_t max_classes_in_use(uint64_t num_pages) { return std::max<uint64_t>(2, num_pages / 4); }
 
   SlotHeader* slot(uint64_t off) const { return reinterpret_cast<SlotHeader*>(data_ + off); }
   char* value(uint64_t off) const { return data_ + off + sizeof(SlotHeader); }
@@ -86,6 +109,13 @@ class Slab {
   PageMeta* pages_ = nullptr;
   ClassMeta* classes_ = nullptr;
   uint64_t* free_page_head_ = nullptr;
+  uint64_t* class_gen_ = nullptr;
+  // This process's copy of the class table, (slot_size, class) ascending by slot, for the class
+  // table generation sorted_gen_ (mutex held to read or rebuild it), and the last answer.
+  std::vector<std::pair<uint32_t, uint32_t>> sorted_;
+  uint64_t sorted_gen_ = ~uint64_t{0};
+  uint64_t last_need_ = 0;
+  uint32_t last_cls_ = 0;
   uint64_t num_pages_ = 0;
   uint64_t page_size_ = 0;
   uint32_t num_classes_ = 0;

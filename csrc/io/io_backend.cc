@@ -37,7 +37,20 @@ BackendSlot::~BackendSlot() {
   if (p != nullptr && p->pid == ::getpid()) delete p;
 }
 
+void BackendSlot::close() {
+  if (closed_) return;
+  PerProcess* p = slot_.load(std::memory_order_acquire);
+  if (p != nullptr) {
+    closed_name_ = p->backend->name();
+    closed_reason_ = p->fallback_reason;
+    if (p->pid == ::getpid()) delete p;  // else our parent's (a forked child): leaked, see above
+  }
+  slot_.store(nullptr, std::memory_order_release);
+  closed_ = true;
+}
+
 BackendSlot::PerProcess* BackendSlot::current() {
+  if (closed_) throw Error(ErrorKind::kClosed, "the store is closed");
   pid_t me = ::getpid();
   PerProcess* p = slot_.load(std::memory_order_acquire);
   if (p != nullptr && p->pid == me) return p;
@@ -51,7 +64,7 @@ BackendSlot::PerProcess* BackendSlot::current() {
       fresh->fallback_reason = e.what();
     }
   }
-  if (!fresh->backend) fresh->backend = make_pread_backend(std::min(queue_depth_, 64u));
+  if (!fresh->backend) fresh->backend = make_pread_backend(queue_depth_);
   // Release: a thread that loads the pointer sees a fully built PerProcess.
   if (slot_.compare_exchange_strong(p, fresh.get(), std::memory_order_acq_rel)) {
     return fresh.release();  // the old one, if any, belonged to the parent: leaked
@@ -70,8 +83,10 @@ void BackendSlot::with(const std::function<void(IoBackend&)>& fn) {
   fn(*b);
 }
 
-std::string BackendSlot::name() { return current()->backend->name(); }
-std::string BackendSlot::fallback_reason() { return current()->fallback_reason; }
+std::string BackendSlot::name() { return closed_ ? closed_name_ : current()->backend->name(); }
+std::string BackendSlot::fallback_reason() {
+  return closed_ ? closed_reason_ : current()->fallback_reason;
+}
 pid_t BackendSlot::owner_pid() { return current()->pid; }
 
 }  // namespace shadecache

@@ -84,8 +84,13 @@ class BackendSlot {
   BackendSlot(BackendKind kind, unsigned queue_depth);
   ~BackendSlot();
 
-  // Runs fn(backend) with the per-process backend, callers serialised by a mutex.
+  // Runs fn(backend) with the per-process backend, callers serialised by a mutex. Throws kClosed
+  // after close().
   void with(const std::function<void(IoBackend&)>& fn);
+  // Destroys this process's backend now (its ring, or its share of the pread pool: the last store
+  // of the process joins the pool's threads). Later calls of with() throw kClosed; name() and
+  // fallback_reason() keep answering. Must not race with with() (the store's close contract).
+  void close();
 
   // Name of the backend this process uses ("io_uring" or "pread"), creating it if needed.
   std::string name();
@@ -107,6 +112,8 @@ class BackendSlot {
   BackendKind kind_;
   unsigned queue_depth_;
   std::atomic<PerProcess*> slot_{nullptr};
+  bool closed_ = false;
+  std::string closed_name_, closed_reason_;  // what name()/fallback_reason() said before close()
 };
 
 }  // namespace shadecache

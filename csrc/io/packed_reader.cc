@@ -39,17 +39,51 @@ std::string hex32(uint32_t v) {
   return b;
 }
 
+// Opens `path` for reading, refusing anything but a regular file. O_NONBLOCK first: a plain open
+// of a FIFO waits for a writer that may never come (for a regular file the flag changes nothing,
+// and it is cleared anyway). `same_as`, when given, is the file the first descriptor opened: a
+// second open (O_DIRECT) must find the same inode, not whatever was renamed there since.
+int open_regular(const std::string& path, int flags, const struct stat* same_as) {
+  int fd = ::open(path.c_str(), flags | O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return -1;
+  struct stat st;
+  int err = 0;
+  std::string why;
+  if (::fstat(fd, &st) != 0) {
+    err = errno;
+  } else if (S_ISDIR(st.st_mode)) {
+    err = EISDIR;
+  } else if (!S_ISREG(st.st_mode)) {
+    why = std::string("not a regular file (") +
+          (S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISCHR(st.st_mode) ? "a character device"
+                                           : S_ISBLK(st.st_mode) ? "a block device"
+                                           : S_ISSOCK(st.st_mode) ? "a socket" : "a special file") +
+          ")";
+  } else if (same_as && (st.st_dev != same_as->st_dev || st.st_ino != same_as->st_ino)) {
+    why = "replaced while it was being opened";
+  } else {
+    int fl = ::fcntl(fd, F_GETFL);
+    if (fl < 0 || ::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) err = errno;
+  }
+  if (err == 0 && why.empty()) return fd;
+  ::close(fd);
+  if (!why.empty()) throw Error(ErrorKind::kFormat, path + ": " + why);
+  throw_errno("PackedStore: open " + path, err);
+}
+
 }  // namespace
 
 PackedReader::PackedReader(const std::string& path, BackendKind kind, bool direct,
                            unsigned queue_depth, bool verify)
     : path_(path), direct_(direct), verify_(verify), slot_(kind, queue_depth) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  int fd = open_regular(path, 0, nullptr);
   if (fd < 0) throw_errno("PackedStore: open " + path, errno);
   try {
     load(fd);
     if (direct_) {
-      direct_fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+      struct stat st;
+      if (::fstat(fd, &st) != 0) throw_errno("PackedStore: fstat " + path, errno);
+      direct_fd_ = open_regular(path, O_DIRECT, &st);
       if (direct_fd_ < 0) {
         int err = errno;
         if (err == EINVAL)
@@ -73,6 +107,7 @@ void PackedReader::close() {
   if (fd_ >= 0) ::close(fd_);
   if (direct_fd_ >= 0) ::close(direct_fd_);
   fd_ = direct_fd_ = -1;
+  slot_.close();  // the ring, or this store's share of the pread pool: no thread outlives close()
 }
 
 void PackedReader::check_open() const {
@@ -119,30 +154,105 @@ void PackedReader::load(int fd) {
                  std::to_string(h.file_bytes) + " (the sample directory at offset " +
                  std::to_string(h.dir_offset) + " is " +
                  (size <= h.dir_offset ? "missing)" : "cut short)"));
-  dir_.resize(h.num_samples);
-  if (!pread_exact(fd, dir_.data(), h.dir_bytes, h.dir_offset, path_))
-    format_error("truncated while reading the sample directory");
-  uint32_t dcrc = crc32c(dir_.data(), h.dir_bytes);
-  if (dcrc != h.dir_crc)
-    format_error("sample directory damaged: checksum " + hex32(dcrc) + " != stored " +
-                 hex32(h.dir_crc));
-  // Even with a matching checksum, never trust offsets that would read outside the data region
-  // (written so that nothing can wrap: offset and length are each at most dir_offset).
-  uint64_t min_off = store::kHeaderBytes;
-  for (size_t i = 0; i < dir_.size(); ++i) {
-    const store::Entry& e = dir_[i];
-    if (e.offset % store::kAlign != 0 || e.offset < min_off || e.offset > h.dir_offset ||
-        e.length > h.dir_offset - e.offset || store::align_up(e.offset + e.length) > h.dir_offset)
-      format_error("sample directory entry " + std::to_string(i) + " is invalid (offset " +
-                   std::to_string(e.offset) + ", length " + std::to_string(e.length) + ")");
-    min_off = e.offset + store::align_up(e.length);
+  // Nothing the header claims is allocated before it has been read and checked in pieces: a
+  // sparse file can claim gigabytes of directory (with a recomputed checksum) that are holes, and
+  // holes read as zeros, which no valid entry is (offset 0 is the header). Pass 1 streams the
+  // directory and the metadata through one piece-sized buffer; only a directory whose checksum
+  // and entries hold, and metadata whose checksum holds and that has no NUL byte (JSON text never
+  // does), are then allocated and read again (and checked again: the file may have changed).
+  std::string first_error;
+  scan_directory(fd, nullptr, &first_error);
+  if (!first_error.empty()) format_error(first_error);
+  scan_metadata(fd, nullptr, &first_error);
+  if (!first_error.empty()) format_error(first_error);
+  try {
+    dir_.resize(h.num_samples);
+    meta_.resize(h.meta_bytes);
+  } catch (const std::bad_alloc&) {
+    throw Error(ErrorKind::kCapacity, path_ + ": cannot hold the sample directory (" +
+                                          std::to_string(h.dir_bytes) + " bytes) and metadata (" +
+                                          std::to_string(h.meta_bytes) + " bytes) in memory");
   }
-  meta_.resize(h.meta_bytes);
-  if (!pread_exact(fd, meta_.data(), h.meta_bytes, h.meta_offset, path_))
-    format_error("truncated while reading the metadata");
-  uint32_t mcrc = crc32c(meta_.data(), meta_.size());
-  if (mcrc != h.meta_crc)
-    format_error("metadata damaged: checksum " + hex32(mcrc) + " != stored " + hex32(h.meta_crc));
+  scan_directory(fd, dir_.data(), &first_error);
+  if (first_error.empty()) scan_metadata(fd, &meta_[0], &first_error);
+  if (!first_error.empty()) format_error("changed while it was being opened: " + first_error);
+}
+
+// Reads [off, off + bytes) in pieces of at most kPiece bytes, into dest when it is given (else
+// through one scratch piece), and calls each(piece, n, index of its first byte) on every piece.
+// Returns the crc32c of the whole region. False from `each` stops early (the crc is then partial).
+template <typename Each>
+uint32_t PackedReader::scan(int fd, uint64_t off, uint64_t bytes, char* dest, const char* what,
+                            Each each) const {
+  constexpr size_t kPiece = 43690 * sizeof(store::Entry);  // ~1 MiB, whole entries
+  std::unique_ptr<char[]> scratch;
+  if (dest == nullptr) scratch.reset(new char[std::min<uint64_t>(bytes, kPiece) + 1]);
+  uint32_t crc = 0;
+  for (uint64_t done = 0; done < bytes;) {
+    size_t n = static_cast<size_t>(std::min<uint64_t>(bytes - done, kPiece));
+    char* piece = dest ? dest + done : scratch.get();
+    if (!pread_exact(fd, piece, n, off + done, path_))
+      format_error(std::string("truncated while reading the ") + what);
+    crc = crc32c(piece, n, crc);
+    if (!each(piece, n, done)) break;
+    done += n;
+  }
+  return crc;
+}
+
+void PackedReader::scan_directory(int fd, store::Entry* dest, std::string* error) const {
+  const store::Header& h = header_;
+  error->clear();
+  // Even with a matching checksum, never trust offsets that would read outside the data region
+  // (written so that nothing can wrap: offset and length are each at most dir_offset). A 0-byte
+  // sample has the checksum of no bytes (0): any other value is a damaged entry, never bytes
+  // handed out unchecked.
+  uint64_t min_off = store::kHeaderBytes;
+  std::string bad_entry;
+  uint32_t dcrc = scan(fd, h.dir_offset, h.dir_bytes, reinterpret_cast<char*>(dest),
+                       "sample directory", [&](const char* piece, size_t n, uint64_t at) {
+    for (size_t k = 0; k < n / sizeof(store::Entry); ++k) {
+      store::Entry e;
+      std::memcpy(&e, piece + k * sizeof(e), sizeof(e));
+      uint64_t i = at / sizeof(store::Entry) + k;
+      if (e.offset % store::kAlign != 0 || e.offset < min_off || e.offset > h.dir_offset ||
+          e.length > h.dir_offset - e.offset ||
+          store::align_up(e.offset + e.length) > h.dir_offset) {
+        bad_entry = "sample directory damaged: entry " + std::to_string(i) + " is invalid (offset " +
+                    std::to_string(e.offset) + ", length " + std::to_string(e.length) + ")";
+        return false;
+      }
+      if (e.length == 0 && e.crc != 0) {
+        bad_entry = "sample directory damaged: entry " + std::to_string(i) + " is invalid (length 0, " +
+                    "checksum " + hex32(e.crc) + " where no bytes have checksum 0x00000000)";
+        return false;
+      }
+      min_off = e.offset + store::align_up(e.length);
+    }
+    return true;
+  });
+  // The scan stops at the first bad entry (a sparse claim of gigabytes fails at entry 0, without
+  // reading the rest), so the checksum is then unknown and the entry is the reason given.
+  if (!bad_entry.empty())
+    *error = bad_entry;
+  else if (dcrc != h.dir_crc)
+    *error = "sample directory damaged: checksum " + hex32(dcrc) + " != stored " + hex32(h.dir_crc);
+}
+
+void PackedReader::scan_metadata(int fd, char* dest, std::string* error) const {
+  const store::Header& h = header_;
+  error->clear();
+  uint64_t nul = UINT64_MAX;
+  uint32_t mcrc = scan(fd, h.meta_offset, h.meta_bytes, dest, "metadata",
+                       [&](const char* piece, size_t n, uint64_t at) {
+    const void* z = std::memchr(piece, 0, n);
+    if (z != nullptr) nul = at + static_cast<uint64_t>(static_cast<const char*>(z) - piece);
+    return z == nullptr;
+  });
+  if (nul != UINT64_MAX)
+    *error = "metadata is not JSON text (a NUL byte at offset " + std::to_string(h.meta_offset + nul) + ")";
+  else if (mcrc != h.meta_crc)
+    *error = "metadata damaged: checksum " + hex32(mcrc) + " != stored " + hex32(h.meta_crc);
 }
 
 const store::Entry& PackedReader::entry(int64_t id) const {

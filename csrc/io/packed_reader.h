@@ -49,6 +49,13 @@ class PackedReader {
 
  private:
   void load(int fd);  // validates header, directory and metadata
+  // Pass over the directory / metadata region in pieces (into dest when given): *error is the
+  // first reason the region is not valid, "" when it is.
+  void scan_directory(int fd, store::Entry* dest, std::string* error) const;
+  void scan_metadata(int fd, char* dest, std::string* error) const;
+  template <typename Each>
+  uint32_t scan(int fd, uint64_t off, uint64_t bytes, char* dest, const char* what,
+                Each each) const;
   [[noreturn]] void format_error(const std::string& why) const;
   void check_open() const;
 

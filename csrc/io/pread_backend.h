@@ -1,6 +1,8 @@
 // The fallback backend: a pool of threads doing blocking pread()s, used where io_uring is missing
 // or refused. Concurrency comes from threads instead of a ring; the contract is io_backend.h's.
-// Threads are started on first use (in the process that uses them) and joined by the destructor.
+// The threads belong to one pool per process, sized to the machine (min(64, max(16, 8 x cores));
+// SHADECACHE_PREAD_THREADS overrides it), shared by every pread-backend store of the process and
+// started on its first read; the last backend destroyed (the last store closed) joins them.
 #pragma once
 
 #include <memory>
@@ -9,6 +11,8 @@
 
 namespace shadecache {
 
-std::unique_ptr<IoBackend> make_pread_backend(unsigned threads);
+// `parallel`: how many reads of one batch may be in flight at once (the store's queue depth; the
+// pool's size caps it).
+std::unique_ptr<IoBackend> make_pread_backend(unsigned parallel);
 
 }  // namespace shadecache

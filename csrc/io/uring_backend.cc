@@ -295,14 +295,14 @@ void UringBackend::read_files(FileRead* ops, size_t n) {
       else if (step == kClose)
         io_uring_prep_close(s, fds[i]);
       else
-        io_uring_prep_openat(s, AT_FDCWD, ops[i].path, O_RDONLY | O_CLOEXEC, 0);
+        io_uring_prep_openat(s, AT_FDCWD, ops[i].path, O_RDONLY | O_CLOEXEC | O_NONBLOCK, 0);
       io_uring_sqe_set_data64(s, (static_cast<uint64_t>(i) << 2) | step);
       ++inflight;
     }
     while (active < qd_ && next < n) {
       size_t i = next++;
       io_uring_sqe* s = sqe();
-      io_uring_prep_openat(s, AT_FDCWD, ops[i].path, O_RDONLY | O_CLOEXEC, 0);
+      io_uring_prep_openat(s, AT_FDCWD, ops[i].path, O_RDONLY | O_CLOEXEC | O_NONBLOCK, 0);
       io_uring_sqe_set_data64(s, (static_cast<uint64_t>(i) << 2) | kOpen);
       ++active;
       ++inflight;
@@ -333,6 +333,13 @@ void UringBackend::read_files(FileRead* ops, size_t n) {
         struct stat st;
         if (::fstat(res, &st) != 0) {
           fail(i, "fstat", errno);
+          ready.emplace_back(i, kClose);
+          continue;
+        }
+        // Opened O_NONBLOCK so that a FIFO fails here instead of waiting for a writer (regular
+        // files ignore the flag): anything but a regular file is refused.
+        if (!S_ISREG(st.st_mode)) {
+          fail(i, "fstat", S_ISDIR(st.st_mode) ? EISDIR : EINVAL);
           ready.emplace_back(i, kClose);
           continue;
         }

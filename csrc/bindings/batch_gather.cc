@@ -1,0 +1,175 @@
+// gather_rows / gather_flat: the read half of CachedLoader (shadecache/loader.py).
+//
+// Both are loops of the engine's lock-free Cache::read (the seqlock protocol of cache.h: copy
+// out, then prove no writer raced the copy, retry otherwise), so they take no lock and see what
+// get_many would see, value by value. They differ from get_many in where the bytes go: into one
+// caller-supplied (B, S) buffer, or one flat buffer this call allocates, never a bytes object per
+// sample, so the loop needs no GIL. The GIL is released around it; Cache::Use keeps the mapping
+// alive if another thread closes the cache meanwhile (close() then waits for the loop to end).
+//
+// GIL contract: ids are checked and copied, and the output buffer is borrowed (Py_buffer, so the
+// caller's object cannot be resized while it is held), with the GIL held; the loop itself runs
+// without it and touches no Python object.
+#include "bindings/batch_gather.h"
+
+#include <pybind11/numpy.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "bindings/ids.h"
+#include "cache/cache.h"
+
+namespace py = pybind11;
+
+namespace shadecache {
+namespace {
+
+// Ids checked against the cache (open, every id in range) before any byte is copied, and copied
+// out of the caller's array: it is read with the GIL released, when another thread could change it.
+std::vector<uint64_t> checked_ids(Cache& c, py::handle ids) {
+  IdArray a = integer_ids(ids);
+  c.check_open();
+  std::vector<uint64_t> out(a.size());
+  const int64_t* p = a.data();
+  for (size_t i = 0; i < out.size(); ++i) {
+    c.check_id_signed(p[i]);
+    out[i] = static_cast<uint64_t>(p[i]);
+  }
+  return out;
+}
+
+// Reads every id in order, with prefetches ahead of the copies (hints only: they change no result).
+// A batch of random ids over a working set larger than the CPU caches is bound by two dependent
+// DRAM misses per value (the index entry, then the slot), not by the copies, so the misses of
+// many ids must be in flight at once:
+// - values up to kSmallValue bytes: in chunks of kChunk ids, the index entries of chunk c+2 and
+//   the slots of chunk c+1 are requested while chunk c is copied (measured at 256 B, 256 ids over
+//   256 MiB: 0.65-0.70x of np.take's rate, against 0.51-0.59x with the per-id distances below);
+// - larger values: get_many's pipeline, index entries 8 ids ahead and values 4 ahead (the copies
+//   are long enough to hide the misses; 1-3 KB: 1.1x np.take, where chunks gave 0.8-1.0x).
+constexpr uint32_t kSmallValue = 512;
+constexpr size_t kChunk = 32;
+
+template <class ReadOne>
+void pipelined(Cache& c, const std::vector<uint64_t>& ids, uint32_t len_guess, ReadOne&& read_one) {
+  const size_t n = ids.size();
+  if (len_guess <= kSmallValue) {
+    auto index_of = [&](size_t a) {
+      for (size_t i = a; i < std::min(n, a + kChunk); ++i) c.prefetch_index(ids[i]);
+    };
+    auto value_of = [&](size_t a) {
+      for (size_t i = a; i < std::min(n, a + kChunk); ++i) c.prefetch_value(ids[i], len_guess);
+    };
+    index_of(0);
+    index_of(kChunk);
+    value_of(0);
+    for (size_t a = 0; a < n; a += kChunk) {
+      index_of(a + 2 * kChunk);
+      value_of(a + kChunk);
+      for (size_t i = a; i < std::min(n, a + kChunk); ++i) read_one(i);
+    }
+    return;
+  }
+  for (size_t i = 0; i < n && i < 8; ++i) c.prefetch_index(ids[i]);
+  for (size_t i = 0; i < n && i < 4; ++i) c.prefetch_value(ids[i], len_guess);
+  for (size_t i = 0; i < n; ++i) {
+    if (i + 8 < n) c.prefetch_index(ids[i + 8]);
+    if (i + 4 < n) c.prefetch_value(ids[i + 4], len_guess);
+    read_one(i);
+  }
+}
+
+// gather_rows(core, ids, out) -> int64 lengths: value i goes to bytes [i*S, i*S + len) of `out`
+// (S = len(out) / len(ids)); lengths[i] is its length, -1 on a miss. A value longer than S is not
+// written to `out`; its length (> S) is returned for the caller to report.
+py::array_t<int64_t> gather_rows(Cache& c, py::handle ids, py::handle out) {
+  std::vector<uint64_t> v = checked_ids(c, ids);
+  Py_buffer view;
+  if (PyObject_GetBuffer(out.ptr(), &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0) {
+    PyErr_Clear();
+    throw py::type_error("gather_rows needs a writable C-contiguous buffer (numpy array, bytearray), got " +
+                         std::string(Py_TYPE(out.ptr())->tp_name));
+  }
+  struct Release {
+    Py_buffer* v;
+    ~Release() { PyBuffer_Release(v); }
+  } release{&view};
+  const size_t n = v.size();
+  const uint64_t total = static_cast<uint64_t>(view.len);
+  if (n == 0) {
+    if (total != 0) throw py::value_error("gather_rows: no ids but a buffer of " + std::to_string(total) + " bytes");
+    return py::array_t<int64_t>(0);
+  }
+  if (total % n != 0)
+    throw py::value_error("gather_rows: a buffer of " + std::to_string(total) + " bytes is not " + std::to_string(n) +
+                          " equal rows");
+  const uint64_t row = total / n;
+  char* dst = static_cast<char*>(view.buf);
+  py::array_t<int64_t> lengths(static_cast<py::ssize_t>(n));
+  int64_t* lens = lengths.mutable_data();
+  uint32_t guess = static_cast<uint32_t>(std::min<uint64_t>(row, Cache::kPrefetchMaxBytes));
+  {
+    Cache::Use use(c);
+    py::gil_scoped_release nogil;
+    std::vector<char> aside;  // an oversize value (or a racing writer's length) lands here
+    pipelined(c, v, guess, [&](size_t i) {
+      char* slot = dst + i * row;
+      lens[i] = c.read(v[i], [&](uint32_t len) -> char* {
+        if (len <= row) return slot;
+        aside.resize(len);
+        return aside.data();
+      });
+    });
+  }
+  return lengths;
+}
+
+// gather_flat(core, ids, len_hint=0) -> (uint8 flat, int64 lengths): the values of the hits, one
+// after another in id order (a miss takes no bytes and has length -1). len_hint: the expected
+// length of one value, used to size the buffer once and to prefetch.
+py::tuple gather_flat(Cache& c, py::handle ids, uint64_t len_hint) {
+  std::vector<uint64_t> v = checked_ids(c, ids);
+  const size_t n = v.size();
+  auto* buf = new std::vector<char>();
+  py::capsule owner(buf, [](void* p) { delete static_cast<std::vector<char>*>(p); });
+  py::array_t<int64_t> lengths(static_cast<py::ssize_t>(n));
+  int64_t* lens = lengths.mutable_data();
+  {
+    Cache::Use use(c);
+    py::gil_scoped_release nogil;
+    buf->reserve(n * len_hint);
+    uint32_t guess = static_cast<uint32_t>(std::min<uint64_t>(len_hint ? len_hint : 512, Cache::kPrefetchMaxBytes));
+    size_t pos = 0;
+    pipelined(c, v, guess, [&](size_t i) {
+      // alloc may be called again after a raced attempt: every attempt writes at `pos`.
+      int64_t len = c.read(v[i], [&](uint32_t len) -> char* {
+        buf->resize(pos + len);
+        return buf->data() + pos;
+      });
+      lens[i] = len;
+      if (len >= 0) pos += static_cast<size_t>(len);
+      buf->resize(pos);  // drops what a raced attempt before a miss left
+    });
+  }
+  py::array_t<uint8_t> flat(static_cast<py::ssize_t>(buf->size()), reinterpret_cast<uint8_t*>(buf->data()), owner);
+  return py::make_tuple(flat, lengths);
+}
+
+}  // namespace
+
+void register_batch_gather(py::module_& m) {
+  m.def("gather_rows", [](Cache& c, py::handle ids, py::handle out) { return gather_rows(c, ids, out); },
+        py::arg("core"), py::arg("ids"), py::arg("out"),
+        "gather_rows(core, ids, out) -> int64 lengths (-1: miss). Copies value i into row i of the "
+        "writable buffer `out` (len(ids) equal rows), GIL released, no lock.");
+  m.def("gather_flat",
+        [](Cache& c, py::handle ids, uint64_t len_hint) { return gather_flat(c, ids, len_hint); },
+        py::arg("core"), py::arg("ids"), py::arg("len_hint") = 0,
+        "gather_flat(core, ids, len_hint=0) -> (uint8 flat, int64 lengths): the hits' values back to "
+        "back in id order (-1: miss, no bytes), GIL released, no lock.");
+}
+
+}  // namespace shadecache

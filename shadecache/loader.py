@@ -1,0 +1,381 @@
+"""CachedLoader: batches assembled in the training process, straight out of the shared-memory cache.
+
+A DataLoader with worker processes pays, for every sample, a pickle in the worker, a pipe and an
+unpickle in the training process: with small samples that hand-over, not the cache, is the limit.
+The cache is shared memory that any process reads without a lock, so the training process can
+assemble a cached batch itself:
+
+    loader = sc.CachedLoader(ds, batch_size=256, sampler=sampler, num_workers=2)
+    for x, y, idx in loader:      # x: (B, S) uint8 tensor, y: labels, idx: sample ids
+        ...
+
+How one batch is made (on one of `num_workers` threads of this process, `prefetch_batches` ahead;
+num_workers=0 makes it in the iterating thread):
+  1. the sampler's next B ids (the sampler is iterated in the iterating thread only);
+  2. hits: one native call (_core.gather_rows / gather_flat) copies every cached value into the
+     batch's buffer with the GIL released: a (B, S) tensor when every sample of the store has the
+     same size S, else one flat tensor plus offsets (RaggedBatch). No Python object per sample;
+  3. misses: CachedDataset.fetch_missing (the tiers below the cache, one batch each, then admission
+     into the cache, exactly as a DataLoader worker does), copied into their rows;
+  4. labels gathered from the store's label array; `batch_transform(x)` (vectorized, on the whole
+     batch) if given.
+When the data set has its own `decode` or `transform`, or `collate` is given, a batch is instead
+`collate(dataset.__getitems__(ids))` (torch's default_collate when collate is None): the same
+items a DataLoader would build, made on the loader's threads (a transform that releases the GIL
+runs in parallel there; a Python-heavy one is bound by the GIL).
+
+Batches are the ones DataLoader(dataset, batch_size, sampler, drop_last) yields, in the same order,
+with the same bytes, labels and ids. Errors raised while making a batch (a transform's, a corrupt
+sample's) are raised by the iterator when that batch is due, as the original exception object.
+Threads are named "shadecache-loader-*" and stop when the iteration ends, breaks, raises, or its
+iterator is garbage collected.
+"""
+import itertools
+import math
+import queue
+import threading
+import time
+import warnings
+
+import numpy as np
+import torch
+from torch.utils.data import RandomSampler, SequentialSampler
+from torch.utils.data._utils.collate import default_collate
+
+from . import _core
+from .dataset import CachedDataset, _default_decode
+
+_THREAD_PREFIX = "shadecache-loader"
+_STOP = None  # the job that tells an assembly thread to end
+_warned_pin = False
+
+
+class RaggedBatch:
+    """A batch of variable-size samples: `data` (uint8, every sample back to back) and `offsets`
+    (int64, B + 1 entries): sample i is data[offsets[i]:offsets[i + 1]]."""
+
+    __slots__ = ("data", "offsets")
+
+    def __init__(self, data: torch.Tensor, offsets: torch.Tensor):
+        self.data = data
+        self.offsets = offsets
+
+    def __len__(self):
+        return self.offsets.numel() - 1
+
+    def __getitem__(self, i):
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"sample {i} out of range for a batch of {len(self)}")
+        i %= len(self)
+        return self.data[int(self.offsets[i]):int(self.offsets[i + 1])]
+
+    def tolist(self) -> list:
+        """One uint8 tensor (a view into `data`) per sample."""
+        o = self.offsets.tolist()
+        return [self.data[o[i]:o[i + 1]] for i in range(len(o) - 1)]
+
+    def pin_memory(self) -> "RaggedBatch":
+        return RaggedBatch(self.data.pin_memory(), self.offsets.pin_memory())
+
+    def __repr__(self):
+        return f"RaggedBatch({len(self)} samples, {self.data.numel()} bytes)"
+
+
+def _check_count(name, value, minimum):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _can_pin() -> bool:
+    """True when pinned host memory exists here (a CUDA device); else warns once and says False."""
+    global _warned_pin
+    if torch.cuda.is_available():
+        return True
+    if not _warned_pin:
+        _warned_pin = True
+        warnings.warn("CachedLoader: pin_memory=True but no CUDA device is available; batches are "
+                      "assembled in ordinary (pageable) memory", RuntimeWarning, stacklevel=3)
+    return False
+
+
+class CachedLoader:
+    """An iterable of (x, y, idx) batches of a CachedDataset, assembled in this process.
+
+    dataset           a sc.CachedDataset (its cache, store, decode, transform and counters are used)
+    batch_size        samples per batch
+    sampler           any torch Sampler (ShadeSampler, DistributedSampler, ...); None: a
+                      SequentialSampler, or a RandomSampler(generator=generator) when shuffle=True
+    num_workers       assembly threads in this process (0: in the iterating thread)
+    collate           None: x is a (B, S) uint8 tensor (fixed-size samples) or a RaggedBatch, or
+                      default_collate of the items when the data set decodes or transforms; a
+                      callable: collate(list of (sample, target, index)), as DataLoader's collate_fn
+    batch_transform   x -> x on the whole batch tensor, run on the assembly thread (vectorized
+                      torch ops release the GIL, so batches transform in parallel)
+    pin_memory        assemble into pinned memory (with a CUDA device; on a machine without one the
+                      option is accepted, warned about once, and batches stay in pageable memory)
+    prefetch_batches  batches in flight ahead of the one the caller holds (at least num_workers)
+    drop_last         drop the last incomplete batch
+
+    len(loader) is the number of batches per epoch. set_epoch(e) calls the sampler's. For resume:
+    state_dict() / load_state_dict(); a sampler with its own state_dict (ShadeSampler) resumes
+    itself, for any other the loader skips the batches already delivered in this epoch (the
+    sampler must produce the same order again: same seed, same epoch).
+    """
+
+    def __init__(self, dataset, batch_size: int = 1, sampler=None, shuffle: bool = False,
+                 num_workers: int = 2, collate=None, batch_transform=None, pin_memory: bool = False,
+                 prefetch_batches: int = 2, drop_last: bool = False, generator=None):
+        if not isinstance(dataset, CachedDataset):
+            raise TypeError(f"CachedLoader needs a shadecache.CachedDataset, got {type(dataset).__name__}")
+        self.dataset = dataset
+        self.batch_size = _check_count("batch_size", batch_size, 1)
+        self.num_workers = _check_count("num_workers", num_workers, 0)
+        self.prefetch_batches = _check_count("prefetch_batches", prefetch_batches, 1)
+        if sampler is not None and shuffle:
+            raise ValueError("CachedLoader: give a sampler or shuffle=True, not both")
+        if sampler is None:
+            sampler = (RandomSampler(dataset, generator=generator) if shuffle
+                       else SequentialSampler(dataset))
+        self.sampler = sampler
+        for name, fn in (("collate", collate), ("batch_transform", batch_transform)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
+        self.collate = collate
+        self.batch_transform = batch_transform
+        self.pin_memory = bool(pin_memory)
+        self.drop_last = bool(drop_last)
+        # Raw batches (bytes straight into a tensor) when nothing per sample has to run.
+        self._raw = (collate is None and dataset.transform is None
+                     and dataset.decode is _default_decode)
+        self._row_bytes = self._fixed_size(dataset.store)
+        self._len_hint = self._row_bytes or 0
+        self._delivered = 0   # batches of the current epoch handed to the caller
+        self._skip = 0        # batches to skip at the start of the next iteration (resume)
+
+    @staticmethod
+    def _fixed_size(store):
+        """S when every sample of the store has S bytes (S > 0), else None (variable sizes)."""
+        lengths = getattr(store, "lengths", None)
+        if not isinstance(lengths, np.ndarray) or lengths.size == 0:
+            return None
+        lo, hi = int(lengths.min()), int(lengths.max())
+        return lo if lo == hi and lo > 0 else None
+
+    # ---- DataLoader habits -------------------------------------------------------------------
+    def __len__(self):
+        n = len(self.sampler)
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+    def state_dict(self) -> dict:
+        state = {"batches_delivered": self._delivered}
+        if hasattr(self.sampler, "state_dict"):
+            state["sampler"] = self.sampler.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        if "sampler" in state:
+            if not hasattr(self.sampler, "load_state_dict"):
+                raise ValueError("CachedLoader state holds a sampler state, but this loader's "
+                                 f"sampler ({type(self.sampler).__name__}) cannot load one")
+            self.sampler.load_state_dict(state["sampler"])
+            self._skip = 0   # the sampler resumes itself
+        else:
+            self._skip = _check_count("batches_delivered", state["batches_delivered"], 0)
+        self._delivered = int(state["batches_delivered"])
+
+    # ---- iteration ---------------------------------------------------------------------------
+    def _id_batches(self):
+        """The sampler's ids in batches (int64 arrays), after skipping a resumed epoch's batches."""
+        it = iter(self.sampler)
+        skip, self._skip = self._skip, 0
+        if skip:
+            for _ in itertools.islice(it, skip * self.batch_size):
+                pass
+        else:
+            self._delivered = 0
+        b = self.batch_size
+        while True:
+            ids = np.fromiter(itertools.islice(it, b), dtype=np.int64)
+            if ids.size == 0 or (self.drop_last and ids.size < b):
+                return
+            yield ids
+
+    def __iter__(self):
+        self.dataset._row()   # the counter row (and its lock) exist before any thread counts
+        batches = self._id_batches()
+        if self.num_workers == 0:
+            for ids in batches:
+                batch = self._make(ids)
+                self._delivered += 1
+                yield batch
+            self._delivered = 0
+            return
+        pool = _Threads(self._make, self.num_workers)
+        try:
+            submitted = taken = 0
+            for ids in itertools.islice(batches, max(self.prefetch_batches, self.num_workers)):
+                pool.submit(submitted, ids)
+                submitted += 1
+            while taken < submitted:
+                ok, value = pool.take(taken)
+                taken += 1
+                nxt = next(batches, None)   # keep the pipeline full before handing this batch out
+                if nxt is not None:
+                    pool.submit(submitted, nxt)
+                    submitted += 1
+                if not ok:
+                    raise value
+                self._delivered += 1
+                yield value
+            self._delivered = 0
+        finally:
+            pool.stop()
+
+    # ---- one batch ---------------------------------------------------------------------------
+    def _make(self, ids: np.ndarray):
+        ds = self.dataset
+        if not self._raw:
+            items = ds.__getitems__(ids)
+            batch = (self.collate or default_collate)(items)
+            return self._pin(batch) if self.pin_memory else batch
+        pin = self.pin_memory and _can_pin()
+        if self._row_bytes is not None:
+            x = self._rows(ids, pin)
+        else:
+            x = self._ragged(ids)
+            if pin:
+                x = x.pin_memory()
+        y = torch.from_numpy(ds.labels_of(ids))
+        idx = torch.from_numpy(ids)
+        if pin:
+            y, idx = y.pin_memory(), idx.pin_memory()
+        if self.batch_transform is not None:
+            x = self.batch_transform(x)
+        return x, y, idx
+
+    def _rows(self, ids, pin):
+        """A (B, S) uint8 tensor: hits copied by one native call, misses from fetch_missing."""
+        ds = self.dataset
+        s = self._row_bytes
+        x = torch.empty((ids.size, s), dtype=torch.uint8, pin_memory=pin)
+        out = x.numpy()
+        if ds.cache is not None:
+            lens = _core.gather_rows(ds.cache._core, ids, out)   # checks every id
+        else:
+            lens = np.full(ds.check_ids(ids).size, -1, dtype=np.int64)
+        missed = wait_ns = 0
+        if np.count_nonzero(lens != s):   # one pass; an all-hit batch does no more
+            bad = np.flatnonzero((lens >= 0) & (lens != s))
+            if bad.size:
+                i = int(bad[0])
+                raise ValueError(f"sample id {int(ids[i])} is cached with {int(lens[i])} bytes, but "
+                                 f"every sample of the store has {s}")
+            pos = np.flatnonzero(lens < 0)
+            missed = pos.size
+            got, wait_ns = _fetch_missed(ds, ids[pos].tolist())
+            for p, i in zip(pos.tolist(), ids[pos].tolist()):
+                out[p] = np.frombuffer(got[i], dtype=np.uint8)
+        hits = ids.size - missed
+        pf = ds.prefetch_hits(ids, lambda: lens >= 0) if hits else 0
+        ds.count(hits, missed, ids.size, pf, wait_ns)
+        return x
+
+    def _ragged(self, ids):
+        """A RaggedBatch: hits copied back to back by one native call, misses spliced in."""
+        ds = self.dataset
+        if ds.cache is not None:
+            flat, lens = _core.gather_flat(ds.cache._core, ids, self._len_hint)   # checks every id
+        else:
+            flat = np.empty(0, dtype=np.uint8)
+            lens = np.full(ds.check_ids(ids).size, -1, dtype=np.int64)
+        missed = np.flatnonzero(lens < 0)
+        hit = lens >= 0            # before the misses' lengths are filled in below
+        wait_ns = 0
+        if missed.size:
+            got, wait_ns = _fetch_missed(ds, ids[missed].tolist())
+            hit_ends = np.cumsum(np.maximum(lens, 0))
+            pieces = []
+            for pos, (i, n) in enumerate(zip(ids.tolist(), lens.tolist())):
+                if n < 0:
+                    pieces.append(np.frombuffer(got[i], dtype=np.uint8))
+                    lens[pos] = len(got[i])
+                else:
+                    pieces.append(flat[hit_ends[pos] - n:hit_ends[pos]])
+            flat = np.concatenate(pieces) if pieces else flat
+        offsets = np.zeros(ids.size + 1, dtype=np.int64)
+        np.cumsum(lens, out=offsets[1:])
+        if ds.cache is not None and lens.size:
+            self._len_hint = int(offsets[-1]) // lens.size   # sizes the next batch's buffer once
+        hits = ids.size - missed.size
+        pf = ds.prefetch_hits(ids, lambda: hit) if hits else 0
+        ds.count(hits, missed.size, ids.size, pf, wait_ns)
+        return RaggedBatch(torch.from_numpy(flat), torch.from_numpy(offsets))
+
+    def _pin(self, batch):
+        if not _can_pin():
+            return batch
+        from torch.utils.data._utils.pin_memory import pin_memory
+        return pin_memory(batch)
+
+
+def _fetch_missed(ds, missed: list):
+    """({id: bytes}, ns waited) for the missed ids of a batch (an id may repeat): one call of the
+    data set's miss path (tiers, store, admission into the cache), as a DataLoader worker makes it."""
+    uniq = list(dict.fromkeys(missed))
+    t0 = time.perf_counter_ns()
+    values = ds.fetch_missing(uniq)
+    return dict(zip(uniq, values)), time.perf_counter_ns() - t0
+
+
+class _Threads:
+    """num_workers assembly threads. Batch k goes to thread k % W, and each thread makes its
+    batches in the order given, so batch k is the next result of thread k % W: results come back
+    in order with no per-batch bookkeeping. The threads hold the make function and their two
+    queues, never the iterator, so dropping the iterator runs its `finally` and stops them."""
+
+    def __init__(self, make, workers: int):
+        self._jobs = [queue.SimpleQueue() for _ in range(workers)]
+        self._results = [queue.SimpleQueue() for _ in range(workers)]
+        self._threads = []
+        for w in range(workers):
+            t = threading.Thread(target=_assemble_loop, args=(make, self._jobs[w], self._results[w]),
+                                 name=f"{_THREAD_PREFIX}-{w}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def submit(self, k: int, ids) -> None:
+        self._jobs[k % len(self._jobs)].put(ids)
+
+    def take(self, k: int):
+        """(True, batch) or (False, the exception that making batch k raised)."""
+        return self._results[k % len(self._results)].get()
+
+    def stop(self) -> None:
+        """Ends every thread after the batch it is making (batches not taken are dropped)."""
+        for q in self._jobs:
+            try:
+                while True:        # queued batches are not made
+                    q.get_nowait()
+            except queue.Empty:
+                pass
+            q.put(_STOP)
+        for t in self._threads:
+            t.join()
+
+
+def _assemble_loop(make, jobs, results):
+    while True:
+        ids = jobs.get()
+        if ids is _STOP:
+            return
+        try:
+            results.put((True, make(ids)))
+        except BaseException as exc:   # re-raised by the iterating thread when the batch is due
+            results.put((False, exc))
