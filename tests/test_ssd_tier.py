@@ -193,3 +193,26 @@ def test_forked_child_drops_the_parents_open_files(tmp_path):
     os.waitpid(pid, 0)
     # 20 inherited closed; 2 files reopened and the child's own io_uring ring (1-2 descriptors)
     assert ok == 1 and before - after >= 20 - 2 - 2
+
+
+def test_open_tier_files_stay_out_of_selects_range(tmp_path):
+    """The descriptors the tier keeps open sit at or above 1024 (FD_SETSIZE) where the limit
+    allows, so that a process holding thousands of them can still select() its own sockets."""
+    import resource
+
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[0] <= 1100:
+        pytest.skip("descriptor limit too low to move above 1024")
+    vals = _values(30, seed=8)
+    t = sc.SSDTier(tmp_path, capacity_bytes=1 << 20)
+    t.put_many(range(30), vals)
+    t.flush()
+    assert t.get_many(range(30)) == vals
+    mine = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(str(tmp_path)) and target.endswith(".s"):
+            mine.append(int(fd))
+    assert len(mine) == 30 and min(mine) >= 1024

@@ -89,6 +89,13 @@ void TierReader::do_remember(int64_t id, const std::string& path, uint32_t len, 
   }
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return;  // removed meanwhile, or out of descriptors: read it by path next time
+  // Kept descriptors move above FD_SETSIZE (1024) where the limit allows: thousands of open tier
+  // files must not push the process's other descriptors out of select()'s reach.
+  int high = ::fcntl(fd, F_DUPFD_CLOEXEC, kHighFd);
+  if (high >= 0) {
+    ::close(fd);
+    fd = high;
+  }
   open_[id] = Open{fd, len, crc};
   order_.push_back(id);
 }

@@ -35,6 +35,7 @@ namespace shadecache {
 class TierReader {
  public:
   static constexpr uint32_t kHeaderBytes = 16;
+  static constexpr int kHighFd = 1024;  // kept descriptors go at or above this (FD_SETSIZE)
   enum Status : int32_t { kOk = 0, kMissing = 1, kDamaged = 2, kFailed = 3 };
   struct Result {
     int32_t status;

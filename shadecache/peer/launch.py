@@ -81,7 +81,9 @@ def serve(cache, host: str = "127.0.0.1", port: int = 0, secret=None, ssd=None, 
                             stdout=subprocess.PIPE, env=env, start_new_session=True)
     proc.stdin.write(struct.pack("<I", len(cfg)) + cfg)
     proc.stdin.flush()
-    ready, _, _ = select.select([proc.stdout], [], [], START_TIMEOUT)
+    poller = select.poll()   # not select(): this process may hold descriptors above 1024
+    poller.register(proc.stdout, select.POLLIN)
+    ready = poller.poll(START_TIMEOUT * 1000)
     line = proc.stdout.readline().decode().strip() if ready else ""
     if not line:
         proc.kill()
