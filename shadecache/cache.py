@@ -31,9 +31,21 @@ from .errors import ClosedError, FingerprintError
 
 # Policy name -> the number the engine stores; the engine defines the list (csrc/cache/policies/).
 POLICIES = {name: number for number, name in enumerate(_core.POLICIES) if name}
-# The largest value that fits a 1 MiB slab page next to its slot header. Larger values need a
-# larger max_item_bytes (and so larger pages: memory moves between size classes a page at a time).
+# The largest value that fits a 1 MiB slab page next to its slot header. Larger values take runs
+# of whole pages (any size up to the cache's capacity); a larger max_item_bytes, or sizes with
+# larger samples, give larger pages (memory moves between size classes a page at a time), up to
+# pages of 8 MiB (LARGEST_PAGE_ITEM_BYTES) unless max_item_bytes asks for more.
 DEFAULT_MAX_ITEM_BYTES = (1 << 20) - _core.SLOT_HEADER_SIZE
+LARGEST_PAGE_ITEM_BYTES = (8 << 20) - _core.SLOT_HEADER_SIZE
+
+
+def _page_item_bytes(max_item_bytes, sizes) -> int:
+    """The largest value a slab page must hold (it sets the page size): max_item_bytes when the
+    user gave one, else the largest of `sizes` within [DEFAULT_MAX_ITEM_BYTES, LARGEST_PAGE_ITEM_BYTES]."""
+    if max_item_bytes is not None:
+        return _check_int("max_item_bytes", max_item_bytes, 1)
+    largest = int(sizes.max()) if sizes.size else 0
+    return max(DEFAULT_MAX_ITEM_BYTES, min(largest, LARGEST_PAGE_ITEM_BYTES))
 
 # Segments created by this process, unlinked at interpreter exit (in the creating pid only: a
 # forked DataLoader worker inherits this set and must not remove its parent's cache).
@@ -110,8 +122,9 @@ class Cache:
 
         sizes        sample sizes in bytes (all of them, or a sample of them): capacity_bytes then
                      means bytes of samples, and size classes are fitted to these sizes.
-        max_item_bytes  the largest value accepted (default: the largest of `sizes`, at least
-                     DEFAULT_MAX_ITEM_BYTES).
+        max_item_bytes  an optional limit: the largest value accepted (default: any value the cache
+                     can hold, up to capacity_bytes). It also sizes the slab pages; values larger
+                     than a page take a run of whole pages.
         persist      keep the segment (values and scores) after every process has exited.
         fingerprint  names the data set (a store's `fingerprint`); attach(fingerprint=) and
                      create_or_attach refuse a cache of another one.
@@ -122,9 +135,7 @@ class Cache:
         num_samples = _check_int("num_samples", num_samples, 1)
         capacity_bytes = _check_int("capacity_bytes", capacity_bytes, 1)
         sizes = _check_sizes(sizes)
-        if max_item_bytes is None:
-            max_item_bytes = max(DEFAULT_MAX_ITEM_BYTES, int(sizes.max()) if sizes.size else 0)
-        max_item_bytes = _check_int("max_item_bytes", max_item_bytes, 1)
+        page_item_bytes = _page_item_bytes(max_item_bytes, sizes)
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; choose one of {sorted(POLICIES)}")
         if not isinstance(persist, bool):
@@ -132,8 +143,9 @@ class Cache:
         if blend is not None and policy != "clairvoyant":
             raise ValueError(f"blend is a setting of the clairvoyant policy, not of {policy!r}")
         fingerprint = _check_fingerprint(fingerprint)
-        core = _core.CacheCore.create(name, num_samples, capacity_bytes, max_item_bytes, POLICIES[policy],
-                                      sizes, persist, fingerprint or "")
+        core = _core.CacheCore.create(name, num_samples, capacity_bytes, page_item_bytes, POLICIES[policy],
+                                      sizes, persist, fingerprint or "",
+                                      0 if max_item_bytes is None else page_item_bytes)
         if not persist:
             _OWNED[name] = os.getpid()
         cache = cls(core, owner=not persist)
@@ -208,14 +220,12 @@ class Cache:
                    max_item_bytes: Optional[int] = None) -> int:
         """Bytes of shared memory a cache created with these arguments takes (segment_bytes)."""
         sizes = _check_sizes(sizes)
-        if max_item_bytes is None:
-            max_item_bytes = max(DEFAULT_MAX_ITEM_BYTES, int(sizes.max()) if sizes.size else 0)
+        page_item_bytes = _page_item_bytes(max_item_bytes, sizes)
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; choose one of {sorted(POLICIES)}")
         return _core.CacheCore.segment_bytes(_check_int("num_samples", num_samples, 1),
                                              _check_int("capacity_bytes", capacity_bytes, 1),
-                                             _check_int("max_item_bytes", max_item_bytes, 1),
-                                             POLICIES[policy], sizes)
+                                             page_item_bytes, POLICIES[policy], sizes)
 
     def __reduce__(self):
         # Spawned DataLoader workers and other processes get the cache by name, never by value.

@@ -42,6 +42,7 @@ from collections import deque
 
 import numpy as np
 
+from .cache import DEFAULT_MAX_ITEM_BYTES
 from .order import OrderBoard
 
 DEFAULTS = dict(lookahead_samples=4096, lookahead_bytes=256 << 20, batch=256, queue_depth=32,
@@ -280,8 +281,8 @@ def run(cache_name, store, options, parent_pid):
                 cand = cand[~np.isin(cand, np.fromiter(skip, np.int64, len(skip)))]
             submitted = False
             if cand.size and len(inflight) < max_batches:
-                nbytes = (lengths[cand] if lengths is not None   # unknown sizes: the largest
-                          else np.full(cand.size, cache.max_item_bytes, np.int64))
+                nbytes = (lengths[cand] if lengths is not None   # unknown sizes: a page's worth
+                          else np.full(cand.size, min(cache.max_item_bytes, DEFAULT_MAX_ITEM_BYTES), np.int64))
                 budget = max_bytes - sum(int(nbytes_of) for _, _, nbytes_of in inflight)
                 cut = int(np.searchsorted(np.cumsum(nbytes), budget, side="right"))
                 batch = cand[:min(B, cut)]

@@ -24,15 +24,16 @@ SIZES = (200, 1500, 6000, 14_000)
 KILLS = int(os.environ.get("SHADECACHE_CRASH_KILLS", "240"))
 
 
-def _write_forever(name, seed, point, countdown):
+def _write_forever(name, seed, point, countdown, sizes=SIZES, n=N, batch=8):
     cache = attach_armed(name, point, countdown)
+    N, SIZES = n, sizes  # noqa: N806 (the large-value test runs this with its own)
     rng = random.Random(seed)
     step = 0
     while True:
         step += 1
         op = rng.random()
         if op < 0.4:
-            ids = [rng.randrange(N) for _ in range(8)]
+            ids = [rng.randrange(N) for _ in range(batch)]
             cache.put_many(ids, [make_value(i, seed * 100_000 + step, rng.choice(SIZES)) for i in ids],
                            scores=[rng.random() for _ in ids])
         elif op < 0.7:
@@ -47,9 +48,10 @@ def _write_forever(name, seed, point, countdown):
             cache.remove(rng.randrange(N))
 
 
-def _survivor(name, stop, out):
+def _survivor(name, stop, out, sizes=SIZES, n=N):
     """Reads (verifying every value) and writes until told to stop; reports faults."""
     cache = sc.Cache.attach(name)
+    N, SIZES = n, sizes  # noqa: N806
     rng = random.Random(12345)
     reads = faults = 0
     first = []
@@ -122,3 +124,53 @@ def test_sigkill_writers_at_every_step(cache_name, policy, kills):
         # Everything still readable is intact.
         for i, v in enumerate(cache.get_many(range(N))):
             assert v is None or verify_value(i, v) == ""
+
+
+MiB = 1 << 20
+LARGE_SIZES = (3000, 300_000, 2 * MiB, 16 * MiB, 64 * MiB)
+LARGE_N = 40
+
+
+@pytest.mark.parametrize("policy,kills", [("importance", 24), ("lru", 12)])
+def test_sigkill_writers_with_large_values(cache_name, policy, kills):
+    """The same kills with values of 2, 16 and 64 MiB in runs of whole pages next to small ones:
+    every step, including taking a run off the free page list and giving it back."""
+    points = sorted(v for k, v in _core.CRASH_POINTS.items() if k not in ("next_use_mid", "move_page_mid"))
+    assert _core.CRASH_POINTS["run_mid_take"] in points and _core.CRASH_POINTS["run_mid_release"] in points
+    ctx = mp.get_context("fork")
+    rng = random.Random(11)
+    with sc.Cache.create(cache_name, num_samples=LARGE_N, capacity_bytes=160 * MiB, policy=policy) as cache:
+        stop, out = ctx.Event(), ctx.Queue()
+        survivor = ctx.Process(target=_survivor, args=(cache_name, stop, out, LARGE_SIZES, LARGE_N))
+        survivor.start()
+        self_kills = 0
+        for k in range(kills):
+            armed = k % 2 == 0
+            point = points[(k // 2) % len(points)] if armed else 0
+            w = ctx.Process(target=_write_forever,
+                            args=(cache_name, k + 1, point, rng.randint(1, 4), LARGE_SIZES, LARGE_N, 2))
+            w.start()
+            if armed:
+                w.join(timeout=8)
+            else:
+                time.sleep(rng.uniform(0.01, 0.3))
+            self_kills += armed and w.exitcode is not None
+            if w.exitcode is None:
+                os.kill(w.pid, signal.SIGKILL)
+                w.join()
+            assert w.exitcode == -signal.SIGKILL, f"writer {k} ended with {w.exitcode}, not by SIGKILL"
+            cache.put(k % LARGE_N, make_value(k % LARGE_N, 5, 100), score=0.5)
+            cache.check()
+        stop.set()
+        reads, faults, first = out.get(timeout=120)
+        survivor.join(timeout=60)
+        assert survivor.exitcode == 0
+        assert faults == 0, first
+        assert reads > 50
+        assert cache.stats()["recoveries"] >= self_kills >= kills // 4
+        cache.check()
+        large_seen = 0
+        for i, v in enumerate(cache.get_many(range(LARGE_N))):
+            assert v is None or verify_value(i, v) == ""
+            large_seen += v is not None and len(v) >= 2 * MiB
+        assert large_seen > 0

@@ -13,9 +13,10 @@ N = 4000
 SIZES = (300, 3000, 20_000)
 
 
-def _worker(name, seed, ops, out):
+def _worker(name, seed, ops, out, sizes=SIZES, n=N, batch=16):
     """Mixed put / put_many / get / get_many / update_scores; returns (reads verified, faults)."""
     cache = sc.Cache.attach(name)
+    N, SIZES = n, sizes  # noqa: N806 (the large-value test runs this with its own)
     rng = random.Random(seed)
     verified, faults = 0, []
     for step in range(ops):
@@ -24,7 +25,7 @@ def _worker(name, seed, ops, out):
         if op < 0.3:
             cache.put(i, make_value(i, seed * 1_000_000 + step, rng.choice(SIZES)), score=rng.random())
         elif op < 0.4:
-            ids = [rng.randrange(N) for _ in range(16)]
+            ids = [rng.randrange(N) for _ in range(batch)]
             cache.put_many(ids, [make_value(j, seed * 1_000_000 + step, rng.choice(SIZES)) for j in ids])
         elif op < 0.45:
             ids = np.array([rng.randrange(N) for _ in range(64)])
@@ -73,6 +74,37 @@ def test_four_processes_fork_and_spawn(cache_name, ops, policy):
         s = cache.stats()
         assert s["evictions"] > 0 and s["page_moves"] > 0 and s["inserts"] > 0, s
         cache.check()
+
+
+MiB = 1 << 20
+
+
+@pytest.mark.parametrize("policy", ["importance", "lru"])
+def test_four_processes_large_values(cache_name, policy):
+    """Values of 2, 16 and 64 MiB (runs of pages) next to small ones, four processes at once."""
+    sizes, n = (3000, 2 * MiB, 16 * MiB, 64 * MiB), 40
+    with sc.Cache.create(cache_name, num_samples=n, capacity_bytes=160 * MiB, policy=policy) as cache:
+        procs, queues = [], []
+        for k, method in enumerate(["fork", "fork", "spawn", "spawn"]):
+            ctx = mp.get_context(method)
+            q = ctx.Queue()
+            p = ctx.Process(target=_worker, args=(cache_name, k + 1, 40, q, sizes, n, 2))
+            p.start()
+            procs.append(p)
+            queues.append(q)
+        results = [q.get(timeout=240) for q in queues]
+        for p in procs:
+            p.join(timeout=60)
+            assert p.exitcode == 0
+        faults = [f for r in results for f in r[2]]
+        assert not faults, faults
+        assert sum(r[1] for r in results) > 40
+        s = cache.stats()
+        assert s["evictions"] > 0 and s["inserts"] > 0, s
+        cache.check()
+        got = [v for v in cache.get_many(range(n)) if v is not None]
+        assert all(verify_value(i, v) == "" for i, v in enumerate(cache.get_many(range(n))) if v is not None)
+        assert any(len(v) >= 2 * MiB for v in got)
 
 
 class _CachedRange:

@@ -335,15 +335,18 @@ PYBIND11_MODULE(_core, m) {
       .def_static(
           "create",
           [](const std::string& name, uint64_t num_samples, uint64_t capacity_bytes, uint64_t max_item_bytes,
-             uint32_t policy, const SizesArray& sizes, bool persist, const std::string& fingerprint) {
+             uint32_t policy, const SizesArray& sizes, bool persist, const std::string& fingerprint,
+             uint64_t item_limit) {
             CacheOptions o = options(num_samples, capacity_bytes, max_item_bytes, policy, sizes);
+            o.item_limit = item_limit;
             o.persist = persist;
             o.fingerprint = fingerprint;
             py::gil_scoped_release nogil;  // reserving and zeroing the segment can take a while
             return Cache::create(name, o);
           },
           py::arg("name"), py::arg("num_samples"), py::arg("capacity_bytes"), py::arg("max_item_bytes"),
-          py::arg("policy"), py::arg("sizes"), py::arg("persist") = false, py::arg("fingerprint") = "")
+          py::arg("policy"), py::arg("sizes"), py::arg("persist") = false, py::arg("fingerprint") = "",
+          py::arg("item_limit") = 0)
       .def_static("attach", [](const std::string& name, bool touch) { return Cache::attach(name, touch); },
                   py::arg("name"), py::arg("touch") = true)
       .def_static("unlink", &Segment::unlink, py::arg("name"))
@@ -365,6 +368,7 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("name", &Cache::name)
       .def_property_readonly("num_samples", &Cache::num_samples)
       .def_property_readonly("max_item_bytes", [](Cache& c) { c.check_open(); return c.max_item_bytes(); })
+      .def_property_readonly("page_size", [](Cache& c) { c.check_open(); return c.page_size(); })
       .def_property_readonly("closed", &Cache::closed)
       .def_property_readonly("policy", [](Cache& c) { c.check_open(); return policy_name(c.policy()); })
       .def_property_readonly("capacity_bytes", [](Cache& c) { c.check_open(); return c.capacity_bytes(); })

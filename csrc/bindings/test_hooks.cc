@@ -24,6 +24,8 @@ void register_test_hooks(py::module_& m) {
   points["move_page_mid"] = static_cast<int>(CrashPoint::kMovePageMid);
   points["scores_mid"] = static_cast<int>(CrashPoint::kScoresMid);
   points["next_use_mid"] = static_cast<int>(CrashPoint::kNextUseMid);
+  points["run_mid_take"] = static_cast<int>(CrashPoint::kRunMidTake);
+  points["run_mid_release"] = static_cast<int>(CrashPoint::kRunMidRelease);
   m.attr("CRASH_POINTS") = points;
 }
 

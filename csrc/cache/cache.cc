@@ -72,7 +72,10 @@ std::unique_ptr<Cache> Cache::create(const std::string& name, const CacheOptions
   h->policy = static_cast<uint32_t>(opts.policy);
   h->num_samples = opts.num_samples;
   h->page_size = l.page_size;
-  h->max_item_bytes = opts.max_item_bytes;
+  // The largest value accepted: the user's limit, else whatever fits both the budget and the data
+  // area (a run of every page, its slot header included).
+  uint64_t holds = std::min<uint64_t>(l.value_budget, l.num_pages * l.page_size - sizeof(SlotHeader));
+  h->max_item_bytes = opts.item_limit ? std::min(opts.item_limit, holds) : holds;
   h->num_pages = l.num_pages;
   h->capacity_bytes = l.value_budget;
   h->data_bytes = l.num_pages * l.page_size;
@@ -333,15 +336,15 @@ CacheStats Cache::stats() {
 PutItem Cache::make_item(uint64_t id, const char* data, uint64_t len) {
   check_open();
   check_id(id);
-  if (len > hdr_->max_item_bytes || Slab::need_for(len) > page_size_)
-    throw Error(ErrorKind::kTooLarge, "value for sample id " + std::to_string(id) + " is " + std::to_string(len) +
-                                          " bytes; cache '" + name_ + "' holds values of at most " +
-                                          std::to_string(hdr_->max_item_bytes) +
-                                          " bytes (create it with a larger max_item_bytes)");
   if (len > hdr_->capacity_bytes)
     throw Error(ErrorKind::kTooLarge, "value for sample id " + std::to_string(id) + " is " + std::to_string(len) +
                                           " bytes, more than the capacity of cache '" + name_ + "' (" +
                                           std::to_string(hdr_->capacity_bytes) + " bytes)");
+  if (len > hdr_->max_item_bytes || len > 0xFFFFFFFFull - sizeof(SlotHeader))
+    throw Error(ErrorKind::kTooLarge, "value for sample id " + std::to_string(id) + " is " + std::to_string(len) +
+                                          " bytes; cache '" + name_ + "' holds values of at most " +
+                                          std::to_string(std::min<uint64_t>(hdr_->max_item_bytes, 0xFFFFFFFFull - sizeof(SlotHeader))) +
+                                          " bytes (its max_item_bytes, or what its pages hold)");
   return PutItem{static_cast<uint32_t>(id), data, static_cast<uint32_t>(len), crc32c(data, len)};
 }
 
@@ -441,14 +444,17 @@ bool Cache::write_slot(SlotHeader* s, const PutItem& it, bool check_pins) {
 }
 
 bool Cache::do_put(const PutItem& it) {
-  uint32_t cls = slab_.do_class_for(it.len);
+  // A value larger than a page: "class" kRunHead, in a run of its own (same length: rewritten in place).
+  bool large = slab_.is_large(it.len);
+  uint32_t cls = large ? kRunHead : slab_.do_class_for(it.len);
   uint64_t cur = idx_get(it.id, std::memory_order_relaxed);
   if (cur) {
     uint64_t off = cur - 1;
     SlotHeader* s = slab_.slot(off);
     uint32_t old_len = s->len;
-    if (pages_[slab_.page_of(off)].cls == cls && hdr_->bytes_used - old_len + it.len <= hdr_->capacity_bytes &&
-        write_slot(s, it, true)) {
+    uint64_t page = slab_.page_of(off);
+    bool same_place = pages_[page].cls == cls && (!large || slab_.run_len(page) == slab_.run_pages_for(it.len));
+    if (same_place && hdr_->bytes_used - old_len + it.len <= hdr_->capacity_bytes && write_slot(s, it, true)) {
       // Same size class, no view on it: rewritten in place; readers racing it retry on the seqlock.
       hdr_->bytes_used += static_cast<uint64_t>(it.len) - old_len;
       if (policy_->rekey_on_rewrite()) {
@@ -463,7 +469,7 @@ bool Cache::do_put(const PutItem& it) {
     // old copy is dropped only once that slot is won (a refused update keeps the old value).
   }
   double key = policy_->insert_key(pstate_, it.id);
-  uint64_t u = do_alloc_slot(cls, it.id, it.len, key);
+  uint64_t u = large ? do_alloc_run(it.id, it.len, key) : do_alloc_slot(cls, it.id, it.len, key);
   if (u == 0) {
     hdr_->stats.rejected.fetch_add(1, std::memory_order_relaxed);
     return false;

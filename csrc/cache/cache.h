@@ -92,6 +92,7 @@ class Cache {
   Policy policy() const { return static_cast<Policy>(hdr_->policy); }
   uint64_t capacity_bytes() const { return hdr_->capacity_bytes; }
   uint64_t max_item_bytes() const { return hdr_->max_item_bytes; }
+  uint64_t page_size() const { return page_size_; }
   bool persist() const { return hdr_->persist != 0; }
   std::string fingerprint() const { return std::string(hdr_->fingerprint, strnlen(hdr_->fingerprint, sizeof hdr_->fingerprint)); }
   uint64_t created_unix_ns() const { return hdr_->created_unix_ns; }
@@ -206,6 +207,9 @@ class Cache {
   // A free slot of class `cls` for `len` bytes of `id` (whose cached copy, if any, goes after):
   // evicts while the value bytes would exceed capacity_bytes or no slot is free.
   uint64_t do_alloc_slot(uint32_t cls, uint32_t id, uint64_t len, double key);
+  bool do_over_budget(uint32_t id, uint64_t len) const;
+  // The same for a value larger than a page: a run of whole pages (slab.h), slot offset + 1 or 0.
+  uint64_t do_alloc_run(uint32_t id, uint64_t len, double key);
   // Unpublishes `id` and frees its slot, or, when a view pins it, leaves the bytes as they are on
   // the zombie list. Returns false in that case.
   bool do_evict(uint32_t id);
@@ -344,7 +348,16 @@ inline Cache::Probe Cache::probe(uint64_t id, SlotAt* at) const {
   if (seq & 1) return Probe::kRetry;
   uint32_t sid = __atomic_load_n(&s->id, __ATOMIC_RELAXED);
   uint32_t len = __atomic_load_n(&s->len, __ATOMIC_RELAXED);
-  if (sid != id || len > page_size_ - (off & (page_size_ - 1)) - sizeof(SlotHeader)) return Probe::kRetry;
+  if (sid != id) return Probe::kRetry;
+  if (__builtin_expect(len > page_size_ - (off & (page_size_ - 1)) - sizeof(SlotHeader), 0)) {
+    // Only a run's slot (at a page start) holds more than its page; the run length is a bound
+    // here (relaxed: the seq and gen rechecks after the copy decide), and the copy stays inside
+    // the data area whatever was read.
+    if ((off & (page_size_ - 1)) || __atomic_load_n(&page.cls, __ATOMIC_RELAXED) != kRunHead ||
+        len + sizeof(SlotHeader) > slab_.run_len(off >> page_shift_) * page_size_ ||
+        len + sizeof(SlotHeader) > data_bytes_ - off)
+      return Probe::kRetry;
+  }
   *at = SlotAt{v, off, &page, gen, s, seq, len};
   return Probe::kFound;
 }

@@ -25,23 +25,41 @@ std::string Cache::do_check() {
   uint64_t items = 0, bytes = 0, free_pages = 0, zombies = 0;
   std::vector<uint64_t> class_pages(slab_.num_classes()), class_items(slab_.num_classes()),
       class_zombies(slab_.num_classes());
+  uint64_t run_head = 0, run_end = 0;  // the latest run seen: pages [run_head, run_end)
   for (uint64_t p = 0; p < hdr_->num_pages; ++p) {
     const PageMeta& pm = pages_[p];
     if (pm.gen.load(std::memory_order_relaxed) & 1) return "page " + std::to_string(p) + " is stuck mid-move";
     if (pm.cls == kFreePage) {
+      if (run_end > p) return "page " + std::to_string(p) + " lies inside a run but is free";
       ++free_pages;
       continue;
     }
-    if (pm.cls >= slab_.num_classes()) return "page " + std::to_string(p) + " has invalid class " + std::to_string(pm.cls);
-    const ClassMeta& cm = slab_.cls(pm.cls);
-    ++class_pages[pm.cls];
+    if (pm.cls == kRunTail) {
+      if (run_end <= p || pm.next_free_page != run_head + 1)
+        return "page " + std::to_string(p) + " is a run tail outside the run that it names";
+      continue;
+    }
+    bool run = pm.cls == kRunHead;
+    if (!run && pm.cls >= slab_.num_classes()) return "page " + std::to_string(p) + " has invalid class " + std::to_string(pm.cls);
+    if (run_end > p) return "page " + std::to_string(p) + " lies inside a run but is not its tail";
+    if (run) {
+      uint64_t k = slab_.run_len(p);
+      if (k < 2 || k > hdr_->num_pages - p) return "run at page " + std::to_string(p) + " has length " + std::to_string(k);
+      run_head = p;
+      run_end = p + k;
+    } else {
+      ++class_pages[pm.cls];
+    }
+    // A run head has one slot, as long as its run; a page of a class, slots_per_page slots.
+    uint32_t slots = run ? 1 : slab_.cls(pm.cls).slots_per_page;
+    uint64_t slot_size = run ? (run_end - p) * page_size_ : slab_.cls(pm.cls).slot_size;
     uint32_t live = 0, page_zombies = 0;
     double key_sum = 0;
-    for (uint32_t i = 0; i < cm.slots_per_page; ++i) {
-      uint64_t off = p * page_size_ + static_cast<uint64_t>(i) * cm.slot_size;
+    for (uint32_t i = 0; i < slots; ++i) {
+      uint64_t off = p * page_size_ + static_cast<uint64_t>(i) * slot_size;
       const SlotHeader* s = slab_.slot(off);
       if (s->zombie) {  // kept for a view; its bytes are the view's business
-        ++class_zombies[pm.cls];
+        if (!run) ++class_zombies[pm.cls];
         ++zombies;
         ++page_zombies;
         continue;
@@ -51,7 +69,7 @@ std::string Cache::do_check() {
       if (s->id >= n_) return where + " names an id out of range";
       if (s->seq.load(std::memory_order_relaxed) & 1) return where + " is stuck mid-write";
       if (idx_get(s->id, std::memory_order_relaxed) != off + 1) return where + " is not the one the index names";
-      if (s->len > cm.slot_size - sizeof(SlotHeader)) return where + " claims a length larger than its slot";
+      if (s->len > slot_size - sizeof(SlotHeader)) return where + " claims a length larger than its slot";
       if (crc32c(slab_.value(off), s->len) != s->crc) return where + " fails its checksum";
       if (!heap_.contains(s->id)) return where + " is not in the eviction heap";
       double key = heap_.key_of(s->id);
@@ -69,7 +87,7 @@ std::string Cache::do_check() {
     if (std::fabs(key_sum - pm.key_sum) > 1e-6 * (std::fabs(key_sum) + live + 1))
       return "page " + std::to_string(p) + " key sum " + std::to_string(pm.key_sum) + " but its values' keys add to " +
              std::to_string(key_sum);
-    class_items[pm.cls] += live;
+    if (!run) class_items[pm.cls] += live;
     items += live;
   }
   for (uint32_t c = 0; c < slab_.num_classes(); ++c) {

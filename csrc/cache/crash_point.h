@@ -20,6 +20,8 @@ enum class CrashPoint : int {
   kMovePageMid,       // a page is half way through moving to another class
   kScoresMid,         // half of a score batch applied
   kNextUseMid,        // half of a next-use batch applied (clairvoyant)
+  kRunMidTake,        // a run of pages for a large value half taken off the free page list
+  kRunMidRelease,     // a freed run half way back on the free page list
   kCount,
 };
 

@@ -11,13 +11,15 @@ namespace shadecache {
 // while the value bytes would exceed the budget (capacity_bytes) or the class has no free slot.
 // Returns the slot offset + 1, or 0 when the policy refuses (static full, or importance admission
 // fails because `key` does not beat the lowest cached priority).
+// Over budget: the cached copy of `id` (if any; it goes once the new slot is won) does not count.
+bool Cache::do_over_budget(uint32_t id, uint64_t len) const {
+  uint64_t cur = idx_get(id, std::memory_order_relaxed);
+  uint64_t old = cur ? slab_.slot(cur - 1)->len : 0;
+  return hdr_->bytes_used - old + len > hdr_->capacity_bytes;
+}
+
 uint64_t Cache::do_alloc_slot(uint32_t cls, uint32_t id, uint64_t len, double key) {
-  // Over budget: the cached copy of `id` (if any; it goes once the new slot is won) does not count.
-  auto over_budget = [&] {
-    uint64_t cur = idx_get(id, std::memory_order_relaxed);
-    uint64_t old = cur ? slab_.slot(cur - 1)->len : 0;
-    return hdr_->bytes_used - old + len > hdr_->capacity_bytes;
-  };
+  auto over_budget = [&] { return do_over_budget(id, len); };
   // A full cache may refuse the value (importance: unless it beats the lowest cached key). A
   // cache is full when the value is over budget, or when no page is free and its free slots are
   // under 1/8 of the data area: the few slots a page move frees beyond the one it needed must not
@@ -65,9 +67,10 @@ uint64_t Cache::do_alloc_slot(uint32_t cls, uint32_t id, uint64_t len, double ke
       continue;
     }
     uint64_t vpage = slab_.page_of(voff);
-    if (over || pages_[vpage].cls == cls) {
+    if (over || pages_[vpage].cls == cls || pages_[vpage].cls == kRunHead) {
       // Over budget any victim helps (its page goes to the free list once empty); within budget
-      // a victim of our class frees the slot we need (its page stays: we fill it).
+      // a victim of our class frees the slot we need (its page stays: we fill it), and a large
+      // victim frees whole pages (its run goes to the free list, where our class takes one).
       bool freed = do_evict(top.id);
       hdr_->stats.evictions.fetch_add(1, std::memory_order_relaxed);
       if (!freed) continue;  // a view pinned it at the last moment: it is a zombie now; take the next
@@ -92,6 +95,57 @@ uint64_t Cache::do_alloc_slot(uint32_t cls, uint32_t id, uint64_t len, double ke
   return got;
 }
 
+// A run of pages for a value of `len` (> a page) bytes: free pages side by side, else victims in
+// heap order (the policy's admission and set-aside pins as in do_alloc_slot) until the budget
+// holds it and freed pages form a run. Pages never move for a run: a slab page frees when its
+// last value goes. (Choosing a window of pages to empty would evict less; heap order is the
+// policy's order and keeps this simple.)
+uint64_t Cache::do_alloc_run(uint32_t id, uint64_t len, double key) {
+  uint64_t k = slab_.run_pages_for(len);
+  bool over = do_over_budget(id, len);
+  if (!over)
+    if (uint64_t h = slab_.do_take_run(k)) return (h - 1) * page_size_ + 1;
+  if (!policy_->evicts()) return 0;
+  struct PutBack {
+    IndexedHeap& heap;
+    std::vector<HeapNode>& nodes;
+    ~PutBack() {
+      for (const HeapNode& n : nodes) heap.push(n.id, n.key);
+      nodes.clear();
+    }
+  } put_back{heap_, aside_};
+  bool reaped = false;
+  while (!heap_.empty()) {
+    HeapNode top = heap_.top();
+    double now = policy_->current_key(pstate_, top.id, top.key);
+    if (now != top.key) {
+      do_rekey(top.id, now);
+      continue;
+    }
+    if (!policy_->admits(key, top.key)) break;
+    uint64_t voff = idx_get(top.id, std::memory_order_relaxed) - 1;
+    if (pins_.any() && pins_.pinned(slot_code(voff))) {
+      if (!reaped) {
+        reaped = true;
+        do_reap_dead_pins();
+        continue;
+      }
+      aside_.push_back(top);
+      heap_.remove(top.id);
+      continue;
+    }
+    uint64_t vpage = slab_.page_of(voff);
+    bool freed = do_evict(top.id);
+    hdr_->stats.evictions.fetch_add(1, std::memory_order_relaxed);
+    if (!freed || !slab_.do_release_if_empty(vpage)) continue;  // no page came free
+    over = do_over_budget(id, len);
+    if (!over)
+      if (uint64_t h = slab_.do_take_run(k)) return (h - 1) * page_size_ + 1;
+  }
+  // Within budget but no run (pins, zombies or the policy's admission keep the pages): refused.
+  return 0;
+}
+
 // Changes the eviction key of cached `id`, keeping its page's key_sum in step.
 void Cache::do_rekey(uint32_t id, double key) {
   uint64_t off = idx_get(id, std::memory_order_relaxed) - 1;
@@ -107,10 +161,13 @@ void Cache::do_add_key(uint64_t p, double removed, double added) {
   PageMeta& pm = pages_[p];
   pm.key_sum = pm.key_sum - removed + added;
   if (!(std::fabs(removed) + std::fabs(added) > 1e9 * std::fabs(pm.key_sum))) return;
-  const ClassMeta& cm = slab_.cls(pm.cls);
+  // A run head has one slot, at the page start.
+  bool run = pm.cls == kRunHead;
+  uint32_t slots = run ? 1 : slab_.cls(pm.cls).slots_per_page;
+  uint64_t slot_size = run ? page_size_ : slab_.cls(pm.cls).slot_size;
   double sum = 0;
-  for (uint32_t i = 0; i < cm.slots_per_page; ++i) {
-    uint64_t off = p * page_size_ + static_cast<uint64_t>(i) * cm.slot_size;
+  for (uint32_t i = 0; i < slots; ++i) {
+    uint64_t off = p * page_size_ + static_cast<uint64_t>(i) * slot_size;
     const SlotHeader* s = slab_.slot(off);
     if (s->id >= n_ || s->zombie || idx_get(s->id, std::memory_order_relaxed) != off + 1) continue;
     if (heap_.contains(s->id)) {
@@ -167,7 +224,7 @@ bool Cache::do_evict(uint32_t id) {
     std::atomic_thread_fence(std::memory_order_release);
     s->id = kNoId;
     s->seq.store(seq + 2, std::memory_order_release);
-    slab_.do_push_free_slot(pm.cls, off);
+    slab_.do_free_slot(off);
   } else {
     do_push_zombie(off);  // bytes untouched: a view reads them
   }

@@ -71,7 +71,10 @@ Layout compute_layout(const CacheOptions& o) {
         uint64_t need = Slab::need_for(s);
         auto it = std::lower_bound(l.classes.begin(), l.classes.end(), need);
         uint64_t slot = it == l.classes.end() ? l.page_size : *it;
-        mem += static_cast<double>(l.page_size / (l.page_size / slot));
+        if (need > l.page_size)  // a run of whole pages
+          mem += static_cast<double>(ceil_div(need, l.page_size) * l.page_size);
+        else
+          mem += static_cast<double>(l.page_size / (l.page_size / slot));
         val += static_cast<double>(std::max<uint64_t>(s, 1));
       }
       pages = ceil_div(static_cast<uint64_t>(std::ceil(o.capacity_bytes * (mem / val))), l.page_size);
@@ -112,9 +115,9 @@ void validate(const CacheOptions& o) {
     throw Error(ErrorKind::kInvalidArgument, "max_item_bytes must be in [1, 1 GiB], got " + std::to_string(o.max_item_bytes));
   uint64_t ps = page_size_for(o.max_item_bytes);
   for (uint64_t s : o.sizes)
-    if (s > o.max_item_bytes)
+    if (o.item_limit && s > o.item_limit)
       throw Error(ErrorKind::kInvalidArgument, "sizes holds a sample of " + std::to_string(s) +
-                                                   " bytes, larger than max_item_bytes=" + std::to_string(o.max_item_bytes));
+                                                   " bytes, larger than max_item_bytes=" + std::to_string(o.item_limit));
   if (o.fingerprint.size() >= sizeof(Header::fingerprint))
     throw Error(ErrorKind::kInvalidArgument, "fingerprint may be at most " + std::to_string(sizeof(Header::fingerprint) - 1) +
                                                  " characters, got " + std::to_string(o.fingerprint.size()));

@@ -18,7 +18,10 @@ struct CacheOptions {
   // With `sizes`: a budget of value bytes; the data area is sized so that values of these sizes
   // fill the budget, slot headers and page ends on top (segment_bytes says the whole).
   uint64_t capacity_bytes = 0;
-  uint64_t max_item_bytes = 1 << 20;  // largest value accepted; sets the slab page size
+  // The largest value a slab page holds: sets the page size. Larger values take runs of whole
+  // pages (slab.h), up to item_limit.
+  uint64_t max_item_bytes = 1 << 20;
+  uint64_t item_limit = 0;  // largest value accepted; 0 = any the cache can hold
   Policy policy = Policy::kImportance;
   std::vector<uint64_t> sizes;   // sample sizes (e.g. every length of the store); may be empty
   bool persist = false;          // the segment outlives every process (Cache::create)

@@ -30,10 +30,16 @@ namespace shadecache {
 
 constexpr uint64_t kMagic = 0x3148434544414853ull;  // "SHADECH1" little-endian
 // 2: pin table, zombie list; 3: PageMeta::zombies; 4: size classes fitted and learned (ClassMeta
-// slot_size 0 = unused entry), capacity_bytes a budget of value bytes, data_bytes, persistence.
-constexpr uint32_t kLayoutVersion = 4;
+// slot_size 0 = unused entry), capacity_bytes a budget of value bytes, data_bytes, persistence;
+// 5: large values in runs of whole pages (PageMeta::cls kRunHead / kRunTail), max_item_bytes a limit.
+constexpr uint32_t kLayoutVersion = 5;
 constexpr uint32_t kNoId = 0xFFFFFFFFu;
 constexpr uint32_t kFreePage = 0xFFFFFFFFu;
+// A value larger than a slab page lives in a run of contiguous whole pages: the first page's
+// PageMeta::cls is kRunHead (its slot header at the page start, the value running on through the
+// next pages), the others' kRunTail. See PageMeta for the run length and the links.
+constexpr uint32_t kRunHead = 0xFFFFFFFEu;
+constexpr uint32_t kRunTail = 0xFFFFFFFDu;
 constexpr uint32_t kMaxClasses = 64;
 constexpr size_t kAlign = 64;  // cache line: every array and every slot starts on one
 constexpr uint64_t kMaxDataBytes = (uint64_t{1} << 32) * kAlign;  // see SlotHeader::next_free
@@ -88,7 +94,7 @@ struct alignas(64) Header {
   uint64_t num_samples;
   uint64_t capacity_bytes;     // budget of value bytes: bytes_used never exceeds it
   uint64_t page_size;
-  uint64_t max_item_bytes;     // largest value accepted (<= page_size - sizeof(SlotHeader))
+  uint64_t max_item_bytes;     // largest value accepted (a user's limit, or what the data area holds)
   uint64_t num_pages;
   uint64_t total_size;         // whole segment
   uint64_t off_index, off_heap_pos, off_scores, off_ticks, off_heap, off_pages, off_classes, off_pins, off_data;
@@ -151,15 +157,20 @@ struct SlotHeader {
   uint32_t prev_free;
 };
 
-// gen is a seqlock over the page's layout: odd while the page is being moved to another class.
-// A page of a class holds at least one live value or zombie at every unlock: a page that holds
-// neither goes back to the free page list at once (Slab::do_release_page), for any class to take.
+// gen is a seqlock over the page's layout: odd while the page is being moved to another class, or
+// taken into a run. A page of a class (or a run) holds at least one live value or zombie at every
+// unlock: one that holds neither goes back to the free page list at once
+// (Slab::do_release_if_empty), for any class or run to take.
+// Runs (large values): the head page (cls kRunHead) holds one slot at its start, counted in its
+// live / zombies / key_sum like any page, and next_free_page = the run's length in pages; each
+// tail page (cls kRunTail) has next_free_page = head page index + 1. Both are written under the
+// mutex before the run's slot is written, and readers read the length only as a bound (relaxed).
 struct PageMeta {
   std::atomic<uint64_t> gen;
   uint32_t cls;             // size class, or kFreePage
   uint32_t live;            // live slots on the page (writer-only)
   uint32_t zombies;         // zombie slots on the page (writer-only)
-  uint32_t next_free_page;  // free page list link: page index + 1, 0 = end
+  uint32_t next_free_page;  // free page list link: page index + 1, 0 = end (runs: see above)
   double key_sum;           // sum of the eviction keys of the page's live values (writer-only):
                             // picks the page to move when memory must change size class
 };

@@ -23,8 +23,8 @@ void Cache::do_repair() {
   heap_.clear();
   std::memset(heap_pos_, 0, n_ * sizeof(uint32_t));
   uint64_t page_count = hdr_->num_pages;
-  // Pages: classes keep their pages; a page caught mid-move becomes free (none of its slots can be
-  // live: the mover unpublished them all before cutting it).
+  // Pages: classes and runs keep their pages; a page caught mid-move (or mid-take into a run)
+  // becomes free (none of its slots can be live: the mover unpublished them all before cutting it).
   for (uint32_t c = 0; c < slab_.num_classes(); ++c) {
     ClassMeta& cm = slab_.cls(c);
     cm.free_head = cm.free_slots = cm.pages = cm.items = 0;
@@ -36,28 +36,47 @@ void Cache::do_repair() {
   hdr_->free_page_head = 0;
   hdr_->items = 0;
   hdr_->bytes_used = 0;
-  for (uint64_t p = page_count; p-- > 0;) {
+  for (uint64_t p = 0; p < page_count; ++p) {
     PageMeta& pm = pages_[p];
     uint64_t g = pm.gen.load(std::memory_order_relaxed);
     if (g & 1) {
       pm.gen.store(g + 1, std::memory_order_release);
       pm.cls = kFreePage;
     }
-    if (pm.cls >= slab_.num_classes() || slab_.cls(pm.cls).slot_size == 0) {
+  }
+  // Runs (large values): a head whose every tail names it is whole; anything else of a run (a
+  // writer killed while taking or releasing one) is freed. owned[q]: q is a tail of a whole run.
+  std::vector<uint8_t> whole(page_count), owned(page_count);
+  for (uint64_t p = 0; p < page_count; ++p) {
+    if (pages_[p].cls != kRunHead) continue;
+    uint64_t k = slab_.run_len(p);
+    bool ok = k >= 2 && k <= page_count - p;
+    for (uint64_t q = p + 1; ok && q < p + k; ++q)
+      ok = pages_[q].cls == kRunTail && pages_[q].next_free_page == p + 1;
+    whole[p] = ok;
+    for (uint64_t q = p + 1; ok && q < p + k; ++q) owned[q] = 1;
+  }
+  for (uint64_t p = page_count; p-- > 0;) {
+    PageMeta& pm = pages_[p];
+    bool run = pm.cls == kRunHead && whole[p];
+    if (pm.cls == kRunTail && owned[p]) continue;  // its head (a lower page, visited later) decides
+    if (!run && (pm.cls >= slab_.num_classes() || slab_.cls(pm.cls).slot_size == 0)) {
       slab_.do_push_free_page(p);
       continue;
     }
-    ClassMeta& cm = slab_.cls(pm.cls);
-    ++cm.pages;
+    // A run head has one slot, as long as its run; a page of a class, slots_per_page slots.
+    uint32_t slots = run ? 1 : slab_.cls(pm.cls).slots_per_page;
+    uint64_t slot_size = run ? slab_.run_len(p) * page_size_ : slab_.cls(pm.cls).slot_size;
+    if (!run) ++slab_.cls(pm.cls).pages;
     pm.live = 0;
     pm.zombies = 0;
     pm.key_sum = 0;
-    for (uint32_t i = cm.slots_per_page; i-- > 0;) {
-      uint64_t off = p * page_size_ + static_cast<uint64_t>(i) * cm.slot_size;
+    for (uint32_t i = slots; i-- > 0;) {
+      uint64_t off = p * page_size_ + static_cast<uint64_t>(i) * slot_size;
       SlotHeader* s = slab_.slot(off);
       uint64_t seq = s->seq.load(std::memory_order_relaxed);
       bool live = !(seq & 1) && s->id < n_ && idx_get(s->id, std::memory_order_relaxed) == off + 1 &&
-                  s->len <= cm.slot_size - sizeof(SlotHeader);
+                  s->len <= slot_size - sizeof(SlotHeader);
       if (live) {
         s->zombie = 0;
         double key = policy_->repair_key(pstate_, s->id);
@@ -80,11 +99,11 @@ void Cache::do_repair() {
           do_push_zombie(off);
         } else {
           s->zombie = 0;
-          slab_.do_push_free_slot(pm.cls, off);
+          slab_.do_free_slot(off);
         }
       }
     }
-    slab_.do_release_if_empty(p);  // a page left empty (a dead writer's fresh page) is free
+    slab_.do_release_if_empty(p);  // a page left empty (a dead writer's fresh page or run) is free
   }
   // Index entries that do not name a live slot (a put that died before its slot was stable, an
   // eviction that died after unpublishing) are cleared.

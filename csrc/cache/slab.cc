@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "cache/crash_point.h"
+
 namespace shadecache {
 
 uint32_t Slab::init_classes(ClassMeta* classes, uint64_t page_size, const std::vector<uint32_t>& fitted) {
@@ -100,8 +102,9 @@ bool Slab::is_slot_start(uint64_t off) const {
   uint64_t p = page_of(off);
   if (p >= num_pages_) return false;
   uint32_t c = pages_[p].cls;
-  if (c >= num_classes_ || classes_[c].slot_size == 0) return false;
   uint64_t in_page = off - p * page_size_;
+  if (c == kRunHead) return in_page == 0;
+  if (c >= num_classes_ || classes_[c].slot_size == 0) return false;
   const ClassMeta& cm = classes_[c];
   return in_page % cm.slot_size == 0 && in_page / cm.slot_size < cm.slots_per_page;
 }
@@ -148,6 +151,16 @@ void Slab::do_push_free_page(uint64_t p) {
 
 bool Slab::do_release_if_empty(uint64_t p) {
   PageMeta& pm = pages_[p];
+  if (pm.cls == kRunHead && !pm.live && !pm.zombies) {
+    // Its slot is unpublished and unpinned (seq bumped when it was freed); a reader still holding
+    // the old offset fails on that seq, and the page generation changes when a page is reused.
+    uint64_t k = run_len(p);
+    for (uint64_t q = p + k; q-- > p;) {
+      do_push_free_page(q);
+      if (q == p + k / 2) crash_point(CrashPoint::kRunMidRelease);
+    }
+    return true;
+  }
   if (pm.cls >= num_classes_ || pm.live || pm.zombies) return false;
   ClassMeta& cm = classes_[pm.cls];
   for (uint32_t i = 0; i < cm.slots_per_page; ++i) do_unlink_free_slot(pm.cls, p * page_size_ + uint64_t{i} * cm.slot_size);
@@ -168,6 +181,55 @@ bool Slab::do_take_free_page(uint32_t c) {
   pages_[p].next_free_page = 0;
   do_cut_page(p, c);
   return true;
+}
+
+uint64_t Slab::do_take_run(uint64_t k) {
+  if (k == 0 || k > num_pages_) return 0;
+  uint64_t head = num_pages_;
+  for (uint64_t p = 0, free_run = 0; p < num_pages_; ++p) {
+    free_run = pages_[p].cls == kFreePage ? free_run + 1 : 0;
+    if (free_run == k) {
+      head = p + 1 - k;
+      break;
+    }
+  }
+  if (head == num_pages_) return 0;
+  // Off the free page list (one pass over it), then marked page by page, each under an odd
+  // generation (a reader holding a stale offset into one of them retries). A writer killed half
+  // way leaves pages that are neither listed nor a whole run: repair frees them.
+  uint64_t prev = 0;  // page index + 1 of the last page kept on the list, 0 = the head pointer
+  for (uint64_t u = *free_page_head_; u;) {
+    uint64_t q = u - 1;
+    uint64_t next = pages_[q].next_free_page;
+    if (q >= head && q < head + k) {
+      if (prev) pages_[prev - 1].next_free_page = static_cast<uint32_t>(next); else *free_page_head_ = next;
+    } else {
+      prev = u;
+    }
+    u = next;
+  }
+  for (uint64_t q = head; q < head + k; ++q) {
+    PageMeta& pm = pages_[q];
+    uint64_t g = pm.gen.load(std::memory_order_relaxed);
+    pm.gen.store(g + 1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    pm.live = pm.zombies = 0;
+    pm.key_sum = 0;
+    if (q == head) {
+      SlotHeader* s = slot(q * page_size_);
+      s->seq.store(0, std::memory_order_relaxed);
+      s->id = kNoId;
+      s->len = s->crc = s->zombie = s->next_free = s->prev_free = 0;
+      pm.next_free_page = static_cast<uint32_t>(k);
+      pm.cls = kRunHead;
+    } else {
+      pm.next_free_page = static_cast<uint32_t>(head + 1);
+      pm.cls = kRunTail;
+    }
+    pm.gen.store(g + 2, std::memory_order_release);
+    if (q == head + k / 2) crash_point(CrashPoint::kRunMidTake);
+  }
+  return head + 1;
 }
 
 void Slab::do_cut_page(uint64_t p, uint32_t c) {

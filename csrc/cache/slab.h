@@ -7,6 +7,12 @@
 // its own class (do_class_for), taking a free entry of the table or one whose pages are all gone.
 // Entry 0 is always the whole-page class, so every value up to a page has somewhere to go.
 //
+// A value larger than a page (need_for(len) > page_size) gets a run of contiguous free pages of its
+// own instead of a slot (do_take_run; layout.h, PageMeta): one slot header at the start of the
+// head page, the value straight after it through the following pages, so a reader copies it
+// with one memcpy under the same seqlock as any slot. Runs are never recut while a value is in
+// them and go back to the free page list whole (do_release_if_empty).
+//
 // Every do_ method is called with the cache mutex held. Readers only ever look at slot headers and
 // page generations (see docs/shared_memory.md for the seqlock protocol).
 #pragma once
@@ -33,6 +39,12 @@ class Slab {
 
   // The slot a value of `value_len` bytes needs: its header and value, rounded up to kAlign.
   static uint64_t need_for(uint64_t value_len) { return align_up(value_len + sizeof(SlotHeader), kAlign); }
+  // Whether a value of `value_len` bytes needs a run of pages, and how many pages.
+  bool is_large(uint64_t value_len) const { return need_for(value_len) > page_size_; }
+  uint64_t run_pages_for(uint64_t value_len) const { return (value_len + sizeof(SlotHeader) + page_size_ - 1) / page_size_; }
+  bool is_run_head(uint64_t p) const { return pages_[p].cls == kRunHead; }
+  // Pages in the run headed by page p (mutex held, or as a reader's bound: relaxed).
+  uint64_t run_len(uint64_t p) const { return __atomic_load_n(&pages_[p].next_free_page, __ATOMIC_RELAXED); }
   // The widest slot that cuts as many slots from a page as `need` does (the rest of the page would
   // be lost anyway); >= need.
   static uint64_t widest_slot(uint64_t need, uint64_t page_size) {
@@ -82,8 +94,19 @@ class Slab {
   // Free pages. do_take_free_page cuts a free page for class c and frees its slots; false if none.
   bool do_take_free_page(uint32_t c);
   void do_push_free_page(uint64_t p);
+  // A run of k contiguous free pages, taken off the free page list and marked (head kRunHead,
+  // tails kRunTail) with its slot header free (id kNoId): the head page index + 1, 0 when no k
+  // free pages lie side by side. O(pages).
+  uint64_t do_take_run(uint64_t k);
+  // A slot that stops being live or a zombie: onto its class's free list. A run's slot has no
+  // free list: its pages go back whole in do_release_if_empty.
+  void do_free_slot(uint64_t off) {
+    uint32_t c = pages_[page_of(off)].cls;
+    if (c != kRunHead) do_push_free_slot(c, off);
+  }
   // Page p goes back to the free page list when it holds no live value and no zombie (all its
-  // slots are on its class's free list: they are unlinked). Returns whether it went.
+  // slots are on its class's free list: they are unlinked; a run head: every page of its run).
+  // Returns whether it went.
   bool do_release_if_empty(uint64_t p);
 
   // The page and class counters of a slot that becomes live, stops being live, or becomes / stops
@@ -91,7 +114,7 @@ class Slab {
   void do_count_live(uint64_t off, int delta) {
     PageMeta& pm = pages_[page_of(off)];
     pm.live += delta;
-    classes_[pm.cls].items += delta;
+    if (pm.cls < num_classes_) classes_[pm.cls].items += delta;
   }
   void do_count_zombie(uint64_t off, int delta) { pages_[page_of(off)].zombies += delta; }
   // Recuts page p (which holds no live slot and none of whose slots is on a free list) for class c.

@@ -49,7 +49,7 @@ void Cache::do_reclaim_zombies() {
       s->id = kNoId;
       s->zombie = 0;
       s->seq.store(seq + 2, std::memory_order_release);
-      slab_.do_push_free_slot(pages_[slab_.page_of(off)].cls, off);
+      slab_.do_free_slot(off);
       slab_.do_count_zombie(off, -1);
       slab_.do_release_if_empty(slab_.page_of(off));
     }
