@@ -39,6 +39,11 @@ def build_parser(areas) -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    # Paths need not be UTF-8: print them back as the bytes they are, whatever the locale's
+    # stdout error handler is (strict outside C.UTF-8).
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="surrogateescape")
     first = next((a for a in argv if not a.startswith("-")), None)
     area = _COMMANDS.get(first)
     areas = [area] if area else list(dict.fromkeys(_COMMANDS.values()))

@@ -73,6 +73,15 @@ def probe_backend(backend: str = "auto", queue_depth: int = 64) -> tuple:
     return tuple(_io.probe_backend(backend, queue_depth))
 
 
+def native_path(path) -> bytes:
+    """`path` as the bytes the native code opens. A NUL would end the path there (c_str), so
+    it is refused as Python's open() refuses it."""
+    b = os.fsencode(path)
+    if b"\0" in b:
+        raise ValueError(f"embedded null byte in path {os.fsdecode(b)!r}")
+    return b
+
+
 class _StoreBase:
     """What PackedStore and FolderStore share: the read interface and the map-style data set view
     (``store[i] -> (bytes, label)``), so a store can itself be packed or put behind a DataLoader."""
@@ -152,7 +161,7 @@ class PackedStore(_StoreBase):
         self._options = (backend, bool(direct), int(queue_depth), bool(verify))
         # fsencode: a Linux path is bytes, and one that is not UTF-8 (os.listdir gives it as a str
         # with surrogates) must still open.
-        self._r = _io.PackedReader(os.fsencode(self.path), backend, bool(direct), int(queue_depth),
+        self._r = _io.PackedReader(native_path(self.path), backend, bool(direct), int(queue_depth),
                                    bool(verify))
         _tune_malloc_once()
         _warn_fallback(self._r.fallback_reason)
@@ -366,7 +375,7 @@ class FolderStore(_StoreBase):
             self.classes = None
         self._options = (backend, int(queue_depth))
         self._files = files if root is None else None
-        self._r = _io.FolderReader([os.fsencode(p) for p in paths], backend, int(queue_depth))
+        self._r = _io.FolderReader([native_path(p) for p in paths], backend, int(queue_depth))
         _tune_malloc_once()
         _warn_fallback(self._r.fallback_reason)
         self._labels = np.asarray(labels, dtype=np.int64)
@@ -378,6 +387,10 @@ class FolderStore(_StoreBase):
     @property
     def paths(self) -> list:
         return [self.path(i) for i in range(len(self))]
+
+    def close(self) -> None:
+        """Frees this store's ring, or its share of the pread pool (the last store joins it)."""
+        self._r.close()
 
     def __reduce__(self):
         if self.root is not None:

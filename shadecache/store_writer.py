@@ -16,7 +16,7 @@ import numpy as np
 
 from . import _io
 from ._version import __version__
-from .store import FolderStore
+from .store import FolderStore, native_path
 
 __all__ = ["PackWriter", "pack"]
 
@@ -69,7 +69,7 @@ class PackWriter:
         if os.path.isdir(self.path):
             raise IsADirectoryError(f"PackWriter: {self.path} is a directory")
         self.meta = dict(meta or {})
-        self._w = _io.PackWriter(os.fsencode(self.path))  # bytes: see PackedStore
+        self._w = _io.PackWriter(native_path(self.path))  # bytes: see PackedStore
 
     def add(self, data, label: int = 0) -> int:
         """Appends one sample (any contiguous bytes-like object); returns its id."""

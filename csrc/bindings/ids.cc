@@ -9,8 +9,12 @@ namespace shadecache {
 IdArray integer_ids(py::handle ids) {
   PyObject* o = ids.ptr();
   if (PyList_Check(o) || PyTuple_Check(o)) {  // item by item: 2**64 is out of range, not a type
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
-    PyObject** items = PySequence_Fast_ITEMS(o);
+    // A tuple copy of a list: as_id may run __index__, which may change the list.
+    py::object keep = py::reinterpret_steal<py::object>(PyList_Check(o) ? PyList_AsTuple(o)
+                                                                         : (Py_INCREF(o), o));
+    if (!keep) throw py::error_already_set();
+    Py_ssize_t n = PyTuple_GET_SIZE(keep.ptr());
+    PyObject** items = &PyTuple_GET_ITEM(keep.ptr(), 0);
     IdArray a(n);
     int64_t* out = a.mutable_data();
     for (Py_ssize_t i = 0; i < n; ++i) out[i] = as_id(items[i]);

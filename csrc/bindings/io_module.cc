@@ -219,7 +219,7 @@ PYBIND11_MODULE(_io, m) {
                              [](PackedReader& r) { return r.backend().fallback_reason(); })
       .def_property_readonly("backend_pid", [](PackedReader& r) { return r.backend().owner_pid(); })
       .def_property_readonly("closed", &PackedReader::closed)
-      .def("close", &PackedReader::close);
+      .def("close", &PackedReader::close, py::call_guard<py::gil_scoped_release>());
 
   register_read_stream(m);
 
@@ -250,5 +250,6 @@ PYBIND11_MODULE(_io, m) {
       .def_property_readonly("fallback_reason",
                              [](FolderReader& r) { return r.backend().fallback_reason(); })
       .def_property_readonly("backend_pid",
-                             [](FolderReader& r) { return r.backend().owner_pid(); });
+                             [](FolderReader& r) { return r.backend().owner_pid(); })
+      .def("close", &FolderReader::close);
 }

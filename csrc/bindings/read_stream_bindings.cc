@@ -23,10 +23,18 @@ using namespace shadecache;
 namespace {
 
 struct PyReadStream {
-  std::unique_ptr<ReadStream> stream;
+  std::shared_ptr<ReadStream> stream;  // shared: take() keeps it alive while close() runs
   std::deque<py::list> pending;  // the bytes of each batch not yet taken, in submission order
 
+  // In a forked child the stream is leaked (see ReadStream::in_owner_process).
+  bool leak_if_forked() {
+    if (!stream || stream->in_owner_process()) return false;
+    new std::shared_ptr<ReadStream>(std::move(stream));
+    return true;
+  }
+
   ~PyReadStream() {
+    if (leak_if_forked()) return;
     if (stream) stream->close();  // lanes joined: nothing writes into `pending` any more
   }
 
@@ -55,6 +63,7 @@ struct PyReadStream {
   }
 
   py::list take() {
+    std::shared_ptr<ReadStream> keep = stream;
     ReadStream& st = s();
     if (pending.empty()) throw Error(ErrorKind::kInvalidArgument, "take: no batch is pending");
     std::exception_ptr err;
@@ -66,6 +75,7 @@ struct PyReadStream {
         err = std::current_exception();
       }
     }
+    if (pending.empty()) throw Error(ErrorKind::kClosed, "the read stream is closed");
     py::list out = std::move(pending.front());
     pending.pop_front();
     if (err) std::rethrow_exception(err);
@@ -73,6 +83,10 @@ struct PyReadStream {
   }
 
   void close() {
+    if (leak_if_forked()) {
+      pending.clear();
+      return;
+    }
     if (!stream) return;
     {
       py::gil_scoped_release nogil;

@@ -24,6 +24,7 @@ class FolderReader {
 
   // Reads the files of ids (already range-checked) into out[k].data / out[k].size.
   void read(const int64_t* ids, size_t n, std::vector<FileRead>& out);
+  void close() { slot_.close(); }  // later reads: kClosed (BackendSlot::with)
 
  private:
   std::vector<std::string> paths_;

@@ -104,6 +104,7 @@ PackedReader::PackedReader(const std::string& path, BackendKind kind, bool direc
 PackedReader::~PackedReader() { close(); }
 
 void PackedReader::close() {
+  std::unique_lock<std::shared_mutex> lk(io_mu_);
   if (fd_ >= 0) ::close(fd_);
   if (direct_fd_ >= 0) ::close(direct_fd_);
   fd_ = direct_fd_ = -1;
@@ -263,6 +264,7 @@ const store::Entry& PackedReader::entry(int64_t id) const {
 }
 
 void PackedReader::read_into(const int64_t* ids, size_t n, char* const* dests) {
+  std::shared_lock<std::shared_mutex> lk(io_mu_);
   check_open();
   std::vector<RangeRead> ops;
   std::vector<size_t> pos;  // ops[j] is batch position pos[j]
@@ -303,6 +305,7 @@ void PackedReader::read_into(const int64_t* ids, size_t n, char* const* dests) {
 }
 
 std::vector<int64_t> PackedReader::find_corrupt(int64_t first, int64_t count) {
+  std::shared_lock<std::shared_mutex> lk(io_mu_);
   check_open();
   if (count <= 0) return {};
   entry(first);

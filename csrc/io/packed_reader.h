@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -44,8 +45,10 @@ class PackedReader {
   // Reads samples [first, first + count) and returns the ids whose checksum does not match.
   std::vector<int64_t> find_corrupt(int64_t first, int64_t count);
 
-  void close();
+  void close();  // waits for reads in flight (call without the GIL)
   bool closed() const { return fd_ < 0; }
+  // The descriptor reads go through (O_DIRECT when direct()), for a ReadStream to dup.
+  int read_fd() const { return direct_ ? direct_fd_ : fd_; }
 
  private:
   void load(int fd);  // validates header, directory and metadata
@@ -67,6 +70,7 @@ class PackedReader {
   std::vector<store::Entry> dir_;
   std::string meta_;
   BackendSlot slot_;
+  std::shared_mutex io_mu_;  // reads hold it shared, close() exclusive
 };
 
 }  // namespace shadecache

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <condition_variable>
 #include <cstdlib>
@@ -13,6 +14,7 @@
 #include <new>
 #include <system_error>
 #include <thread>
+#include <vector>
 
 #include "common/error.h"
 #include "io/store_format.h"
@@ -69,59 +71,74 @@ class ThreadPool {
   // Runs fn(i) for every i in [0, n) on at most `parallel` threads (the caller's included); returns
   // when all are done; rethrows the first exception fn threw (later indices are skipped once one
   // has failed). Throws kOs when a thread of the pool cannot be started (nothing has run then).
+  // Several callers (stores, threads, stream lanes) run at once: idle pool threads join whichever
+  // job still wants helpers, so one store's batch never waits for another's to finish.
   void run(size_t n, unsigned parallel, const std::function<void(size_t)>& fn) {
     if (n == 0) return;
-    std::lock_guard<std::mutex> job_lk(job_mu_);
     start_threads();
-    std::exception_ptr first;
+    Job job;
+    job.fn = &fn;
+    job.n = n;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      job.want = static_cast<unsigned>(
+          std::min<size_t>({threads_.size(), n - 1, std::max(1u, parallel) - 1}));
+      if (job.want > 0) jobs_.push_back(&job);
+    }
+    if (job.want > 0) cv_work_.notify_all();
+    job.body();
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      job.want = 0;  // no helper joins from now on
+      jobs_.erase(std::remove(jobs_.begin(), jobs_.end(), &job), jobs_.end());
+      cv_done_.wait(lk, [&] { return job.busy == 0; });
+    }
+    if (job.first) std::rethrow_exception(job.first);
+  }
+
+ private:
+  struct Job {
+    const std::function<void(size_t)>* fn = nullptr;
+    size_t n = 0;
+    std::atomic<size_t> next{0};
     std::atomic<bool> failed{false};
     std::mutex err_mu;
-    auto body = [&] {
+    std::exception_ptr first;
+    unsigned want = 0;  // helpers still wanted; guarded by the pool's mu_
+    unsigned busy = 0;  // helpers inside body(); guarded by the pool's mu_
+    void body() {
       for (;;) {
-        size_t i = next_.fetch_add(1, std::memory_order_relaxed);
-        if (i >= job_n_ || failed.load(std::memory_order_relaxed)) return;
+        size_t i = next.fetch_add(1, std::memory_order_relaxed);
+        if (i >= n || failed.load(std::memory_order_relaxed)) return;
         try {
-          fn(i);
+          (*fn)(i);
         } catch (...) {
           std::lock_guard<std::mutex> lk(err_mu);
           if (!first) first = std::current_exception();
           failed.store(true, std::memory_order_relaxed);
         }
       }
-    };
-    std::function<void()> body_fn = body;
-    size_t helpers;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      job_ = &body_fn;
-      job_n_ = n;
-      next_.store(0, std::memory_order_relaxed);
-      // Wake only as many helpers as there is work for beyond the caller's own share.
-      helpers = std::min<size_t>({threads_.size(), n - 1, std::max(1u, parallel) - 1});
-      busy_ = static_cast<unsigned>(helpers);
-      wake_ = busy_;
-      ++generation_;
     }
-    if (helpers > 0) cv_work_.notify_all();
-    body();
-    {
-      std::unique_lock<std::mutex> lk(mu_);
-      cv_done_.wait(lk, [&] { return busy_ == 0; });
-      job_ = nullptr;
-    }
-    if (first) std::rethrow_exception(first);
-  }
+  };
 
- private:
-  // Called with job_mu_ held. A thread that cannot start (EAGAIN: RLIMIT_NPROC, or no address
-  // space for its stack) stops the ones already started and is an OSError naming the cause.
+  // A thread that cannot start (EAGAIN: RLIMIT_NPROC, or no address space for its stack) stops
+  // the ones already started and is an OSError naming the cause.
   void start_threads() {
-    if (!threads_.empty() || nthreads_ <= 1) return;
+    std::lock_guard<std::mutex> start_lk(start_mu_);
+    if (started_ || nthreads_ <= 1) return;
+    std::vector<std::thread> made;
     for (unsigned t = 0; t + 1 < nthreads_; ++t) {
       try {
-        threads_.emplace_back([this] { worker(); });
+        made.emplace_back([this] { worker(); });
       } catch (const std::system_error& e) {
-        stop();
+        {
+          std::lock_guard<std::mutex> lk(mu_);
+          quit_ = true;
+        }
+        cv_work_.notify_all();
+        for (auto& th : made) th.join();
+        std::lock_guard<std::mutex> lk(mu_);
+        quit_ = false;
         throw Error(ErrorKind::kOs,
                     "pread pool: cannot start thread " + std::to_string(t + 1) + " of " +
                         std::to_string(nthreads_ - 1) + ": " + e.code().message() +
@@ -129,6 +146,9 @@ class ThreadPool {
                     e.code().value());
       }
     }
+    std::lock_guard<std::mutex> lk(mu_);
+    threads_ = std::move(made);
+    started_ = true;
   }
 
   void stop() {
@@ -139,40 +159,40 @@ class ThreadPool {
     cv_work_.notify_all();
     for (auto& t : threads_) t.join();
     threads_.clear();
-    std::lock_guard<std::mutex> lk(mu_);
-    quit_ = false;
+  }
+
+  Job* wanted() {  // with mu_ held
+    for (Job* j : jobs_)
+      if (j->want > 0) return j;
+    return nullptr;
   }
 
   void worker() {
-    uint64_t seen = 0;
     for (;;) {
-      const std::function<void()>* job;
+      Job* job;
       {
         std::unique_lock<std::mutex> lk(mu_);
-        cv_work_.wait(lk, [&] { return quit_ || (generation_ != seen && wake_ > 0); });
+        cv_work_.wait(lk, [&] { return quit_ || wanted() != nullptr; });
         if (quit_) return;
-        seen = generation_;
-        --wake_;
-        job = job_;
+        job = wanted();
+        --job->want;
+        ++job->busy;
       }
-      (*job)();
+      job->body();
       {
         std::lock_guard<std::mutex> lk(mu_);
-        if (--busy_ == 0) cv_done_.notify_one();
+        if (--job->busy == 0) cv_done_.notify_all();
       }
     }
   }
 
   unsigned nthreads_;
-  std::mutex job_mu_;  // one job at a time; taken before mu_
-  std::vector<std::thread> threads_;
+  std::mutex start_mu_;  // taken before mu_
+  bool started_ = false;
+  std::vector<std::thread> threads_;  // written under start_mu_ and mu_
   std::mutex mu_;
   std::condition_variable cv_work_, cv_done_;
-  const std::function<void()>* job_ = nullptr;  // guarded by mu_
-  size_t job_n_ = 0;
-  std::atomic<size_t> next_{0};
-  unsigned busy_ = 0, wake_ = 0;  // helpers still running / still to pick up this job
-  uint64_t generation_ = 0;
+  std::vector<Job*> jobs_;  // jobs that may still want helpers; guarded by mu_
   bool quit_ = false;
 };
 

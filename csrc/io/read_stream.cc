@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <string>
+#include <system_error>
 
 #include "common/crc32c.h"
 #include "common/error.h"
@@ -35,15 +36,25 @@ ReadStream::ReadStream(PackedReader& reader, BackendKind kind, unsigned queue_de
   if (reader.closed()) throw Error(ErrorKind::kClosed, reader.path() + ": store is closed");
   lanes = std::min(lanes, queue_depth);
   lane_depth_ = (queue_depth + lanes - 1) / lanes;
-  int flags = O_RDONLY | O_CLOEXEC | (reader.direct() ? O_DIRECT : 0);
-  fd_ = ::open(reader.path().c_str(), flags);
-  if (fd_ < 0) throw_errno("open " + reader.path(), errno);
+  // The file the store opened and validated (a dup shares its O_DIRECT flag), never whatever
+  // the path names now (a re-pack renamed over it, a FIFO).
+  fd_ = ::fcntl(reader.read_fd(), F_DUPFD_CLOEXEC, 0);
+  if (fd_ < 0) throw_errno("dup " + reader.path(), errno);
   // Make the first lane's backend here-and-now semantics visible: a refused io_uring with
   // kind == kUring must throw from the constructor, not from a lane. So the lanes are started
   // and the first one reports whether it could make its backend.
   std::exception_ptr first_error;
   bool first_ready = false;
-  for (unsigned i = 0; i < lanes; ++i) threads_.emplace_back([this] { lane_main(); });
+  for (unsigned i = 0; i < lanes; ++i) {
+    try {
+      threads_.emplace_back([this] { lane_main(); });
+    } catch (const std::system_error& e) {
+      close();
+      throw Error(ErrorKind::kOs, "read stream: cannot start lane " + std::to_string(i + 1) +
+                                      " of " + std::to_string(lanes) + ": " + e.code().message(),
+                  e.code().value());
+    }
+  }
   {
     std::unique_lock<std::mutex> lk(mu_);
     done_cv_.wait(lk, [&] { return !backend_name_.empty() || stopping_; });
@@ -99,6 +110,7 @@ void ReadStream::lane_main() {
       if (stopping_) return;
       b = std::move(queue_.front());
       queue_.pop_front();
+      b->started = true;
     }
     try {
       run(*b, *backend);
@@ -179,7 +191,8 @@ uint64_t ReadStream::take() {
     if (results_.empty())
       throw Error(ErrorKind::kInvalidArgument, "take: no batch is pending");
     b = results_.front();
-    done_cv_.wait(lk, [&] { return b->done || stopping_; });
+    // After close(), a batch a lane has started is still being written: wait for it.
+    done_cv_.wait(lk, [&] { return b->done || (stopping_ && !b->started); });
     if (!b->done) throw Error(ErrorKind::kClosed, "the read stream is closed");
     results_.pop_front();
   }
@@ -203,7 +216,11 @@ std::string ReadStream::fallback_reason() const {
 }
 
 void ReadStream::close() {
-  if (::getpid() != pid_) return;  // a forked child: the threads are not here (see the header)
+  if (::getpid() != pid_) {  // a forked child: the threads are not here (see the header)
+    if (!threads_.empty()) new std::vector<std::thread>(std::move(threads_));  // leaked on purpose
+    threads_.clear();
+    return;
+  }
   {
     std::lock_guard<std::mutex> lk(mu_);
     stopping_ = true;

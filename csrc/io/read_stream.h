@@ -24,6 +24,7 @@
 #pragma once
 
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <condition_variable>
 #include <cstdint>
@@ -61,6 +62,9 @@ class ReadStream {
   std::string fallback_reason() const;
   // Stops the lanes: batches in flight finish, queued ones are dropped. Idempotent.
   void close();
+  // False in a forked child: there the stream must be leaked, not destroyed (its condition
+  // variables still count the parent's lanes as waiters, and destroying them waits forever).
+  bool in_owner_process() const { return ::getpid() == pid_; }
 
  private:
   struct Batch {
@@ -68,6 +72,7 @@ class ReadStream {
     std::vector<int64_t> ids;
     std::vector<char*> dests;
     bool done = false;
+    bool started = false;  // taken by a lane (guarded by mu_)
     std::exception_ptr error;
   };
   void lane_main();

@@ -196,6 +196,12 @@ def run(name: str, inputs: int, seed: int = 0, findings_dir: str | None = None,
                 res.inputs += 1
                 bar.update(1)
                 _restart(s, name, seed, findings_dir, nice, res, started)
+            elif rc != 0:  # died after its last input: teardown, or the interpreter's exit
+                data = mod.generate(input_rng(seed, s[2] - 1))
+                res.findings.append(("crash", save(findings_dir, name, "crash", data,
+                                                   f"child exited with {rc} after its last input "
+                                                   f"{seed}:{s[2] - 1}")))
+                slots.remove(s)
             else:
                 slots.remove(s)
         for s in list(slots):

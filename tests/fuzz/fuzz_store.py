@@ -306,15 +306,27 @@ def run(state, data: bytes) -> None:
                 raise Finding("unchecked", f"read({bad_id}) of a {n}-sample store returned")
             except Exception as e:
                 allowed(e, (IndexError,), f"read({bad_id})")
+        try:  # what meta must give: the object, or StoreFormatError for anything else
+            want_meta = json.loads(meta) if meta else {}
+        except (ValueError, RecursionError):
+            want_meta = None
+        if not isinstance(want_meta, dict):
+            want_meta = None
         try:
             got_meta = s.meta
-            if (repr(json.loads(meta)) != repr(got_meta)) if meta else got_meta != {}:
-                raise Finding("wrong-bytes", "meta differs from the file's")
-            s.classes
-        except Finding:
-            raise
         except Exception as e:
-            allowed(e, (sc.StoreFormatError,), "meta/classes")
+            allowed(e, (sc.StoreFormatError,), "meta")
+            if want_meta is not None:
+                raise Finding("disagree", f"meta refused a JSON object: {e}")
+        else:
+            if want_meta is None:
+                raise Finding("unchecked", "meta returned for metadata that is not a JSON object")
+            if repr(want_meta) != repr(got_meta):
+                raise Finding("wrong-bytes", "meta differs from the file's")
+        try:
+            s.classes
+        except Exception as e:
+            allowed(e, (sc.StoreFormatError,), "classes")
         if n <= 64:
             got_bad = s.verify()
             if got_bad != bad:
