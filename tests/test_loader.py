@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 
 import shadecache as sc
 from shadecache import _core, synthetic
+from values import make_value, verify_value
 
 N, SIZE = 300, 8                 # fixed size: 300 images of 8x8 = 64 bytes
 B = 32
@@ -260,9 +261,59 @@ def test_native_gather_checks_its_arguments(cache_factory):
     assert _core.gather_rows(c._core, [1], small).tolist() == [4] and not small.any()  # not cut
     flat, lens = _core.gather_flat(c._core, [2, 1, 1])
     assert bytes(flat) == b"abcdabcd" and lens.tolist() == [-1, 4, 4]
+    # hits and misses reach the cache's counters (added once per call, not per value)
+    before = c.stats()
+    _core.gather_rows(c._core, [1, 2, 1, 3], np.zeros((4, 4), np.uint8))
+    _core.gather_flat(c._core, [5, 1])
+    after = c.stats()
+    assert (after["hits"] - before["hits"], after["misses"] - before["misses"]) == (3, 3)
     c.close()
     with pytest.raises(sc.ClosedError):
         _core.gather_rows(c._core, [1], out[:1])
+
+
+def _rewriter(name, ids, size, stop):
+    """Rewrites every id again and again (new versions, same size) until `stop` is set."""
+    cache = sc.Cache.attach(name)
+    version = 0
+    while not stop.is_set():
+        version += 1
+        cache.put_many(ids, [make_value(i, version, size) for i in ids])
+    cache.close()
+
+
+@pytest.mark.parametrize("size", [200, 3000])
+def test_native_gather_never_returns_torn_bytes_under_a_writer(cache_name, size):
+    """gather_rows / gather_flat copy while another process rewrites the same slots: every value
+    they return is a whole version (the read protocol retries a raced copy)."""
+    n = 64
+    ids = list(range(n))
+    with sc.Cache.create(cache_name, num_samples=n, capacity_bytes=4 << 20, max_item_bytes=4096) as c:
+        c.put_many(ids, [make_value(i, 0, size) for i in ids])
+        ctx = mp.get_context("fork")
+        stop = ctx.Event()
+        writer = ctx.Process(target=_rewriter, args=(cache_name, ids, size, stop))
+        writer.start()
+        try:
+            order = np.random.default_rng(0).permutation(np.tile(np.arange(n), 4))
+            out = np.empty((order.size, size), np.uint8)
+            faults, checked, retries0 = [], 0, c.stats()["read_retries"]
+            for _ in range(120):
+                lens = _core.gather_rows(c._core, order, out)
+                flat, flens = _core.gather_flat(c._core, order, size)
+                assert (lens == size).all() and (flens == size).all()   # rewrites keep every id cached
+                for k in range(order.size):
+                    i = int(order[k])
+                    faults += [f for f in (verify_value(i, out[k].tobytes()),
+                                           verify_value(i, flat[k * size:(k + 1) * size].tobytes())) if f]
+                    checked += 2
+            retries = c.stats()["read_retries"] - retries0
+        finally:
+            stop.set()
+            writer.join(30)
+        assert writer.exitcode == 0
+        assert not faults, f"{len(faults)} of {checked} values torn: {faults[:3]}"
+        print(f"{checked} values verified, {retries} raced copies retried")
 
 
 # ---- lifetime -------------------------------------------------------------------------------

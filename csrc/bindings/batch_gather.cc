@@ -44,42 +44,36 @@ std::vector<uint64_t> checked_ids(Cache& c, py::handle ids) {
 // Reads every id in order, with prefetches ahead of the copies (hints only: they change no result).
 // A batch of random ids over a working set larger than the CPU caches is bound by two dependent
 // DRAM misses per value (the index entry, then the slot), not by the copies, so the misses of
-// many ids must be in flight at once:
-// - values up to kSmallValue bytes: in chunks of kChunk ids, the index entries of chunk c+2 and
-//   the slots of chunk c+1 are requested while chunk c is copied (measured at 256 B, 256 ids over
-//   256 MiB: 0.65-0.70x of np.take's rate, against 0.51-0.59x with the per-id distances below);
-// - larger values: get_many's pipeline, index entries 8 ids ahead and values 4 ahead (the copies
-//   are long enough to hide the misses; 1-3 KB: 1.1x np.take, where chunks gave 0.8-1.0x).
+// many ids must be in flight at once. The pipeline has two stages:
+// - index entries are requested kIndexAhead ids ahead, i.e. a whole batch of 256 up front;
+// - slots (header and value lines, once the index entry names them) are requested `ahead` ids
+//   ahead, in steps of `step` ids: values up to kSmallValue bytes in chunks of 32, one chunk
+//   ahead; larger ones 4 ids ahead, one at a time (their copies are long enough to hide a miss).
+// Measured by CPU time, 256 ids per call over 256 MiB (bench/bench_loader.py --native): 256 B
+// went from 0.65-0.70x of np.take's rate (index 2 chunks ahead, slots 1 chunk ahead) to
+// 1.0-1.1x with the whole batch's index entries requested first; 3 KB stayed at 0.95-1.05x.
+// The hits, misses and retries are counted once per call (Cache::count_reads).
 constexpr uint32_t kSmallValue = 512;
-constexpr size_t kChunk = 32;
+constexpr size_t kIndexAhead = 256;
 
 template <class ReadOne>
 void pipelined(Cache& c, const std::vector<uint64_t>& ids, uint32_t len_guess, ReadOne&& read_one) {
   const size_t n = ids.size();
-  if (len_guess <= kSmallValue) {
-    auto index_of = [&](size_t a) {
-      for (size_t i = a; i < std::min(n, a + kChunk); ++i) c.prefetch_index(ids[i]);
-    };
-    auto value_of = [&](size_t a) {
-      for (size_t i = a; i < std::min(n, a + kChunk); ++i) c.prefetch_value(ids[i], len_guess);
-    };
-    index_of(0);
-    index_of(kChunk);
-    value_of(0);
-    for (size_t a = 0; a < n; a += kChunk) {
-      index_of(a + 2 * kChunk);
-      value_of(a + kChunk);
-      for (size_t i = a; i < std::min(n, a + kChunk); ++i) read_one(i);
-    }
-    return;
+  const bool small = len_guess <= kSmallValue;
+  const size_t step = small ? 32 : 1, ahead = small ? 32 : 4;
+  size_t indexed = 0, valued = 0;  // ids whose index entry / slot has been requested
+  auto request = [&](size_t& done, size_t end, auto&& prefetch) {
+    for (end = std::min(n, end); done < end; ++done) prefetch(ids[done]);
+  };
+  auto index = [&](uint64_t id) { c.prefetch_index(id); };
+  auto value = [&](uint64_t id) { c.prefetch_value(id, len_guess); };
+  uint64_t hits = 0, retries = 0;
+  for (size_t a = 0; a < n; a += step) {
+    request(indexed, a + kIndexAhead, index);
+    request(valued, a + step + ahead, value);
+    for (size_t i = a; i < std::min(n, a + step); ++i) hits += read_one(i, &retries) >= 0;
   }
-  for (size_t i = 0; i < n && i < 8; ++i) c.prefetch_index(ids[i]);
-  for (size_t i = 0; i < n && i < 4; ++i) c.prefetch_value(ids[i], len_guess);
-  for (size_t i = 0; i < n; ++i) {
-    if (i + 8 < n) c.prefetch_index(ids[i + 8]);
-    if (i + 4 < n) c.prefetch_value(ids[i + 4], len_guess);
-    read_one(i);
-  }
+  c.count_reads(hits, n - hits, retries);
 }
 
 // gather_rows(core, ids, out) -> int64 lengths: value i goes to bytes [i*S, i*S + len) of `out`
@@ -115,13 +109,13 @@ py::array_t<int64_t> gather_rows(Cache& c, py::handle ids, py::handle out) {
     Cache::Use use(c);
     py::gil_scoped_release nogil;
     std::vector<char> aside;  // an oversize value (or a racing writer's length) lands here
-    pipelined(c, v, guess, [&](size_t i) {
+    pipelined(c, v, guess, [&](size_t i, uint64_t* retries) {
       char* slot = dst + i * row;
-      lens[i] = c.read(v[i], [&](uint32_t len) -> char* {
+      return lens[i] = c.read_uncounted(v[i], [&](uint32_t len) -> char* {
         if (len <= row) return slot;
         aside.resize(len);
         return aside.data();
-      });
+      }, retries);
     });
   }
   return lengths;
@@ -143,15 +137,16 @@ py::tuple gather_flat(Cache& c, py::handle ids, uint64_t len_hint) {
     buf->reserve(n * len_hint);
     uint32_t guess = static_cast<uint32_t>(std::min<uint64_t>(len_hint ? len_hint : 512, Cache::kPrefetchMaxBytes));
     size_t pos = 0;
-    pipelined(c, v, guess, [&](size_t i) {
+    pipelined(c, v, guess, [&](size_t i, uint64_t* retries) {
       // alloc may be called again after a raced attempt: every attempt writes at `pos`.
-      int64_t len = c.read(v[i], [&](uint32_t len) -> char* {
+      int64_t len = c.read_uncounted(v[i], [&](uint32_t len) -> char* {
         buf->resize(pos + len);
         return buf->data() + pos;
-      });
+      }, retries);
       lens[i] = len;
       if (len >= 0) pos += static_cast<size_t>(len);
       buf->resize(pos);  // drops what a raced attempt before a miss left
+      return len;
     });
   }
   py::array_t<uint8_t> flat(static_cast<py::ssize_t>(buf->size()), reinterpret_cast<uint8_t*>(buf->data()), owner);
