@@ -272,6 +272,31 @@ def test_native_gather_checks_its_arguments(cache_factory):
         _core.gather_rows(c._core, [1], out[:1])
 
 
+def test_grouped_gather_counts_and_admits_batch_by_batch(fixed_store, cache_factory):
+    """num_workers=0 over a plain id list gathers several batches per native call; with misses
+    (admitted, then hit again: every id comes twice), every batch, hit count and admission is still
+    the one a DataLoader reading batch by batch gets."""
+    order = np.random.default_rng(4).permutation(np.tile(np.arange(N), 2)).tolist()
+    runs = []
+    for make in ("dataloader", "cached"):
+        cache = cache_factory(N, 64 << 10, "lru", max_item_bytes=128)
+        warm = list(range(0, N, 3))
+        cache.put_many(warm, fixed_store.read_many(warm))
+        ds = sc.CachedDataset(fixed_store, cache)
+        if make == "dataloader":
+            loader = DataLoader(ds, batch_size=7, sampler=order, num_workers=0)
+        else:
+            loader = sc.CachedLoader(ds, batch_size=7, sampler=order, num_workers=0)
+            assert loader._group_batches() > 1          # the grouped path is the one tested
+        got = _digest(loader)
+        st, cst = ds.stats(), cache.stats()
+        runs.append((got, st["hits"], st["misses"], cst["hits"], cst["misses"], cst["inserts"],
+                     cache.cached_mask().tolist()))
+    (a, *ca), (b, *cb) = runs
+    assert a == b
+    assert ca == cb and 0 < ca[0] and 0 < ca[1]
+
+
 def _rewriter(name, ids, size, stop):
     """Rewrites every id again and again (new versions, same size) until `stop` is set."""
     cache = sc.Cache.attach(name)

@@ -56,8 +56,17 @@ std::vector<uint64_t> checked_ids(Cache& c, py::handle ids) {
 constexpr uint32_t kSmallValue = 512;
 constexpr size_t kIndexAhead = 256;
 
+// Labels: when `labels` (one int64 per sample id) is given, labels_out[i] = labels[ids[i]] for
+// every id, hit or miss, with its line requested in the index stage (a random gather from an
+// array of N labels misses the caches as the index does).
+// block > 0: the ids are consecutive batches of `block` ids, and reading stops at the first batch
+// with a miss (returns how many ids were read): after it when it is the first batch, else before
+// it (its reads are not counted). A batch with misses is thus always the last one read, and only
+// ever read first: its misses are admitted by the caller when that batch is due, after the
+// training steps of the batches before it, as a DataLoader reading batch by batch would do.
 template <class ReadOne>
-void pipelined(Cache& c, const std::vector<uint64_t>& ids, uint32_t len_guess, ReadOne&& read_one) {
+size_t pipelined(Cache& c, const std::vector<uint64_t>& ids, uint32_t len_guess, ReadOne&& read_one,
+                 const int64_t* labels = nullptr, int64_t* labels_out = nullptr, size_t block = 0) {
   const size_t n = ids.size();
   const bool small = len_guess <= kSmallValue;
   const size_t step = small ? 32 : 1, ahead = small ? 32 : 4;
@@ -65,22 +74,66 @@ void pipelined(Cache& c, const std::vector<uint64_t>& ids, uint32_t len_guess, R
   auto request = [&](size_t& done, size_t end, auto&& prefetch) {
     for (end = std::min(n, end); done < end; ++done) prefetch(ids[done]);
   };
-  auto index = [&](uint64_t id) { c.prefetch_index(id); };
+  auto index = [&](uint64_t id) {
+    c.prefetch_index(id);
+    if (labels) __builtin_prefetch(labels + id);
+  };
   auto value = [&](uint64_t id) { c.prefetch_value(id, len_guess); };
   uint64_t hits = 0, retries = 0;
-  for (size_t a = 0; a < n; a += step) {
+  size_t end = n;             // block mode: where reading stops
+  uint64_t hits_before = 0;    // block mode: hits before the current batch
+  for (size_t a = 0; a < end; a += step) {
     request(indexed, a + kIndexAhead, index);
     request(valued, a + step + ahead, value);
-    for (size_t i = a; i < std::min(n, a + step); ++i) hits += read_one(i, &retries) >= 0;
+    for (size_t i = a; i < std::min(end, a + step); ++i) {
+      if (block && i % block == 0) hits_before = hits;
+      if (read_one(i, &retries) >= 0) {
+        ++hits;
+      } else if (block && end == n) {
+        if (i < block) {
+          end = std::min(n, block);
+        } else {
+          end = i - i % block;
+          hits = hits_before;
+        }
+      }
+      if (labels && i < end) labels_out[i] = labels[ids[i]];
+    }
   }
-  c.count_reads(hits, n - hits, retries);
+  c.count_reads(hits, end - hits, retries);
+  return end;
 }
 
 // gather_rows(core, ids, out) -> int64 lengths: value i goes to bytes [i*S, i*S + len) of `out`
 // (S = len(out) / len(ids)); lengths[i] is its length, -1 on a miss. A value longer than S is not
 // written to `out`; its length (> S) is returned for the caller to report.
-py::array_t<int64_t> gather_rows(Cache& c, py::handle ids, py::handle out) {
+using Int64Array = py::array_t<int64_t, py::array::c_style>;
+
+// The labels arguments of gather_rows: both or neither; labels one int64 per sample of the cache,
+// labels_out one writable int64 per id. Exact dtypes, never a silent converting copy.
+std::pair<const int64_t*, int64_t*> label_arrays(const Cache& c, py::handle labels, py::handle labels_out, size_t n) {
+  if (labels.is_none() && labels_out.is_none()) return {nullptr, nullptr};
+  if (labels.is_none() || labels_out.is_none())
+    throw py::value_error("gather_rows: give both labels and labels_out, or neither");
+  for (py::handle h : {labels, labels_out})
+    if (!py::isinstance<Int64Array>(h) || py::reinterpret_borrow<py::array>(h).ndim() != 1)
+      throw py::type_error("gather_rows: labels and labels_out must be 1-D C-contiguous int64 numpy arrays");
+  auto in = py::reinterpret_borrow<Int64Array>(labels);
+  auto out = py::reinterpret_borrow<Int64Array>(labels_out);
+  if (static_cast<uint64_t>(in.size()) != c.num_samples())
+    throw py::value_error("gather_rows: labels has " + std::to_string(in.size()) + " entries, the cache " +
+                          std::to_string(c.num_samples()) + " samples");
+  if (static_cast<size_t>(out.size()) != n)
+    throw py::value_error("gather_rows: labels_out has " + std::to_string(out.size()) + " entries for " +
+                          std::to_string(n) + " ids");
+  if (!out.writeable()) throw py::value_error("gather_rows: labels_out is read-only");
+  return {in.data(), out.mutable_data()};
+}
+
+py::array_t<int64_t> gather_rows(Cache& c, py::handle ids, py::handle out, py::handle labels, py::handle labels_out,
+                                 size_t block) {
   std::vector<uint64_t> v = checked_ids(c, ids);
+  auto [lab, lab_out] = label_arrays(c, labels, labels_out, v.size());
   Py_buffer view;
   if (PyObject_GetBuffer(out.ptr(), &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0) {
     PyErr_Clear();
@@ -109,14 +162,15 @@ py::array_t<int64_t> gather_rows(Cache& c, py::handle ids, py::handle out) {
     Cache::Use use(c);
     py::gil_scoped_release nogil;
     std::vector<char> aside;  // an oversize value (or a racing writer's length) lands here
-    pipelined(c, v, guess, [&](size_t i, uint64_t* retries) {
+    size_t done = pipelined(c, v, guess, [&](size_t i, uint64_t* retries) {
       char* slot = dst + i * row;
       return lens[i] = c.read_uncounted(v[i], [&](uint32_t len) -> char* {
         if (len <= row) return slot;
         aside.resize(len);
         return aside.data();
       }, retries);
-    });
+    }, lab, lab_out, block);
+    std::fill(lens + done, lens + n, int64_t{-2});
   }
   return lengths;
 }
@@ -156,10 +210,17 @@ py::tuple gather_flat(Cache& c, py::handle ids, uint64_t len_hint) {
 }  // namespace
 
 void register_batch_gather(py::module_& m) {
-  m.def("gather_rows", [](Cache& c, py::handle ids, py::handle out) { return gather_rows(c, ids, out); },
-        py::arg("core"), py::arg("ids"), py::arg("out"),
-        "gather_rows(core, ids, out) -> int64 lengths (-1: miss). Copies value i into row i of the "
-        "writable buffer `out` (len(ids) equal rows), GIL released, no lock.");
+  m.def("gather_rows",
+        [](Cache& c, py::handle ids, py::handle out, py::handle labels, py::handle labels_out, size_t block) {
+          return gather_rows(c, ids, out, labels, labels_out, block);
+        },
+        py::arg("core"), py::arg("ids"), py::arg("out"), py::arg("labels") = py::none(),
+        py::arg("labels_out") = py::none(), py::arg("block") = 0,
+        "gather_rows(core, ids, out, labels=None, labels_out=None, block=0) -> int64 lengths "
+        "(-1: miss). Copies value i into row i of the writable buffer `out` (len(ids) equal rows), "
+        "and labels[ids[i]] into labels_out[i] when given, GIL released, no lock. block > 0: the "
+        "ids are batches of `block`; reading stops at the first batch with a miss (after it if it "
+        "is the first batch, else before it), and the ids not read get length -2 (not counted).");
   m.def("gather_flat",
         [](Cache& c, py::handle ids, uint64_t len_hint) { return gather_flat(c, ids, len_hint); },
         py::arg("core"), py::arg("ids"), py::arg("len_hint") = 0,
