@@ -80,20 +80,24 @@ size_t pipelined(Cache& c, const std::vector<uint64_t>& ids, uint32_t len_guess,
   };
   auto value = [&](uint64_t id) { c.prefetch_value(id, len_guess); };
   uint64_t hits = 0, retries = 0;
-  size_t end = n;             // block mode: where reading stops
-  uint64_t hits_before = 0;    // block mode: hits before the current batch
+  size_t end = n;                  // block mode: where reading stops
+  size_t batch = 0;                 // block mode: where the current batch starts (no division
+  uint64_t hits_before = 0;         // per id: it costs as much as a cached copy), its hits before
   for (size_t a = 0; a < end; a += step) {
     request(indexed, a + kIndexAhead, index);
     request(valued, a + step + ahead, value);
     for (size_t i = a; i < std::min(end, a + step); ++i) {
-      if (block && i % block == 0) hits_before = hits;
+      if (block && i == batch + block) {
+        batch = i;
+        hits_before = hits;
+      }
       if (read_one(i, &retries) >= 0) {
         ++hits;
       } else if (block && end == n) {
-        if (i < block) {
+        if (batch == 0) {
           end = std::min(n, block);
         } else {
-          end = i - i % block;
+          end = batch;
           hits = hits_before;
         }
       }
