@@ -64,10 +64,10 @@ def _train(store, cache, epochs, workers=0, step_s=0.0):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_same_bytes_in_the_same_order_with_and_without_prefetch(store_path, name, workers):
     store = sc.PackedStore(store_path)
-    cap = 1 << 20           # one slab page: about 400 of the 1200 samples
-    with sc.Cache.create(name + "off", num_samples=N, capacity_bytes=cap) as c:
+    cap = 1 << 20           # about 600 of the 1200 samples (1.5-1.9 KB): a third to a half
+    with sc.Cache.create(name + "off", num_samples=N, capacity_bytes=cap, sizes=store.lengths) as c:
         off, off_stats = _train(store, c, 2, workers)
-    with sc.Cache.create(name, num_samples=N, capacity_bytes=cap) as c, \
+    with sc.Cache.create(name, num_samples=N, capacity_bytes=cap, sizes=store.lengths) as c, \
             OrderBoard.create(name, N):
         with sc.Prefetcher(c, store, lookahead_samples=128, batch=32) as pf:
             on, on_stats = _train(store, c, 2, workers, step_s=0.01)

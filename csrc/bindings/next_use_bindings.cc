@@ -23,6 +23,9 @@ std::vector<int64_t> int64_vector(py::handle h, const char* what) {
     a = integer_ids(h);
   } catch (py::type_error&) {
     throw py::type_error(std::string(what) + " must be a sequence or array of integers");
+  } catch (py::error_already_set& e) {  // a list's items go through as_id, which sets the error
+    if (!e.matches(PyExc_TypeError)) throw;
+    throw py::type_error(std::string(what) + " must be a sequence or array of integers");
   }
   return std::vector<int64_t>(a.data(), a.data() + a.size());
 }
