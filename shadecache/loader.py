@@ -17,8 +17,11 @@ num_workers=0 makes it in the iterating thread):
      same size S, else one flat tensor plus offsets (RaggedBatch). No Python object per sample;
   3. misses: CachedDataset.fetch_missing (the tiers below the cache, one batch each, then admission
      into the cache, exactly as a DataLoader worker does), copied into their rows;
-  4. labels gathered from the store's label array; `batch_transform(x)` (vectorized, on the whole
-     batch) if given.
+  4. labels gathered from the store's label array (fixed sizes: in the same native call);
+     `batch_transform(x)` (vectorized, on the whole batch) if given.
+Fixed-size raw batches of a sampler that cannot follow the training steps (see _group_batches) are
+gathered several per native call and handed out as views of one tensor; the call stops at the
+first batch with a miss, so that batch's misses are admitted when it is due, as batch by batch.
 When the data set has its own `decode` or `transform`, or `collate` is given, a batch is instead
 `collate(dataset.__getitems__(ids))` (torch's default_collate when collate is None): the same
 items a DataLoader would build, made on the loader's threads (a transform that releases the GIL
