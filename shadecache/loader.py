@@ -125,6 +125,11 @@ class CachedLoader:
                       option is accepted, warned about once, and batches stay in pageable memory)
     prefetch_batches  batches in flight ahead of the one the caller holds (at least num_workers)
     drop_last         drop the last incomplete batch
+    process_workers   > 0: batches made per sample (the data set's decode/transform, or collate)
+                      are made in that many worker processes (a Python-heavy transform is bound by
+                      the GIL on threads); only the collated batch comes back, through shared
+                      memory. Ignored for raw batches (nothing per sample runs). Errors, shutdown
+                      and multiprocessing_context are those of torch's DataLoader workers.
 
     len(loader) is the number of batches per epoch. set_epoch(e) calls the sampler's. For resume:
     state_dict() / load_state_dict(); a sampler with its own state_dict (ShadeSampler) resumes
@@ -134,13 +139,16 @@ class CachedLoader:
 
     def __init__(self, dataset, batch_size: int = 1, sampler=None, shuffle: bool = False,
                  num_workers: int = 2, collate=None, batch_transform=None, pin_memory: bool = False,
-                 prefetch_batches: int = 2, drop_last: bool = False, generator=None):
+                 prefetch_batches: int = 2, drop_last: bool = False, generator=None,
+                 process_workers: int = 0, multiprocessing_context=None):
         if not isinstance(dataset, CachedDataset):
             raise TypeError(f"CachedLoader needs a shadecache.CachedDataset, got {type(dataset).__name__}")
         self.dataset = dataset
         self.batch_size = _check_count("batch_size", batch_size, 1)
         self.num_workers = _check_count("num_workers", num_workers, 0)
         self.prefetch_batches = _check_count("prefetch_batches", prefetch_batches, 1)
+        self.process_workers = _check_count("process_workers", process_workers, 0)
+        self.multiprocessing_context = multiprocessing_context
         if sampler is not None and shuffle:
             raise ValueError("CachedLoader: give a sampler or shuffle=True, not both")
         if sampler is None:
@@ -229,6 +237,9 @@ class CachedLoader:
 
     def __iter__(self):
         self.dataset._row()   # the counter row (and its lock) exist before any thread counts
+        if self.process_workers and not self._raw:
+            yield from self._iter_processes()
+            return
         k = self._group_batches()
         ids_batches = self._id_batches()
         groups = iter(lambda: list(itertools.islice(ids_batches, k)), [])
@@ -267,6 +278,30 @@ class CachedLoader:
             self._delivered = 0
         finally:
             pool.stop()
+
+    def _iter_processes(self):
+        """Batches made per sample (decode, transform, collate) in `process_workers` worker
+        processes: torch's DataLoader workers over this loader's batches of ids. A worker makes
+        the whole batch (ds.__getitems__ then collate) and only the collated tensors cross to this
+        process, as shared-memory storage (torch.multiprocessing), not a pickle per sample; errors
+        and shutdown are the DataLoader's own (its workers end when the iteration ends, breaks,
+        raises or is garbage collected)."""
+        from torch.utils.data import DataLoader
+        dl = DataLoader(self.dataset, batch_sampler=_IdBatches(self._id_batches, len(self)),
+                        num_workers=self.process_workers,
+                        collate_fn=self.collate or default_collate,
+                        pin_memory=self.pin_memory and _can_pin(),
+                        prefetch_factor=max(1, math.ceil(self.prefetch_batches / self.process_workers)),
+                        multiprocessing_context=self.multiprocessing_context)
+        it = iter(dl)
+        try:
+            for batch in it:
+                self._delivered += 1
+                yield batch
+            self._delivered = 0
+        finally:
+            it._shutdown_workers()   # now, not whenever a traceback lets go of the iterator
+            del it
 
     def _group_batches(self) -> int:
         """Batches assembled by one native call. Fixed-size raw batches of small samples are
@@ -412,6 +447,22 @@ class CachedLoader:
             return batch
         from torch.utils.data._utils.pin_memory import pin_memory
         return pin_memory(batch)
+
+
+class _IdBatches:
+    """A loader's batches of ids (lists) as a DataLoader batch_sampler: iterated in this process
+    only, so resume (skip) and epoch bookkeeping stay the loader's."""
+
+    def __init__(self, batches, n):
+        self._batches = batches
+        self._n = n
+
+    def __iter__(self):
+        for ids in self._batches():
+            yield ids.tolist()
+
+    def __len__(self):
+        return self._n
 
 
 def _as_id_array(sampler):

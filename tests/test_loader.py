@@ -364,6 +364,87 @@ def test_threads_stop_on_break_exception_and_gc(fixed_store, cache_factory):
     assert _segments_of(os.getpid()) - segments == {ds.cache.name}   # the loader made no segment
 
 
+# ---- per-sample transforms in worker processes ------------------------------------------------
+def _children():
+    """Pids of this process's live children (from /proc; zombies are not live)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == os.getpid() and fields[0] != "Z":
+                out.append(int(d))
+    return [p for p in out if not _is_mp_tracker(p)]
+
+
+def _is_mp_tracker(pid):
+    """multiprocessing's resource tracker: started once by the first spawn, it lives as long as
+    this process (it is not a worker)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"resource_tracker" in f.read()
+    except OSError:
+        return False
+
+
+def _torch_shm_files():
+    return {f for f in os.listdir("/dev/shm") if f.startswith(f"torch_{os.getpid()}_")}
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_process_workers_make_the_dataloaders_batches(fixed_store, cache_factory, method):
+    dec = functools.partial(synthetic.decode, size=SIZE)
+    ds = sc.CachedDataset(fixed_store, _cache(cache_factory, fixed_store, range(0, N, 2)),
+                          decode=dec, transform=_negate)
+    ref = list(DataLoader(ds, batch_size=B, sampler=_seeded(ds), num_workers=2))
+    before = set(_children())
+    got = list(sc.CachedLoader(ds, batch_size=B, sampler=_seeded(ds), process_workers=2,
+                               multiprocessing_context=method))
+    assert len(got) == len(ref)
+    for (x, y, i), (rx, ry, ri) in zip(got, ref):
+        assert torch.equal(x, rx) and torch.equal(y, ry) and torch.equal(i, ri)
+    st = ds.stats()
+    assert st["hits"] > 0 and st["misses"] > 0    # the workers read through the cache
+    assert set(_children()) <= before
+
+
+def _negate(x):
+    return -x
+
+
+def test_process_workers_error_and_shutdown(poisoned_store, cache_factory):
+    ds = sc.CachedDataset(poisoned_store, _cache(cache_factory, poisoned_store, range(0, 100, 3)),
+                          decode=_decode_or_raise)
+    with pytest.raises(_BadSample) as ref:
+        list(DataLoader(ds, batch_size=10, num_workers=2))
+    children, shm = set(_children()), _torch_shm_files()
+    delivered = []
+    with pytest.raises(_BadSample) as got:
+        for x, y, idx in sc.CachedLoader(ds, batch_size=10, process_workers=2):
+            delivered.append(idx.tolist())
+    assert str(got.value) == str(ref.value)       # the worker's traceback, as DataLoader gives it
+    assert "cannot decode sample starting" in str(got.value)
+    assert delivered == [list(range(a, a + 10)) for a in range(0, 70, 10)]
+    assert set(_children()) <= children
+    # break and garbage collection end the workers too
+    loader = sc.CachedLoader(ds, batch_size=10, process_workers=2)
+    for k, _ in enumerate(loader):
+        assert len(set(_children()) - children) == 2
+        if k == 1:
+            break
+    assert set(_children()) <= children
+    it = iter(loader)
+    next(it)
+    assert len(set(_children()) - children) == 2
+    del it
+    gc.collect()
+    assert set(_children()) <= children
+    assert not _loader_threads() and _torch_shm_files() <= shm
+
+
 # ---- resume, epochs -------------------------------------------------------------------------
 def test_resume_mid_epoch_with_a_plain_sampler(fixed_store, cache_factory):
     ds = sc.CachedDataset(fixed_store, _cache(cache_factory, fixed_store, range(0, N, 4)))
