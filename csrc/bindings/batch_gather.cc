@@ -49,7 +49,7 @@ std::vector<uint64_t> checked_ids(Cache& c, py::handle ids) {
 // - slots (header and value lines, once the index entry names them) are requested `ahead` ids
 //   ahead, in steps of `step` ids: values up to kSmallValue bytes in chunks of 32, one chunk
 //   ahead; larger ones 4 ids ahead, one at a time (their copies are long enough to hide a miss).
-// Measured by CPU time, 256 ids per call over 256 MiB (bench/bench_loader.py --native): 256 B
+// Measured by CPU time, 256 ids per call over 256 MiB (bench/bench_gather_cpu.py): 256 B
 // went from 0.65-0.70x of np.take's rate (index 2 chunks ahead, slots 1 chunk ahead) to
 // 1.0-1.1x with the whole batch's index entries requested first; 3 KB stayed at 0.95-1.05x.
 // The hits, misses and retries are counted once per call (Cache::count_reads).
