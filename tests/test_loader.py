@@ -601,3 +601,20 @@ def test_bench_loader_quick_run_produces_the_table(tmp_path):
         assert float(cells[2].replace(",", "")) > 0 and float(cells[4].replace(",", "")) > 0
         assert cells[7] in ("PASS", "FAIL", "—")
     assert not _segments_of(proc.pid) and not os.listdir(tmp_path)   # nothing left behind
+
+
+def test_bench_gather_cpu_quick_run_produces_the_table():
+    """bench/bench_gather_cpu.py --quick, so that benchmark cannot rot either."""
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.Popen([sys.executable, os.path.join(root, "bench", "bench_gather_cpu.py"),
+                             "--quick", "--sizes", "256", "--no-progress"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    rows = [line for line in out.splitlines() if line.startswith("| 256 B |")]
+    assert [r.split("|")[2].strip() for r in rows] == ["np.take", "gather_rows", "gather_rows+alloc",
+                                                       "CachedLoader w=0"]
+    assert all(float(r.split("|")[3].replace(",", "")) > 0 for r in rows)
+    assert not _segments_of(proc.pid)
