@@ -326,18 +326,25 @@ def test_native_gather_never_returns_torn_bytes_under_a_writer(cache_name, size)
             for _ in range(120):
                 lens = _core.gather_rows(c._core, order, out)
                 flat, flens = _core.gather_flat(c._core, order, size)
-                assert (lens == size).all() and (flens == size).all()   # rewrites keep every id cached
+                # a read may give up on a slot rewritten under it again and again and report a
+                # miss (-1, as get() does after kMaxReadAttempts); what it returns must be whole
+                assert set(lens.tolist()) <= {size, -1} and set(flens.tolist()) <= {size, -1}
+                ends = np.cumsum(np.maximum(flens, 0))
                 for k in range(order.size):
                     i = int(order[k])
-                    faults += [f for f in (verify_value(i, out[k].tobytes()),
-                                           verify_value(i, flat[k * size:(k + 1) * size].tobytes())) if f]
-                    checked += 2
+                    if lens[k] == size:
+                        faults += [f for f in [verify_value(i, out[k].tobytes())] if f]
+                        checked += 1
+                    if flens[k] == size:
+                        faults += [f for f in [verify_value(i, flat[ends[k] - size:ends[k]].tobytes())] if f]
+                        checked += 1
             retries = c.stats()["read_retries"] - retries0
         finally:
             stop.set()
             writer.join(30)
         assert writer.exitcode == 0
         assert not faults, f"{len(faults)} of {checked} values torn: {faults[:3]}"
+        assert checked > 0.9 * 2 * 120 * order.size     # nearly every read found its value
         print(f"{checked} values verified, {retries} raced copies retried")
 
 
