@@ -17,8 +17,11 @@ num_workers=0 makes it in the iterating thread):
      same size S, else one flat tensor plus offsets (RaggedBatch). No Python object per sample;
   3. misses: CachedDataset.fetch_missing (the tiers below the cache, one batch each, then admission
      into the cache, exactly as a DataLoader worker does), copied into their rows;
-  4. labels gathered from the store's label array; `batch_transform(x)` (vectorized, on the whole
-     batch) if given.
+  4. labels gathered from the store's label array (fixed sizes: in the same native call);
+     `batch_transform(x)` (vectorized, on the whole batch) if given.
+Fixed-size raw batches of a sampler that cannot follow the training steps (see _group_batches) are
+gathered several per native call and handed out as views of one tensor; the call stops at the
+first batch with a miss, so that batch's misses are admitted when it is due, as batch by batch.
 When the data set has its own `decode` or `transform`, or `collate` is given, a batch is instead
 `collate(dataset.__getitems__(ids))` (torch's default_collate when collate is None): the same
 items a DataLoader would build, made on the loader's threads (a transform that releases the GIL
@@ -39,7 +42,7 @@ import warnings
 
 import numpy as np
 import torch
-from torch.utils.data import RandomSampler, SequentialSampler
+from torch.utils.data import DistributedSampler, RandomSampler, SequentialSampler
 from torch.utils.data._utils.collate import default_collate
 
 from . import _core
@@ -48,6 +51,10 @@ from .dataset import CachedDataset, _default_decode
 _THREAD_PREFIX = "shadecache-loader"
 _STOP = None  # the job that tells an assembly thread to end
 _warned_pin = False
+_GROUP_SAMPLES = 2048        # see CachedLoader._group_batches
+_GROUP_BYTES = 1 << 20     # larger groups outgrow L2: 3 KB x 2048 gathered at 0.8x of 3 KB x 256
+_STATELESS_SAMPLERS = (RandomSampler, SequentialSampler, DistributedSampler)
+_SEQUENCES = (list, tuple, range, np.ndarray, torch.Tensor)   # see _as_id_array
 
 
 class RaggedBatch:
@@ -118,6 +125,11 @@ class CachedLoader:
                       option is accepted, warned about once, and batches stay in pageable memory)
     prefetch_batches  batches in flight ahead of the one the caller holds (at least num_workers)
     drop_last         drop the last incomplete batch
+    process_workers   > 0: batches made per sample (the data set's decode/transform, or collate)
+                      are made in that many worker processes (a Python-heavy transform is bound by
+                      the GIL on threads); only the collated batch comes back, through shared
+                      memory. Ignored for raw batches (nothing per sample runs). Errors, shutdown
+                      and multiprocessing_context are those of torch's DataLoader workers.
 
     len(loader) is the number of batches per epoch. set_epoch(e) calls the sampler's. For resume:
     state_dict() / load_state_dict(); a sampler with its own state_dict (ShadeSampler) resumes
@@ -127,13 +139,16 @@ class CachedLoader:
 
     def __init__(self, dataset, batch_size: int = 1, sampler=None, shuffle: bool = False,
                  num_workers: int = 2, collate=None, batch_transform=None, pin_memory: bool = False,
-                 prefetch_batches: int = 2, drop_last: bool = False, generator=None):
+                 prefetch_batches: int = 2, drop_last: bool = False, generator=None,
+                 process_workers: int = 0, multiprocessing_context=None):
         if not isinstance(dataset, CachedDataset):
             raise TypeError(f"CachedLoader needs a shadecache.CachedDataset, got {type(dataset).__name__}")
         self.dataset = dataset
         self.batch_size = _check_count("batch_size", batch_size, 1)
         self.num_workers = _check_count("num_workers", num_workers, 0)
         self.prefetch_batches = _check_count("prefetch_batches", prefetch_batches, 1)
+        self.process_workers = _check_count("process_workers", process_workers, 0)
+        self.multiprocessing_context = multiprocessing_context
         if sampler is not None and shuffle:
             raise ValueError("CachedLoader: give a sampler or shuffle=True, not both")
         if sampler is None:
@@ -152,6 +167,11 @@ class CachedLoader:
                      and dataset.decode is _default_decode)
         self._row_bytes = self._fixed_size(dataset.store)
         self._len_hint = self._row_bytes or 0
+        # the store's labels as one int64 array, for gather_rows to gather with the bytes
+        labels = getattr(dataset.store, "labels", None)
+        self._labels = (np.ascontiguousarray(labels, dtype=np.int64)
+                        if isinstance(labels, np.ndarray) and labels.shape == (len(dataset),)
+                        and labels.dtype.kind in "iu" else None)
         self._delivered = 0   # batches of the current epoch handed to the caller
         self._skip = 0        # batches to skip at the start of the next iteration (resume)
 
@@ -193,14 +213,22 @@ class CachedLoader:
     # ---- iteration ---------------------------------------------------------------------------
     def _id_batches(self):
         """The sampler's ids in batches (int64 arrays), after skipping a resumed epoch's batches."""
-        it = iter(self.sampler)
         skip, self._skip = self._skip, 0
-        if skip:
-            for _ in itertools.islice(it, skip * self.batch_size):
-                pass
-        else:
+        if not skip:
             self._delivered = 0
         b = self.batch_size
+        order = _as_id_array(self.sampler)
+        if order is not None:    # a plain sequence of ids: sliced, not iterated id by id
+            for a in range(skip * b, order.size, b):
+                ids = order[a:a + b]
+                if self.drop_last and ids.size < b:
+                    return
+                yield ids
+            return
+        it = iter(self.sampler)
+        if skip:
+            for _ in itertools.islice(it, skip * b):
+                pass
         while True:
             ids = np.fromiter(itertools.islice(it, b), dtype=np.int64)
             if ids.size == 0 or (self.drop_last and ids.size < b):
@@ -209,34 +237,111 @@ class CachedLoader:
 
     def __iter__(self):
         self.dataset._row()   # the counter row (and its lock) exist before any thread counts
-        batches = self._id_batches()
+        if self.process_workers and not self._raw:
+            yield from self._iter_processes()
+            return
+        k = self._group_batches()
+        ids_batches = self._id_batches()
+        groups = iter(lambda: list(itertools.islice(ids_batches, k)), [])
         if self.num_workers == 0:
-            for ids in batches:
-                batch = self._make(ids)
-                self._delivered += 1
-                yield batch
+            for group in groups:
+                made, exc = self._make_group(group)
+                for batch in made:
+                    self._delivered += 1
+                    yield batch
+                if exc is not None:
+                    raise exc
             self._delivered = 0
             return
-        pool = _Threads(self._make, self.num_workers)
+        pool = _Threads(self._make_group, self.num_workers)
         try:
             submitted = taken = 0
-            for ids in itertools.islice(batches, max(self.prefetch_batches, self.num_workers)):
-                pool.submit(submitted, ids)
+            ahead = max(math.ceil(self.prefetch_batches / k), self.num_workers)
+            for group in itertools.islice(groups, ahead):
+                pool.submit(submitted, group)
                 submitted += 1
             while taken < submitted:
                 ok, value = pool.take(taken)
                 taken += 1
-                nxt = next(batches, None)   # keep the pipeline full before handing this batch out
+                nxt = next(groups, None)   # keep the pipeline full before handing batches out
                 if nxt is not None:
                     pool.submit(submitted, nxt)
                     submitted += 1
                 if not ok:
                     raise value
-                self._delivered += 1
-                yield value
+                made, exc = value
+                for batch in made:
+                    self._delivered += 1
+                    yield batch
+                if exc is not None:
+                    raise exc
             self._delivered = 0
         finally:
             pool.stop()
+
+    def _iter_processes(self):
+        """Batches made per sample (decode, transform, collate) in `process_workers` worker
+        processes: torch's DataLoader workers over this loader's batches of ids. A worker makes
+        the whole batch (ds.__getitems__ then collate) and only the collated tensors cross to this
+        process, as shared-memory storage (torch.multiprocessing), not a pickle per sample; errors
+        and shutdown are the DataLoader's own (its workers end when the iteration ends, breaks,
+        raises or is garbage collected)."""
+        from torch.utils.data import DataLoader
+        dl = DataLoader(self.dataset, batch_sampler=_IdBatches(self._id_batches, len(self)),
+                        num_workers=self.process_workers,
+                        collate_fn=self.collate or default_collate,
+                        pin_memory=self.pin_memory and _can_pin(),
+                        prefetch_factor=max(1, math.ceil(self.prefetch_batches / self.process_workers)),
+                        multiprocessing_context=self.multiprocessing_context)
+        it = iter(dl)
+        try:
+            for batch in it:
+                self._delivered += 1
+                yield batch
+            self._delivered = 0
+        finally:
+            it._shutdown_workers()   # now, not whenever a traceback lets go of the iterator
+            del it
+
+    def _group_batches(self) -> int:
+        """Batches assembled by one native call. Fixed-size raw batches of small samples are
+        gathered several at a time (up to _GROUP_SAMPLES samples, _GROUP_BYTES bytes) and handed out
+        as views, so that the per-call costs (sampler slice, tensor, label gather, counters) are
+        paid once per group: at 256 B a batch of 256 takes ~8 us to copy, less than those costs."""
+        if not self._raw or self._row_bytes is None:
+            return 1
+        # Only samplers whose order cannot depend on the training steps are read ahead on the
+        # iterating thread (num_workers=0 otherwise stays in step with a DataLoader's, batch by
+        # batch: a ShadeSampler's order and the cache's scores follow the losses reported).
+        if not isinstance(self.sampler, _STATELESS_SAMPLERS + _SEQUENCES):
+            return 1
+        per_batch = self.batch_size * self._row_bytes
+        return max(1, min(_GROUP_SAMPLES // self.batch_size, _GROUP_BYTES // per_batch))
+
+    # ---- one group of batches ------------------------------------------------------------------
+    def _make_group(self, group: list):
+        """(batches made, None) or (the batches before the failing one, its exception): a batch
+        that raises ends the group there, so the batches before it are still delivered."""
+        made = []
+        try:
+            if len(group) == 1:
+                made.append(self._make(group[0]))
+                return made, None
+            b = self.batch_size
+            while group:
+                # One gather for the group; it stops after the first batch with a miss (that
+                # batch's misses are admitted before the next batch is looked up, as batch by
+                # batch), and the batches not read are gathered again by the next turn.
+                x, y, idx = self._assemble(np.concatenate(group), block=b)
+                group = group[math.ceil(idx.numel() / b):]
+                # only the epoch's last batch can be short, and it is the group's last
+                for xb, yb, ib in zip(x.split(b), y.split(b), idx.split(b)):
+                    if self.batch_transform is not None:
+                        xb = self.batch_transform(xb)
+                    made.append((xb, yb, ib))
+        except Exception as exc:   # re-raised by the iterating thread after `made`
+            return made, exc
+        return made, None
 
     # ---- one batch ---------------------------------------------------------------------------
     def _make(self, ids: np.ndarray):
@@ -245,31 +350,50 @@ class CachedLoader:
             items = ds.__getitems__(ids)
             batch = (self.collate or default_collate)(items)
             return self._pin(batch) if self.pin_memory else batch
-        pin = self.pin_memory and _can_pin()
-        if self._row_bytes is not None:
-            x = self._rows(ids, pin)
-        else:
-            x = self._ragged(ids)
-            if pin:
-                x = x.pin_memory()
-        y = torch.from_numpy(ds.labels_of(ids))
-        idx = torch.from_numpy(ids)
-        if pin:
-            y, idx = y.pin_memory(), idx.pin_memory()
+        x, y, idx = self._assemble(ids)
         if self.batch_transform is not None:
             x = self.batch_transform(x)
         return x, y, idx
 
-    def _rows(self, ids, pin):
-        """A (B, S) uint8 tensor: hits copied by one native call, misses from fetch_missing."""
+    def _assemble(self, ids: np.ndarray, block: int = 0):
+        """(x, y, idx) of raw bytes (no transform) for the ids of one batch, or of a group of
+        batches of `block` ids (fixed sizes only): then only the batches up to the first one with
+        a miss, and idx says which."""
+        ds = self.dataset
+        pin = self.pin_memory and _can_pin()
+        if self._row_bytes is not None:
+            x, y, ids = self._rows(ids, pin, block)
+        else:
+            x = self._ragged(ids)
+            if pin:
+                x = x.pin_memory()
+            y = ds.labels_of(ids)
+        y = torch.from_numpy(y)
+        idx = torch.from_numpy(ids)
+        if pin:
+            y, idx = y.pin_memory(), idx.pin_memory()
+        return x, y, idx
+
+    def _rows(self, ids, pin, block=0):
+        """(x, labels, ids): x a (B, S) uint8 tensor, hits copied by one native call (which also
+        gathers the labels when the store has a label array), misses from fetch_missing. With
+        block > 0 (batches of `block` ids), only the batches up to the first with a miss: ids is
+        the prefix of the given ids they hold."""
         ds = self.dataset
         s = self._row_bytes
         x = torch.empty((ids.size, s), dtype=torch.uint8, pin_memory=pin)
         out = x.numpy()
         if ds.cache is not None:
-            lens = _core.gather_rows(ds.cache._core, ids, out)   # checks every id
+            y = np.empty(ids.size, dtype=np.int64) if self._labels is not None else None
+            lens = _core.gather_rows(ds.cache._core, ids, out, self._labels, y, block)  # checks ids
+            if lens.size and lens[-1] == -2:    # block: the batches after the first miss unread
+                done = int(np.argmax(lens == -2))
+                ids, lens, x, out = ids[:done], lens[:done], x[:done], out[:done]
+                y = None if y is None else y[:done]
         else:
             lens = np.full(ds.check_ids(ids).size, -1, dtype=np.int64)
+        if self._labels is None or ds.cache is None:
+            y = ds.labels_of(ids)
         missed = wait_ns = 0
         if np.count_nonzero(lens != s):   # one pass; an all-hit batch does no more
             bad = np.flatnonzero((lens >= 0) & (lens != s))
@@ -285,7 +409,7 @@ class CachedLoader:
         hits = ids.size - missed
         pf = ds.prefetch_hits(ids, lambda: lens >= 0) if hits else 0
         ds.count(hits, missed, ids.size, pf, wait_ns)
-        return x
+        return x, y, ids
 
     def _ragged(self, ids):
         """A RaggedBatch: hits copied back to back by one native call, misses spliced in."""
@@ -323,6 +447,42 @@ class CachedLoader:
             return batch
         from torch.utils.data._utils.pin_memory import pin_memory
         return pin_memory(batch)
+
+
+class _IdBatches:
+    """A loader's batches of ids (lists) as a DataLoader batch_sampler: iterated in this process
+    only, so resume (skip) and epoch bookkeeping stay the loader's."""
+
+    def __init__(self, batches, n):
+        self._batches = batches
+        self._n = n
+
+    def __iter__(self):
+        for ids in self._batches():
+            yield ids.tolist()
+
+    def __len__(self):
+        return self._n
+
+
+def _as_id_array(sampler):
+    """The sampler's order as an int64 array when it is a plain sequence of ids (list, tuple,
+    range, numpy array, tensor: iterating it gives exactly these ids, and it has no state to
+    advance), else None (the sampler is iterated id by id, as a DataLoader does)."""
+    if isinstance(sampler, torch.Tensor) and sampler.dim() == 1 and not sampler.is_floating_point():
+        return sampler.cpu().numpy().astype(np.int64, copy=False)
+    if isinstance(sampler, np.ndarray) and sampler.ndim == 1 and sampler.dtype.kind in "iu":
+        return sampler.astype(np.int64, copy=False)
+    if isinstance(sampler, range):
+        return np.arange(sampler.start, sampler.stop, sampler.step, dtype=np.int64)
+    if isinstance(sampler, (list, tuple)):
+        try:
+            a = np.array(sampler)
+        except (ValueError, TypeError):
+            return None
+        if a.ndim == 1 and a.dtype.kind in "iu" and all(type(i) is int for i in sampler[:1]):
+            return a.astype(np.int64, copy=False)
+    return None
 
 
 def _fetch_missed(ds, missed: list):

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 
 import shadecache as sc
 from shadecache import _core, synthetic
+from values import make_value, verify_value
 
 N, SIZE = 300, 8                 # fixed size: 300 images of 8x8 = 64 bytes
 B = 32
@@ -260,9 +261,91 @@ def test_native_gather_checks_its_arguments(cache_factory):
     assert _core.gather_rows(c._core, [1], small).tolist() == [4] and not small.any()  # not cut
     flat, lens = _core.gather_flat(c._core, [2, 1, 1])
     assert bytes(flat) == b"abcdabcd" and lens.tolist() == [-1, 4, 4]
+    # hits and misses reach the cache's counters (added once per call, not per value)
+    before = c.stats()
+    _core.gather_rows(c._core, [1, 2, 1, 3], np.zeros((4, 4), np.uint8))
+    _core.gather_flat(c._core, [5, 1])
+    after = c.stats()
+    assert (after["hits"] - before["hits"], after["misses"] - before["misses"]) == (3, 3)
     c.close()
     with pytest.raises(sc.ClosedError):
         _core.gather_rows(c._core, [1], out[:1])
+
+
+def test_grouped_gather_counts_and_admits_batch_by_batch(fixed_store, cache_factory):
+    """num_workers=0 over a plain id list gathers several batches per native call; with misses
+    (admitted, then hit again: every id comes twice), every batch, hit count and admission is still
+    the one a DataLoader reading batch by batch gets."""
+    order = np.random.default_rng(4).permutation(np.tile(np.arange(N), 2)).tolist()
+    runs = []
+    for make in ("dataloader", "cached"):
+        cache = cache_factory(N, 64 << 10, "lru", max_item_bytes=128)
+        warm = list(range(0, N, 3))
+        cache.put_many(warm, fixed_store.read_many(warm))
+        ds = sc.CachedDataset(fixed_store, cache)
+        if make == "dataloader":
+            loader = DataLoader(ds, batch_size=7, sampler=order, num_workers=0)
+        else:
+            loader = sc.CachedLoader(ds, batch_size=7, sampler=order, num_workers=0)
+            assert loader._group_batches() > 1          # the grouped path is the one tested
+        got = _digest(loader)
+        st, cst = ds.stats(), cache.stats()
+        runs.append((got, st["hits"], st["misses"], cst["hits"], cst["misses"], cst["inserts"],
+                     cache.cached_mask().tolist()))
+    (a, *ca), (b, *cb) = runs
+    assert a == b
+    assert ca == cb and 0 < ca[0] and 0 < ca[1]
+
+
+def _rewriter(name, ids, size, stop):
+    """Rewrites every id again and again (new versions, same size) until `stop` is set."""
+    cache = sc.Cache.attach(name)
+    version = 0
+    while not stop.is_set():
+        version += 1
+        cache.put_many(ids, [make_value(i, version, size) for i in ids])
+    cache.close()
+
+
+@pytest.mark.parametrize("size", [200, 3000])
+def test_native_gather_never_returns_torn_bytes_under_a_writer(cache_name, size):
+    """gather_rows / gather_flat copy while another process rewrites the same slots: every value
+    they return is a whole version (the read protocol retries a raced copy)."""
+    n = 64
+    ids = list(range(n))
+    with sc.Cache.create(cache_name, num_samples=n, capacity_bytes=4 << 20, max_item_bytes=4096) as c:
+        c.put_many(ids, [make_value(i, 0, size) for i in ids])
+        ctx = mp.get_context("fork")
+        stop = ctx.Event()
+        writer = ctx.Process(target=_rewriter, args=(cache_name, ids, size, stop))
+        writer.start()
+        try:
+            order = np.random.default_rng(0).permutation(np.tile(np.arange(n), 4))
+            out = np.empty((order.size, size), np.uint8)
+            faults, checked, retries0 = [], 0, c.stats()["read_retries"]
+            for _ in range(120):
+                lens = _core.gather_rows(c._core, order, out)
+                flat, flens = _core.gather_flat(c._core, order, size)
+                # a read may give up on a slot rewritten under it again and again and report a
+                # miss (-1, as get() does after kMaxReadAttempts); what it returns must be whole
+                assert set(lens.tolist()) <= {size, -1} and set(flens.tolist()) <= {size, -1}
+                ends = np.cumsum(np.maximum(flens, 0))
+                for k in range(order.size):
+                    i = int(order[k])
+                    if lens[k] == size:
+                        faults += [f for f in [verify_value(i, out[k].tobytes())] if f]
+                        checked += 1
+                    if flens[k] == size:
+                        faults += [f for f in [verify_value(i, flat[ends[k] - size:ends[k]].tobytes())] if f]
+                        checked += 1
+            retries = c.stats()["read_retries"] - retries0
+        finally:
+            stop.set()
+            writer.join(30)
+        assert writer.exitcode == 0
+        assert not faults, f"{len(faults)} of {checked} values torn: {faults[:3]}"
+        assert checked > 0.9 * 2 * 120 * order.size     # nearly every read found its value
+        print(f"{checked} values verified, {retries} raced copies retried")
 
 
 # ---- lifetime -------------------------------------------------------------------------------
@@ -286,6 +369,87 @@ def test_threads_stop_on_break_exception_and_gc(fixed_store, cache_factory):
     gc.collect()
     assert not _loader_threads()
     assert _segments_of(os.getpid()) - segments == {ds.cache.name}   # the loader made no segment
+
+
+# ---- per-sample transforms in worker processes ------------------------------------------------
+def _children():
+    """Pids of this process's live children (from /proc; zombies are not live)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == os.getpid() and fields[0] != "Z":
+                out.append(int(d))
+    return [p for p in out if not _is_mp_tracker(p)]
+
+
+def _is_mp_tracker(pid):
+    """multiprocessing's resource tracker: started once by the first spawn, it lives as long as
+    this process (it is not a worker)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"resource_tracker" in f.read()
+    except OSError:
+        return False
+
+
+def _torch_shm_files():
+    return {f for f in os.listdir("/dev/shm") if f.startswith(f"torch_{os.getpid()}_")}
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_process_workers_make_the_dataloaders_batches(fixed_store, cache_factory, method):
+    dec = functools.partial(synthetic.decode, size=SIZE)
+    ds = sc.CachedDataset(fixed_store, _cache(cache_factory, fixed_store, range(0, N, 2)),
+                          decode=dec, transform=_negate)
+    ref = list(DataLoader(ds, batch_size=B, sampler=_seeded(ds), num_workers=2))
+    before = set(_children())
+    got = list(sc.CachedLoader(ds, batch_size=B, sampler=_seeded(ds), process_workers=2,
+                               multiprocessing_context=method))
+    assert len(got) == len(ref)
+    for (x, y, i), (rx, ry, ri) in zip(got, ref):
+        assert torch.equal(x, rx) and torch.equal(y, ry) and torch.equal(i, ri)
+    st = ds.stats()
+    assert st["hits"] > 0 and st["misses"] > 0    # the workers read through the cache
+    assert set(_children()) <= before
+
+
+def _negate(x):
+    return -x
+
+
+def test_process_workers_error_and_shutdown(poisoned_store, cache_factory):
+    ds = sc.CachedDataset(poisoned_store, _cache(cache_factory, poisoned_store, range(0, 100, 3)),
+                          decode=_decode_or_raise)
+    with pytest.raises(_BadSample) as ref:
+        list(DataLoader(ds, batch_size=10, num_workers=2))
+    children, shm = set(_children()), _torch_shm_files()
+    delivered = []
+    with pytest.raises(_BadSample) as got:
+        for x, y, idx in sc.CachedLoader(ds, batch_size=10, process_workers=2):
+            delivered.append(idx.tolist())
+    assert str(got.value) == str(ref.value)       # the worker's traceback, as DataLoader gives it
+    assert "cannot decode sample starting" in str(got.value)
+    assert delivered == [list(range(a, a + 10)) for a in range(0, 70, 10)]
+    assert set(_children()) <= children
+    # break and garbage collection end the workers too
+    loader = sc.CachedLoader(ds, batch_size=10, process_workers=2)
+    for k, _ in enumerate(loader):
+        assert len(set(_children()) - children) == 2
+        if k == 1:
+            break
+    assert set(_children()) <= children
+    it = iter(loader)
+    next(it)
+    assert len(set(_children()) - children) == 2
+    del it
+    gc.collect()
+    assert set(_children()) <= children
+    assert not _loader_threads() and _torch_shm_files() <= shm
 
 
 # ---- resume, epochs -------------------------------------------------------------------------
@@ -444,3 +608,20 @@ def test_bench_loader_quick_run_produces_the_table(tmp_path):
         assert float(cells[2].replace(",", "")) > 0 and float(cells[4].replace(",", "")) > 0
         assert cells[7] in ("PASS", "FAIL", "—")
     assert not _segments_of(proc.pid) and not os.listdir(tmp_path)   # nothing left behind
+
+
+def test_bench_gather_cpu_quick_run_produces_the_table():
+    """bench/bench_gather_cpu.py --quick, so that benchmark cannot rot either."""
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.Popen([sys.executable, os.path.join(root, "bench", "bench_gather_cpu.py"),
+                             "--quick", "--sizes", "256", "--no-progress"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    rows = [line for line in out.splitlines() if line.startswith("| 256 B |")]
+    assert [r.split("|")[2].strip() for r in rows] == ["np.take", "gather_rows", "gather_rows+alloc",
+                                                       "CachedLoader w=0"]
+    assert all(float(r.split("|")[3].replace(",", "")) > 0 for r in rows)
+    assert not _segments_of(proc.pid)

@@ -44,49 +44,100 @@ std::vector<uint64_t> checked_ids(Cache& c, py::handle ids) {
 // Reads every id in order, with prefetches ahead of the copies (hints only: they change no result).
 // A batch of random ids over a working set larger than the CPU caches is bound by two dependent
 // DRAM misses per value (the index entry, then the slot), not by the copies, so the misses of
-// many ids must be in flight at once:
-// - values up to kSmallValue bytes: in chunks of kChunk ids, the index entries of chunk c+2 and
-//   the slots of chunk c+1 are requested while chunk c is copied (measured at 256 B, 256 ids over
-//   256 MiB: 0.65-0.70x of np.take's rate, against 0.51-0.59x with the per-id distances below);
-// - larger values: get_many's pipeline, index entries 8 ids ahead and values 4 ahead (the copies
-//   are long enough to hide the misses; 1-3 KB: 1.1x np.take, where chunks gave 0.8-1.0x).
+// many ids must be in flight at once. The pipeline has two stages:
+// - index entries are requested kIndexAhead ids ahead, i.e. a whole batch of 256 up front;
+// - slots (header and value lines, once the index entry names them) are requested `ahead` ids
+//   ahead, in steps of `step` ids: values up to kSmallValue bytes in chunks of 32, one chunk
+//   ahead; larger ones 4 ids ahead, one at a time (their copies are long enough to hide a miss).
+// Measured by CPU time, 256 ids per call over 256 MiB (bench/bench_gather_cpu.py): 256 B
+// went from 0.65-0.70x of np.take's rate (index 2 chunks ahead, slots 1 chunk ahead) to
+// 1.0-1.1x with the whole batch's index entries requested first; 3 KB stayed at 0.95-1.05x.
+// The hits, misses and retries are counted once per call (Cache::count_reads).
 constexpr uint32_t kSmallValue = 512;
-constexpr size_t kChunk = 32;
+constexpr size_t kIndexAhead = 256;
 
+// Labels: when `labels` (one int64 per sample id) is given, labels_out[i] = labels[ids[i]] for
+// every id, hit or miss, with its line requested in the index stage (a random gather from an
+// array of N labels misses the caches as the index does).
+// block > 0: the ids are consecutive batches of `block` ids, and reading stops at the first batch
+// with a miss (returns how many ids were read): after it when it is the first batch, else before
+// it (its reads are not counted). A batch with misses is thus always the last one read, and only
+// ever read first: its misses are admitted by the caller when that batch is due, after the
+// training steps of the batches before it, as a DataLoader reading batch by batch would do.
 template <class ReadOne>
-void pipelined(Cache& c, const std::vector<uint64_t>& ids, uint32_t len_guess, ReadOne&& read_one) {
+size_t pipelined(Cache& c, const std::vector<uint64_t>& ids, uint32_t len_guess, ReadOne&& read_one,
+                 const int64_t* labels = nullptr, int64_t* labels_out = nullptr, size_t block = 0) {
   const size_t n = ids.size();
-  if (len_guess <= kSmallValue) {
-    auto index_of = [&](size_t a) {
-      for (size_t i = a; i < std::min(n, a + kChunk); ++i) c.prefetch_index(ids[i]);
-    };
-    auto value_of = [&](size_t a) {
-      for (size_t i = a; i < std::min(n, a + kChunk); ++i) c.prefetch_value(ids[i], len_guess);
-    };
-    index_of(0);
-    index_of(kChunk);
-    value_of(0);
-    for (size_t a = 0; a < n; a += kChunk) {
-      index_of(a + 2 * kChunk);
-      value_of(a + kChunk);
-      for (size_t i = a; i < std::min(n, a + kChunk); ++i) read_one(i);
+  const bool small = len_guess <= kSmallValue;
+  const size_t step = small ? 32 : 1, ahead = small ? 32 : 4;
+  size_t indexed = 0, valued = 0;  // ids whose index entry / slot has been requested
+  auto request = [&](size_t& done, size_t end, auto&& prefetch) {
+    for (end = std::min(n, end); done < end; ++done) prefetch(ids[done]);
+  };
+  auto index = [&](uint64_t id) {
+    c.prefetch_index(id);
+    if (labels) __builtin_prefetch(labels + id);
+  };
+  auto value = [&](uint64_t id) { c.prefetch_value(id, len_guess); };
+  uint64_t hits = 0, retries = 0;
+  size_t end = n;                  // block mode: where reading stops
+  size_t batch = 0;                 // block mode: where the current batch starts (no division
+  uint64_t hits_before = 0;         // per id: it costs as much as a cached copy), its hits before
+  for (size_t a = 0; a < end; a += step) {
+    request(indexed, a + kIndexAhead, index);
+    request(valued, a + step + ahead, value);
+    for (size_t i = a; i < std::min(end, a + step); ++i) {
+      if (block && i == batch + block) {
+        batch = i;
+        hits_before = hits;
+      }
+      if (read_one(i, &retries) >= 0) {
+        ++hits;
+      } else if (block && end == n) {
+        if (batch == 0) {
+          end = std::min(n, block);
+        } else {
+          end = batch;
+          hits = hits_before;
+        }
+      }
+      if (labels && i < end) labels_out[i] = labels[ids[i]];
     }
-    return;
   }
-  for (size_t i = 0; i < n && i < 8; ++i) c.prefetch_index(ids[i]);
-  for (size_t i = 0; i < n && i < 4; ++i) c.prefetch_value(ids[i], len_guess);
-  for (size_t i = 0; i < n; ++i) {
-    if (i + 8 < n) c.prefetch_index(ids[i + 8]);
-    if (i + 4 < n) c.prefetch_value(ids[i + 4], len_guess);
-    read_one(i);
-  }
+  c.count_reads(hits, end - hits, retries);
+  return end;
 }
 
 // gather_rows(core, ids, out) -> int64 lengths: value i goes to bytes [i*S, i*S + len) of `out`
 // (S = len(out) / len(ids)); lengths[i] is its length, -1 on a miss. A value longer than S is not
 // written to `out`; its length (> S) is returned for the caller to report.
-py::array_t<int64_t> gather_rows(Cache& c, py::handle ids, py::handle out) {
+using Int64Array = py::array_t<int64_t, py::array::c_style>;
+
+// The labels arguments of gather_rows: both or neither; labels one int64 per sample of the cache,
+// labels_out one writable int64 per id. Exact dtypes, never a silent converting copy.
+std::pair<const int64_t*, int64_t*> label_arrays(const Cache& c, py::handle labels, py::handle labels_out, size_t n) {
+  if (labels.is_none() && labels_out.is_none()) return {nullptr, nullptr};
+  if (labels.is_none() || labels_out.is_none())
+    throw py::value_error("gather_rows: give both labels and labels_out, or neither");
+  for (py::handle h : {labels, labels_out})
+    if (!py::isinstance<Int64Array>(h) || py::reinterpret_borrow<py::array>(h).ndim() != 1)
+      throw py::type_error("gather_rows: labels and labels_out must be 1-D C-contiguous int64 numpy arrays");
+  auto in = py::reinterpret_borrow<Int64Array>(labels);
+  auto out = py::reinterpret_borrow<Int64Array>(labels_out);
+  if (static_cast<uint64_t>(in.size()) != c.num_samples())
+    throw py::value_error("gather_rows: labels has " + std::to_string(in.size()) + " entries, the cache " +
+                          std::to_string(c.num_samples()) + " samples");
+  if (static_cast<size_t>(out.size()) != n)
+    throw py::value_error("gather_rows: labels_out has " + std::to_string(out.size()) + " entries for " +
+                          std::to_string(n) + " ids");
+  if (!out.writeable()) throw py::value_error("gather_rows: labels_out is read-only");
+  return {in.data(), out.mutable_data()};
+}
+
+py::array_t<int64_t> gather_rows(Cache& c, py::handle ids, py::handle out, py::handle labels, py::handle labels_out,
+                                 size_t block) {
   std::vector<uint64_t> v = checked_ids(c, ids);
+  auto [lab, lab_out] = label_arrays(c, labels, labels_out, v.size());
   Py_buffer view;
   if (PyObject_GetBuffer(out.ptr(), &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0) {
     PyErr_Clear();
@@ -115,14 +166,15 @@ py::array_t<int64_t> gather_rows(Cache& c, py::handle ids, py::handle out) {
     Cache::Use use(c);
     py::gil_scoped_release nogil;
     std::vector<char> aside;  // an oversize value (or a racing writer's length) lands here
-    pipelined(c, v, guess, [&](size_t i) {
+    size_t done = pipelined(c, v, guess, [&](size_t i, uint64_t* retries) {
       char* slot = dst + i * row;
-      lens[i] = c.read(v[i], [&](uint32_t len) -> char* {
+      return lens[i] = c.read_uncounted(v[i], [&](uint32_t len) -> char* {
         if (len <= row) return slot;
         aside.resize(len);
         return aside.data();
-      });
-    });
+      }, retries);
+    }, lab, lab_out, block);
+    std::fill(lens + done, lens + n, int64_t{-2});
   }
   return lengths;
 }
@@ -143,15 +195,16 @@ py::tuple gather_flat(Cache& c, py::handle ids, uint64_t len_hint) {
     buf->reserve(n * len_hint);
     uint32_t guess = static_cast<uint32_t>(std::min<uint64_t>(len_hint ? len_hint : 512, Cache::kPrefetchMaxBytes));
     size_t pos = 0;
-    pipelined(c, v, guess, [&](size_t i) {
+    pipelined(c, v, guess, [&](size_t i, uint64_t* retries) {
       // alloc may be called again after a raced attempt: every attempt writes at `pos`.
-      int64_t len = c.read(v[i], [&](uint32_t len) -> char* {
+      int64_t len = c.read_uncounted(v[i], [&](uint32_t len) -> char* {
         buf->resize(pos + len);
         return buf->data() + pos;
-      });
+      }, retries);
       lens[i] = len;
       if (len >= 0) pos += static_cast<size_t>(len);
       buf->resize(pos);  // drops what a raced attempt before a miss left
+      return len;
     });
   }
   py::array_t<uint8_t> flat(static_cast<py::ssize_t>(buf->size()), reinterpret_cast<uint8_t*>(buf->data()), owner);
@@ -161,10 +214,17 @@ py::tuple gather_flat(Cache& c, py::handle ids, uint64_t len_hint) {
 }  // namespace
 
 void register_batch_gather(py::module_& m) {
-  m.def("gather_rows", [](Cache& c, py::handle ids, py::handle out) { return gather_rows(c, ids, out); },
-        py::arg("core"), py::arg("ids"), py::arg("out"),
-        "gather_rows(core, ids, out) -> int64 lengths (-1: miss). Copies value i into row i of the "
-        "writable buffer `out` (len(ids) equal rows), GIL released, no lock.");
+  m.def("gather_rows",
+        [](Cache& c, py::handle ids, py::handle out, py::handle labels, py::handle labels_out, size_t block) {
+          return gather_rows(c, ids, out, labels, labels_out, block);
+        },
+        py::arg("core"), py::arg("ids"), py::arg("out"), py::arg("labels") = py::none(),
+        py::arg("labels_out") = py::none(), py::arg("block") = 0,
+        "gather_rows(core, ids, out, labels=None, labels_out=None, block=0) -> int64 lengths "
+        "(-1: miss). Copies value i into row i of the writable buffer `out` (len(ids) equal rows), "
+        "and labels[ids[i]] into labels_out[i] when given, GIL released, no lock. block > 0: the "
+        "ids are batches of `block`; reading stops at the first batch with a miss (after it if it "
+        "is the first batch, else before it), and the ids not read get length -2 (not counted).");
   m.def("gather_flat",
         [](Cache& c, py::handle ids, uint64_t len_hint) { return gather_flat(c, ids, len_hint); },
         py::arg("core"), py::arg("ids"), py::arg("len_hint") = 0,

@@ -105,6 +105,17 @@ class Cache {
   // checked once, up front, not once per value.
   template <class Alloc>
   int64_t read(uint64_t id, Alloc&& alloc);
+  // read() without the shared hit/miss/retry counters: a batch read (csrc/bindings/
+  // batch_gather.cc) adds its counts once per batch with count_reads, not one atomic add per value
+  // (a locked add per value also orders the loads around it). *retries is incremented per retry.
+  template <class Alloc>
+  int64_t read_uncounted(uint64_t id, Alloc&& alloc, uint64_t* retries);
+  void count_reads(uint64_t hits, uint64_t misses, uint64_t retries) {
+    ReaderStats& st = stripe();
+    if (hits) st.hits.fetch_add(hits, std::memory_order_relaxed);
+    if (misses) st.misses.fetch_add(misses, std::memory_order_relaxed);
+    if (retries) st.read_retries.fetch_add(retries, std::memory_order_relaxed);
+  }
   bool contains(uint64_t id);
   // Batch reads call these a few ids ahead so that the index entry, then the slot header and the
   // first lines of the value, are on their way from DRAM while an earlier value is being copied
@@ -364,8 +375,16 @@ inline Cache::Probe Cache::probe(uint64_t id, SlotAt* at) const {
 
 template <class Alloc>
 int64_t Cache::read(uint64_t id, Alloc&& alloc) {
+  uint64_t retries = 0;
+  int64_t len = read_uncounted(id, alloc, &retries);
+  count_reads(len >= 0, len < 0, retries);
+  return len;
+}
+
+template <class Alloc>
+int64_t Cache::read_uncounted(uint64_t id, Alloc&& alloc, uint64_t* retries) {
   for (int attempt = 0; attempt < kMaxReadAttempts; ++attempt) {
-    if (attempt) stripe().read_retries.fetch_add(1, std::memory_order_relaxed);
+    if (attempt) ++*retries;
     SlotAt at;
     Probe p = probe(id, &at);
     if (p == Probe::kMiss) break;
@@ -378,11 +397,9 @@ int64_t Cache::read(uint64_t id, Alloc&& alloc) {
     if (at.slot->seq.load(std::memory_order_relaxed) != at.seq ||
         at.page->gen.load(std::memory_order_relaxed) != at.gen)
       continue;
-    stripe().hits.fetch_add(1, std::memory_order_relaxed);
     note_hit(id);
     return at.len;
   }
-  stripe().misses.fetch_add(1, std::memory_order_relaxed);
   return -1;
 }
 
