@@ -350,6 +350,9 @@ def _check_sizes(sizes) -> np.ndarray:
 def _check_fingerprint(fingerprint) -> Optional[str]:
     if fingerprint is not None and not isinstance(fingerprint, str):
         raise TypeError(f"fingerprint must be a str, got {type(fingerprint).__name__}")
+    if fingerprint is not None and "\0" in fingerprint:
+        # the segment stores it as a C string: "ab\0cd" would be kept, and matched, as "ab"
+        raise ValueError("fingerprint may not contain a NUL byte")
     return fingerprint
 
 

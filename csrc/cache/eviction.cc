@@ -137,9 +137,13 @@ uint64_t Cache::do_alloc_run(uint32_t id, uint64_t len, double key) {
     uint64_t vpage = slab_.page_of(voff);
     bool freed = do_evict(top.id);
     hdr_->stats.evictions.fetch_add(1, std::memory_order_relaxed);
-    if (!freed || !slab_.do_release_if_empty(vpage)) continue;  // no page came free
+    if (!freed) continue;
+    bool released = slab_.do_release_if_empty(vpage);
+    bool was_over = over;
     over = do_over_budget(id, len);
-    if (!over)
+    // Look for a run (an O(pages) scan) only when it may have appeared: a page came free, or the
+    // budget holds for the first time (the free run may have been there all along).
+    if (!over && (released || was_over))
       if (uint64_t h = slab_.do_take_run(k)) return (h - 1) * page_size_ + 1;
   }
   // Within budget but no run (pins, zombies or the policy's admission keep the pages): refused.
