@@ -9,6 +9,7 @@ with "stale": true rather than trusted silently.
 """
 import json
 import os
+import threading
 
 DIR = "/dev/shm"
 PREFIX = "shadecache-tiers."   # not "shadecache.": list_caches() must not take it for a segment
@@ -20,7 +21,9 @@ def path_of(cache_name: str) -> str:
 
 def write(cache_name: str, status: dict) -> None:
     path = path_of(cache_name)
-    tmp = f"{path}.{os.getpid()}.tmp"
+    # The server writes from its publishing thread and from its main thread (new peers): each
+    # writer needs its own temporary name, or one rename takes the other's file away.
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
     with open(tmp, "w") as f:
         json.dump(status, f, default=str)
     os.replace(tmp, path)
