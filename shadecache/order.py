@@ -288,15 +288,20 @@ class OrderBoard:
         rec[_S_CURSOR] = 0
         _fence()
         rec[_S_SEQ] = odd + 1         # even: a consistent order is up
-        # The readers' row of this epoch starts at zero: the first stream to publish the epoch
-        # zeroes it (its reads have not begun; the previous epoch's go to another row), and so
-        # does the very first publish on the board (a row of epoch 0 left by no one is zeros).
+        # The readers' rows. A row is never zeroed while it can be counted into: other ranks may
+        # already count reads of this epoch (atomic adds) while this publish runs, so zeroing this
+        # epoch's row here lost their counts. Rows start at zero when the board is created; the
+        # row of the NEXT epoch is cleared (of the counts of EPOCH_SLOTS epochs ago) by the
+        # publishes of this epoch, before any rank can read in the next one (a rank publishes the
+        # next epoch only after this one, and then stamps it, which stops the clearing).
         w = len(READER_COUNTERS)
-        row = self._readers[(int(epoch) % EPOCH_SLOTS) * w:(int(epoch) % EPOCH_SLOTS + 1) * w]
-        first_on_board = odd + 1 == 2 and not (np.delete(self._srec[:self.streams, _S_SEQ], s)).any()
-        if row[0] != epoch or first_on_board:
-            row[1:] = 0
-            row[0] = int(epoch)
+        e = int(epoch)
+        row = self._readers[(e % EPOCH_SLOTS) * w:(e % EPOCH_SLOTS + 1) * w]
+        if row[0] != e:
+            row[0] = e
+        nxt = self._readers[((e + 1) % EPOCH_SLOTS) * w:((e + 1) % EPOCH_SLOTS + 1) * w]
+        if nxt[0] != e + 1 and nxt[1:].any():
+            nxt[1:] = 0
         return m
 
     def set_cursor(self, stream: int, k: int) -> None:
