@@ -221,6 +221,11 @@ class Cache {
   bool do_over_budget(uint32_t id, uint64_t len) const;
   // The same for a value larger than a page: a run of whole pages (slab.h), slot offset + 1 or 0.
   uint64_t do_alloc_run(uint32_t id, uint64_t len, double key);
+  // The victim walk both allocations share: the next value to evict for a new one of `key`, in
+  // the policy's order. Keys readers moved are applied first; pinned values are set aside in
+  // aside_ (dead processes' views reaped once per walk, *reaped). false when the heap is empty or
+  // the policy will not evict the top for `key`.
+  bool do_next_victim(double key, bool* reaped, HeapNode* victim, uint64_t* voff);
   // Unpublishes `id` and frees its slot, or, when a view pins it, leaves the bytes as they are on
   // the zombie list. Returns false in that case.
   bool do_evict(uint32_t id);

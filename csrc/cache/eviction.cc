@@ -7,10 +7,6 @@
 
 namespace shadecache {
 
-// Finds a free slot of class `cls` for `len` bytes of `id` whose priority will be `key`, evicting
-// while the value bytes would exceed the budget (capacity_bytes) or the class has no free slot.
-// Returns the slot offset + 1, or 0 when the policy refuses (static full, or importance admission
-// fails because `key` does not beat the lowest cached priority).
 // Over budget: the cached copy of `id` (if any; it goes once the new slot is won) does not count.
 bool Cache::do_over_budget(uint32_t id, uint64_t len) const {
   uint64_t cur = idx_get(id, std::memory_order_relaxed);
@@ -18,6 +14,51 @@ bool Cache::do_over_budget(uint32_t id, uint64_t len) const {
   return hdr_->bytes_used - old + len > hdr_->capacity_bytes;
 }
 
+// Values that views pin are set aside during one allocation (they cannot be evicted now) and go
+// back into the heap when it ends, whatever happens (an exception would otherwise leave them out
+// of the heap). A page's key sum still counts them (aside_ tells do_add_key their keys).
+struct SetAside {
+  IndexedHeap& heap;
+  std::vector<HeapNode>& nodes;
+  ~SetAside() {
+    for (const HeapNode& n : nodes) heap.push(n.id, n.key);
+    nodes.clear();
+  }
+};
+
+bool Cache::do_next_victim(double key, bool* reaped, HeapNode* victim, uint64_t* voff) {
+  while (!heap_.empty()) {
+    HeapNode top = heap_.top();
+    double now = policy_->current_key(pstate_, top.id, top.key);
+    if (now != top.key) {  // readers moved it since (lru hit stamps): apply, look again
+      do_rekey(top.id, now);
+      continue;
+    }
+    if (!policy_->admits(key, top.key)) return false;
+    uint64_t off = idx_get(top.id, std::memory_order_relaxed) - 1;
+    if (pins_.any() && pins_.pinned(slot_code(off))) {
+      // A hint (the value is still published): views of dead processes are dropped once, then
+      // a value still pinned is passed over. do_evict decides for real.
+      if (!*reaped) {
+        *reaped = true;
+        do_reap_dead_pins();
+        continue;
+      }
+      aside_.push_back(top);  // first: if it throws, the node is still in the heap
+      heap_.remove(top.id);
+      continue;
+    }
+    *victim = top;
+    *voff = off;
+    return true;
+  }
+  return false;
+}
+
+// Finds a free slot of class `cls` for `len` bytes of `id` whose priority will be `key`, evicting
+// while the value bytes would exceed the budget (capacity_bytes) or the class has no free slot.
+// Returns the slot offset + 1, or 0 when the policy refuses (static full, or importance admission
+// fails because `key` does not beat the lowest cached priority).
 uint64_t Cache::do_alloc_slot(uint32_t cls, uint32_t id, uint64_t len, double key) {
   auto over_budget = [&] { return do_over_budget(id, len); };
   // A full cache may refuse the value (importance: unless it beats the lowest cached key). A
@@ -32,40 +73,12 @@ uint64_t Cache::do_alloc_slot(uint32_t cls, uint32_t id, uint64_t len, double ke
   if (!over)
     if (uint64_t u = slab_.do_take_slot(cls)) return u;
   if (!policy_->evicts()) return 0;
-  // Values that views pin are set aside (they cannot be evicted now) and go back at the end,
-  // whatever happens (an exception here would otherwise leave them out of the heap). A page's
-  // key sum still counts them (aside_ tells do_add_key their keys while they are out).
-  struct PutBack {
-    IndexedHeap& heap;
-    std::vector<HeapNode>& nodes;
-    ~PutBack() {
-      for (const HeapNode& n : nodes) heap.push(n.id, n.key);
-      nodes.clear();
-    }
-  } put_back{heap_, aside_};
+  SetAside put_back{heap_, aside_};
   bool reaped = false;
   uint64_t got = 0;
-  while (!heap_.empty()) {
-    HeapNode top = heap_.top();
-    double now = policy_->current_key(pstate_, top.id, top.key);
-    if (now != top.key) {  // readers moved it since (lru hit stamps): apply, look again
-      do_rekey(top.id, now);
-      continue;
-    }
-    if (!policy_->admits(key, top.key)) break;
-    uint64_t voff = idx_get(top.id, std::memory_order_relaxed) - 1;
-    if (pins_.any() && pins_.pinned(slot_code(voff))) {
-      // A hint (the value is still published): views of dead processes are dropped once, then
-      // a value still pinned is passed over. do_evict decides for real.
-      if (!reaped) {
-        reaped = true;
-        do_reap_dead_pins();
-        continue;
-      }
-      aside_.push_back(top);  // first: if it throws, the node is still in the heap
-      heap_.remove(top.id);
-      continue;
-    }
+  HeapNode top;
+  uint64_t voff;
+  while (do_next_victim(key, &reaped, &top, &voff)) {
     uint64_t vpage = slab_.page_of(voff);
     if (over || pages_[vpage].cls == cls || pages_[vpage].cls == kRunHead) {
       // Over budget any victim helps (its page goes to the free list once empty); within budget
@@ -106,34 +119,11 @@ uint64_t Cache::do_alloc_run(uint32_t id, uint64_t len, double key) {
   if (!over)
     if (uint64_t h = slab_.do_take_run(k)) return (h - 1) * page_size_ + 1;
   if (!policy_->evicts()) return 0;
-  struct PutBack {
-    IndexedHeap& heap;
-    std::vector<HeapNode>& nodes;
-    ~PutBack() {
-      for (const HeapNode& n : nodes) heap.push(n.id, n.key);
-      nodes.clear();
-    }
-  } put_back{heap_, aside_};
+  SetAside put_back{heap_, aside_};
   bool reaped = false;
-  while (!heap_.empty()) {
-    HeapNode top = heap_.top();
-    double now = policy_->current_key(pstate_, top.id, top.key);
-    if (now != top.key) {
-      do_rekey(top.id, now);
-      continue;
-    }
-    if (!policy_->admits(key, top.key)) break;
-    uint64_t voff = idx_get(top.id, std::memory_order_relaxed) - 1;
-    if (pins_.any() && pins_.pinned(slot_code(voff))) {
-      if (!reaped) {
-        reaped = true;
-        do_reap_dead_pins();
-        continue;
-      }
-      aside_.push_back(top);
-      heap_.remove(top.id);
-      continue;
-    }
+  HeapNode top;
+  uint64_t voff;
+  while (do_next_victim(key, &reaped, &top, &voff)) {
     uint64_t vpage = slab_.page_of(voff);
     bool freed = do_evict(top.id);
     hdr_->stats.evictions.fetch_add(1, std::memory_order_relaxed);
