@@ -411,4 +411,16 @@ def gc(persisted: bool = False, keep_for: Optional[float] = None) -> List[str]:
             continue
         if remove(name):
             removed.append(name)
+    # What a killed job leaves beside its segments: order boards of caches that no longer exist
+    # and the tier status files of peer servers that are gone.
+    from . import order, tier_status
+    caches = set(list_caches())
+    for entry in os.listdir(order.SHM_DIR):
+        if entry.startswith(order.PREFIX) and entry[len(order.PREFIX):] not in caches:
+            try:
+                os.unlink(os.path.join(order.SHM_DIR, entry))
+                removed.append(entry)
+            except FileNotFoundError:
+                pass
+    removed.extend(os.path.basename(p) for p in tier_status.sweep())
     return removed

@@ -73,7 +73,7 @@ def cmd_rm(args) -> int:
 def cmd_gc(args) -> int:
     keep_for = None if args.keep_for is None else _parse_age(args.keep_for)
     for name in gc(persisted=args.persisted, keep_for=keep_for):
-        print(f"removed {name} (its creator is gone)")
+        print(f"removed {name} (its creator or writer is gone)")
     return 0
 
 

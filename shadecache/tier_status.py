@@ -38,14 +38,10 @@ def read(cache_name: str):
         return None
     if not isinstance(d, dict):
         return None
-    pid = d.get("pid")
     try:
-        os.kill(int(pid), 0)
-        d["stale"] = False
-    except (TypeError, ValueError, ProcessLookupError):
+        d["stale"] = not _alive(int(d.get("pid")))
+    except (TypeError, ValueError):
         d["stale"] = True
-    except PermissionError:
-        d["stale"] = False
     return d
 
 
@@ -57,3 +53,39 @@ def remove(cache_name: str, pid: int) -> None:
             os.unlink(path_of(cache_name))
         except FileNotFoundError:
             pass
+
+
+def sweep() -> list:
+    """Removes the status files whose writer is gone (a server killed with SIGKILL cannot remove
+    its own) and the temporary files such a writer left; returns the paths removed (`gc`)."""
+    removed = []
+    for entry in os.listdir(DIR):
+        if not entry.startswith(PREFIX):
+            continue
+        path = os.path.join(DIR, entry)
+        if entry.endswith(".json"):
+            d = read(entry[len(PREFIX):-len(".json")])
+            gone = d is not None and d["stale"]
+        elif entry.endswith(".tmp"):
+            # <cache>.json.<pid>.<thread>.tmp: gone when the writing process is
+            pid = entry[:-len(".tmp")].split(".json.")[-1].split(".")[0]
+            gone = pid.isdigit() and not _alive(int(pid))
+        else:
+            continue
+        if gone:
+            try:
+                os.unlink(path)
+                removed.append(path)
+            except FileNotFoundError:
+                pass
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True

@@ -196,6 +196,7 @@ def test_three_node_processes_one_sigkilled_mid_epoch(store_path, tmp_path, wher
         server_pid = int(open(os.path.join(work, "addr.2")).read().split()[1])
         os.kill(server_pid, signal.SIGKILL)
         procs[2].kill()
+        procs[2].wait()
         open(os.path.join(work, "go.last"), "w").close()   # nodes 0 and 1 read their last epoch now
         for k in (0, 1):
             deadline = time.monotonic() + 120
@@ -216,6 +217,12 @@ def test_three_node_processes_one_sigkilled_mid_epoch(store_path, tmp_path, wher
                 p.kill()
                 p.wait()
     assert procs[0].returncode == 0 and procs[1].returncode == 0
+    # the killed node's server could not remove its tier status file: gc's sweep does
+    from shadecache import tier_status
+    tier_status.sweep()
+    names = [p[len(tier_status.PREFIX):-len(".json")] for p in os.listdir(tier_status.DIR)
+             if p.startswith(tier_status.PREFIX) and p.endswith(".json")]
+    assert not [n for n in names if (tier_status.read(n) or {}).get("stale")]
 
 
 def test_serve_command_serves_a_cache(cache_factory, store):

@@ -35,3 +35,24 @@ def test_two_threads_of_one_process_write_the_status_at_once():
         tier_status.remove(name, os.getpid())
     assert not os.path.exists(tier_status.path_of(name))
     assert not [p for p in os.listdir(tier_status.DIR) if p.startswith(f"{tier_status.PREFIX}{name}")]
+
+
+def test_gc_removes_what_killed_jobs_leave_beside_their_segments():
+    """A server killed with SIGKILL leaves its tier status file, a killed job its order board:
+    gc removes a status file whose writer is gone and a board whose cache no longer exists."""
+    import subprocess
+    import sys
+
+    from shadecache import order
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    name = f"t-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tier_status.write(name, {"pid": dead.pid})
+    board = order.OrderBoard.create(name, 10)
+    board.close()
+    assert tier_status.read(name)["stale"] and os.path.exists(order.board_path(name))
+    from shadecache.cache import gc
+    removed = gc()
+    assert not os.path.exists(tier_status.path_of(name)) and not os.path.exists(order.board_path(name))
+    assert f"{tier_status.PREFIX}{name}.json" in removed and f"{order.PREFIX}{name}" in removed
