@@ -5,7 +5,7 @@ loads a native module the caller does not need.
 """
 import importlib
 
-from ._version import __version__
+from ._version import __version__  # noqa: F401  (the package version, re-exported)
 from .errors import (  # noqa: F401
     CapacityError,
     ClosedError,

@@ -21,13 +21,12 @@ import atexit
 import math
 import os
 import time
-import weakref
-from typing import List, Optional, Sequence
+from typing import List, Optional
 
 import numpy as np
 
 from . import _core
-from .errors import ClosedError, FingerprintError
+from .errors import FingerprintError
 
 # Policy name -> the number the engine stores; the engine defines the list (csrc/cache/policies/).
 POLICIES = {name: number for number, name in enumerate(_core.POLICIES) if name}

@@ -2,7 +2,6 @@
 put / put_many / get / get_many / view under every policy, share memory with small values both
 ways, keep a view's bytes when replaced, and max_item_bytes still works as a limit. The crash and
 4-process tests with these sizes are in test_cache_crash.py and test_cache_processes.py."""
-import numpy as np
 import pytest
 
 import shadecache as sc

@@ -132,7 +132,7 @@ def _as_list(batch):
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_dataloader_two_workers_read_through_cache(cache_name, method):
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     from torch.utils.data import DataLoader
 
     with sc.Cache.create(cache_name, num_samples=512, capacity_bytes=4 << 20) as cache:
