@@ -44,11 +44,15 @@ def sources(*patterns):
 
 
 common = sources("csrc/common/*.cc", "csrc/bindings/errors.cc", "csrc/bindings/ids.cc")
+# Every header: setuptools rebuilds an extension only when a listed file is newer than it, and a
+# change to an inline function in a header (the cache's read path lives in cache.h) must rebuild.
+headers = sources("csrc/*/*.h", "csrc/*/*/*.h")
 core = Pybind11Extension(
     "shadecache._core",
     common + sources("csrc/cache/*.cc", "csrc/cache/policies/*.cc", "csrc/net/*.cc", "csrc/bindings/core_module.cc",
                      "csrc/bindings/sample_view.cc", "csrc/bindings/test_hooks.cc", "csrc/bindings/next_use_bindings.cc",
                      "csrc/bindings/batch_gather.cc", "csrc/bindings/peer_io.cc"),
+    depends=headers,
     include_dirs=["csrc"],
     cxx_std=17,
     extra_compile_args=CXXFLAGS,
@@ -64,6 +68,7 @@ io = Pybind11Extension(
     "shadecache._io",
     common + sources("csrc/io/*.cc", "csrc/bindings/io_module.cc",
                      "csrc/bindings/read_stream_bindings.cc", "csrc/bindings/tier_io.cc"),
+    depends=headers,
     include_dirs=["csrc"],
     cxx_std=17,
     extra_compile_args=CXXFLAGS,
