@@ -8,14 +8,18 @@ takes `latency` (1, 2 and 5 ms here) with 32 reads in flight (`SlowStore` below)
 SlowStore object serves the loader's misses and the prefetcher's reads, so both pay the same
 latency.
 
-Each cache policy of --policies (importance, clairvoyant) is measured with and without the
-prefetcher. The loop: a stock DataLoader (num_workers=0) over CachedDataset, ShadeSampler with uniform
-sampling (importance=False: the same order with and without the prefetcher), batch 64, and a
-training step stood in by `--step-ms` of sleep (the time a model would compute; the prefetcher
-is a separate process and does not share the loop's core time in a sleep). The cache holds
-`--cache-fraction` of the samples in both runs. Stall = the time the loop waits in next(loader)
-per epoch (the data path: cache hits copied out, misses read through SlowStore); the first epoch
-is reported too (cold cache) but the target is over all epochs.
+Each loader of --loaders and cache policy of --policies (importance, clairvoyant) is measured with
+and without the prefetcher (the same loader, the same cache size; only the prefetcher differs).
+Loaders: "dataloader" = a stock DataLoader (num_workers=0) over CachedDataset (decode=bytes), which
+copies and collates each batch in the loop itself; "cached" = sc.CachedLoader at its defaults
+(num_workers=2 assembly threads, prefetch_batches=2: the next batches are made, misses read
+included, while the loop runs its step), the loader a shadecache user would use. ShadeSampler
+with uniform sampling (importance=False: the same order with and without the prefetcher), batch
+64, and a training step stood in by `--step-ms` of sleep (the time a model would compute; the
+prefetcher is a separate process and does not share the loop's core time in a sleep). Stall = the
+time the loop waits in next(loader) per epoch; the first epoch (cold cache) is included in the
+target, and the first batch of each epoch is reported apart (the prefetcher's cold start).
+The lookahead is the prefetcher's automatic one unless --lookahead gives a number.
 """
 from __future__ import annotations
 
@@ -72,37 +76,46 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
     [_here] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 
 
-def run(path, latency_s, prefetch, args, name, policy="importance"):
+def _loader(kind, ds, sampler):
     from torch.utils.data import DataLoader
+    if kind == "dataloader":
+        return DataLoader(ds, batch_size=64, sampler=sampler, collate_fn=lambda items: items)
+    return sc.CachedLoader(ds, batch_size=64, sampler=sampler)   # its defaults: 2 threads, 2 ahead
+
+
+def run(path, latency_s, prefetch, args, name, policy="importance", loader="dataloader"):
     store = SlowStore(path, latency_s)
     n = len(store)
     cap = sc.Cache.capacity_for(max(1, round(args.cache_fraction * n)), store.lengths)
-    out = {"wait": [], "hit_ratio": [], "prefetched": 0, "prefetch_hits": 0, "wasted": 0}
+    out = {"wait": [], "first": [], "hit_ratio": [], "prefetched": 0, "prefetch_hits": 0,
+           "wasted": 0}
+    lookahead = None if args.lookahead == "auto" else int(args.lookahead)
     with sc.Cache.create(name, num_samples=n, capacity_bytes=cap, policy=policy,
                          sizes=store.lengths) as cache, \
             sc.OrderBoard.create(name, n) as board:
-        ds = sc.CachedDataset(store, cache, decode=bytes)
+        ds = (sc.CachedDataset(store, cache, decode=bytes) if loader == "dataloader"
+              else sc.CachedDataset(store, cache))            # raw (B, S) batches
         sampler = sc.ShadeSampler(ds, cache=cache, batch_size=64, importance=False, pads=False,
                                   rep_factor=0.0, seed=0)
-        pf = (sc.Prefetcher(cache, store, lookahead_samples=args.lookahead, batch=128,
+        pf = (sc.Prefetcher(cache, store, lookahead_samples=lookahead, batch=128,
                             max_batches=4).start() if prefetch else None)
         try:
             for epoch in range(args.epochs):
                 sampler.set_epoch(epoch)
                 before = ds.stats()
-                waited = 0.0
-                it = iter(DataLoader(ds, batch_size=64, sampler=sampler,
-                                     collate_fn=lambda items: items))
+                waits = []
+                it = iter(_loader(loader, ds, sampler))
                 while True:
                     t0 = time.perf_counter()
                     batch = next(it, None)
-                    waited += time.perf_counter() - t0
+                    waits.append(time.perf_counter() - t0)
                     if batch is None:
                         break
                     time.sleep(args.step_ms / 1000)          # the training step
                 sampler.end_epoch(0.0)
                 after = ds.stats()
-                out["wait"].append(waited)
+                out["wait"].append(sum(waits))
+                out["first"].append(waits[0])
                 out["hit_ratio"].append((after["hits"] - before["hits"])
                                         / max(1, after["samples"] - before["samples"]))
         finally:
@@ -124,10 +137,13 @@ def main(argv=None):
     ap.add_argument("--cache-fraction", type=float, default=0.2)
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--step-ms", type=float, default=10.0)
-    ap.add_argument("--lookahead", type=int, default=512)
+    ap.add_argument("--lookahead", default="auto",
+                    help="the prefetcher's lookahead_samples, or auto (its default: from the pace)")
     ap.add_argument("--latencies-ms", default="1,2,5")
     ap.add_argument("--policies", default="importance,clairvoyant",
                     help="cache policies to measure (each with and without the prefetcher)")
+    ap.add_argument("--loaders", default="dataloader,cached",
+                    help="dataloader (stock DataLoader, num_workers=0) and/or cached (CachedLoader)")
     ap.add_argument("--dir", default=os.path.join(OUT, "prefetch_bench"))
     ap.add_argument("--png", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                   "prefetch_stall.png"))
@@ -140,72 +156,85 @@ def main(argv=None):
             w.add(rng.bytes((args.sample_kb << 10) - 64), i % 10)
     lat = [float(x) for x in args.latencies_ms.split(",")]
     policies = args.policies.split(",")
+    loaders = args.loaders.split(",")
+    cases = [(ld, q, m) for ld in loaders for q in policies for m in lat]
     res = {}
-    for k, (pol, ms, pf) in enumerate(tqdm([(q, m, p) for q in policies for m in lat
-                                            for p in (False, True)], desc="runs", file=sys.stderr)):
-        res[(pol, ms, pf)] = run(path, ms / 1000, pf, args, f"sc-stall-{os.getpid()}-{k}", pol)
-    # the floor: the same loop with every sample cached after epoch 1 (what the data path costs
-    # in memory: get_many copies, collate), epochs 2+
+    for k, (ld, pol, ms, pf) in enumerate(tqdm([c + (p,) for c in cases for p in (False, True)],
+                                               desc="runs", file=sys.stderr)):
+        res[(ld, pol, ms, pf)] = run(path, ms / 1000, pf, args, f"sc-stall-{os.getpid()}-{k}",
+                                     pol, ld)
+    # the floor of each loader: the same loop with every sample cached after epoch 1 (what the
+    # data path costs in memory: copies, collate), epochs 2+
     import copy
     full = copy.copy(args)
     full.cache_fraction = 1.0
-    floor = run(path, 0.0, False, full, f"sc-stall-{os.getpid()}-floor")
+    floor = {ld: run(path, 0.0, False, full, f"sc-stall-{os.getpid()}-floor-{ld}", loader=ld)
+             for ld in loaders}
     os.remove(path)
     print(f"\n{args.samples} samples of {args.sample_kb} KB, cache {args.cache_fraction:.0%} of "
           f"them, {args.epochs} epochs, batch 64, step {args.step_ms:g} ms, lookahead "
-          f"{args.lookahead} samples, O_DIRECT + injected latency per read (32 in flight)\n")
-    print("| policy | latency per read | stall/epoch without (s) | stall/epoch with prefetch (s) "
-          "| ratio | epochs 2+ ratio | store wait/epoch without / with (s) | store-wait ratio "
-          "| hit ratio without / with | prefetched | prefetch hits | wasted | target <= 0.10 |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          f"{args.lookahead}, O_DIRECT + injected latency per read (32 in flight)\n")
+    print("| loader | policy | latency per read | stall/epoch without (s) | stall/epoch with "
+          "prefetch (s) | ratio | epochs 2+ ratio | first batch of an epoch without / with (s) "
+          "| store wait/epoch without / with (s) | store-wait ratio | hit ratio without / with "
+          "| prefetched | prefetch hits | wasted | target <= 0.10 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     ok_all = True
-    for pol, ms in [(q, m) for q in policies for m in lat]:
-        a, b = res[(pol, ms, False)], res[(pol, ms, True)]
+    for ld, pol, ms in cases:
+        a, b = res[(ld, pol, ms, False)], res[(ld, pol, ms, True)]
         wa, wb = np.mean(a["wait"]), np.mean(b["wait"])
         r = wb / wa
         r2 = np.mean(b["wait"][1:]) / np.mean(a["wait"][1:]) if args.epochs > 1 else float("nan")
         # the part of the stall spent waiting on the store (CachedDataset's per-epoch wait_s):
-        # what prefetching can remove; the rest is the in-memory data path (see the floor)
+        # what prefetching can remove; the rest is the in-memory data path (see the floor).
+        # With the CachedLoader the store is waited on by its threads, not always by the loop.
         sa = np.mean([e["wait_s"] for e in a["per_epoch"]]) if a["per_epoch"] else float("nan")
         sb = np.mean([e["wait_s"] for e in b["per_epoch"]]) if b["per_epoch"] else float("nan")
         ok = r <= 0.10
         ok_all &= ok
-        print(f"| {pol} | {ms:g} ms | {wa:.3f} ({' '.join(f'{x:.2f}' for x in a['wait'])}) | "
-              f"{wb:.3f} ({' '.join(f'{x:.2f}' for x in b['wait'])}) | {r:.3f} | {r2:.3f} | "
+        print(f"| {ld} | {pol} | {ms:g} ms | {wa:.3f} ({' '.join(f'{x:.3f}' for x in a['wait'])}) | "
+              f"{wb:.3f} ({' '.join(f'{x:.3f}' for x in b['wait'])}) | {r:.3f} | {r2:.3f} | "
+              f"{np.mean(a['first']):.4f} / {np.mean(b['first']):.4f} | "
               f"{sa:.3f} / {sb:.3f} | {sb / max(sa, 1e-12):.3f} | "
               f"{np.mean(a['hit_ratio']):.2f} / {np.mean(b['hit_ratio']):.2f} | "
               f"{b['prefetched']} | {b['prefetch_hits']} | {b['wasted']} | "
               f"{'yes' if ok else 'NO'} |")
     print("\nper epoch with prefetch (ds.stats()['per_epoch']): epoch: samples / prefetch hits / "
-          "wait_s (loop's wait on store reads) / prefetched / wasted")
-    for pol, ms in [(q, m) for q in policies for m in lat]:
-        rows = res[(pol, ms, True)]["per_epoch"]
-        print(f"  {pol} {ms:g} ms: " + "; ".join(
+          "wait_s (store reads of misses) / prefetched / wasted")
+    for ld, pol, ms in cases:
+        rows = res[(ld, pol, ms, True)]["per_epoch"]
+        print(f"  {ld} {pol} {ms:g} ms: " + "; ".join(
             f"{r['epoch']}: {r['samples']}/{r['prefetch_hits']}/{r['wait_s']:.3f}/"
             f"{r['prefetched']}/{r['prefetch_wasted']}" for r in rows))
-    fl = np.mean(floor["wait"][1:]) if args.epochs > 1 else float("nan")
-    print(f"\nfloor (every sample cached, epochs 2+, hit ratio "
-          f"{np.mean(floor['hit_ratio'][1:]):.2f}): {fl:.3f} s/epoch waiting in next(loader)")
+    fl = {}
+    for ld in loaders:
+        fl[ld] = np.mean(floor[ld]["wait"][1:]) if args.epochs > 1 else float("nan")
+        print(f"floor of {ld} (every sample cached, epochs 2+, hit ratio "
+              f"{np.mean(floor[ld]['hit_ratio'][1:]):.2f}): {fl[ld]:.4f} s/epoch waiting in "
+              f"next(loader)")
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, axes = plt.subplots(1, len(loaders), figsize=(7 * len(loaders), 4), squeeze=False)
     x = np.arange(len(lat))
     w = 0.8 / (2 * len(policies))
-    for j, pol in enumerate(policies):
-        ax.bar(x - 0.4 + (2 * j + 0.5) * w, [np.mean(res[(pol, m, False)]["wait"]) for m in lat],
-               w, label=f"no prefetch ({pol})")
-        ax.bar(x - 0.4 + (2 * j + 1.5) * w, [np.mean(res[(pol, m, True)]["wait"]) for m in lat],
-               w, label=f"prefetch ({pol})")
-    if args.epochs > 1:
-        ax.axhline(fl, color="grey", linestyle=":", label="every sample cached (floor)")
-    ax.set_xticks(x)
-    ax.set_xticklabels([f"{m:g} ms/read" for m in lat])
-    ax.set_ylabel("time the loop waited on data per epoch (s)")
-    ax.set_title(f"stall per epoch, O_DIRECT + injected read latency, cache "
-                 f"{args.cache_fraction:.0%}")
-    ax.legend()
-    ax.grid(axis="y", alpha=0.3)
+    for ax, ld in zip(axes[0], loaders):
+        for j, pol in enumerate(policies):
+            ax.bar(x - 0.4 + (2 * j + 0.5) * w,
+                   [np.mean(res[(ld, pol, m, False)]["wait"]) for m in lat], w,
+                   label=f"no prefetch ({pol})")
+            ax.bar(x - 0.4 + (2 * j + 1.5) * w,
+                   [np.mean(res[(ld, pol, m, True)]["wait"]) for m in lat], w,
+                   label=f"prefetch ({pol})")
+        if args.epochs > 1:
+            ax.axhline(fl[ld], color="grey", linestyle=":", label="every sample cached (floor)")
+        ax.set_xticks(x)
+        ax.set_xticklabels([f"{m:g} ms/read" for m in lat])
+        ax.set_ylabel("time the loop waited on data per epoch (s)")
+        ax.set_title(f"{ld}: stall per epoch, cache {args.cache_fraction:.0%}")
+        ax.legend(fontsize=8)
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle("O_DIRECT + injected read latency; with and without the prefetcher")
     fig.tight_layout()
     fig.savefig(args.png, dpi=110)
     print(f"\nplot: {args.png}")

@@ -468,16 +468,56 @@ def stream_of(rank: int, streams: int) -> int:
     return r % streams
 
 
+_PUBLISHED: dict = {}  # (pid, board path, stream) -> (epoch, order array) this process published
+
+
+def _publish(sampler, board, order):
+    """Publishes `order` as the sampler's order of its current epoch on its stream, and gives
+    every published id its first position of the epoch (the clairvoyant policy's input).
+    Returns (stream, entries published)."""
+    s = stream_of(getattr(sampler, "rank", 0), board.streams)
+    _MY_STREAM[(os.getpid(), board.path)] = s
+    m = board.publish(s, sampler.epoch, order)
+    _push_next_use(sampler.cache, board, np.unique(order[:m]))
+    _PUBLISHED[(os.getpid(), board.path, s)] = (sampler.epoch, order)
+    return s, m
+
+
+def publish_ahead(sampler) -> bool:
+    """ShadeSampler.set_epoch's and end_epoch's hook: draws the current epoch's order and
+    publishes it now, before the loader asks for its first batch, so that the prefetcher starts
+    reading the epoch's first misses while the training loop is elsewhere (evaluation, a
+    checkpoint, the epoch's last step). Does nothing without a board or when this very order is
+    already up. __iter__ then takes the published order as it is (published_iter)."""
+    board = board_for(getattr(sampler, "cache", None))
+    if board is None:
+        return False
+    order = sampler.order()
+    s = stream_of(getattr(sampler, "rank", 0), board.streams)
+    got = _PUBLISHED.get((os.getpid(), board.path, s))
+    if got is not None and got[0] == sampler.epoch and got[1] is order:
+        return False
+    _publish(sampler, board, order)
+    return True
+
+
 def published_iter(sampler, order: np.ndarray, start: int):
     """ShadeSampler.__iter__'s hook: publishes the epoch's order when the sampler's cache has a
-    board, and returns the iterator of order[start:] that moves the board's cursor as the
-    DataLoader takes ids (and the next uses of the ids taken, for the clairvoyant policy)."""
+    board (unless publish_ahead already put this very order up and nothing of it was taken), and
+    returns the iterator of order[start:] that moves the board's cursor as the DataLoader takes
+    ids (and the next uses of the ids taken, for the clairvoyant policy)."""
     board = board_for(getattr(sampler, "cache", None))
     if board is None:
         return iter(order[start:].tolist())
     s = stream_of(getattr(sampler, "rank", 0), board.streams)
-    _MY_STREAM[(os.getpid(), board.path)] = s
-    m = board.publish(s, sampler.epoch, order)
+    got = _PUBLISHED.get((os.getpid(), board.path, s))
+    st = board.stream_state(s)
+    if (start == 0 and got is not None and got[0] == sampler.epoch and got[1] is order
+            and st["epoch"] == sampler.epoch and st["cursor"] == 0 and st["seq"] % 2 == 0):
+        _MY_STREAM[(os.getpid(), board.path)] = s
+        m = min(order.size, board.capacity)
+    else:
+        s, m = _publish(sampler, board, order)
     return _tracked(board, s, order, start, m, sampler.cache,
                     max(1, int(getattr(sampler, "batch_size", 64))))
 
@@ -497,8 +537,6 @@ def _push_next_use(cache, board, ids):
 
 def _tracked(board, s, order, start, m, cache, step):
     setter = _next_use_setter(cache)
-    if setter is not None:   # every published id gets its first position of this epoch
-        _push_next_use(cache, board, np.unique(order[:m]))
     if start:
         board.consumed(s, 0, min(start, m))
     done = used = min(start, m)   # entries [0, done) taken by the loader; [0, used) consumed

@@ -45,7 +45,7 @@ import numpy as np
 from .cache import DEFAULT_MAX_ITEM_BYTES
 from .order import OrderBoard
 
-DEFAULTS = dict(lookahead_samples=4096, lookahead_bytes=256 << 20, batch=256, queue_depth=32,
+DEFAULTS = dict(lookahead_samples=None, lookahead_bytes=256 << 20, batch=256, queue_depth=32,
                 lanes=2, max_batches=4, poll_s=0.002)
 
 
@@ -80,6 +80,8 @@ class Prefetcher:
             if k == "poll_s":
                 if not isinstance(v, (int, float)) or not 0 < v <= 1:
                     raise ValueError(f"poll_s must be in (0, 1] seconds, got {v!r}")
+            elif k == "lookahead_samples" and v is None:
+                pass   # automatic: see _Pace
             elif isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise ValueError(f"{k} must be an int >= 1, got {v!r}")
         if len(store) != cache.num_samples:
@@ -178,24 +180,78 @@ class _NextTier:
             self.pool.shutdown(wait=True, cancel_futures=True)
 
 
+class _Pace:
+    """The automatic lookahead (lookahead_samples=None): how far ahead of the cursors the
+    prefetcher must read so that a miss is in the cache when the loader gets to it.
+
+    It measures the rate at which the loaders take samples (the streams' cursors, samples/s over
+    every stream) and how long one batch of reads takes from submit to insert (seconds), both as
+    moving averages, and reads ahead what the loaders take while `margin` such batches complete,
+    but at least enough to fill `max_batches` batches of misses at the observed miss fraction of
+    the window. Capped at half the cache's items (a window larger than the cache would evict its
+    own reads before they are used) and at `top` (the order's length). Before anything is
+    measured: max_batches batches' worth."""
+
+    def __init__(self, batch: int, max_batches: int, cache_items: int, margin: float = 3.0,
+                 alpha: float = 0.3):
+        self.batch, self.max_batches, self.margin, self.alpha = batch, max_batches, margin, alpha
+        self.cap = max(batch, cache_items // 2)
+        self.rate = None          # samples/s taken by the loaders (all streams)
+        self.read_s = None        # seconds from submit to insert of one batch
+        self.miss = None          # fraction of the window neither cached nor on its way
+        self._last = None         # (time, {stream: (epoch, cursor)}) of the last rate sample
+
+    @staticmethod
+    def _ewma(old, new, a):
+        return new if old is None else (1 - a) * old + a * new
+
+    def saw_cursors(self, now: float, cursors: dict) -> None:
+        if self._last is None:
+            self._last = (now, cursors)
+            return
+        t0, before = self._last
+        if now - t0 < 0.02:       # short intervals measure the poll, not the loader
+            return
+        moved = sum(c - before[s][1] for s, (e, c) in cursors.items()
+                    if s in before and before[s][0] == e and c >= before[s][1])
+        self._last = (now, cursors)
+        if moved:                 # idle gaps (evaluation, epoch ends) do not lower the rate
+            self.rate = self._ewma(self.rate, moved / (now - t0), self.alpha)
+
+    def saw_batch(self, seconds: float) -> None:
+        self.read_s = self._ewma(self.read_s, seconds, self.alpha)
+
+    def saw_window(self, size: int, misses: int) -> None:
+        if size:
+            self.miss = self._ewma(self.miss, max(misses, 1) / size, self.alpha)
+
+    def window(self, top: int) -> int:
+        fill = self.max_batches * self.batch / max(1.0 if self.miss is None else self.miss, 1e-3)
+        need = (self.margin * self.rate * self.read_s
+                if self.rate is not None and self.read_s is not None else 0.0)
+        return int(max(1, min(top, self.cap, max(fill, need))))
+
+
 def _window(board, lookahead):
-    """(epoch of the most advanced stream, the merged window's ids by distance from the cursors)."""
-    parts, dists, epoch = [], [], -1
+    """(epoch of the most advanced stream, the merged window's ids by distance from the cursors,
+    {stream: (epoch, cursor)})."""
+    parts, dists, epoch, cursors = [], [], -1, {}
     for s in range(board.streams):
         snap = board.snapshot(s, window=lookahead)
         if snap is None:
             continue
-        e, ids, _ = snap
+        e, ids, cursor = snap
+        cursors[s] = (e, cursor)
         epoch = max(epoch, e)
         parts.append(ids)
         dists.append(np.arange(ids.size))
     if not parts:
-        return epoch, np.empty(0, np.int64)
+        return epoch, np.empty(0, np.int64), cursors
     ids = np.concatenate(parts)
     d = np.concatenate(dists)
     ids = ids[np.argsort(d, kind="stable")]
     _, first = np.unique(ids, return_index=True)
-    return epoch, ids[np.sort(first)]
+    return epoch, ids[np.sort(first)], cursors
 
 
 def _make_room(cache, board, count: int, latest_use: int) -> int:
@@ -245,6 +301,12 @@ def run(cache_name, store, options, parent_pid):
     lengths = np.asarray(store.lengths, dtype=np.int64) if hasattr(store, "lengths") else None
     tier = _NextTier(store, options["queue_depth"], options["lanes"], options["max_batches"])
     L, B = options["lookahead_samples"], options["batch"]
+    pace = None
+    if L is None:   # automatic: from the loaders' pace and the reads' latency (_Pace)
+        mean_len = float(lengths.mean()) if lengths is not None and lengths.size else 4096.0
+        pace = _Pace(B, options["max_batches"],
+                     int(cache.capacity_bytes // max(mean_len, 1.0)))
+        L = pace.window(board.capacity)
     max_bytes, max_batches = options["lookahead_bytes"], options["max_batches"]
     inflight = deque()            # (ids, epoch) in submission order
     on_way = set()
@@ -260,7 +322,9 @@ def run(cache_name, store, options, parent_pid):
     signal.signal(signal.SIGTERM, on_term)
     try:
         while not stopping and not board.stop_requested and os.getppid() == parent_pid:
-            epoch, window = _window(board, L)
+            epoch, window, cursors = _window(board, L)
+            if pace is not None:
+                pace.saw_cursors(time.monotonic(), cursors)
             if epoch != last_epoch:
                 refused.clear()
                 last_epoch = epoch
@@ -279,11 +343,14 @@ def run(cache_name, store, options, parent_pid):
             skip = on_way | refused
             if skip and cand.size:
                 cand = cand[~np.isin(cand, np.fromiter(skip, np.int64, len(skip)))]
+            if pace is not None:
+                pace.saw_window(int(window.size), int(cand.size) + len(on_way))
+                L = pace.window(board.capacity)
             submitted = False
             if cand.size and len(inflight) < max_batches:
                 nbytes = (lengths[cand] if lengths is not None   # unknown sizes: a page's worth
                           else np.full(cand.size, min(cache.max_item_bytes, DEFAULT_MAX_ITEM_BYTES), np.int64))
-                budget = max_bytes - sum(int(nbytes_of) for _, _, nbytes_of in inflight)
+                budget = max_bytes - sum(int(f[2]) for f in inflight)
                 cut = int(np.searchsorted(np.cumsum(nbytes), budget, side="right"))
                 batch = cand[:min(B, cut)]
                 if batch.size and full:
@@ -294,13 +361,16 @@ def run(cache_name, store, options, parent_pid):
                     batch = batch[:_make_room(cache, board, int(batch.size), latest)]
                 if batch.size:
                     tier.submit(batch)
-                    inflight.append((batch, max(epoch, 0), int(nbytes[:batch.size].sum())))
+                    inflight.append((batch, max(epoch, 0), int(nbytes[:batch.size].sum()),
+                                     time.monotonic()))
                     on_way.update(batch.tolist())
                     board.count(max(epoch, 0), reads_issued=int(batch.size))
                     submitted = True
             if inflight and (not submitted or len(inflight) >= max_batches):
-                ids, ep, nb = inflight.popleft()
+                ids, ep, nb, t_sub = inflight.popleft()
                 data = tier.take()
+                if pace is not None:
+                    pace.saw_batch(time.monotonic() - t_sub)
                 admitted = _insert(cache, board, ids, data)
                 on_way.difference_update(ids.tolist())
                 full = full or not admitted.all()   # the cache only shrinks by removals
@@ -314,7 +384,7 @@ def run(cache_name, store, options, parent_pid):
                 time.sleep(options["poll_s"])
         # a clean stop: finish (and insert) what is in flight, so no read is left to die with us
         while inflight:
-            ids, ep, _ = inflight.popleft()
+            ids, ep, *_ = inflight.popleft()
             data = tier.take()
             admitted = _insert(cache, board, ids, data)
             board.flags[ids[admitted]] = 1

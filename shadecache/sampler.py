@@ -44,7 +44,7 @@ import torch.distributed as dist
 from torch.utils.data import Sampler
 
 from .importance import ImportanceTable
-from .order import published_iter
+from .order import publish_ahead, published_iter
 
 
 def _dist_world():
@@ -162,6 +162,7 @@ class ShadeSampler(Sampler):
             self._weights = None
             self._consumed = 0
             self._start = 0
+        publish_ahead(self)   # issue 10: a board's prefetcher starts on the epoch's order now
 
     def _rng(self, stream: int):
         # one independent stream per (seed, epoch, purpose); rank only where it must differ
@@ -379,6 +380,10 @@ class ShadeSampler(Sampler):
         self._weights = None
         self._consumed = 0
         self._start = 0
+        # issue 10: with an order board, the next epoch's order is drawn and published now (its
+        # draw uses the scores just folded and the cache as it is), so the prefetcher reads its
+        # first batches before the loader asks for them; without a board it is drawn at __iter__
+        publish_ahead(self)
 
     # ---- coverage ----------------------------------------------------------------------------
     def coverage(self) -> dict:

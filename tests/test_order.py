@@ -197,3 +197,28 @@ def test_a_publish_after_a_writer_died_mid_publish_is_readable(board_name):
         snap = b.snapshot(0)
         assert snap is not None and snap[0] == 1 and np.array_equal(snap[1], np.arange(10, 20))
         assert int(b._srec[0, _S_SEQ]) % 2 == 0
+
+
+def test_set_epoch_and_end_epoch_publish_ahead_of_iter(board_name):
+    n = 300
+    with sc.Cache.create(board_name + "x", num_samples=n, capacity_bytes=1 << 20) as other:
+        s = sc.ShadeSampler(n, cache=other, batch_size=32, seed=1)
+        s.set_epoch(1)
+        assert s._order is None                  # no board: drawn at __iter__, as before
+    with sc.Cache.create(board_name, num_samples=n, capacity_bytes=1 << 20) as cache, \
+            OrderBoard.create(board_name, n) as b:
+        s = sc.ShadeSampler(n, cache=cache, batch_size=32, seed=1)
+        s.set_epoch(4)
+        st = b.stream_state(0)
+        assert (st["epoch"], st["length"], st["cursor"]) == (4, len(s.order()), 0)
+        assert b.snapshot(0)[1].tolist() == s.order().tolist()
+        seq = st["seq"]
+        s.set_epoch(4)                           # the same order: not published again
+        assert list(iter(s)) == s.order().tolist() and b.stream_state(0)["seq"] == seq
+        it = iter(s)                             # a second pass re-publishes (cursor went on)
+        next(it)
+        assert b.stream_state(0)["seq"] == seq + 2 and b.stream_state(0)["cursor"] == 0
+        list(it)
+        s.end_epoch(0.0)                         # epoch 5 is drawn and up before any __iter__
+        assert b.stream_state(0)["epoch"] == 5
+        assert b.snapshot(0)[1].tolist() == s.order().tolist()

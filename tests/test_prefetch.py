@@ -176,9 +176,11 @@ def test_four_processes_with_a_prefetcher(store_path, name):
         assert all(not r[1] for r in results), [r[1] for r in results]
         # four processes added their reads to the same per-epoch rows: none lost
         rows = board.epoch_counters()
-        assert [(r["epoch"], r["samples"]) for r in rows] == [(0, N), (1, N)]
+        assert [(r["epoch"], r["samples"]) for r in rows if r["samples"]] == [(0, N), (1, N)]
         assert sum(r["prefetch_hits"] for r in rows) == sum(r[2] for r in results)
-        assert all(board.stream_state(s)["epoch"] == 1 for s in range(4))
+        # end_epoch(1) published epoch 2's order ahead (publish_ahead): read by no loader yet
+        assert all(board.stream_state(s)["epoch"] == 2 for s in range(4))
+        assert all(r["samples"] == 0 for r in rows if r["epoch"] == 2)
         assert board.totals()["prefetched"] > 0
         c.check()
 
@@ -294,3 +296,43 @@ def test_shadecache_stats_shows_the_prefetch_counters(store_path, name):
         assert 0 < c.stats()["items"] <= pf["prefetched"]   # swaps remove some it brought
         assert pf["per_epoch"][0]["epoch"] == 0 and pf["prefetcher_pid"] == 0
         assert {"samples", "hits", "prefetch_hits", "wait_s"} <= set(pf["per_epoch"][0])
+
+
+def test_the_prefetcher_reads_an_epoch_before_its_first_batch_is_asked_for(store_path, name):
+    # set_epoch publishes the order (publish_ahead); the automatic lookahead (no
+    # lookahead_samples) reads the epoch's first misses while nothing iterates the sampler
+    store = sc.PackedStore(store_path)
+    with sc.Cache.create(name, num_samples=N, capacity_bytes=1 << 20,
+                         sizes=store.lengths) as c, OrderBoard.create(name, N) as board:
+        sampler = sc.ShadeSampler(N, cache=c, batch_size=32, importance=False, pads=False,
+                                  rep_factor=0.0, seed=3)
+        with sc.Prefetcher(c, store, batch=16):
+            sampler.set_epoch(0)
+            first = sampler.order()[:32]
+            deadline = time.monotonic() + 30
+            while not c.cached_mask()[first].all() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert c.cached_mask()[first].all()
+            assert board.stream_state(0)["cursor"] == 0      # no id was taken yet
+            seq = board.stream_state(0)["seq"]
+            assert list(iter(sampler)) == sampler.order().tolist()
+            assert board.stream_state(0)["seq"] == seq       # __iter__ took the published order
+            for i, x in zip(first.tolist(), c.get_many(first.tolist())):
+                assert verify_value(i, x) == ""
+        c.check()
+
+
+def test_the_automatic_lookahead_follows_the_pace():
+    from shadecache.prefetch import _Pace
+    p = _Pace(batch=16, max_batches=4, cache_items=2000)
+    assert p.window(10_000) == 64                  # nothing measured: max_batches batches
+    p.saw_window(100, 25)                          # a quarter of the window is to read
+    assert p.window(10_000) == 256
+    p.saw_cursors(0.0, {0: (0, 0)})
+    p.saw_cursors(0.1, {0: (0, 1000)})             # 10,000 samples/s
+    p.saw_cursors(0.2, {0: (1, 5)})                # a new epoch: no rate sample from it
+    assert p.rate == pytest.approx(10_000)
+    p.saw_batch(0.02)                              # 20 ms a batch: 3 x 200 samples ahead
+    assert p.window(10_000) == 600 and p.window(300) == 300
+    p.saw_batch(0.2)                               # slower reads: capped at half the cache
+    assert p.window(10_000) == 1000
