@@ -34,6 +34,7 @@ import fcntl
 import os
 import struct
 import threading
+import time
 
 import numpy as np
 
@@ -44,6 +45,7 @@ _DTYPE = np.dtype([("id", "<i8"), ("size", "<u4"), ("slot", "<u4"), ("len", "<u4
                    ("res", "<u4"), ("ecrc", "<u4")])
 HEADER = b"SHSSDIX1" + bytes(24)         # magic + version, one entry wide
 REMOVED = 0xFFFFFFFF
+MOVED = 0xFFFFFFFE                       # last entry of a journal that compaction replaced
 MAX_ID = (1 << 31) - 1                   # ids are dense; larger ones are not kept
 _HIGH_FD = 1024                          # kept descriptors go at or above this (FD_SETSIZE)
 
@@ -81,6 +83,7 @@ class Layout:
         self._tlock = threading.Lock()   # flock is per open file: threads of this process queue here
         self._jfd = -1
         self._ino = None
+        self._checked = 0.0       # when the journal's path was last looked up
         self._fds = {}            # slot size -> read/write descriptor of its file
         self._file_slots = {}     # slot size -> slots the file has room for (preallocated)
         self.torn = 0             # journal entries dropped on replay (bad crc32c)
@@ -88,8 +91,12 @@ class Layout:
 
     # ---- index state -------------------------------------------------------------------------
     def do_reset(self):
-        self.size = np.full(0, -1, dtype=np.int64)     # by id: slot size, -1 when not held
+        # by id (the columns the native reader looks ids up in): slot size (-1: not held), slot,
+        # descriptor of the slot file (-1: not held), offset, value length, crc32c
+        self.size = np.full(0, -1, dtype=np.int64)
         self.slot = np.zeros(0, dtype=np.int64)
+        self.fdv = np.full(0, -1, dtype=np.int32)
+        self.off = np.zeros(0, dtype=np.int64)
         self.length = np.zeros(0, dtype=np.int64)
         self.crc = np.zeros(0, dtype=np.uint32)
         self.owner = {}           # slot size -> {slot: id}
@@ -101,7 +108,7 @@ class Layout:
 
     def _grow(self, i: int):
         n = max(i + 1, 2 * self.size.size, 1024)
-        for name, fill in (("size", -1), ("slot", 0), ("length", 0), ("crc", 0)):
+        for name, fill in (("size", -1), ("slot", 0), ("fdv", -1), ("off", 0), ("length", 0), ("crc", 0)):
             old = getattr(self, name)
             new = np.full(n, fill, dtype=old.dtype)
             new[:old.size] = old
@@ -115,6 +122,7 @@ class Layout:
         self.owner[s].pop(k, None)
         self.free[s].add(k)
         self.size[i] = -1
+        self.fdv[i] = -1
         self.used -= s
         self.items -= 1
 
@@ -138,28 +146,23 @@ class Layout:
         free.discard(k)
         own[k] = i
         self.size[i], self.slot[i], self.length[i], self.crc[i] = s, k, length, crc
+        self.off[i] = k * s
+        self.fdv[i] = self.fd(s)
         self.used += s
         self.items += 1
 
     def do_catch_up(self):
         """Applies what the journal gained since the last call (all of it after a compaction
-        replaced the file, or on the first call). Only whole entries are read."""
-        try:
-            st = os.stat(self.journal_path)
-        except FileNotFoundError:
-            st = None
-        if st is None or st.st_ino != self._ino:
-            if self._jfd >= 0:
-                os.close(self._jfd)
-                self._jfd = -1
-            self.do_reset()
-            if st is None:
-                return
-            self._jfd = _high(os.open(self.journal_path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC))
-            self._ino = os.fstat(self._jfd).st_ino
-            if os.pread(self._jfd, len(HEADER), 0) != HEADER:
-                return   # not our journal (or torn at birth): nothing is trusted from it
-            self._jpos = len(HEADER)
+        replaced the file, or on the first call). Only whole entries are read. One fstat when
+        nothing changed: a compaction ends the old file with a MOVED entry, and only then (or
+        when there is no file yet) is the path looked up again."""
+        now = time.monotonic()
+        if self._jfd >= 0 and os.fstat(self._jfd).st_size == self._jpos and now - self._checked < 1.0:
+            return
+        self._checked = now   # the path is looked up at least once a second (a MOVED entry lost)
+        self._follow()
+        if self._jfd < 0:
+            return
         end = os.fstat(self._jfd).st_size
         end -= (end - self._jpos) % ENTRY.size
         if end <= self._jpos:
@@ -171,7 +174,34 @@ class Layout:
             if crc32c(raw[k * 32:k * 32 + 28]) != e[6] or e[0] < 0 or e[0] > MAX_ID or e[1] == 0:
                 self.torn += 1
                 continue
+            if e[3] == MOVED:
+                if self._follow():
+                    return self.do_catch_up()
+                continue
             self._apply(e[0], e[1], e[2], e[3], e[4])
+
+    def _follow(self) -> bool:
+        """(Re)opens the journal at its path when that is another file than ours, and starts
+        over from it; True when it did."""
+        try:
+            st = os.stat(self.journal_path)
+        except FileNotFoundError:
+            st = None
+        if self._jfd >= 0 and st is not None and st.st_ino == self._ino:
+            return False
+        if self._jfd >= 0:
+            os.close(self._jfd)
+            self._jfd = -1
+        self.do_reset()
+        if st is None:
+            return False
+        self._jfd = _high(os.open(self.journal_path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC))
+        self._ino = os.fstat(self._jfd).st_ino
+        if os.pread(self._jfd, len(HEADER), 0) == HEADER:
+            self._jpos = len(HEADER)
+        else:   # not our journal (or torn at birth): nothing is trusted from it
+            self._jpos = os.fstat(self._jfd).st_size
+        return True
 
     # ---- writing (the file lock held) --------------------------------------------------------
     def locked(self):
@@ -196,12 +226,23 @@ class Layout:
             os.ftruncate(self._jfd, size - (size - len(HEADER)) % ENTRY.size)
 
     def _write_journal(self, entries):
+        """Replaces the journal with one holding `entries` (written, fsync'ed, renamed into
+        place), then ends the old file with a MOVED entry so that every process tailing it
+        follows. File lock held."""
         tmp = f"{self.journal_path}.{os.getpid()}.tmp"
         with open(tmp, "wb") as f:
             f.write(HEADER + b"".join(entries))
             f.flush()
             os.fsync(f.fileno())
+        try:
+            old = os.open(self.journal_path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        except FileNotFoundError:
+            old = -1
         os.rename(tmp, self.journal_path)
+        if old >= 0:
+            os.write(old, entry(0, 1, 0, MOVED, 0))
+            os.close(old)
+        self._follow()
 
     def append(self, entries):
         """Appends entries and applies them. File lock and mu held."""

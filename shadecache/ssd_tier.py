@@ -94,20 +94,13 @@ class SSDTier:
         if self._reader is None:
             self._reader = _io.TierReader("auto", self.queue_depth_io)
         t0 = time.perf_counter_ns()
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        if ids.size and ids.min() < 0:
-            raise IndexError(f"sample id {int(ids.min())} is negative")
         lay = self._layout
         with self._mu:
             lay.do_catch_up()
-            known = ids < lay.size.size
-            at = np.where(known, ids, 0)
-            sizes = np.where(known, lay.size[at] if lay.size.size else -1, -1)
-            offs = lay.slot[at] * sizes if lay.size.size else np.zeros(ids.size, np.int64)
-            lens = lay.length[at] if lay.size.size else np.zeros(ids.size, np.int64)
-            crcs = lay.crc[at] if lay.size.size else np.zeros(ids.size, np.uint32)
-            fds = lay.fd_table(sizes)
-        values, status, errs, hits, nbytes, bad = self._reader.read_many(fds, offs, lens, crcs)
+            cols = (lay.fdv, lay.off, lay.length, lay.crc)
+        # The columns are read without mu: a row the writer changes meanwhile can only fail its
+        # crc32c (then _damaged reads it again before it calls it damaged), never pass wrongly.
+        values, status, errs, hits, nbytes, bad = self._reader.read_many(ids, *cols)
         c = self.counters
         c["read_ns"] += time.perf_counter_ns() - t0
         c["calls"] += 1
@@ -115,26 +108,30 @@ class SSDTier:
         c["misses"] += len(values) - hits
         c["bytes_read"] += nbytes
         if bad:
+            ids = np.asarray(ids, dtype=np.int64).reshape(-1)
             for k in np.flatnonzero(status >= 2).tolist():
                 i = int(ids[k])
                 if status[k] == 2:
-                    self._damaged(i, int(sizes[k]), int(offs[k]), int(crcs[k]))
+                    self._damaged(i)
                 else:   # EIO and the like: a miss, the store has it
-                    self._warn(f"cannot read sample {i} from {lay.file_of(int(sizes[k]))}: "
+                    self._warn(f"cannot read sample {i} from {lay.file_of(int(lay.size[i]))}: "
                                f"{os.strerror(int(errs[k]))}")
         return values
 
-    def _damaged(self, i: int, size: int, off: int, crc: int):
-        """Value i did not match its crc32c (or was short). If the index still says what the read
-        was based on (not a slot another process reused meanwhile), it is damaged: removed."""
+    def _damaged(self, i: int):
+        """Value i did not match its crc32c (or was short). Read again with the index held still
+        (file lock: no process writes; mu: no thread of ours): if it fails again it is damaged
+        and removed; if not, its slot was reused under the first read's feet (a plain miss)."""
         lay = self._layout
         with lay.locked(), self._mu:
             lay.do_catch_up()
-            if i < lay.size.size and lay.size[i] == size and lay.slot[i] * size == off and lay.crc[i] == crc:
+            again = self._reader.read_many([i], lay.fdv, lay.off, lay.length, lay.crc)[1][0]
+            if again == 2:
+                s = int(lay.size[i])
                 self.counters["corrupt"] += 1
-                self._warn(f"SSD tier value of sample {i} in {lay.file_of(size)} is damaged "
+                self._warn(f"SSD tier value of sample {i} in {lay.file_of(s)} is damaged "
                            "(length or crc32c); removed, the store is read instead")
-                lay.append([entry(i, size, int(lay.slot[i]), REMOVED, 0)])
+                lay.append([entry(i, s, int(lay.slot[i]), REMOVED, 0)])
 
     # ---- writes (background) -----------------------------------------------------------------
     def put_many(self, ids, values) -> None:

@@ -1,13 +1,15 @@
 // shadecache._io.TierReader: the SSD tier's batched, checked reads (csrc/io/tier_reader.h).
 //
-// GIL: the result bytes objects are allocated with it (private to this call until it returns);
-// the reads and crc32c checks run without it.
+// GIL: the ids are looked up in the index columns (numpy arrays owned by shadecache/ssd_layout.py)
+// and the result bytes objects allocated with it (private to this call until it returns); the
+// reads and crc32c checks run without it.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
 #include <memory>
 #include <vector>
 
+#include "bindings/ids.h"
 #include "common/error.h"
 #include "io/tier_reader.h"
 
@@ -37,14 +39,17 @@ void register_tier_reader(py::module_& m) {
            py::arg("backend") = "auto", py::arg("queue_depth") = 64)
       .def(
           "read_many",
-          [](TierReader& r, const py::handle& fds_obj, const py::handle& off_obj, const py::handle& len_obj,
-             const py::handle& crc_obj) {
-            auto fds = py::array_t<int32_t, py::array::c_style | py::array::forcecast>::ensure(fds_obj);
+          [](TierReader& r, const py::handle& ids_obj, const py::handle& fd_obj, const py::handle& off_obj,
+             const py::handle& len_obj, const py::handle& crc_obj) {
+            IdArray ids = integer_ids(ids_obj);
+            auto fds = py::array_t<int32_t, py::array::c_style | py::array::forcecast>::ensure(fd_obj);
             if (!fds || fds.ndim() != 1) throw py::value_error("TierReader.read_many: fds must be a 1-d array");
-            size_t n = static_cast<size_t>(fds.shape(0));
-            auto offs = column<int64_t>(off_obj, "offsets", n);
-            auto lens = column<int64_t>(len_obj, "lengths", n);
-            auto crcs = column<uint32_t>(crc_obj, "crcs", n);
+            size_t rows = static_cast<size_t>(fds.shape(0));
+            auto offs = column<int64_t>(off_obj, "offsets", rows);
+            auto lens = column<int64_t>(len_obj, "lengths", rows);
+            auto crcs = column<uint32_t>(crc_obj, "crcs", rows);
+            const int64_t* id = ids.data();
+            size_t n = static_cast<size_t>(ids.size());
             const int32_t* fd = fds.data();
             const int64_t* off = offs.data();
             const int64_t* len = lens.data();
@@ -52,16 +57,19 @@ void register_tier_reader(py::module_& m) {
             std::vector<TierReader::Op> ops(n);
             std::vector<py::object> vals(n);
             for (size_t k = 0; k < n; ++k) {
+              if (id[k] < 0)
+                throw Error(ErrorKind::kOutOfRange, "sample id " + std::to_string(id[k]) + " is negative");
               ops[k] = TierReader::Op{-1, 0, 0, 0, nullptr};
-              if (fd[k] < 0) continue;
-              if (off[k] < 0 || len[k] < 0 || len[k] > static_cast<int64_t>(UINT32_MAX))
-                throw py::value_error("TierReader.read_many: offset or length out of range at position " +
-                                      std::to_string(k));
-              PyObject* b = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(len[k]));
+              size_t row = static_cast<size_t>(id[k]);
+              if (row >= rows || fd[row] < 0) continue;   // not in the tier
+              if (off[row] < 0 || len[row] < 0 || len[row] > static_cast<int64_t>(UINT32_MAX))
+                throw py::value_error("TierReader.read_many: offset or length out of range for id " +
+                                      std::to_string(id[k]));
+              PyObject* b = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(len[row]));
               if (b == nullptr) throw py::error_already_set();
               vals[k] = py::reinterpret_steal<py::object>(b);
-              ops[k] = TierReader::Op{fd[k], static_cast<uint64_t>(off[k]), static_cast<uint32_t>(len[k]), crc[k],
-                                      PyBytes_AS_STRING(b)};
+              ops[k] = TierReader::Op{fd[row], static_cast<uint64_t>(off[row]), static_cast<uint32_t>(len[row]),
+                                      crc[row], PyBytes_AS_STRING(b)};
             }
             py::array_t<int32_t> status(static_cast<py::ssize_t>(n));
             py::array_t<int32_t> err(static_cast<py::ssize_t>(n));
@@ -88,10 +96,13 @@ void register_tier_reader(py::module_& m) {
             }
             return py::make_tuple(values, status, err, hits, nbytes, bad);
           },
-          py::arg("fds"), py::arg("offsets"), py::arg("lengths"), py::arg("crcs"),
-          "(values, status, errno, hits, bytes of the hits, damaged + failed): reads lengths[k] bytes at "
-          "offsets[k] of descriptor fds[k] (< 0: a miss) and checks them against crcs[k] (crc32c); "
-          "status 0 ok, 1 missing, 2 damaged (short or crc32c), 3 failed (errno)")
+          py::arg("ids"), py::arg("fds"), py::arg("offsets"), py::arg("lengths"), py::arg("crcs"),
+          "(values, status, errno, hits, bytes of the hits, damaged + failed) for ids, looked up in the "
+          "index columns (one row per id): reads lengths[id] bytes at offsets[id] of descriptor fds[id] "
+          "(< 0, or an id past the columns: a miss) and checks them against crcs[id] (crc32c); "
+          "status 0 ok, 1 missing, 2 damaged (short or crc32c), 3 failed (errno). A negative id "
+          "raises IndexError. The columns are read without the GIL: a row changed meanwhile can only "
+          "fail its crc32c, never pass with wrong bytes")
       .def_property_readonly("backend", [](TierReader& r) { return r.backend().name(); })
       .def_property_readonly("fallback_reason",
                              [](TierReader& r) { return r.backend().fallback_reason(); });
