@@ -84,6 +84,7 @@ class Layout:
         self._jfd = -1
         self._ino = None
         self._checked = 0.0       # when the journal's path was last looked up
+        self._tailed = 0.0        # when its size was last looked at (at most once a millisecond)
         self._fds = {}            # slot size -> read/write descriptor of its file
         self._file_slots = {}     # slot size -> slots the file has room for (preallocated)
         self.torn = 0             # journal entries dropped on replay (bad crc32c)
@@ -151,15 +152,21 @@ class Layout:
         self.used += s
         self.items += 1
 
-    def do_catch_up(self):
+    def do_catch_up(self, force: bool = False):
         """Applies what the journal gained since the last call (all of it after a compaction
-        replaced the file, or on the first call). Only whole entries are read. One fstat when
-        nothing changed: a compaction ends the old file with a MOVED entry, and only then (or
+        replaced the file, or on the first call). Only whole entries are read. Cheap when nothing
+        changed: unless forced (every caller holding the file lock forces), no syscall within a
+        millisecond of the last look (what other processes append shows up at most 1 ms late;
+        this process's own appends apply at once), else one fstat;
+        a compaction ends the old file with a MOVED entry, and only then (or once a second, or
         when there is no file yet) is the path looked up again."""
         now = time.monotonic()
-        if self._jfd >= 0 and os.fstat(self._jfd).st_size == self._jpos and now - self._checked < 1.0:
+        if self._jfd >= 0 and not force and (now - self._tailed < 0.001
+                               or os.fstat(self._jfd).st_size == self._jpos and now - self._checked < 1.0):
             return
-        self._checked = now   # the path is looked up at least once a second (a MOVED entry lost)
+        self._tailed = now
+        if now - self._checked >= 1.0 or self._jfd < 0:
+            self._checked = now   # the path is looked up at least once a second (a MOVED entry lost)
         self._follow()
         if self._jfd < 0:
             return
@@ -176,7 +183,7 @@ class Layout:
                 continue
             if e[3] == MOVED:
                 if self._follow():
-                    return self.do_catch_up()
+                    return self.do_catch_up(force=True)
                 continue
             self._apply(e[0], e[1], e[2], e[3], e[4])
 
@@ -220,7 +227,7 @@ class Layout:
             ok = False
         if not ok:
             self._write_journal([])
-        self.do_catch_up()
+        self.do_catch_up(force=True)
         size = os.fstat(self._jfd).st_size
         if (size - len(HEADER)) % ENTRY.size:
             os.ftruncate(self._jfd, size - (size - len(HEADER)) % ENTRY.size)
@@ -248,7 +255,7 @@ class Layout:
         """Appends entries and applies them. File lock and mu held."""
         if entries:
             os.write(self._jfd, b"".join(entries))
-            self.do_catch_up()
+            self.do_catch_up(force=True)
 
     def compact_if_needed(self):
         """Rewrites the journal with one entry per held value when it has grown to more than
@@ -259,7 +266,7 @@ class Layout:
         held = np.flatnonzero(self.size >= 0)
         self._write_journal([entry(int(i), int(self.size[i]), int(self.slot[i]), int(self.length[i]),
                                    int(self.crc[i])) for i in held])
-        self.do_catch_up()
+        self.do_catch_up(force=True)
 
     def take_slot(self, s: int) -> int:
         """A free slot of size class s, its file grown (preallocated) when needed. Raises OSError

@@ -124,7 +124,7 @@ class SSDTier:
         and removed; if not, its slot was reused under the first read's feet (a plain miss)."""
         lay = self._layout
         with lay.locked(), self._mu:
-            lay.do_catch_up()
+            lay.do_catch_up(force=True)
             again = self._reader.read_many([i], lay.fdv, lay.off, lay.length, lay.crc)[1][0]
             if again == 2:
                 s = int(lay.size[i])

@@ -71,10 +71,9 @@ void register_tier_reader(py::module_& m) {
               ops[k] = TierReader::Op{fd[row], static_cast<uint64_t>(off[row]), static_cast<uint32_t>(len[row]),
                                       crc[row], PyBytes_AS_STRING(b)};
             }
-            py::array_t<int32_t> status(static_cast<py::ssize_t>(n));
-            py::array_t<int32_t> err(static_cast<py::ssize_t>(n));
-            int32_t* st = status.mutable_data();
-            int32_t* er = err.mutable_data();
+            std::vector<int32_t> stv(n), erv(n);
+            int32_t* st = stv.data();
+            int32_t* er = erv.data();
             {
               py::gil_scoped_release nogil;
               r.read(ops.data(), n, st, er);
@@ -94,10 +93,14 @@ void register_tier_reader(py::module_& m) {
               }
               PyList_SET_ITEM(values.ptr(), k, v);
             }
-            return py::make_tuple(values, status, err, hits, nbytes, bad);
+            if (bad == 0) return py::tuple(py::make_tuple(values, py::none(), py::none(), hits, nbytes, bad));
+            py::array_t<int32_t> status(static_cast<py::ssize_t>(n), st);
+            py::array_t<int32_t> err(static_cast<py::ssize_t>(n), er);
+            return py::tuple(py::make_tuple(values, status, err, hits, nbytes, bad));
           },
           py::arg("ids"), py::arg("fds"), py::arg("offsets"), py::arg("lengths"), py::arg("crcs"),
-          "(values, status, errno, hits, bytes of the hits, damaged + failed) for ids, looked up in the "
+          "(values, status, errno, hits, bytes of the hits, damaged + failed; status and errno are None "
+          "when that count is 0) for ids, looked up in the "
           "index columns (one row per id): reads lengths[id] bytes at offsets[id] of descriptor fds[id] "
           "(< 0, or an id past the columns: a miss) and checks them against crcs[id] (crc32c); "
           "status 0 ok, 1 missing, 2 damaged (short or crc32c), 3 failed (errno). A negative id "
