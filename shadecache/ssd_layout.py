@@ -79,6 +79,7 @@ class Layout:
     def __init__(self, path: str):
         self.path = path
         self.journal_path = os.path.join(path, "index")
+        self._fds, self._jfd, self._lock_fd = {}, -1, -1   # what close() closes
         self._lock_fd = os.open(os.path.join(path, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         self._tlock = threading.Lock()   # flock is per open file: threads of this process queue here
         self._jfd = -1
@@ -321,6 +322,9 @@ class Layout:
             out[sizes == s] = self.fd(int(s))
         return out
 
+    def __del__(self):
+        self.close()
+
     def close(self):
         for fd in list(self._fds.values()) + [self._jfd, self._lock_fd]:
             if fd >= 0:
@@ -330,6 +334,7 @@ class Layout:
                     pass
         self._fds = {}
         self._jfd = self._lock_fd = -1
+        self.fdv = np.full(0, -1, dtype=np.int32)   # nothing may be read through closed descriptors
 
 
 class _FileLock:

@@ -184,23 +184,25 @@ class SSDTier:
                 seen.add(i)
                 plan.append((i, v, slot_bytes(len(v))))
             plan = self._admit(plan)
-            puts = []
+            puts, failed = [], None
             for i, v, s in plan:
                 try:
                     k = lay.take_slot(s)
                 except OSError as e:
-                    self._write_failed(e)
+                    failed = e
                     break
                 try:
                     os.pwrite(lay.fd(s), v, k * s)
                 except OSError as e:
                     lay.give_back(s, k)
-                    self._write_failed(e)
+                    failed = e
                     break
                 puts.append(entry(i, s, k, len(v), crc32c(v)))
                 self.counters["writes"] += 1
                 self.counters["bytes_written"] += len(v)
             lay.append(puts)
+            if failed is not None:   # after the append: a shrunk budget counts what was written
+                self._write_failed(failed)
             lay.compact_if_needed()
 
     def _admit(self, plan):
