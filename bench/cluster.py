@@ -188,7 +188,7 @@ def ssd_tier(path, n, size, epochs, batch=64):
     ssd_dir = os.path.join(os.path.dirname(path), "ssd")
     ram = _capacity_for(n, int(0.10 * n), size)
     with sc.Cache.create(f"bench-ssd-{os.getpid()}", n, ram, policy="importance", max_item_bytes=size + 64) as cache:
-        ssd = sc.SSDTier(ssd_dir, capacity_bytes=int(0.50 * n * (size + 16)), cache=cache)
+        ssd = sc.SSDTier(ssd_dir, capacity_bytes=int(0.50 * n * sc.SSDTier.slot_bytes(size)), cache=cache)
         ds = sc.CachedDataset(store, cache, ssd=ssd)
         rng = np.random.default_rng(3)
         reads = []
@@ -202,7 +202,7 @@ def ssd_tier(path, n, size, epochs, batch=64):
         in_ram, on_ssd = cache.stats()["items"], ssd.stats()["items"]
         cache.unlink()
     # read speed: the ids the tier holds, read in batches by both
-    held = np.array(sorted(ssd._files), dtype=np.int64)
+    held = ssd.ids()
     order = np.random.default_rng(4).permutation(held)
     speed = {}
     readers = (("packed store read_many", lambda ids: store.read_many(ids)),

@@ -1,33 +1,34 @@
 """SSDTier: a node-local disk tier between the peers and the store.
 
     ssd = sc.SSDTier("/local/nvme/shadecache", capacity_bytes=200 << 30, cache=cache)
-    ssd.get_many(ids) -> [bytes | None]      checked reads; a bad file is a miss (and removed)
+    ssd.get_many(ids) -> [bytes | None]      checked reads; a bad value is a miss (and removed)
     ssd.put_many(ids, values)                queued for the background writer; never blocks
 
-One file per sample, `<dir>/<id % 256:02x>/<id>.s` (csrc/io/tier_reader.h reads the same layout): a 16-byte header (magic "SHS1", crc32c u32,
-length u64) then the bytes. A file appears only whole (written to a temporary name, then
-renamed), so a reader or a restart sees either nothing or a complete file; the tier survives
-restarts of the job (a warm restart finds it full). Every read is checked against its length and
-crc32c: a file truncated or flipped behind our back is removed and reported as a miss, so the
-caller reads the store instead and nothing wrong is returned.
+Packed layout (shadecache/ssd_layout.py): values in a few large slot files, one per size class,
+read by offset; an index (id -> slot file, offset, length, crc32c) kept in memory by every
+process and persisted as an append-only journal, so that a restarted job replays it and finds
+the tier full (warm restart), and the processes of a node that share the directory see each
+other's writes. Every read is checked against the crc32c the index recorded (the store's own
+checksum of the value): a value torn by a SIGKILL, truncated or flipped behind our back is
+removed and reported as a miss, so the caller reads the store instead and nothing wrong is
+returned; a torn journal entry is dropped on replay.
 
-Reads are batched and native, without the GIL (csrc/io/tier_reader.h): a file read and checked
-once stays open (up to a quarter of the descriptor limit, 4096 at most), so the next read of it is
-one read of the value at offset 16 in the same io_uring batch as the other open files, checked
-against its crc32c (the cost of the packed store's read: no path lookup, open or close); other
-files are opened, read and closed by io_uring, up to `queue_depth` at a time, and checked (the
-pread pool where io_uring is refused). Writes happen off the read path, in one background thread per process, fed by a bounded queue
-(when the queue is full the sample is simply not written). Over budget, the writer evicts the
-samples with the lowest importance score in the cache's shared score table (`cache=`), or
-in directory order without one. ENOSPC shrinks the budget to what the disk holds now; EIO (or any other
-write failure) disables writes with a warning; reads go on.
-
-Several processes of a node may use one directory: files are whole or absent, and each writer
-rescans the directory's size now and then, so the budget holds approximately.
+Reads are one native batch without the GIL (csrc/io/tier_reader.h): the index gives each id's
+descriptor, offset, length and crc32c (numpy, no per-sample Python), then one read per value by
+offset through io_uring (the pread pool where io_uring is refused), all in one batch, checked as
+they complete: the packed store's read_many cost. Writes happen off the read path, in one
+background thread per process, fed by a bounded queue (when the queue is full the sample is
+simply not written). `capacity_bytes` bounds the bytes of the slots held (a value takes
+ssd_layout.slot_bytes(len) bytes: at most 12.5% more than its length). Over budget, the writer
+evicts the samples with the lowest importance score in the cache's shared score table
+(`cache=`), or in id order without one, and admits a newcomer only when it scores higher than
+what it displaces; freed slots are reused by later values of their size class. ENOSPC shrinks
+the budget to what the disk holds now; EIO (or any other write failure) disables writes with a
+warning; reads go on.
 """
+import errno
 import os
 import queue
-import struct
 import threading
 import time
 import warnings
@@ -36,21 +37,9 @@ import numpy as np
 
 from . import _io
 from ._io import crc32c
+from .ssd_layout import MAX_ID, REMOVED, Layout, entry, slot_bytes
 
-_HEAD = struct.Struct("<4sIQ")
-_MAGIC = b"SHS1"
-_RESCAN_EVERY = 256     # writes between two rescans of the directory's size
-
-
-def _max_open_files() -> int:
-    """How many tier files a process keeps open: a quarter of its descriptor limit, at most
-    4096 (the rest stays for sockets, the store, the DataLoader's pipes)."""
-    import resource
-
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        soft = 1 << 16
-    return max(0, min(4096, soft // 4))
+_BATCH = 256     # values the writer takes from its queue per journal append
 
 
 class SSDTier:
@@ -65,37 +54,53 @@ class SSDTier:
         self.cache = cache
         self.queue_size = queue_size
         self.queue_depth_io = int(queue_depth)
+        self._layout = None
         self._setup()
 
+    slot_bytes = staticmethod(slot_bytes)
+
     def _setup(self):
+        if self._layout is not None:   # a forked child: the parent's descriptors are not ours
+            self._layout.close()
         self._pid = os.getpid()
-        self._reader = None       # _io.TierReader, made in the process that reads
+        self._mu = threading.Lock()    # the index arrays (Layout's do_* methods)
+        self._layout = Layout(self.path)
+        self._reader = None            # _io.TierReader, made in the process that reads
         self._queue = queue.Queue(self.queue_size)
         self._thread = None
-        self._files = None        # id -> bytes on disk, built by the writer's first scan
-        self._used = 0
-        self._writes_since_scan = 0
-        self.disabled = None      # why writes stopped, or None
+        self.disabled = None           # why writes stopped, or None
         self.counters = {"hits": 0, "misses": 0, "bytes_read": 0, "read_ns": 0, "calls": 0, "corrupt": 0, "writes": 0,
                          "bytes_written": 0, "dropped": 0, "evictions": 0, "write_errors": 0}
 
     def __reduce__(self):
         return (SSDTier, (self.path, self.capacity_bytes, self.cache, self.queue_size, self.queue_depth_io))
 
-    def _file(self, i: int) -> str:
-        return os.path.join(self.path, f"{i % 256:02x}", f"{i}.s")
+    def _mine(self):
+        if self._pid != os.getpid():
+            self._setup()
+
+    def ids(self) -> np.ndarray:
+        """The ids the tier holds now (sorted)."""
+        self._mine()
+        with self._mu:
+            self._layout.do_catch_up()
+            return np.flatnonzero(self._layout.size >= 0)
 
     # ---- reads -------------------------------------------------------------------------------
     def get_many(self, ids) -> list:
-        """bytes or None for every id; every hit verified (length and crc32c). One native batch
-        without the GIL (csrc/io/tier_reader.h): open files read by value, the others opened,
-        read and closed by io_uring; counts come back with it (no per-sample Python)."""
-        if self._pid != os.getpid():
-            self._setup()
+        """bytes or None for every id; every hit verified (length and crc32c). The index gives
+        where each value is; one native batch reads and checks them all without the GIL."""
+        self._mine()
         if self._reader is None:
-            self._reader = _io.TierReader("auto", self.queue_depth_io, _max_open_files())
+            self._reader = _io.TierReader("auto", self.queue_depth_io)
         t0 = time.perf_counter_ns()
-        values, status, errs, hits, nbytes, bad = self._reader.read_many(self.path, ids)
+        lay = self._layout
+        with self._mu:
+            lay.do_catch_up()
+            cols = (lay.fdv, lay.off, lay.length, lay.crc)
+        # The columns are read without mu: a row the writer changes meanwhile can only fail its
+        # crc32c (then _damaged reads it again before it calls it damaged), never pass wrongly.
+        values, status, errs, hits, nbytes, bad = self._reader.read_many(ids, *cols)
         c = self.counters
         c["read_ns"] += time.perf_counter_ns() - t0
         c["calls"] += 1
@@ -105,20 +110,33 @@ class SSDTier:
         if bad:
             ids = np.asarray(ids, dtype=np.int64).reshape(-1)
             for k in np.flatnonzero(status >= 2).tolist():
-                path = self._file(int(ids[k]))
+                i = int(ids[k])
                 if status[k] == 2:
-                    c["corrupt"] += 1
-                    self._warn(f"SSD tier file {path} is damaged (length or crc32c); removed, the store is read instead")
-                    self._remove(int(ids[k]))
+                    self._damaged(i)
                 else:   # EIO and the like: a miss, the store has it
-                    self._warn(f"cannot read {path}: {os.strerror(int(errs[k]))}")
+                    self._warn(f"cannot read sample {i} from {lay.file_of(int(lay.size[i]))}: "
+                               f"{os.strerror(int(errs[k]))}")
         return values
+
+    def _damaged(self, i: int):
+        """Value i did not match its crc32c (or was short). Read again with the index held still
+        (file lock: no process writes; mu: no thread of ours): if it fails again it is damaged
+        and removed; if not, its slot was reused under the first read's feet (a plain miss)."""
+        lay = self._layout
+        with lay.locked(), self._mu:
+            lay.do_catch_up(force=True)
+            again = self._reader.read_many([i], lay.fdv, lay.off, lay.length, lay.crc)[1][0]
+            if again == 2:
+                s = int(lay.size[i])
+                self.counters["corrupt"] += 1
+                self._warn(f"SSD tier value of sample {i} in {lay.file_of(s)} is damaged "
+                           "(length or crc32c); removed, the store is read instead")
+                lay.append([entry(i, s, int(lay.slot[i]), REMOVED, 0)])
 
     # ---- writes (background) -----------------------------------------------------------------
     def put_many(self, ids, values) -> None:
         """Queues the samples to be written; returns at once (a full queue drops them)."""
-        if self._pid != os.getpid():
-            self._setup()
+        self._mine()
         if self.disabled is not None or self.capacity_bytes == 0:
             return
         if self._thread is None:
@@ -138,96 +156,96 @@ class SSDTier:
 
     def _writer(self):
         while True:
-            i, v = self._queue.get()
+            batch = [self._queue.get()]
+            while len(batch) < _BATCH:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
             try:
                 if self.disabled is None:
-                    self._write(i, v)
-            except Exception as e:   # keep the thread alive; the sample is simply not kept
-                self._disable(f"unexpected error writing sample {i}: {e!r}")
+                    self._write(batch)
+            except Exception as e:   # keep the thread alive; the samples are simply not kept
+                self._disable(f"SSD tier {self.path}: unexpected error writing: {e!r}; writes disabled")
             finally:
-                self._queue.task_done()
+                for _ in batch:
+                    self._queue.task_done()
 
-    def _scan(self):
-        files = {}
-        for sub in os.scandir(self.path):
-            if not sub.is_dir():
+    def _write(self, batch):
+        """One journal round: under the file lock, evictions (remove entries appended first),
+        then every value into its slot, then their put entries in one append."""
+        lay = self._layout
+        with lay.locked(), self._mu:
+            lay.do_open_journal()
+            plan, seen = [], set()
+            for i, v in batch:
+                if i > MAX_ID or i in seen or (i < lay.size.size and lay.size[i] >= 0):
+                    continue
+                seen.add(i)
+                plan.append((i, v, slot_bytes(len(v))))
+            plan = self._admit(plan)
+            puts, failed = [], None
+            for i, v, s in plan:
+                try:
+                    k = lay.take_slot(s)
+                except OSError as e:
+                    failed = e
+                    break
+                try:
+                    os.pwrite(lay.fd(s), v, k * s)
+                except OSError as e:
+                    lay.give_back(s, k)
+                    failed = e
+                    break
+                puts.append(entry(i, s, k, len(v), crc32c(v)))
+                self.counters["writes"] += 1
+                self.counters["bytes_written"] += len(v)
+            lay.append(puts)
+            if failed is not None:   # after the append: a shrunk budget counts what was written
+                self._write_failed(failed)
+            lay.compact_if_needed()
+
+    def _admit(self, plan):
+        """The planned values that fit the budget, after evicting (lowest score first) what they
+        displace; a newcomer that scores no higher than the lowest held is not admitted. Remove
+        entries are appended here, before any slot is reused. File lock and mu held."""
+        lay = self._layout
+        need = lay.used + sum(s for _, _, s in plan) - self.capacity_bytes
+        if need <= 0:
+            return plan
+        held = np.flatnonzero(lay.size >= 0)
+        scores = self.cache.scores() if self.cache is not None else None
+        order = held[np.argsort(scores[held], kind="stable")] if scores is not None else held
+        p, used, keep, removes = 0, lay.used, [], []
+        for i, v, s in plan:
+            if s > self.capacity_bytes:
                 continue
-            for e in os.scandir(sub.path):
-                if e.name.endswith(".s"):
-                    try:
-                        files[int(e.name[:-2])] = e.stat().st_size
-                    except (ValueError, OSError):
-                        pass
-        self._files = files
-        self._used = sum(files.values())
-        self._writes_since_scan = 0
+            freed = []
+            while used + s > self.capacity_bytes and p < order.size:
+                victim = int(order[p])
+                if scores is not None and (i >= scores.size or scores[i] <= scores[victim]):
+                    break
+                p += 1
+                freed.append(victim)
+                used -= int(lay.size[victim])
+            if used + s > self.capacity_bytes:
+                p -= len(freed)               # not admitted: its victims stay
+                used += sum(int(lay.size[j]) for j in freed)
+                continue
+            removes += [entry(j, int(lay.size[j]), int(lay.slot[j]), REMOVED, 0) for j in freed]
+            self.counters["evictions"] += len(freed)
+            used += s
+            keep.append((i, v, s))
+        lay.append(removes)
+        return keep
 
-    def _write(self, i: int, v: bytes):
-        if self._files is None or self._writes_since_scan >= _RESCAN_EVERY:
-            self._scan()
-        if i in self._files:
-            return
-        size = _HEAD.size + len(v)
-        if size > self.capacity_bytes:
-            return
-        if self._used + size > self.capacity_bytes and not self._evict(self._used + size - self.capacity_bytes, i):
-            return
-        path = self._file(i)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(tmp, "wb") as f:
-                f.write(_HEAD.pack(_MAGIC, crc32c(v), len(v)))
-                f.write(v)
-            os.rename(tmp, path)
-        except OSError as e:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            self.counters["write_errors"] += 1
-            if e.errno == 28:   # ENOSPC: the disk holds less than the budget said
-                self.capacity_bytes = self._used
-                self._warn(f"SSD tier {self.path}: disk full; budget shrunk to {self._used} bytes")
-            else:
-                self._disable(f"SSD tier {self.path}: write failed ({e}); writes disabled")
-            return
-        self._files[i] = size
-        self._used += size
-        self._writes_since_scan += 1
-        self.counters["writes"] += 1
-        self.counters["bytes_written"] += len(v)
-
-    def _evict(self, need: int, incoming: int) -> bool:
-        """Frees at least `need` bytes, lowest score first; False when the newcomer scores no
-        higher than what it would displace (the cache's admission rule)."""
-        ids = np.fromiter(self._files.keys(), dtype=np.int64, count=len(self._files))
-        if self.cache is not None:
-            scores = self.cache.scores()
-            order = np.argsort(scores[ids], kind="stable")
-            if scores[incoming] <= scores[ids[order[0]]]:
-                return False
-        else:   # no scores: in directory order (arbitrary but cheap)
-            order = np.arange(ids.size)
-        freed = 0
-        for k in order.tolist():
-            if freed >= need:
-                break
-            i = int(ids[k])
-            freed += self._files.get(i, 0)
-            self._remove(i)
-            self.counters["evictions"] += 1
-        return freed >= need
-
-    def _remove(self, i: int):
-        try:
-            os.unlink(self._file(i))
-        except OSError:
-            pass
-        if self._reader is not None:
-            self._reader.forget(i)   # its descriptor closes before the next batch
-        if self._files is not None:
-            self._used -= self._files.pop(i, 0)
+    def _write_failed(self, e: OSError):
+        self.counters["write_errors"] += 1
+        if e.errno == errno.ENOSPC:   # the disk holds less than the budget said
+            self.capacity_bytes = self._layout.used
+            self._warn(f"SSD tier {self.path}: disk full; budget shrunk to {self.capacity_bytes} bytes")
+        else:
+            self._disable(f"SSD tier {self.path}: write failed ({e}); writes disabled")
 
     def _disable(self, why: str):
         self.disabled = why
@@ -243,11 +261,13 @@ class SSDTier:
 
     # ---- introspection -----------------------------------------------------------------------
     def stats(self) -> dict:
-        if self._files is None:
-            self._scan()
+        self._mine()
+        with self._mu:
+            self._layout.do_catch_up()
+            items, used, torn = self._layout.items, self._layout.used, self._layout.torn
         d = dict(self.counters)
         d["mean_get_seconds"] = d["read_ns"] / d["calls"] / 1e9 if d["calls"] else 0.0
-        d.update(items=len(self._files), bytes_used=self._used, capacity_bytes=self.capacity_bytes,
+        d.update(items=items, bytes_used=used, capacity_bytes=self.capacity_bytes, torn_entries=torn,
                  disabled=self.disabled, path=self.path)
         return d
 

@@ -1,7 +1,7 @@
 """The native reply reader (bindings/peer_io.cc) against a hand-written server on 127.0.0.1 that
 sends good, corrupt, mismatched, truncated and stalled GET replies: the client returns exact bytes
-for the good ones and raises for every other (ProtocolError, RemoteError, ConnectionError,
-socket.timeout), never returning a wrong byte."""
+for the good ones, refuses (None) a value that fails its crc32c, and raises for every other
+(ProtocolError, RemoteError, ConnectionError, socket.timeout), never returning a wrong byte."""
 import socket
 import threading
 import time
@@ -74,7 +74,7 @@ def _bad_magic(head, body):
 CASES = {
     "good": (lambda c, ids, op: c.sendall(_reply(ids, op)), None),
     "two chunks": (lambda c, ids, op: c.sendall(_reply(ids[:2], op, status=1) + _reply(ids[2:], op)), None),
-    "flipped value": (lambda c, ids, op: c.sendall(_reply(ids, op, _flip_value)), ProtocolError),
+    "flipped value": (lambda c, ids, op: c.sendall(_reply(ids, op, _flip_value)), "refused"),
     "wrong id": (lambda c, ids, op: c.sendall(_reply(ids, op, _wrong_id)), ProtocolError),
     "lengths do not add up": (lambda c, ids, op: c.sendall(_reply(ids, op, _bad_lengths)), ProtocolError),
     "bad magic": (lambda c, ids, op: c.sendall(_reply(ids, op, _bad_magic)), ProtocolError),
@@ -95,6 +95,10 @@ def test_client_checks_every_reply(case):
     try:
         if error is None:
             assert client.get_many(ids, timeout=2) == [VALUES[3], None, VALUES[7], VALUES[9]]
+        elif error == "refused":   # a value failing its crc32c is refused alone; the stream stays
+            with pytest.warns(RuntimeWarning, match="failed their crc32c"):
+                assert client.get_many(ids, timeout=2) == [VALUES[3], None, VALUES[7], None]
+            assert client.refused == 1 and client.sock is not None
         else:
             t0 = time.monotonic()
             with pytest.raises(error):

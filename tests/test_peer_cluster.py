@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -284,3 +285,44 @@ def test_stats_and_ls_show_the_tiers(cache_factory, store, tmp_path):
         assert st["tiers"]["server"]["ssd_hits"] == 1
     assert not os.path.exists(tier_status.path_of(c.name))
     assert "tiers" not in c.stats()
+
+
+def _flip_in_shm(cache, value: bytes):
+    """Flips one byte of `value` where it lies in the cache's shared-memory segment, behind the
+    engine's back (as a stray write or bad memory would): the cache's recorded crc32c stays."""
+    import mmap
+
+    with open(f"/dev/shm/shadecache.{cache.name}", "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
+        at = m.find(value)
+        assert at >= 0 and m.find(value, at + 1) < 0
+        m[at + len(value) // 2] ^= 0x20
+
+
+def test_value_damaged_in_the_servers_memory_is_refused(cache_factory, store):
+    """The server sends the crc32c its cache recorded at put (the store's checksum of the
+    sample), not one computed from the bytes now: a value flipped in the server's shared memory
+    fails it at the client, which refuses that value; CachedDataset then reads it from the next
+    tier (the store here) and returns the right bytes."""
+    ids = list(range(0, 60))
+    remote = _node_cache(cache_factory, store, ids)
+    want = store.read_many(ids)
+    victim = max(ids, key=lambda i: len(want[i]))      # a long value: unique in the segment
+    _flip_in_shm(remote, want[victim])
+    with sc.serve(remote, secret="k") as server:
+        client = PeerClient(server.address, "k")
+        with pytest.warns(RuntimeWarning, match="failed their crc32c"):
+            got = client.get_many(ids, timeout=5)
+        assert got == [None if i == victim else w for i, w in zip(ids, want)]
+        assert client.refused == 1
+        assert client.get_many([victim + 1], timeout=5) == [want[victim + 1]]  # the stream stays in step
+        client.close()
+        cluster = sc.Cluster([None, server.address], node=0, secret="k", timeout=2.0)
+        cluster.home_of = lambda a: np.ones(len(a), dtype=np.int64)   # every id lives on node 1
+        ds = sc.CachedDataset(store, None, cluster=cluster, admit=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            assert ds.fetch_bytes(np.array(ids)) == want
+        s = ds.stats()
+        assert s["store_reads"] == 1 and s["tiers"]["peer"]["hits"] == len(ids) - 1
+        assert cluster.stats()["refused"] == 1
+        cluster.close()

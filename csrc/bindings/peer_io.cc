@@ -3,12 +3,18 @@
 //
 // Server (PinnedReply): pins the values of a chunk of ids in the cache (Cache::pin: no writer
 // frees, rewrites or moves them until release), takes the bytes of the misses the Python side
-// filled from the SSD tier or the store, then without the GIL computes every value's crc32c and
-// sends header + entry table + values with sendmsg straight from shared memory (no copy).
+// filled from the SSD tier or the store, then without the GIL sends header + entry table + values
+// with sendmsg straight from shared memory (no copy). A cached value travels with the crc32c the
+// cache recorded when it was put (CachedDataset puts bytes it has just checked against the store's
+// directory, so this is the store's checksum of the sample), not one computed from the bytes
+// now: a value damaged in shared memory since is caught by the client. Values filled from the SSD
+// tier or the store (each checked against its own crc32c when read) get theirs computed here.
 // Client (recv_get_reply): without the GIL reads the header and entry table, checks them against
 // the request, then (GIL taken once to allocate the result bytes objects) reads the values
-// straight into those objects and verifies every crc32c, without the GIL again. The objects are
-// private to this call until it returns, as in os.read().
+// straight into those objects and verifies every crc32c, without the GIL again. A value that
+// fails its crc32c is refused (None: the caller reads it from the next tier) and counted; the
+// stream stays in step (the lengths framed it). The objects are private to this call until it
+// returns, as in os.read().
 //
 // Errors are returned as (code, detail) rather than raised, so that shadecache/peer/client.py
 // keeps the one mapping to its exceptions: 0 ok, 1 timeout, 2 peer closed, 3 OS error (errno),
@@ -59,10 +65,10 @@ class PinnedReply {
     try {
       for (size_t k = 0; k < n && bytes < max_bytes; ++k) {
         cache_->check_id(p[k]);
-        Slot s{p[k], nullptr, net::kMiss, 0, false, py::object()};
+        Slot s{p[k], nullptr, net::kMiss, 0, 0, false, py::object()};
         Cache::Pinned pin;
         if (cache_->pin(p[k], &pin)) {
-          s = Slot{p[k], pin.data, pin.len, pin.token, true, py::object()};
+          s = Slot{p[k], pin.data, pin.len, pin.crc, pin.token, true, py::object()};
           bytes += pin.len;
         }
         slots_.push_back(std::move(s));
@@ -105,7 +111,8 @@ class PinnedReply {
       for (size_t k = 0; k < n; ++k) {
         const Slot& s = slots_[k];
         bool hit = s.pinned || s.held;
-        table[k] = net::Entry{s.id, hit ? s.len : net::kMiss, hit ? crc32c(s.data, s.len, 0) : 0};
+        uint32_t crc = s.pinned ? s.crc : s.held ? crc32c(s.data, s.len, 0) : 0;
+        table[k] = net::Entry{s.id, hit ? s.len : net::kMiss, crc};
         if (hit && s.len) iov.push_back(iovec{const_cast<char*>(s.data), s.len});
         if (hit) total += s.len;
       }
@@ -130,6 +137,7 @@ class PinnedReply {
     uint64_t id;
     const char* data;
     uint32_t len;
+    uint32_t crc;     // pinned: the crc32c the cache recorded at put
     uint32_t token;
     bool pinned;
     py::object held;  // the bytes a miss was filled with (kept alive while we send from it)
@@ -149,7 +157,7 @@ py::tuple recv_get_reply(int fd, const U64Array& ids_arr, uint64_t opaque, doubl
   int64_t deadline = deadline_after(timeout);
   py::list out(n);
   for (size_t k = 0; k < n; ++k) PyList_SET_ITEM(out.ptr(), k, Py_NewRef(Py_None));
-  size_t got = 0;
+  size_t got = 0, refused = 0;
   for (;;) {
     net::Header h;
     std::vector<net::Entry> table;
@@ -201,20 +209,21 @@ py::tuple recv_get_reply(int fd, const U64Array& ids_arr, uint64_t opaque, doubl
       dest[k] = PyBytes_AS_STRING(b);
       if (table[k].length) iov.push_back(iovec{dest[k], table[k].length});
     }
-    bool bad = false;
+    std::vector<uint32_t> bad;
     {
       py::gil_scoped_release nogil;
       r = net::recv_all(fd, iov.data(), iov.size(), deadline);
-      for (uint32_t k = 0; r == net::kOk && k < h.count && !bad; ++k)
-        if (dest[k] && crc32c(dest[k], table[k].length, 0) != table[k].crc) bad = true;
+      for (uint32_t k = 0; r == net::kOk && k < h.count; ++k)
+        if (dest[k] && crc32c(dest[k], table[k].length, 0) != table[k].crc) bad.push_back(k);
     }
     if (r != net::kOk) return io_failure(r);
-    if (bad) return protocol("checksum mismatch in reply");
+    for (uint32_t k : bad) PyList_SetItem(out.ptr(), got + k, Py_NewRef(Py_None));  // refused
+    refused += bad.size();
     got += h.count;
     if (!(h.status & net::kMore)) break;
   }
   if (got != n) return protocol("reply has " + std::to_string(got) + " of " + std::to_string(n) + " entries");
-  return py::make_tuple(0, out);
+  return py::make_tuple(0, py::make_tuple(out, refused));
 }
 
 }  // namespace

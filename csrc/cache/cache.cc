@@ -222,7 +222,8 @@ bool Cache::pin(uint64_t id, Pinned* out) {
     users_.fetch_add(1, std::memory_order_relaxed);  // the view keeps the mapping (see close())
     stripe().hits.fetch_add(1, std::memory_order_relaxed);
     note_hit(id);
-    *out = Pinned{slab_.value(at.off), at.len, token, at.seq, at.gen};
+    // The slot is pinned and its seq checked: its header (crc included) holds still until unpin.
+    *out = Pinned{slab_.value(at.off), at.len, token, at.seq, at.gen, at.slot->crc};
     return true;
   }
   if (token) pins_.release(token);

@@ -144,6 +144,7 @@ class Cache {
     uint32_t len;
     uint32_t token;
     uint64_t seq, gen;  // the slot's seq and its page's generation when it was pinned
+    uint32_t crc = 0;   // the crc32c put() recorded for the value (the peer server sends it)
   };
   bool pin(uint64_t id, Pinned* out);
   // A forked child's copy of a view names its parent's pin, which the parent may end at any time.

@@ -2,8 +2,9 @@
 
 Every call finishes by a deadline the caller gives (time.monotonic()); a peer that is slow, hung
 (SIGSTOP) or gone makes the call raise (socket.timeout / ConnectionError / ProtocolError) by then,
-and the connection is closed: the next call reconnects. A reply is trusted only after its framing,
-its ids and every sample's crc32c check out; otherwise nothing of it is returned.
+and the connection is closed: the next call reconnects. A reply is trusted only after its framing
+and its ids check out (otherwise nothing of it is returned), and each value only after its
+crc32c does (otherwise that value is refused: None, read from the next tier).
 
 Not thread-safe: one client per thread (the Cluster keeps one per peer per process).
 """
@@ -34,6 +35,13 @@ def split_address(address: str) -> tuple:
     return host, port
 
 
+def _warn_refused(address, n):
+    import warnings
+
+    warnings.warn(f"shadecache: peer {address} sent {n} value(s) that failed their crc32c; "
+                  "refused, read from the next tier", RuntimeWarning, stacklevel=4)
+
+
 class PeerClient:
     def __init__(self, address: str, secret=None):
         self.address = address
@@ -41,6 +49,7 @@ class PeerClient:
         self.key = auth.secret_bytes(secret)
         self.sock = None
         self._opaque = 0
+        self.refused = 0      # values whose crc32c did not match (damaged at the peer or on the way)
         # Replies land in fresh bytes objects of up to MAX_VALUE: without this, glibc returns
         # the freed heap top to the kernel after every batch and the next one page-faults it
         # back in (64 x 100 KB replies: 6.4 -> 1.7 ms). Same tuning as the store readers.
@@ -86,7 +95,9 @@ class PeerClient:
     def recv_get(self, ids, opaque: int, deadline: float) -> list:
         """The reply to the GET sent for `ids`: bytes (crc32c verified) or None per id. One native
         call reads every chunk of the reply, checks its framing and ids, reads the values straight
-        into the result bytes and verifies each crc32c, without the GIL (bindings/peer_io.cc)."""
+        into the result bytes and verifies each crc32c, without the GIL (bindings/peer_io.cc). A
+        value whose crc32c (the one the peer's cache recorded at put: the store's) does not match
+        is refused: None, as a miss, so that it comes from the next tier; `refused` counts them."""
         a = np.ascontiguousarray(ids, dtype="<u8")
         try:
             code, detail = _core.recv_get_reply(self.sock.fileno(), a, opaque, deadline - time.monotonic())
@@ -94,7 +105,11 @@ class PeerClient:
             self.close()
             raise
         if code == 0:
-            return detail
+            values, refused = detail
+            if refused:
+                self.refused += refused
+                _warn_refused(self.address, refused)
+            return values
         self.close()   # a half-read reply leaves the stream unusable
         if code == 1:
             raise socket.timeout(f"peer {self.address}: no complete reply by the deadline")

@@ -61,7 +61,7 @@ class Cluster:
     def _reset(self):
         self._pid = os.getpid()
         self._peers = [_Peer(a) for a in self.addresses]
-        self.counters = {"requests": 0, "hits": 0, "misses": 0, "bytes": 0, "seconds": 0.0,
+        self.counters = {"requests": 0, "hits": 0, "misses": 0, "bytes": 0, "seconds": 0.0, "refused": 0,
                          "failures": 0, "skipped": 0}
 
     def __getstate__(self):
@@ -141,7 +141,9 @@ class Cluster:
             if peer.client is None or peer.client.sock is None:
                 continue    # failed on an earlier part of this call
             try:
+                refused = peer.client.refused
                 values = peer.client.recv_get(ids[part].tolist(), opaque, deadline)
+                self.counters["refused"] += peer.client.refused - refused   # failed crc32c: None
             except (OSError, ValueError):   # timeouts, resets, ProtocolError, RemoteError
                 self._failed(peer)
                 continue
