@@ -125,8 +125,8 @@ class SSDTier:
         lay = self._layout
         with lay.locked(), self._mu:
             lay.do_catch_up(force=True)
-            again = self._reader.read_many([i], lay.fdv, lay.off, lay.length, lay.crc)[1][0]
-            if again == 2:
+            status = self._reader.read_many([i], lay.fdv, lay.off, lay.length, lay.crc)[1]
+            if status is not None and status[0] == 2:   # None: nothing failed (read or missing)
                 s = int(lay.size[i])
                 self.counters["corrupt"] += 1
                 self._warn(f"SSD tier value of sample {i} in {lay.file_of(s)} is damaged "
