@@ -343,6 +343,44 @@ def test_disk_full_shrinks_the_budget(tmp_path):
         subprocess.run(["umount", str(mnt)])
 
 
+def test_disk_full_does_not_drain_the_tier(tmp_path):
+    """A small tmpfs filled with values of one size class, then values of a larger class keep
+    coming: the tier fills what the disk holds (not just its last whole chunk), and the larger
+    values, for which the disk has no room, evict nothing and do not ratchet the budget down
+    (it used to shrink by their size at every batch, to 0: the tier emptied itself)."""
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mnt)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    t = None
+    try:
+        t = sc.SSDTier(mnt, capacity_bytes=64 << 20)
+        small = [bytes([k % 251]) * 5000 for k in range(200)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for k in range(0, 200, 50):
+                t.put_many(range(k, k + 50), small[k:k + 50])
+                t.flush()
+            held = t.ids()
+            assert held.size * sc.SSDTier.slot_bytes(5000) > (512 << 10) * 3 // 4   # the disk, used
+            for r in range(10):
+                t.put_many(range(1000 + 4 * r, 1004 + 4 * r), [bytes([r]) * 20000] * 4)
+                t.flush()
+        s = t.stats()
+        assert t.ids().tolist() == held.tolist() and s["evictions"] == 0
+        assert s["capacity_bytes"] >= s["bytes_used"] == held.size * sc.SSDTier.slot_bytes(5000)
+        assert t.get_many(held) == [small[k] for k in held.tolist()]
+    finally:
+        if t is not None:
+            t._layout.close()
+        subprocess.run(["umount", str(mnt)])
+
+
 def test_journal_compaction_is_followed_by_other_readers(tmp_path):
     """Puts and evictions grow the journal; past twice the live entries (+4096) it is rewritten
     and replaced, and a tier opened before (another process's view) follows the new file."""
