@@ -8,8 +8,9 @@ Size classes: a value of n bytes goes into a slot of `slot_bytes(n)` (n rounded 
 of its power of two, at least 16: at most 12.5% slack), so a node's size mix uses a few tens of
 files, each one descriptor kept open, and a read is one pread of the value at its offset (the
 packed store's cost). A freed slot is reused by the next value of its class; files grow in
-preallocated chunks (posix_fallocate; each doubles the file, 16 slots to 64 MiB at a time), so a full disk shows up as ENOSPC when a chunk is added,
-not as a hole that fails later.
+preallocated chunks (posix_fallocate; each doubles the file, 16 slots to 64 MiB at a time; one
+slot when the disk has no room for the chunk), so a full disk shows up as ENOSPC when a file
+grows, not as a hole that fails later.
 
 Journal entry (little endian): id i64, slot size u32, slot u32, length u32 (REMOVED = 0xFFFFFFFF),
 crc32c of the value u32, reserved u32 (0), crc32c of the 28 bytes before it u32. Every process
@@ -30,6 +31,7 @@ reader then re-checks the journal before it calls the value damaged.
 Contracts: methods named do_* need `mu` (a threading.Lock: the index arrays) held; append()
 also needs the file lock (`locked()`). Not fork-safe: a forked process opens its own (SSDTier
 does so when its pid changes)."""
+import errno
 import fcntl
 import os
 import struct
@@ -253,9 +255,18 @@ class Layout:
         self._follow()
 
     def append(self, entries):
-        """Appends entries and applies them. File lock and mu held."""
+        """Appends entries and applies them: all of them, or none (OSError). File lock and mu
+        held."""
         if entries:
-            os.write(self._jfd, b"".join(entries))
+            raw = b"".join(entries)
+            end = os.fstat(self._jfd).st_size
+            try:
+                n = os.write(self._jfd, raw)
+            except OSError:
+                n = -1
+            if n != len(raw):   # a disk full midway: nothing of it is kept (no torn entry)
+                os.ftruncate(self._jfd, end)
+                raise OSError(errno.ENOSPC, f"journal {self.journal_path}: short write")
             self.do_catch_up(force=True)
 
     def compact_if_needed(self):
@@ -270,8 +281,9 @@ class Layout:
         self.do_catch_up(force=True)
 
     def take_slot(self, s: int) -> int:
-        """A free slot of size class s, its file grown (preallocated) when needed. Raises OSError
-        (ENOSPC when the disk is full). File lock and mu held."""
+        """A free slot of size class s, its file grown (preallocated) when needed: by a chunk, or
+        by one slot when the disk has no room for the chunk. Raises OSError (ENOSPC when the disk
+        has no room for one more slot). File lock and mu held."""
         free = self.free.setdefault(s, set())
         self.owner.setdefault(s, {})
         if free:
@@ -285,15 +297,34 @@ class Layout:
             if k >= have:
                 chunk = min(max(16, k), max(1, (64 << 20) // s))   # doubles, 16 slots to 64 MiB
                 try:
-                    os.posix_fallocate(fd, 0, (k + chunk) * s)
+                    _extend(fd, (k + chunk) * s)
                 except OSError as e:
-                    if e.errno not in (95, 22):   # EOPNOTSUPP, EINVAL: no preallocation here
+                    if e.errno != errno.ENOSPC or chunk == 1:
                         raise
-                    os.ftruncate(fd, (k + chunk) * s)
+                    # A nearly full disk: the tier still takes what fits, one slot at a time,
+                    # short of the room the journal needs to grow and be compacted.
+                    st = os.statvfs(self.path)
+                    if st.f_bavail * st.f_frsize < s + 2 * self._jpos + (64 << 10):
+                        raise
+                    chunk = 1
+                    _extend(fd, (k + 1) * s)
                 have = k + chunk
             self._file_slots[s] = have
         self.nslots[s] = k + 1
         return k
+
+    def spare(self, s: int) -> int:
+        """Slots of size class s a value can take without growing its file (free ones, and the
+        file's preallocated room past the highest slot named). mu held."""
+        n = len(self.free.get(s, ()))
+        fd = self.fd(s)
+        if fd >= 0:
+            n += max(0, os.fstat(fd).st_size // s - self.nslots.get(s, 0))
+        return n
+
+    def allocated(self) -> int:
+        """Bytes the slot files hold on disk now (slots named and preallocated room). mu held."""
+        return sum(os.fstat(fd).st_size for fd in (self.fd(s) for s in self.nslots) if fd >= 0)
 
     def give_back(self, s: int, k: int):
         """A slot take_slot() gave out whose value was not written. mu held."""
@@ -335,6 +366,17 @@ class Layout:
         self._fds = {}
         self._jfd = self._lock_fd = -1
         self.fdv = np.full(0, -1, dtype=np.int32)   # nothing may be read through closed descriptors
+
+
+def _extend(fd: int, size: int):
+    """The file grown to `size` bytes, preallocated where the file system can (ENOSPC now rather
+    than a hole that fails later)."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):   # no preallocation here
+            raise
+        os.ftruncate(fd, size)
 
 
 class _FileLock:

@@ -23,7 +23,8 @@ ssd_layout.slot_bytes(len) bytes: at most 12.5% more than its length). Over budg
 evicts the samples with the lowest importance score in the cache's shared score table
 (`cache=`), or in id order without one, and admits a newcomer only when it scores higher than
 what it displaces; freed slots are reused by later values of their size class. ENOSPC shrinks
-the budget to what the disk holds now; EIO (or any other write failure) disables writes with a
+the budget to what the slot files hold on disk now, and for a minute only values that find a slot
+of their size class already on disk are written (nothing is evicted for a value that cannot be); EIO (or any other write failure) disables writes with a
 warning; reads go on.
 """
 import errno
@@ -40,6 +41,7 @@ from ._io import crc32c
 from .ssd_layout import MAX_ID, REMOVED, Layout, entry, slot_bytes
 
 _BATCH = 256     # values the writer takes from its queue per journal append
+_DISK_FULL_RETRY = 60.0   # seconds after ENOSPC before a slot file is grown again
 
 
 class SSDTier:
@@ -69,6 +71,7 @@ class SSDTier:
         self._queue = queue.Queue(self.queue_size)
         self._thread = None
         self.disabled = None           # why writes stopped, or None
+        self._disk_full = 0.0          # until when (monotonic) no slot file is grown: ENOSPC
         self.counters = {"hits": 0, "misses": 0, "bytes_read": 0, "read_ns": 0, "calls": 0, "corrupt": 0, "writes": 0,
                          "bytes_written": 0, "dropped": 0, "evictions": 0, "write_errors": 0}
 
@@ -125,8 +128,8 @@ class SSDTier:
         lay = self._layout
         with lay.locked(), self._mu:
             lay.do_catch_up(force=True)
-            again = self._reader.read_many([i], lay.fdv, lay.off, lay.length, lay.crc)[1][0]
-            if again == 2:
+            status = self._reader.read_many([i], lay.fdv, lay.off, lay.length, lay.crc)[1]
+            if status is not None and status[0] == 2:   # None: nothing failed (read or missing)
                 s = int(lay.size[i])
                 self.counters["corrupt"] += 1
                 self._warn(f"SSD tier value of sample {i} in {lay.file_of(s)} is damaged "
@@ -183,8 +186,13 @@ class SSDTier:
                     continue
                 seen.add(i)
                 plan.append((i, v, slot_bytes(len(v))))
+            if self._disk_full > time.monotonic():
+                # The disk had no room: only values that find a slot of their class already on
+                # disk are written (no eviction for a value that would fail to grow its file).
+                plan = [(i, v, s) for k, (i, v, s) in enumerate(plan)
+                        if sum(1 for _, _, t in plan[:k] if t == s) < lay.spare(s)]
             plan = self._admit(plan)
-            puts, failed = [], None
+            puts, taken, failed = [], [], None
             for i, v, s in plan:
                 try:
                     k = lay.take_slot(s)
@@ -198,9 +206,15 @@ class SSDTier:
                     failed = e
                     break
                 puts.append(entry(i, s, k, len(v), crc32c(v)))
-                self.counters["writes"] += 1
-                self.counters["bytes_written"] += len(v)
-            lay.append(puts)
+                taken.append((s, k, len(v)))
+            try:
+                lay.append(puts)
+            except OSError as e:   # no put entry kept: the slots are free again
+                for s, k, _ in taken:
+                    lay.give_back(s, k)
+                failed, taken = e, []
+            self.counters["writes"] += len(taken)
+            self.counters["bytes_written"] += sum(n for _, _, n in taken)
             if failed is not None:   # after the append: a shrunk budget counts what was written
                 self._write_failed(failed)
             lay.compact_if_needed()
@@ -242,7 +256,11 @@ class SSDTier:
     def _write_failed(self, e: OSError):
         self.counters["write_errors"] += 1
         if e.errno == errno.ENOSPC:   # the disk holds less than the budget said
-            self.capacity_bytes = self._layout.used
+            # What the slot files hold on disk stays ours (freed slots are reused, not given
+            # back): the budget shrinks to that, never below, so that failures do not ratchet
+            # it down; for a minute only slots already on disk are used (see _write).
+            self._disk_full = time.monotonic() + _DISK_FULL_RETRY
+            self.capacity_bytes = min(self.capacity_bytes, max(self._layout.used, self._layout.allocated()))
             self._warn(f"SSD tier {self.path}: disk full; budget shrunk to {self.capacity_bytes} bytes")
         else:
             self._disable(f"SSD tier {self.path}: write failed ({e}); writes disabled")
