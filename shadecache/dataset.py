@@ -89,7 +89,8 @@ class CachedDataset(Dataset):
     transform  sample -> sample, applied after decode (augmentation: the cache holds raw bytes)
     admit      insert missed samples into the cache (False: read-through only)
     cluster    a sc.Cluster: a miss whose home is another node is asked of that node first
-    ssd        a sc.SSDTier: consulted after the peers, before the store; filled behind reads
+    ssd        a sc.SSDTier: consulted after the peers, before the store; filled behind reads;
+               bound to the store's fingerprint (FingerprintError if it holds another data set)
     keep_remote  also offer samples whose home is another node to this node's cache and SSD
                tier (default: a node keeps what it is home to, so the cluster caches the sum)
 
@@ -110,6 +111,9 @@ class CachedDataset(Dataset):
         self.admit = bool(admit)
         self.cluster = cluster
         self.ssd = ssd
+        fp = getattr(store, "fingerprint", None) if ssd is not None else None
+        if fp:   # the tier must hold this store's samples, not another's by the same ids
+            ssd.bind(fp)
         self.keep_remote = bool(keep_remote)
         self._n = n
         self._counters = mp.RawArray("q", _ROWS * len(_FIELDS))

@@ -1,6 +1,7 @@
 """SSDTier: a node-local disk tier between the peers and the store.
 
     ssd = sc.SSDTier("/local/nvme/shadecache", capacity_bytes=200 << 30, cache=cache)
+    ssd.bind(store.fingerprint)              # CachedDataset and the peer server do this for you
     ssd.get_many(ids) -> [bytes | None]      checked reads; a bad value is a miss (and removed)
     ssd.put_many(ids, values)                queued for the background writer; never blocks
 
@@ -26,6 +27,12 @@ what it displaces; freed slots are reused by later values of their size class. E
 the budget to what the slot files hold on disk now, and for a minute only values that find a slot
 of their size class already on disk are written (nothing is evicted for a value that cannot be); EIO (or any other write failure) disables writes with a
 warning; reads go on.
+
+A tier directory belongs to one data set: `bind(fingerprint)` (the store's `fingerprint`; a
+cache created with `fingerprint=` passes its own) records it in `<dir>/fingerprint` the first
+time and refuses another data set afterwards with FingerprintError, so that a job over another
+store (or a rebuilt one) never reads the old store's bytes by id. CachedDataset binds its SSD
+tier to its store; so does the peer server when it is given a store.
 """
 import errno
 import os
@@ -38,6 +45,7 @@ import numpy as np
 
 from . import _io
 from ._io import crc32c
+from .errors import FingerprintError
 from .ssd_layout import MAX_ID, REMOVED, Layout, entry, slot_bytes
 
 _BATCH = 256     # values the writer takes from its queue per journal append
@@ -45,7 +53,8 @@ _DISK_FULL_RETRY = 60.0   # seconds after ENOSPC before a slot file is grown aga
 
 
 class SSDTier:
-    def __init__(self, path, capacity_bytes: int, cache=None, queue_size: int = 4096, queue_depth: int = 64):
+    def __init__(self, path, capacity_bytes: int, cache=None, queue_size: int = 4096, queue_depth: int = 64,
+                 fingerprint=None):
         if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int) or capacity_bytes < 0:
             raise ValueError(f"capacity_bytes must be an int >= 0, got {capacity_bytes!r}")
         self.path = os.fspath(path)
@@ -54,10 +63,20 @@ class SSDTier:
             raise PermissionError(f"SSD tier directory {self.path} is not writable")
         self.capacity_bytes = capacity_bytes
         self.cache = cache
+        if any(e.is_dir() and len(e.name) == 2 and all(ch in "0123456789abcdef" for ch in e.name)
+               for e in os.scandir(self.path)):
+            warnings.warn(f"shadecache: SSD tier {self.path} holds directories of the old "
+                          "one-file-per-sample layout; they are ignored (remove them to free the disk)",
+                          RuntimeWarning, stacklevel=2)
         self.queue_size = queue_size
         self.queue_depth_io = int(queue_depth)
         self._layout = None
         self._setup()
+        self.fingerprint = None
+        if fingerprint is None and cache is not None:
+            fingerprint = getattr(cache, "fingerprint", None) or None
+        if fingerprint is not None:
+            self.bind(fingerprint)
 
     slot_bytes = staticmethod(slot_bytes)
 
@@ -76,10 +95,45 @@ class SSDTier:
                          "bytes_written": 0, "dropped": 0, "evictions": 0, "write_errors": 0}
 
     def __reduce__(self):
-        return (SSDTier, (self.path, self.capacity_bytes, self.cache, self.queue_size, self.queue_depth_io))
+        return (SSDTier, (self.path, self.capacity_bytes, self.cache, self.queue_size, self.queue_depth_io,
+                          self.fingerprint))
+
+    def bind(self, fingerprint: str) -> None:
+        """Makes the directory the tier of the data set `fingerprint` (a store's `fingerprint`):
+        recorded on first use; FingerprintError when the directory already belongs to another
+        data set, or holds samples of an unrecorded one (nothing is removed: the user decides)."""
+        if not isinstance(fingerprint, str) or not fingerprint or "\0" in fingerprint or len(fingerprint) > 256:
+            raise ValueError(f"fingerprint must be a non-empty str of at most 256 characters without "
+                             f"NUL, got {fingerprint!r}")
+        self._mine()
+        fp_path = os.path.join(self.path, "fingerprint")
+        lay = self._layout
+        with lay.locked(), self._mu:   # file lock before mu, as the writer takes them
+            try:
+                with open(fp_path, "r", encoding="utf-8", errors="replace") as f:
+                    found = f.read().strip()
+            except FileNotFoundError:
+                found = None
+            if found is not None and found != fingerprint:
+                raise FingerprintError(
+                    f"SSD tier {self.path} holds samples of data set {found or '(empty record)'}, "
+                    f"not {fingerprint}: use another directory for this data set, or remove that one")
+            if found is None:
+                lay.do_catch_up(force=True)
+                if lay.items:
+                    raise FingerprintError(
+                        f"SSD tier {self.path} holds {lay.items} samples of an unrecorded data set, "
+                        f"not known to be {fingerprint}: use another directory, or remove that one")
+                tmp = f"{fp_path}.{os.getpid()}.{threading.get_ident()}.tmp"
+                with open(tmp, "w", encoding="utf-8") as f:
+                    f.write(fingerprint + "\n")
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.rename(tmp, fp_path)
+        self.fingerprint = fingerprint
 
     def _mine(self):
-        if self._pid != os.getpid():
+        if self._pid != os.getpid() or self._layout is None:   # forked, or closed
             self._setup()
 
     def ids(self) -> np.ndarray:
@@ -157,14 +211,45 @@ class SSDTier:
         while self._queue.unfinished_tasks and time.monotonic() < deadline:
             time.sleep(0.005)
 
+    def close(self, timeout: float = 30.0) -> None:
+        """Writes what is queued (up to `timeout` seconds), stops the writer thread and closes
+        the tier's files. The tier stays on disk for the next job; using this object again
+        reopens it."""
+        if self._pid != os.getpid():   # a forked copy: the parent's files and thread are not ours
+            return
+        if self._thread is not None:
+            self.flush(timeout)
+            self._queue.put(None)       # the writer's signal to end (after what is queued)
+            self._thread.join(timeout)
+            self._thread = None
+        self._reader = None
+        if self._layout is not None:
+            self._layout.close()
+            self._layout = None             # the next use opens the tier again (_mine)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
     def _writer(self):
         while True:
-            batch = [self._queue.get()]
+            first = self._queue.get()
+            if first is None:   # close()
+                self._queue.task_done()
+                return
+            batch, stop = [first], False
             while len(batch) < _BATCH:
                 try:
-                    batch.append(self._queue.get_nowait())
+                    item = self._queue.get_nowait()
                 except queue.Empty:
                     break
+                if item is None:   # close() right behind: write this batch, then end
+                    self._queue.task_done()
+                    stop = True
+                    break
+                batch.append(item)
             try:
                 if self.disabled is None:
                     self._write(batch)
@@ -173,6 +258,8 @@ class SSDTier:
             finally:
                 for _ in batch:
                     self._queue.task_done()
+            if stop:
+                return
 
     def _write(self, batch):
         """One journal round: under the file lock, evictions (remove entries appended first),

@@ -256,7 +256,7 @@ def test_stats_and_ls_show_the_tiers(cache_factory, store, tmp_path):
     from shadecache import tier_status
 
     c = _node_cache(cache_factory, store, range(10))
-    ssd = sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20)
+    ssd = sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20, fingerprint=store.fingerprint)
     ssd.put_many([20, 21], store.read_many([20, 21]))
     ssd.flush()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]))

@@ -205,6 +205,48 @@ def test_dataset_reads_the_ssd_tier_before_the_store(tmp_path, cache_factory):
     assert s["store_reads"] == 200 and s["tiers"]["ssd"]["hits"] == 200
 
 
+def _pack(path, vals):
+    with sc.PackWriter(str(path)) as w:
+        for v in vals:
+            w.add(v, 0)
+    return sc.PackedStore(str(path))
+
+
+def test_a_tier_of_another_data_set_is_refused(tmp_path):
+    """Two data sets on one tier directory: the second job must never read the first job's bytes
+    by id (review of issue 9: job B read store A's bytes for 50 of 50 samples)."""
+    a = _pack(tmp_path / "a.shc", _values(50, seed=3))
+    b_vals = _values(50, seed=4)
+    b = _pack(tmp_path / "b.shc", b_vals)
+    ds_a = sc.CachedDataset(a, None, ssd=sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20))
+    ds_a.fetch_bytes(np.arange(50))
+    ds_a.ssd.flush()
+    assert ds_a.ssd.stats()["items"] == 50
+    with pytest.raises(sc.FingerprintError, match="another directory"):
+        sc.CachedDataset(b, None, ssd=sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20))
+    with pytest.raises(sc.FingerprintError):   # explicitly, and through the constructor
+        sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20, fingerprint=b.fingerprint)
+    # the refusal removed nothing: job A's next run finds its tier warm
+    again = sc.CachedDataset(a, None, ssd=sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20))
+    assert again.ssd.stats()["items"] == 50 and again.ssd.fingerprint == a.fingerprint
+    # B in its own directory reads its own bytes
+    ds_b = sc.CachedDataset(b, None, ssd=sc.SSDTier(tmp_path / "ssd-b", capacity_bytes=1 << 20))
+    assert ds_b.fetch_bytes(np.arange(50)) == b_vals
+
+
+def test_an_unrecorded_tier_with_samples_is_refused(tmp_path):
+    """A tier filled without a data set recorded (SSDTier used on its own) is not adopted by the
+    first data set that comes along: its samples could be anyone's."""
+    t = sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20)
+    t.put_many(range(5), _values(5))
+    t.flush()
+    store = _pack(tmp_path / "s.shc", _values(5, seed=9))
+    with pytest.raises(sc.FingerprintError, match="unrecorded"):
+        sc.CachedDataset(store, None, ssd=sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20))
+    with pytest.raises(ValueError, match="fingerprint"):
+        t.bind("")
+
+
 def test_forked_child_opens_its_own_files(tmp_path):
     """A forked process (a DataLoader worker) does not use its parent's descriptors (the file
     lock is per open file): its first use of the tier opens its own, and reads the same bytes."""
@@ -459,3 +501,38 @@ def test_readers_and_writers_of_several_processes_never_see_wrong_bytes(tmp_path
     ps = [subprocess.Popen([sys.executable, "-c", script, role, str(k)], env=env)
           for k, role in enumerate("wwrr")]
     assert [p.wait(timeout=60) for p in ps] == [0, 0, 0, 0]
+
+
+def test_close_writes_what_is_queued_and_stops_the_writer(tmp_path):
+    """close() flushes, ends the writer thread and closes every descriptor of the tier; the
+    object opens the tier again when used after it, and finds what was written."""
+    import threading
+
+    def fds_under(path):
+        out = set()
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                if os.readlink(f"/proc/self/fd/{fd}").startswith(str(path)):
+                    out.add(fd)
+            except OSError:
+                pass
+        return out
+
+    vals = _values(40, seed=5)
+    with sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20) as t:
+        t.put_many(range(40), vals)
+        writer = t._thread
+        assert writer.is_alive() and fds_under(tmp_path / "ssd")
+    assert not writer.is_alive() and writer not in threading.enumerate()
+    assert fds_under(tmp_path / "ssd") == set()
+    assert t.get_many(range(40)) == vals          # reopened on use, everything was written
+    t.close()
+    assert fds_under(tmp_path / "ssd") == set()
+
+
+def test_old_layout_directories_are_reported(tmp_path):
+    old = tmp_path / "ssd" / "0a"
+    old.mkdir(parents=True)
+    (old / "10.s").write_bytes(b"x")
+    with pytest.warns(RuntimeWarning, match="old one-file-per-sample layout"):
+        sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20).close()
