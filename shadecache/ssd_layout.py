@@ -181,7 +181,10 @@ class Layout:
         self._jpos += len(raw) - len(raw) % ENTRY.size
         ents = np.frombuffer(raw, dtype=_DTYPE, count=len(raw) // ENTRY.size)
         for k, e in enumerate(ents.tolist()):
-            if crc32c(raw[k * 32:k * 32 + 28]) != e[6] or e[0] < 0 or e[0] > MAX_ID or e[1] == 0:
+            if (crc32c(raw[k * 32:k * 32 + 28]) != e[6] or e[0] < 0 or e[0] > MAX_ID or e[1] == 0
+                    or (e[3] < MOVED and slot_bytes(e[3]) != e[1])):
+                # a put whose length does not belong in its slot size is not one we wrote: the
+                # reader would read past its slot (and allocate what the length says)
                 self.torn += 1
                 continue
             if e[3] == MOVED:

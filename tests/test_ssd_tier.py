@@ -536,3 +536,18 @@ def test_old_layout_directories_are_reported(tmp_path):
     (old / "10.s").write_bytes(b"x")
     with pytest.warns(RuntimeWarning, match="old one-file-per-sample layout"):
         sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20).close()
+
+
+def test_a_journal_entry_whose_length_overflows_its_slot_is_dropped(tmp_path):
+    """An entry with a valid checksum but a length that does not fit its slot size (not one the
+    tier writes) is dropped on replay like a torn one: a read must never go past its slot."""
+    vals = _values(3, seed=6)
+    t = sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20)
+    t.put_many(range(3), vals)
+    t.flush()
+    s = sc.SSDTier.slot_bytes(len(vals[1]))
+    with open(tmp_path / "ssd" / "index", "ab") as f:
+        f.write(ssd_layout.entry(1, s, 0, 1 << 30, 0))      # 1 GiB claimed in a small slot
+    again = sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20)
+    assert again.get_many(range(3)) == vals
+    assert again.stats()["torn_entries"] == 1
