@@ -513,16 +513,17 @@ def _publish(sampler, board, order):
     return s, m
 
 
-def publish_ahead(sampler) -> bool:
+def publish_ahead(sampler, draw=None) -> bool:
     """ShadeSampler.set_epoch's and end_epoch's hook: draws the current epoch's order and
     publishes it now, before the loader asks for its first batch, so that the prefetcher starts
     reading the epoch's first misses while the training loop is elsewhere (evaluation, a
     checkpoint, the epoch's last step). Does nothing without a board or when this very order is
-    already up. __iter__ then takes the published order as it is (published_iter)."""
+    already up. __iter__ then takes the published order as it is (published_iter). draw(): the
+    sampler's order, drawn only when there is a board (default sampler.order)."""
     board = board_for(getattr(sampler, "cache", None))
     if board is None:
         return False
-    order = sampler.order()
+    order = (sampler.order if draw is None else draw)()
     if _up_already(board, stream_of(getattr(sampler, "rank", 0), board.streams), sampler, order):
         return False
     _publish(sampler, board, order)

@@ -315,3 +315,25 @@ def test_a_board_changes_no_id_the_sampler_draws(board_name, skip_epoch):
         got = _served_ids(cache, board_name, n, skip_epoch)
         assert b.stream_state(0)["seq"] > 0
     assert got == want
+
+
+def test_an_order_drawn_ahead_is_reported_and_saved_as_without_a_board(board_name):
+    # end_epoch draws the next epoch's order for the board; until it is used, the sampler reports
+    # and saves what it would without a board: the finished epoch's draw stats, no order
+    n = 300
+    with sc.Cache.create(board_name, num_samples=n, capacity_bytes=1 << 20) as cache, \
+            OrderBoard.create(board_name, n) as b:
+        s = sc.ShadeSampler(n, cache=cache, batch_size=32, seed=2)
+        cache.put_many(np.arange(0, n, 3), [b"x" * 16] * len(range(0, n, 3)))
+        s.set_epoch(0)
+        list(iter(s))
+        stats0 = dict(s.last_epoch_stats)
+        cache.put_many(np.arange(1, n, 3), [b"y" * 16] * len(range(1, n, 3)))   # more cached
+        s.end_epoch(0.0)
+        assert b.stream_state(0)["epoch"] == 1              # epoch 1 is up ahead...
+        assert s.last_epoch_stats == stats0                 # ...but not reported as drawn
+        assert s.state_dict()["order"] is None
+        ahead = b.snapshot(0)[1].tolist()
+        assert list(iter(s)) == ahead                       # used: now it is the epoch's draw
+        assert s.last_epoch_stats["cached_draws"] > stats0["cached_draws"]
+        assert s.state_dict()["order"].tolist() == ahead
