@@ -336,3 +336,19 @@ def test_the_automatic_lookahead_follows_the_pace():
     assert p.window(10_000) == 600 and p.window(300) == 300
     p.saw_batch(0.2)                               # slower reads: capped at half the cache
     assert p.window(10_000) == 1000
+
+
+def test_the_automatic_lookahead_never_exceeds_half_a_small_cache():
+    # a cache of fewer items than two prefetch batches: the window (and so each batch read into
+    # it) stays within half the cache, never a batch larger than the cache itself
+    from shadecache.prefetch import _Pace
+    for items in (1, 2, 7, 100, 511):
+        p = _Pace(batch=256, max_batches=4, cache_items=items)
+        assert 1 <= p.window(10_000) <= max(1, items // 2)
+        p.saw_window(100, 100)
+        p.saw_cursors(0.0, {0: (0, 0)})
+        p.saw_cursors(1.0, {0: (0, 50_000)})
+        p.saw_batch(1.0)
+        assert 1 <= p.window(10_000) <= max(1, items // 2)
+    p = _Pace(batch=256, max_batches=4, cache_items=0)   # nothing fits: one id at a time
+    assert p.window(10_000) == 1
