@@ -337,3 +337,27 @@ def test_an_order_drawn_ahead_is_reported_and_saved_as_without_a_board(board_nam
         assert list(iter(s)) == ahead                       # used: now it is the epoch's draw
         assert s.last_epoch_stats["cached_draws"] > stats0["cached_draws"]
         assert s.state_dict()["order"].tolist() == ahead
+
+
+def _publish_reversed(name, n):
+    b = OrderBoard.attach(name)
+    b.publish(0, 0, np.arange(n)[::-1].copy())
+    b.close()
+
+
+def test_iter_publishes_again_after_another_process_published_on_its_stream(board_name):
+    # two ranks on one stream (more ranks than streams): the one that iterates publishes its
+    # order again instead of moving the cursor over the other's (what __iter__ did before
+    # publish_ahead), because the stream's seq is no longer the one its publish left
+    n = 300
+    with sc.Cache.create(board_name, num_samples=n, capacity_bytes=1 << 20) as cache, \
+            OrderBoard.create(board_name, n) as b:
+        s = sc.ShadeSampler(n, cache=cache, batch_size=32, seed=1)
+        s.set_epoch(0)
+        p = mp.get_context("fork").Process(target=_publish_reversed, args=(board_name, n))
+        p.start()
+        p.join()
+        assert p.exitcode == 0 and b.snapshot(0)[1][0] == n - 1
+        it = iter(s)
+        assert [next(it) for _ in range(40)] == s.order()[:40].tolist()
+        assert b.snapshot(0)[1].tolist() == s.order()[32:].tolist()
