@@ -84,8 +84,12 @@ def test_same_bytes_in_the_same_order_with_and_without_prefetch(store_path, name
     # by how much depends on how far ahead the prefetcher keeps on a loaded machine (0.3 to 0.75
     # more seen here); that figure is bench/bench_prefetch.py's, this only says it helped
     assert on_stats["hit_ratio"] > off_stats["hit_ratio"] + 0.1
-    rows = on_stats["per_epoch"]
-    assert [r["epoch"] for r in rows] == [0, 1] and rows == on_stats["prefetch_per_epoch"]
+    assert on_stats["per_epoch"] == on_stats["prefetch_per_epoch"]
+    # the last end_epoch published epoch 2 ahead (publish_ahead): the prefetcher may have begun
+    # reading it before it stopped, but no loader read any of it
+    rows = [r for r in on_stats["per_epoch"] if r["epoch"] < 2]
+    assert all(r["epoch"] == 2 and r["samples"] == 0 for r in on_stats["per_epoch"][2:])
+    assert [r["epoch"] for r in rows] == [0, 1]
     # per epoch, what the loop read (counted by every worker, atomic adds on the board)
     assert [r["samples"] for r in rows] == [N, N]
     assert sum(r["hits"] for r in rows) == on_stats["hits"]
