@@ -54,6 +54,7 @@ import mmap
 import os
 import struct
 import time
+import weakref
 from typing import Optional
 
 import numpy as np
@@ -130,7 +131,9 @@ class OrderBoard:
     def __init__(self, path: str, fd: int, owner: bool):
         self.path = path
         try:
-            size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            size = st.st_size
+            self._ident = (st.st_dev, st.st_ino)   # which file: board_for drops a board made again
             if size < HEADER_BYTES:
                 raise ValueError(f"{path} is not an order board (only {size} bytes)")
             self._mm = mmap.mmap(fd, size)
@@ -450,7 +453,12 @@ def board_for(cache) -> Optional[OrderBoard]:
     key = (os.getpid(), cache.name)
     b = _ATTACHED.get(key)
     if isinstance(b, OrderBoard) and b._mm is not None:
-        return b
+        if _same_file(b):
+            return b
+        # its creator unlinked it (and maybe made a new one): never publish into it again. Not
+        # closed: an iterator of the sampler may still hold it; the mapping goes with the last
+        # reference
+        b = None
     if isinstance(b, float) and time.monotonic() - b < _RELOOK_S:
         return None
     try:
@@ -462,13 +470,32 @@ def board_for(cache) -> Optional[OrderBoard]:
     return b
 
 
+def _same_file(board: OrderBoard) -> bool:
+    """Whether `board` is still the file at its path (one stat: board_for runs per batch)."""
+    try:
+        st = os.stat(board.path)
+    except FileNotFoundError:
+        return False
+    return (st.st_dev, st.st_ino) == board._ident
+
+
 def stream_of(rank: int, streams: int) -> int:
     local = os.environ.get("LOCAL_RANK")
     r = int(local) if local is not None and local.isdigit() else int(rank)
     return r % streams
 
 
-_PUBLISHED: dict = {}  # (pid, board path, stream) -> (epoch, order array) this process published
+# (pid, board path, stream) -> (board file, epoch, weak reference to the order array, seq after
+# the publish) of what this process published last: __iter__ takes that order as it is only when
+# the board, the order (the very array: a weak reference keeps nothing alive, and a freed array
+# never matches) and the stream's seq (nobody published since) are all still the same
+_PUBLISHED: dict = {}
+
+
+def _up_already(board, s, sampler, order) -> bool:
+    got = _PUBLISHED.get((os.getpid(), board.path, s))
+    return (got is not None and got[0] == board._ident and got[1] == sampler.epoch
+            and got[2]() is order and got[3] == board.stream_state(s)["seq"])
 
 
 def _publish(sampler, board, order):
@@ -479,23 +506,25 @@ def _publish(sampler, board, order):
     _MY_STREAM[(os.getpid(), board.path)] = s
     m = board.publish(s, sampler.epoch, order)
     _push_next_use(sampler.cache, board, np.unique(order[:m]))
-    _PUBLISHED[(os.getpid(), board.path, s)] = (sampler.epoch, order)
+    for k in [k for k, v in _PUBLISHED.items() if v[2]() is None]:
+        del _PUBLISHED[k]         # orders freed since: their entries can never match again
+    _PUBLISHED[(os.getpid(), board.path, s)] = (board._ident, sampler.epoch, weakref.ref(order),
+                                               board.stream_state(s)["seq"])
     return s, m
 
 
-def publish_ahead(sampler) -> bool:
+def publish_ahead(sampler, draw=None) -> bool:
     """ShadeSampler.set_epoch's and end_epoch's hook: draws the current epoch's order and
     publishes it now, before the loader asks for its first batch, so that the prefetcher starts
     reading the epoch's first misses while the training loop is elsewhere (evaluation, a
     checkpoint, the epoch's last step). Does nothing without a board or when this very order is
-    already up. __iter__ then takes the published order as it is (published_iter)."""
+    already up. __iter__ then takes the published order as it is (published_iter). draw(): the
+    sampler's order, drawn only when there is a board (default sampler.order)."""
     board = board_for(getattr(sampler, "cache", None))
     if board is None:
         return False
-    order = sampler.order()
-    s = stream_of(getattr(sampler, "rank", 0), board.streams)
-    got = _PUBLISHED.get((os.getpid(), board.path, s))
-    if got is not None and got[0] == sampler.epoch and got[1] is order:
+    order = (sampler.order if draw is None else draw)()
+    if _up_already(board, stream_of(getattr(sampler, "rank", 0), board.streams), sampler, order):
         return False
     _publish(sampler, board, order)
     return True
@@ -510,10 +539,7 @@ def published_iter(sampler, order: np.ndarray, start: int):
     if board is None:
         return iter(order[start:].tolist())
     s = stream_of(getattr(sampler, "rank", 0), board.streams)
-    got = _PUBLISHED.get((os.getpid(), board.path, s))
-    st = board.stream_state(s)
-    if (start == 0 and got is not None and got[0] == sampler.epoch and got[1] is order
-            and st["epoch"] == sampler.epoch and st["cursor"] == 0 and st["seq"] % 2 == 0):
+    if start == 0 and _up_already(board, s, sampler, order) and board.stream_state(s)["cursor"] == 0:
         _MY_STREAM[(os.getpid(), board.path)] = s
         m = min(order.size, board.capacity)
     else:

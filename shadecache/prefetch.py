@@ -195,7 +195,7 @@ class _Pace:
     def __init__(self, batch: int, max_batches: int, cache_items: int, margin: float = 3.0,
                  alpha: float = 0.3):
         self.batch, self.max_batches, self.margin, self.alpha = batch, max_batches, margin, alpha
-        self.cap = max(batch, cache_items // 2)
+        self.cap = max(1, cache_items // 2)   # a small cache: below one batch, not above
         self.rate = None          # samples/s taken by the loaders (all streams)
         self.read_s = None        # seconds from submit to insert of one batch
         self.miss = None          # fraction of the window neither cached nor on its way

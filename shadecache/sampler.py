@@ -126,6 +126,8 @@ class ShadeSampler(Sampler):
         self.coverage_history = []                              # distinct ids trained / N, per epoch
         self.epoch = 0
         self._order = None          # this rank's order for self.epoch, once drawn
+        self._ahead = None          # (issue 10) while self._order was drawn only for the order
+        #                             board and nothing used it yet: the previous draw's stats
         self._forced = None         # ids the coverage floor added this epoch (global)
         self._weights = None        # per-id unbiased weight for self.epoch's order (see weights())
         self._consumed = 0          # samples reported through update() this epoch
@@ -159,10 +161,11 @@ class ShadeSampler(Sampler):
         if epoch != self.epoch:
             self.epoch = epoch
             self._order = None
+            self._ahead = None
             self._weights = None
             self._consumed = 0
             self._start = 0
-        publish_ahead(self)   # issue 10: a board's prefetcher starts on the epoch's order now
+        publish_ahead(self, self._draw_ahead)   # issue 10: a board's prefetcher starts now
 
     def _rng(self, stream: int):
         # one independent stream per (seed, epoch, purpose); rank only where it must differ
@@ -306,6 +309,19 @@ class ShadeSampler(Sampler):
         """This rank's order for the current epoch (drawn on first use, then fixed)."""
         if self._order is None:
             self._order, self._forced, self.last_epoch_stats = self._draw_share()
+        elif self._ahead is not None:   # drawn for the board: used from now on
+            self._ahead, self.last_epoch_stats = None, self._ahead
+        return self._order
+
+    def _draw_ahead(self) -> np.ndarray:
+        """The order publish_ahead puts on the board (issue 10), the very order order() returns
+        later. Until __iter__, order() or weights() uses it, the sampler behaves as if it were
+        not drawn, as without a board: end_epoch does not count it as trained, state_dict does
+        not save it, last_epoch_stats keeps the previous draw's."""
+        if self._order is None:
+            before = self.last_epoch_stats
+            self._order, self._forced, self._ahead = self._draw_share()
+            self.last_epoch_stats = before
         return self._order
 
     def __iter__(self):
@@ -347,7 +363,7 @@ class ShadeSampler(Sampler):
         losses passed to update() (over all ranks)."""
         # coverage counts what this epoch's order held (drawn = scheduled for training)
         trained = np.zeros(self.n, dtype=np.float64)
-        if self._order is not None:
+        if self._order is not None and self._ahead is None:   # not an order nobody used
             trained[self._order] = 1.0
         obs_sum, obs_cnt = self.table.observations()
         loss = np.array([self._loss_sum, self._loss_cnt,
@@ -377,13 +393,14 @@ class ShadeSampler(Sampler):
         self._loss_sum, self._loss_cnt = 0.0, 0
         self.epoch += 1
         self._order = None
+        self._ahead = None
         self._weights = None
         self._consumed = 0
         self._start = 0
         # issue 10: with an order board, the next epoch's order is drawn and published now (its
         # draw uses the scores just folded and the cache as it is), so the prefetcher reads its
         # first batches before the loader asks for them; without a board it is drawn at __iter__
-        publish_ahead(self)
+        publish_ahead(self, self._draw_ahead)
 
     # ---- coverage ----------------------------------------------------------------------------
     def coverage(self) -> dict:
@@ -400,6 +417,11 @@ class ShadeSampler(Sampler):
     # ---- checkpoint --------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """Everything needed to resume mid-epoch with the same order and scores."""
+        if self._ahead is not None:   # drawn only for the board: saved as not drawn (redrawn)
+            return {**self._state(), "order": None, "forced": None, "weights": None}
+        return self._state()
+
+    def _state(self) -> dict:
         return {"n": self.n, "seed": self.seed, "epoch": self.epoch,
                 "table": self.table.state_dict(), "last_drawn": self.last_drawn.copy(),
                 "coverage_history": list(self.coverage_history),
@@ -422,6 +444,7 @@ class ShadeSampler(Sampler):
         self.last_drawn = np.asarray(state["last_drawn"], dtype=np.int64).copy()
         self.coverage_history = list(state["coverage_history"])
         self._order = None if state["order"] is None else np.asarray(state["order"], np.int64).copy()
+        self._ahead = None
         self._forced = None if state["forced"] is None else np.asarray(state["forced"], np.int64)
         w = state.get("weights")   # absent in states saved before weights() existed: redrawn
         self._weights = None if w is None else np.asarray(w, dtype=np.float32).copy()

@@ -222,3 +222,142 @@ def test_set_epoch_and_end_epoch_publish_ahead_of_iter(board_name):
         s.end_epoch(0.0)                         # epoch 5 is drawn and up before any __iter__
         assert b.stream_state(0)["epoch"] == 5
         assert b.snapshot(0)[1].tolist() == s.order().tolist()
+
+
+def test_a_board_made_again_under_the_same_name_gets_the_order(board_name):
+    # A board closed and made again under the same cache name in one process (a rerun, a sweep
+    # that reuses the job's name, a restarted prefetcher): the sampler publishes into the new
+    # board, not into the unlinked file it attached first, and not "already up" because this
+    # process put the same order onto the board that is gone.
+    n = 300
+    with sc.Cache.create(board_name, num_samples=n, capacity_bytes=1 << 20) as cache:
+        s = sc.ShadeSampler(n, cache=cache, batch_size=32, seed=1)
+        with OrderBoard.create(board_name, n):
+            s.set_epoch(0)
+        with OrderBoard.create(board_name, n) as b:
+            it = iter(s)
+            taken = [next(it) for _ in range(40)]
+            st = b.stream_state(0)
+            assert st["seq"] == 2 and st["epoch"] == 0 and st["cursor"] == 32
+            assert b.snapshot(0, window=5)[1].tolist() == s.order()[32:37].tolist()
+            assert taken == s.order()[:40].tolist()
+
+
+def test_the_published_order_is_not_kept_alive_by_the_hook(board_name):
+    import gc
+    import weakref
+    n = 300
+    with sc.Cache.create(board_name, num_samples=n, capacity_bytes=1 << 20) as cache, \
+            OrderBoard.create(board_name, n):
+        s = sc.ShadeSampler(n, cache=cache, batch_size=32, seed=1)
+        s.set_epoch(0)
+        ref = weakref.ref(s.order())
+        del s
+        gc.collect()
+        assert ref() is None      # the sampler is gone: so is its order (no per-process copy)
+
+
+def _served_ids(cache, board_name, n, skip_epoch):
+    """Ids a loop of set_epoch/iter/break/resume/end_epoch takes, and the coverage it records."""
+    def loss(ids):
+        return np.where(np.asarray(ids) % 10 == 0, 10.0, 0.01)
+
+    def make():
+        return sc.ShadeSampler(n, cache=cache, batch_size=32, pads=False, rep_factor=0.0,
+                               seed=7, coverage_epochs=2, temper=1.0)
+
+    def take(s, k=None):
+        out = []
+        for i in iter(s):
+            out.append(i)
+            if len(out) % 32 == 0:
+                s.update(out[-32:], loss(out[-32:]))
+            if len(out) == k:
+                break
+        return out
+
+    s, log = make(), []
+    s.set_epoch(0)
+    s.set_epoch(0)                       # twice: nothing changes
+    log.append(take(s))
+    s.end_epoch()
+    s.set_epoch(1)
+    log.append(take(s, 96))              # a break mid-epoch, then a second pass
+    log.append(take(s))
+    s.end_epoch()
+    s.set_epoch(2)
+    if not skip_epoch:
+        log.append(take(s))
+    s.end_epoch()                        # skip_epoch: an epoch ended without iterating
+    s.set_epoch(3)
+    log.append(take(s, 128))
+    state = s.state_dict()               # resumed mid-epoch in a new sampler
+    s = make()
+    s.load_state_dict(state)
+    s.set_epoch(3)
+    log.append(take(s))
+    s.end_epoch()
+    s.set_epoch(1)                       # an earlier epoch
+    log.append(take(s))
+    return log, s.coverage()["per_epoch"], s.last_drawn.tolist()
+
+
+@pytest.mark.parametrize("skip_epoch", [False, True])
+def test_a_board_changes_no_id_the_sampler_draws(board_name, skip_epoch):
+    # The order drawn ahead for the board (set_epoch/end_epoch) is the order __iter__ would have
+    # drawn; an order nobody iterated is not counted as trained (the coverage floor then forces
+    # the same ids with and without a board).
+    n = 400
+    with sc.Cache.create(board_name + "-x", num_samples=n, capacity_bytes=1 << 20) as plain:
+        want = _served_ids(plain, board_name + "-x", n, skip_epoch)
+    with sc.Cache.create(board_name, num_samples=n, capacity_bytes=1 << 20) as cache, \
+            OrderBoard.create(board_name, n) as b:
+        got = _served_ids(cache, board_name, n, skip_epoch)
+        assert b.stream_state(0)["seq"] > 0
+    assert got == want
+
+
+def test_an_order_drawn_ahead_is_reported_and_saved_as_without_a_board(board_name):
+    # end_epoch draws the next epoch's order for the board; until it is used, the sampler reports
+    # and saves what it would without a board: the finished epoch's draw stats, no order
+    n = 300
+    with sc.Cache.create(board_name, num_samples=n, capacity_bytes=1 << 20) as cache, \
+            OrderBoard.create(board_name, n) as b:
+        s = sc.ShadeSampler(n, cache=cache, batch_size=32, seed=2)
+        cache.put_many(np.arange(0, n, 3), [b"x" * 16] * len(range(0, n, 3)))
+        s.set_epoch(0)
+        list(iter(s))
+        stats0 = dict(s.last_epoch_stats)
+        cache.put_many(np.arange(1, n, 3), [b"y" * 16] * len(range(1, n, 3)))   # more cached
+        s.end_epoch(0.0)
+        assert b.stream_state(0)["epoch"] == 1              # epoch 1 is up ahead...
+        assert s.last_epoch_stats == stats0                 # ...but not reported as drawn
+        assert s.state_dict()["order"] is None
+        ahead = b.snapshot(0)[1].tolist()
+        assert list(iter(s)) == ahead                       # used: now it is the epoch's draw
+        assert s.last_epoch_stats["cached_draws"] > stats0["cached_draws"]
+        assert s.state_dict()["order"].tolist() == ahead
+
+
+def _publish_reversed(name, n):
+    b = OrderBoard.attach(name)
+    b.publish(0, 0, np.arange(n)[::-1].copy())
+    b.close()
+
+
+def test_iter_publishes_again_after_another_process_published_on_its_stream(board_name):
+    # two ranks on one stream (more ranks than streams): the one that iterates publishes its
+    # order again instead of moving the cursor over the other's (what __iter__ did before
+    # publish_ahead), because the stream's seq is no longer the one its publish left
+    n = 300
+    with sc.Cache.create(board_name, num_samples=n, capacity_bytes=1 << 20) as cache, \
+            OrderBoard.create(board_name, n) as b:
+        s = sc.ShadeSampler(n, cache=cache, batch_size=32, seed=1)
+        s.set_epoch(0)
+        p = mp.get_context("fork").Process(target=_publish_reversed, args=(board_name, n))
+        p.start()
+        p.join()
+        assert p.exitcode == 0 and b.snapshot(0)[1][0] == n - 1
+        it = iter(s)
+        assert [next(it) for _ in range(40)] == s.order()[:40].tolist()
+        assert b.snapshot(0)[1].tolist() == s.order()[32:].tolist()
