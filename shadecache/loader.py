@@ -170,9 +170,8 @@ class CachedLoader:
         self._len_hint = self._row_bytes or 0
         # the store's labels as one int64 array, for gather_rows to gather with the bytes
         labels = getattr(dataset.store, "labels", None)
-        self._labels = (np.ascontiguousarray(labels, dtype=np.int64)
-                        if isinstance(labels, np.ndarray) and labels.shape == (len(dataset),)
-                        and labels.dtype.kind in "iu" else None)
+        self._labels = (_narrow(labels) if isinstance(labels, np.ndarray)
+                        and labels.shape == (len(dataset),) and labels.dtype.kind in "iu" else None)
         # Output buffers of fixed-size raw batches, reused once no batch made in them is alive:
         # groups in flight, the group being handed out, and the caller's batch of the one before.
         self._buffers = _Buffers(self._group_batches() * self.batch_size, self._row_bytes or 0,
@@ -410,8 +409,13 @@ class CachedLoader:
             x = torch.from_numpy(out)
         if ds.cache is not None:
             y = np.empty(ids.size, dtype=np.int64) if self._labels is not None else None
-            lens = _core.gather_rows(ds.cache._core, ids, out, self._labels, y, block)  # checks ids
-            if lens.size and lens[-1] == -2:    # block: the batches after the first miss unread
+            lens = _core.gather_rows(ds.cache._core, ids, out, self._labels, y, block, True)  # checks ids
+            if lens is None:    # every id read, every one a hit of S bytes: the common case
+                if y is None:
+                    y = ds.labels_of(ids)
+                ds.count_batch(ids, ids.size, _all_hit)
+                return x, y, ids
+            if lens[-1] == -2:    # block: the batches after the first miss unread
                 done = int(np.argmax(lens == -2))
                 ids, lens, x, out = ids[:done], lens[:done], x[:done], out[:done]
                 y = None if y is None else y[:done]
@@ -420,7 +424,7 @@ class CachedLoader:
         if self._labels is None or ds.cache is None:
             y = ds.labels_of(ids)
         missed = wait_ns = 0
-        if np.count_nonzero(lens != s):   # one pass; an all-hit batch does no more
+        if np.count_nonzero(lens != s):
             bad = np.flatnonzero((lens >= 0) & (lens != s))
             if bad.size:
                 i = int(bad[0])
@@ -431,9 +435,7 @@ class CachedLoader:
             got, wait_ns = _fetch_missed(ds, ids[pos].tolist())
             for p, i in zip(pos.tolist(), ids[pos].tolist()):
                 out[p] = np.frombuffer(got[i], dtype=np.uint8)
-        hits = ids.size - missed
-        pf = ds.prefetch_hits(ids, lambda: lens >= 0) if hits else 0
-        ds.count(hits, missed, ids.size, pf, wait_ns)
+        ds.count_batch(ids, ids.size - missed, lambda: lens >= 0, wait_ns)
         return x, y, ids
 
     def _ragged(self, ids):
@@ -462,9 +464,7 @@ class CachedLoader:
         np.cumsum(lens, out=offsets[1:])
         if ds.cache is not None and lens.size:
             self._len_hint = int(offsets[-1]) // lens.size   # sizes the next batch's buffer once
-        hits = ids.size - missed.size
-        pf = ds.prefetch_hits(ids, lambda: hit) if hits else 0
-        ds.count(hits, missed.size, ids.size, pf, wait_ns)
+        ds.count_batch(ids, ids.size - missed.size, lambda: hit, wait_ns)
         return RaggedBatch(torch.from_numpy(flat), torch.from_numpy(offsets))
 
     def _pin(self, batch):
@@ -472,6 +472,17 @@ class CachedLoader:
             return batch
         from torch.utils.data._utils.pin_memory import pin_memory
         return pin_memory(batch)
+
+
+def _narrow(labels: np.ndarray) -> np.ndarray:
+    """The labels in the narrowest signed integer type that holds them (gather_rows reads int8 to
+    int64 and returns int64): a million int8 labels (1 MiB) stay in the CPU caches while a batch's
+    values stream past them; as int64 (8 MiB) each label read would miss them."""
+    lo, hi = (int(labels.min()), int(labels.max())) if labels.size else (0, 0)
+    for t in (np.int8, np.int16, np.int32):
+        if np.iinfo(t).min <= lo and hi <= np.iinfo(t).max:
+            return np.ascontiguousarray(labels, dtype=t)
+    return np.ascontiguousarray(labels, dtype=np.int64)
 
 
 def _refcounts(arrays: list) -> list:
@@ -551,6 +562,12 @@ def _as_id_array(sampler):
         if a.ndim == 1 and a.dtype.kind in "iu" and all(type(i) is int for i in sampler[:1]):
             return a.astype(np.int64, copy=False)
     return None
+
+
+def _all_hit():
+    """The hit mask of a batch whose ids all hit (CachedDataset.count_batch asks for it only when
+    a prefetch flag is set): True broadcasts over the ids."""
+    return True
 
 
 def _fetch_missed(ds, missed: list):
