@@ -20,8 +20,11 @@ num_workers=0 makes it in the iterating thread):
   4. labels gathered from the store's label array (fixed sizes: in the same native call);
      `batch_transform(x)` (vectorized, on the whole batch) if given.
 Fixed-size raw batches of a sampler that cannot follow the training steps (see _group_batches) are
-gathered several per native call and handed out as views of one tensor; the call stops at the
-first batch with a miss, so that batch's misses are admitted when it is due, as batch by batch.
+gathered several per native call (up to 8192 samples / 4 MiB) and handed out as views of one
+tensor; the call stops at the first batch with a miss, so that batch's misses are admitted when it
+is due, as batch by batch. Their buffers are reused once no batch made in them is alive anywhere
+in the process (_Buffers): a batch the caller keeps is never overwritten, and nothing has to be
+copied or released by the caller.
 When the data set has its own `decode` or `transform`, or `collate` is given, a batch is instead
 `collate(dataset.__getitems__(ids))` (torch's default_collate when collate is None): the same
 items a DataLoader would build, made on the loader's threads (a transform that releases the GIL
@@ -124,7 +127,8 @@ class CachedLoader:
                       torch ops release the GIL, so batches transform in parallel)
     pin_memory        assemble into pinned memory (with a CUDA device; on a machine without one the
                       option is accepted, warned about once, and batches stay in pageable memory)
-    prefetch_batches  batches in flight ahead of the one the caller holds (at least num_workers)
+    prefetch_batches  batches in flight ahead of the one the caller holds (at least num_workers
+                      calls; a call gathers a whole group of batches when they are grouped)
     drop_last         drop the last incomplete batch
     process_workers   > 0: batches made per sample (the data set's decode/transform, or collate)
                       are made in that many worker processes (a Python-heavy transform is bound by
@@ -172,10 +176,7 @@ class CachedLoader:
         labels = getattr(dataset.store, "labels", None)
         self._labels = (_narrow(labels) if isinstance(labels, np.ndarray)
                         and labels.shape == (len(dataset),) and labels.dtype.kind in "iu" else None)
-        # Output buffers of fixed-size raw batches, reused once no batch made in them is alive:
-        # groups in flight, the group being handed out, and the caller's batch of the one before.
-        self._buffers = _Buffers(self._group_batches() * self.batch_size, self._row_bytes or 0,
-                                 (self._groups_ahead() if self.num_workers else 1) + 2)
+        self._buffers = self._new_buffers()
         self._delivered = 0   # batches of the current epoch handed to the caller
         self._skip = 0        # batches to skip at the start of the next iteration (resume)
 
@@ -250,7 +251,10 @@ class CachedLoader:
         if self.process_workers and not self._raw:
             yield from self._iter_processes()
             return
-        groups = self._id_groups(self._group_batches())
+        k = self._group_batches()
+        if self._buffers.rows != k * self.batch_size:   # the sampler was replaced since
+            self._buffers = self._new_buffers()
+        groups = self._id_groups(k)
         if self.num_workers == 0:
             for group in groups:
                 made, exc = self._make_group(group)
@@ -324,6 +328,13 @@ class CachedLoader:
             return 1
         per_batch = self.batch_size * self._row_bytes
         return max(1, min(_GROUP_SAMPLES // self.batch_size, _GROUP_BYTES // per_batch))
+
+    def _new_buffers(self) -> "_Buffers":
+        """Output buffers of fixed-size raw batches, one group each, reused once no batch made in
+        them is alive: enough for the groups in flight, the group being handed out, and the
+        caller's batch of the one before it."""
+        return _Buffers(self._group_batches() * self.batch_size, self._row_bytes or 0,
+                        (self._groups_ahead() if self.num_workers else 1) + 2)
 
     def _groups_ahead(self) -> int:
         """Groups in flight on the threads (num_workers > 0): prefetch_batches, at least one per thread."""
@@ -502,12 +513,16 @@ class _Buffers:
     the buffer's reference count is _IDLE_REFS exactly when no batch made in it is alive anywhere
     in this process, and a batch the caller keeps (in a list, across steps) is never overwritten:
     the pool hands out another buffer, or a fresh one when its `keep` buffers are all in use
-    (that one is not kept). Reusing saves the page faults of a fresh 0.5-1 MiB buffer per call
-    (about 2.5 us per 256-sample batch at 256 B, a third of the copy). The pool keeps at most
-    `keep` buffers of `rows` rows for the loader's life. Under a lock: the assembly threads share
-    it (a reference is taken inside it, so a buffer found idle cannot be handed out twice)."""
+    (that one is not kept). Reusing saves the page faults and the kernel's zeroing of a fresh
+    buffer per call (a fresh 64 KiB-4 MiB buffer cost about 2.5 us per 256-sample batch at 256 B,
+    a third of the copy), and the lowest idle buffer is taken first, so the same one or two are
+    written again while they are still in the CPU caches. The pool keeps at most `keep` buffers
+    of `rows` rows for the loader's life (at most `keep` x 4 MiB: _GROUP_BYTES). Under a lock:
+    the assembly threads share it (a reference is taken inside it, so a buffer found idle cannot
+    be handed out twice). Relies on CPython's reference counts (this package's interpreter)."""
 
     def __init__(self, rows: int, row_bytes: int, keep: int):
+        self.rows = rows
         self._shape = (rows, row_bytes)
         self._keep = keep
         self._bufs = []

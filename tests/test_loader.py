@@ -346,6 +346,13 @@ def test_output_buffers_are_reused_but_never_under_a_live_batch(fixed_store, cac
         for x, y, idx in loader:
             assert x.untyped_storage().data_ptr() in pool
             check(x, idx)
+    # a sampler set after construction that is read batch by batch: one batch per call, and
+    # buffers of one batch (the pool follows the grouping)
+    loader.sampler = torch.utils.data.SubsetRandomSampler(order.tolist())
+    assert loader._group_batches() == 1
+    for x, y, idx in loader:
+        check(x, idx)
+    assert loader._buffers.rows == B and len(loader._buffers._bufs) <= loader._buffers._keep
 
 
 def test_grouped_gather_counts_and_admits_batch_by_batch(fixed_store, cache_factory):
