@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 
 import shadecache as sc
 from shadecache import _core, synthetic
+from shadecache import loader as loader_module
 from values import make_value, verify_value
 
 N, SIZE = 300, 8                 # fixed size: 300 images of 8x8 = 64 bytes
@@ -298,10 +299,9 @@ def test_native_gather_labels_of_any_width_and_the_all_hit_answer(cache_factory)
 
 
 def test_narrowed_labels_keep_their_values(fixed_store):
-    from shadecache.loader import _narrow
     for values, dtype in (([0, 127, -128], np.int8), ([0, 128], np.int16), ([-40000, 3], np.int32),
                           ([2 ** 40, 0], np.int64), ([], np.int8)):
-        a = _narrow(np.array(values, dtype=np.int64))
+        a = loader_module._narrow(np.array(values, dtype=np.int64))
         assert a.dtype == dtype and a.tolist() == values
 
 
@@ -311,7 +311,7 @@ def test_output_buffers_are_reused_but_never_under_a_live_batch(fixed_store, cac
     """Fixed-size raw batches are assembled into a small pool of buffers: a buffer is written again
     only once no batch (tensor, view, .numpy() array) made in it is alive, so batches the caller
     keeps across epochs keep their bytes, and batches dropped as they come are recycled."""
-    monkeypatch.setattr(sc.loader, "_GROUP_SAMPLES", 2 * B)    # 2 batches per call: 5 per epoch
+    monkeypatch.setattr(loader_module, "_GROUP_SAMPLES", 2 * B)    # 2 batches per call: 5 per epoch
     cache = _cache(cache_factory, fixed_store, range(N))
     truth = fixed_store.read_many(list(range(N)))
     ds = sc.CachedDataset(fixed_store, cache)
