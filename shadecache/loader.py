@@ -57,6 +57,7 @@ _STOP = None  # the job that tells an assembly thread to end
 _warned_pin = False
 _GROUP_SAMPLES = 8192        # see CachedLoader._group_batches
 _GROUP_BYTES = 4 << 20
+_POOL_BYTES = 32 << 20       # output buffers a loader keeps for reuse (_Buffers), at most
 _STATELESS_SAMPLERS = (RandomSampler, SequentialSampler, DistributedSampler)
 _SEQUENCES = (list, tuple, range, np.ndarray, torch.Tensor)   # see _as_id_array
 
@@ -332,9 +333,13 @@ class CachedLoader:
     def _new_buffers(self) -> "_Buffers":
         """Output buffers of fixed-size raw batches, one group each, reused once no batch made in
         them is alive: enough for the groups in flight, the group being handed out, and the
-        caller's batch of the one before it."""
-        return _Buffers(self._group_batches() * self.batch_size, self._row_bytes or 0,
-                        (self._groups_ahead() if self.num_workers else 1) + 2)
+        caller's batch of the one before it, within _POOL_BYTES (large batches are allocated per
+        call, as before: their page faults weigh less against their copy, and a pool of them
+        would hold hundreds of MiB after the epoch)."""
+        rows = self._group_batches() * self.batch_size
+        keep = (self._groups_ahead() if self.num_workers else 1) + 2
+        return _Buffers(rows, self._row_bytes or 0,
+                        min(keep, _POOL_BYTES // max(1, rows * (self._row_bytes or 0))))
 
     def _groups_ahead(self) -> int:
         """Groups in flight on the threads (num_workers > 0): prefetch_batches, at least one per thread."""
@@ -517,7 +522,7 @@ class _Buffers:
     buffer per call (a fresh 64 KiB-4 MiB buffer cost about 2.5 us per 256-sample batch at 256 B,
     a third of the copy), and the lowest idle buffer is taken first, so the same one or two are
     written again while they are still in the CPU caches. The pool keeps at most `keep` buffers
-    of `rows` rows for the loader's life (at most `keep` x 4 MiB: _GROUP_BYTES). Under a lock:
+    of `rows` rows for the loader's life (keep x rows x S <= _POOL_BYTES). Under a lock:
     the assembly threads share it (a reference is taken inside it, so a buffer found idle cannot
     be handed out twice). Relies on CPython's reference counts (this package's interpreter)."""
 

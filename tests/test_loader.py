@@ -355,6 +355,19 @@ def test_output_buffers_are_reused_but_never_under_a_live_batch(fixed_store, cac
     assert loader._buffers.rows == B and len(loader._buffers._bufs) <= loader._buffers._keep
 
 
+def test_batches_beyond_the_pool_budget_are_allocated_per_call(fixed_store, cache_factory, monkeypatch):
+    monkeypatch.setattr(loader_module, "_POOL_BYTES", B * SIZE * SIZE - 1)   # less than one batch
+    monkeypatch.setattr(loader_module, "_GROUP_SAMPLES", B)
+    cache = _cache(cache_factory, fixed_store, range(N))
+    truth = fixed_store.read_many(list(range(N)))
+    loader = sc.CachedLoader(sc.CachedDataset(fixed_store, cache), batch_size=B, num_workers=0)
+    assert loader._buffers._keep == 0
+    for _ in range(2):
+        for x, y, idx in loader:
+            assert [bytes(r) for r in x.numpy()] == [truth[i] for i in idx.tolist()]
+    assert not loader._buffers._bufs
+
+
 def test_grouped_gather_counts_and_admits_batch_by_batch(fixed_store, cache_factory):
     """num_workers=0 over a plain id list gathers several batches per native call; with misses
     (admitted, then hit again: every id comes twice), every batch, hit count and admission is still
