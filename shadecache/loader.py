@@ -20,7 +20,7 @@ num_workers=0 makes it in the iterating thread):
   4. labels gathered from the store's label array (fixed sizes: in the same native call);
      `batch_transform(x)` (vectorized, on the whole batch) if given.
 Fixed-size raw batches of a sampler that cannot follow the training steps (see _group_batches) are
-gathered several per native call (up to 8192 samples / 4 MiB) and handed out as views of one
+gathered several per native call (up to 8192 samples / 2 MiB) and handed out as views of one
 tensor; the call stops at the first batch with a miss, so that batch's misses are admitted when it
 is due, as batch by batch. Their buffers are reused once no batch made in them is alive anywhere
 in the process (_Buffers): a batch the caller keeps is never overwritten, and nothing has to be
@@ -56,7 +56,7 @@ _THREAD_PREFIX = "shadecache-loader"
 _STOP = None  # the job that tells an assembly thread to end
 _warned_pin = False
 _GROUP_SAMPLES = 8192        # see CachedLoader._group_batches
-_GROUP_BYTES = 4 << 20
+_GROUP_BYTES = 2 << 20       # 3 KB: 2 batches of 256 per call (4 MiB groups: slower in 3 of 3 runs)
 _POOL_BYTES = 32 << 20       # output buffers a loader keeps for reuse (_Buffers), at most
 _STATELESS_SAMPLERS = (RandomSampler, SequentialSampler, DistributedSampler)
 _SEQUENCES = (list, tuple, range, np.ndarray, torch.Tensor)   # see _as_id_array
@@ -519,7 +519,7 @@ class _Buffers:
     in this process, and a batch the caller keeps (in a list, across steps) is never overwritten:
     the pool hands out another buffer, or a fresh one when its `keep` buffers are all in use
     (that one is not kept). Reusing saves the page faults and the kernel's zeroing of a fresh
-    buffer per call (a fresh 64 KiB-4 MiB buffer cost about 2.5 us per 256-sample batch at 256 B,
+    buffer per call (a fresh 64 KiB-2 MiB buffer cost about 2.5 us per 256-sample batch at 256 B,
     a third of the copy), and the lowest idle buffer is taken first, so the same one or two are
     written again while they are still in the CPU caches. The pool keeps at most `keep` buffers
     of `rows` rows for the loader's life (keep x rows x S <= _POOL_BYTES). Under a lock:
