@@ -54,7 +54,7 @@ std::vector<uint64_t> checked_ids(Cache& c, py::handle ids) {
 // went from 0.65-0.70x of np.take's rate (index 2 chunks ahead, slots 1 chunk ahead) to
 // 1.0-1.1x with the whole batch's index entries requested first; 3 KB stayed at 0.95-1.05x.
 // Chunks of 16 instead of 32 (256 B, groups of 8192 ids, alternating runs of 7 rounds each):
-// the gather was faster in 4 of 5 pairs (by 0.10-0.23x of np.take's rate), even in the fifth.
+// the gather was faster in 4 of 5 pairs (by 0.10-0.23x of np.take's rate) and level in the fifth.
 // The hits, misses and retries are counted once per call (Cache::count_reads).
 constexpr uint32_t kSmallValue = 512;
 constexpr size_t kSmallChunk = 16;
