@@ -75,8 +75,10 @@ def measure(size, args):
             for ids in batches:
                 _core.gather_rows(core, ids, torch.empty((b, size), dtype=torch.uint8).numpy())
 
-        def loader():
-            for x, y, idx in sc.CachedLoader(ds, batch_size=b, sampler=perm, num_workers=0):
+        ld = sc.CachedLoader(ds, batch_size=b, sampler=perm, num_workers=0)
+
+        def loader():   # one loader, an epoch per call, as a training job iterates it
+            for x, y, idx in ld:
                 pass
 
         fs = {"np.take": take, "gather_rows": gather, "gather_rows+alloc": gather_alloc,

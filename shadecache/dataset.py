@@ -33,6 +33,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, get_worker_info
 
+from .order import board_for
+
 _FIELDS = ("hits", "misses", "bytes_read", "samples", "store_reads",
            "peer_hits", "peer_bytes", "peer_ns", "ssd_hits", "ssd_bytes", "ssd_ns", "store_ns",
            "prefetch_hits", "wait_ns", "peer_calls", "ssd_calls", "store_calls")
@@ -45,13 +47,9 @@ def _default_decode(data):
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
-def _prefetch_hits(cache, ids, hit) -> int:
+def _prefetch_hits(board, ids, hit) -> int:
     """Hits on samples the prefetcher brought and no read had used yet (their board flag is
     cleared here: shadecache/order.py). hit(): the batch's bool mask of cache hits."""
-    from .order import board_for
-    board = board_for(cache)
-    if board is None:
-        return 0
     flags = board.flags[ids]
     if not flags.any():
         return 0
@@ -60,16 +58,7 @@ def _prefetch_hits(cache, ids, hit) -> int:
     return int(np.unique(used).size)
 
 
-def _count_epoch_reads(cache, samples, hits, pf_hits, wait_ns) -> None:
-    """This batch, into the current epoch's reader row of the cache's order board (if any)."""
-    from .order import board_for
-    board = board_for(cache)
-    if board is not None:
-        board.count_reads(samples, hits, pf_hits, wait_ns)
-
-
 def _prefetch_stats(cache) -> dict:
-    from .order import board_for
     board = board_for(cache)
     if board is None:
         return {}
@@ -181,6 +170,16 @@ class CachedDataset(Dataset):
               wait_ns: int = 0) -> None:
         """Adds one batch's cache lookups to this process's counter row (fetch_missing counts what
         the tiers served). Under a lock: CachedLoader's threads share the row."""
+        self._count(board_for(self.cache), hits, misses, samples, prefetch_hits, wait_ns)
+
+    def count_batch(self, ids: np.ndarray, hits: int, hit, wait_ns: int = 0) -> None:
+        """prefetch_hits(ids, hit) then count(hits, len(ids) - hits, len(ids), ...) of one batch
+        (ids: int64), with one look-up of the order board: sc.CachedLoader's per-call counting."""
+        board = board_for(self.cache)
+        pf = _prefetch_hits(board, ids, hit) if board is not None and hits else 0
+        self._count(board, hits, ids.size - hits, ids.size, pf, wait_ns)
+
+    def _count(self, board, hits, misses, samples, prefetch_hits, wait_ns) -> None:
         row = self._row()
         with self._count_lock:
             row[0] += hits
@@ -188,14 +187,15 @@ class CachedDataset(Dataset):
             row[3] += samples
             row[12] += prefetch_hits
             row[13] += wait_ns
-        if self.cache is not None:   # per epoch, for ds.stats() and `shadecache stats`
-            _count_epoch_reads(self.cache, samples, hits, prefetch_hits, wait_ns)
+        if board is not None:   # per epoch, for ds.stats() and `shadecache stats`
+            board.count_reads(samples, hits, prefetch_hits, wait_ns)
 
     def prefetch_hits(self, ids: np.ndarray, hit) -> int:
         """Hits of a batch on samples the prefetcher brought (their board flags are cleared).
         hit() returns the batch's bool mask of cache hits; it is called only when some id of the
         batch carries a flag, so a batch without prefetched samples pays one flag lookup."""
-        return _prefetch_hits(self.cache, ids, hit) if self.cache is not None else 0
+        board = board_for(self.cache)
+        return _prefetch_hits(board, ids, hit) if board is not None else 0
 
     def fetch_missing(self, ids: list) -> list:
         """The bytes of every id (distinct, in range) that the node cache missed, through the tiers

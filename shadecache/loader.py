@@ -20,8 +20,11 @@ num_workers=0 makes it in the iterating thread):
   4. labels gathered from the store's label array (fixed sizes: in the same native call);
      `batch_transform(x)` (vectorized, on the whole batch) if given.
 Fixed-size raw batches of a sampler that cannot follow the training steps (see _group_batches) are
-gathered several per native call and handed out as views of one tensor; the call stops at the
-first batch with a miss, so that batch's misses are admitted when it is due, as batch by batch.
+gathered several per native call (up to 8192 samples / 2 MiB) and handed out as views of one
+tensor; the call stops at the first batch with a miss, so that batch's misses are admitted when it
+is due, as batch by batch. Their buffers are reused once no batch made in them is alive anywhere
+in the process (_Buffers): a batch the caller keeps is never overwritten, and nothing has to be
+copied or released by the caller.
 When the data set has its own `decode` or `transform`, or `collate` is given, a batch is instead
 `collate(dataset.__getitems__(ids))` (torch's default_collate when collate is None): the same
 items a DataLoader would build, made on the loader's threads (a transform that releases the GIL
@@ -36,6 +39,7 @@ iterator is garbage collected.
 import itertools
 import math
 import queue
+import sys
 import threading
 import time
 import warnings
@@ -51,8 +55,9 @@ from .dataset import CachedDataset, _default_decode
 _THREAD_PREFIX = "shadecache-loader"
 _STOP = None  # the job that tells an assembly thread to end
 _warned_pin = False
-_GROUP_SAMPLES = 2048        # see CachedLoader._group_batches
-_GROUP_BYTES = 1 << 20     # larger groups outgrow L2: 3 KB x 2048 gathered at 0.8x of 3 KB x 256
+_GROUP_SAMPLES = 8192        # see CachedLoader._group_batches
+_GROUP_BYTES = 2 << 20       # 3 KB: 2 batches of 256 per call (4 MiB groups: slower in 3 of 3 runs)
+_POOL_BYTES = 32 << 20       # output buffers a loader keeps for reuse (_Buffers), at most
 _STATELESS_SAMPLERS = (RandomSampler, SequentialSampler, DistributedSampler)
 _SEQUENCES = (list, tuple, range, np.ndarray, torch.Tensor)   # see _as_id_array
 
@@ -123,7 +128,8 @@ class CachedLoader:
                       torch ops release the GIL, so batches transform in parallel)
     pin_memory        assemble into pinned memory (with a CUDA device; on a machine without one the
                       option is accepted, warned about once, and batches stay in pageable memory)
-    prefetch_batches  batches in flight ahead of the one the caller holds (at least num_workers)
+    prefetch_batches  batches in flight ahead of the one the caller holds (at least num_workers
+                      calls; a call gathers a whole group of batches when they are grouped)
     drop_last         drop the last incomplete batch
     process_workers   > 0: batches made per sample (the data set's decode/transform, or collate)
                       are made in that many worker processes (a Python-heavy transform is bound by
@@ -169,9 +175,9 @@ class CachedLoader:
         self._len_hint = self._row_bytes or 0
         # the store's labels as one int64 array, for gather_rows to gather with the bytes
         labels = getattr(dataset.store, "labels", None)
-        self._labels = (np.ascontiguousarray(labels, dtype=np.int64)
-                        if isinstance(labels, np.ndarray) and labels.shape == (len(dataset),)
-                        and labels.dtype.kind in "iu" else None)
+        self._labels = (_narrow(labels) if isinstance(labels, np.ndarray)
+                        and labels.shape == (len(dataset),) and labels.dtype.kind in "iu" else None)
+        self._buffers = self._new_buffers()
         self._delivered = 0   # batches of the current epoch handed to the caller
         self._skip = 0        # batches to skip at the start of the next iteration (resume)
 
@@ -211,29 +217,35 @@ class CachedLoader:
         self._delivered = int(state["batches_delivered"])
 
     # ---- iteration ---------------------------------------------------------------------------
-    def _id_batches(self):
-        """The sampler's ids in batches (int64 arrays), after skipping a resumed epoch's batches."""
+    def _id_groups(self, k: int = 1):
+        """The sampler's ids in groups of k batches (int64 arrays of up to k * batch_size ids,
+        consecutive batches of batch_size; only the epoch's last batch can be short, and it ends
+        the last group), after skipping a resumed epoch's batches."""
         skip, self._skip = self._skip, 0
         if not skip:
             self._delivered = 0
         b = self.batch_size
+        g = k * b
         order = _as_id_array(self.sampler)
         if order is not None:    # a plain sequence of ids: sliced, not iterated id by id
-            for a in range(skip * b, order.size, b):
-                ids = order[a:a + b]
-                if self.drop_last and ids.size < b:
-                    return
-                yield ids
+            start = min(skip * b, order.size)
+            end = start + (order.size - start) // b * b if self.drop_last else order.size
+            for a in range(start, end, g):
+                yield order[a:min(a + g, end)]
             return
         it = iter(self.sampler)
         if skip:
             for _ in itertools.islice(it, skip * b):
                 pass
         while True:
-            ids = np.fromiter(itertools.islice(it, b), dtype=np.int64)
-            if ids.size == 0 or (self.drop_last and ids.size < b):
+            ids = np.fromiter(itertools.islice(it, g), dtype=np.int64)
+            if self.drop_last:
+                ids = ids[:ids.size // b * b]
+            if ids.size == 0:
                 return
             yield ids
+            if ids.size < g:
+                return
 
     def __iter__(self):
         self.dataset._row()   # the counter row (and its lock) exist before any thread counts
@@ -241,8 +253,9 @@ class CachedLoader:
             yield from self._iter_processes()
             return
         k = self._group_batches()
-        ids_batches = self._id_batches()
-        groups = iter(lambda: list(itertools.islice(ids_batches, k)), [])
+        if self._buffers.rows != k * self.batch_size:   # the sampler was replaced since
+            self._buffers = self._new_buffers()
+        groups = self._id_groups(k)
         if self.num_workers == 0:
             for group in groups:
                 made, exc = self._make_group(group)
@@ -256,8 +269,7 @@ class CachedLoader:
         pool = _Threads(self._make_group, self.num_workers)
         try:
             submitted = taken = 0
-            ahead = max(math.ceil(self.prefetch_batches / k), self.num_workers)
-            for group in itertools.islice(groups, ahead):
+            for group in itertools.islice(groups, self._groups_ahead()):
                 pool.submit(submitted, group)
                 submitted += 1
             while taken < submitted:
@@ -287,7 +299,7 @@ class CachedLoader:
         and shutdown are the DataLoader's own (its workers end when the iteration ends, breaks,
         raises or is garbage collected)."""
         from torch.utils.data import DataLoader
-        dl = DataLoader(self.dataset, batch_sampler=_IdBatches(self._id_batches, len(self)),
+        dl = DataLoader(self.dataset, batch_sampler=_IdBatches(self._id_groups, len(self)),
                         num_workers=self.process_workers,
                         collate_fn=self.collate or default_collate,
                         pin_memory=self.pin_memory and _can_pin(),
@@ -318,27 +330,51 @@ class CachedLoader:
         per_batch = self.batch_size * self._row_bytes
         return max(1, min(_GROUP_SAMPLES // self.batch_size, _GROUP_BYTES // per_batch))
 
+    def _new_buffers(self) -> "_Buffers":
+        """Output buffers of fixed-size raw batches, one group each, reused once no batch made in
+        them is alive: enough for the groups in flight, the group being handed out, and the
+        caller's batch of the one before it, within _POOL_BYTES (large batches are allocated per
+        call, as before: their page faults weigh less against their copy, and a pool of them
+        would hold hundreds of MiB after the epoch)."""
+        rows = self._group_batches() * self.batch_size
+        keep = (self._groups_ahead() if self.num_workers else 1) + 2
+        return _Buffers(rows, self._row_bytes or 0,
+                        min(keep, _POOL_BYTES // max(1, rows * (self._row_bytes or 0))))
+
+    def _groups_ahead(self) -> int:
+        """Groups in flight on the threads (num_workers > 0): prefetch_batches, at least one per thread."""
+        return max(math.ceil(self.prefetch_batches / self._group_batches()), self.num_workers)
+
     # ---- one group of batches ------------------------------------------------------------------
-    def _make_group(self, group: list):
+    def _make_group(self, ids: np.ndarray):
         """(batches made, None) or (the batches before the failing one, its exception): a batch
         that raises ends the group there, so the batches before it are still delivered."""
         made = []
         try:
-            if len(group) == 1:
-                made.append(self._make(group[0]))
+            if not self._raw or self._row_bytes is None:    # one batch per group
+                made.append(self._make(ids))
                 return made, None
             b = self.batch_size
-            while group:
+            while ids.size:
                 # One gather for the group; it stops after the first batch with a miss (that
                 # batch's misses are admitted before the next batch is looked up, as batch by
                 # batch), and the batches not read are gathered again by the next turn.
-                x, y, idx = self._assemble(np.concatenate(group), block=b)
-                group = group[math.ceil(idx.numel() / b):]
-                # only the epoch's last batch can be short, and it is the group's last
-                for xb, yb, ib in zip(x.split(b), y.split(b), idx.split(b)):
-                    if self.batch_transform is not None:
-                        xb = self.batch_transform(xb)
-                    made.append((xb, yb, ib))
+                x, y, idx = self._assemble(ids, block=b)
+                n = idx.numel()
+                ids = ids[n:]
+                if n == b:
+                    parts = ((x, y, idx),)
+                elif n % b == 0:   # a whole group: one C++ call per tensor makes its batches' views
+                    k = n // b
+                    parts = zip(x.view(k, b, -1).unbind(0), y.view(k, b).unbind(0),
+                                idx.view(k, b).unbind(0))
+                else:              # only the epoch's last batch can be short: the group's last
+                    parts = zip(x.split(b), y.split(b), idx.split(b))
+                if self.batch_transform is None:
+                    made.extend(parts)
+                else:
+                    for xb, yb, ib in parts:
+                        made.append((self.batch_transform(xb), yb, ib))
         except Exception as exc:   # re-raised by the iterating thread after `made`
             return made, exc
         return made, None
@@ -381,12 +417,21 @@ class CachedLoader:
         the prefix of the given ids they hold."""
         ds = self.dataset
         s = self._row_bytes
-        x = torch.empty((ids.size, s), dtype=torch.uint8, pin_memory=pin)
-        out = x.numpy()
+        if pin:
+            x = torch.empty((ids.size, s), dtype=torch.uint8, pin_memory=True)
+            out = x.numpy()
+        else:
+            out = self._buffers.take(ids.size)
+            x = torch.from_numpy(out)
         if ds.cache is not None:
             y = np.empty(ids.size, dtype=np.int64) if self._labels is not None else None
-            lens = _core.gather_rows(ds.cache._core, ids, out, self._labels, y, block)  # checks ids
-            if lens.size and lens[-1] == -2:    # block: the batches after the first miss unread
+            lens = _core.gather_rows(ds.cache._core, ids, out, self._labels, y, block, True)  # checks ids
+            if lens is None:    # every id read, every one a hit of S bytes: the common case
+                if y is None:
+                    y = ds.labels_of(ids)
+                ds.count_batch(ids, ids.size, _all_hit)
+                return x, y, ids
+            if lens[-1] == -2:    # block: the batches after the first miss unread
                 done = int(np.argmax(lens == -2))
                 ids, lens, x, out = ids[:done], lens[:done], x[:done], out[:done]
                 y = None if y is None else y[:done]
@@ -395,7 +440,7 @@ class CachedLoader:
         if self._labels is None or ds.cache is None:
             y = ds.labels_of(ids)
         missed = wait_ns = 0
-        if np.count_nonzero(lens != s):   # one pass; an all-hit batch does no more
+        if np.count_nonzero(lens != s):
             bad = np.flatnonzero((lens >= 0) & (lens != s))
             if bad.size:
                 i = int(bad[0])
@@ -406,9 +451,7 @@ class CachedLoader:
             got, wait_ns = _fetch_missed(ds, ids[pos].tolist())
             for p, i in zip(pos.tolist(), ids[pos].tolist()):
                 out[p] = np.frombuffer(got[i], dtype=np.uint8)
-        hits = ids.size - missed
-        pf = ds.prefetch_hits(ids, lambda: lens >= 0) if hits else 0
-        ds.count(hits, missed, ids.size, pf, wait_ns)
+        ds.count_batch(ids, ids.size - missed, lambda: lens >= 0, wait_ns)
         return x, y, ids
 
     def _ragged(self, ids):
@@ -437,9 +480,7 @@ class CachedLoader:
         np.cumsum(lens, out=offsets[1:])
         if ds.cache is not None and lens.size:
             self._len_hint = int(offsets[-1]) // lens.size   # sizes the next batch's buffer once
-        hits = ids.size - missed.size
-        pf = ds.prefetch_hits(ids, lambda: hit) if hits else 0
-        ds.count(hits, missed.size, ids.size, pf, wait_ns)
+        ds.count_batch(ids, ids.size - missed.size, lambda: hit, wait_ns)
         return RaggedBatch(torch.from_numpy(flat), torch.from_numpy(offsets))
 
     def _pin(self, batch):
@@ -447,6 +488,64 @@ class CachedLoader:
             return batch
         from torch.utils.data._utils.pin_memory import pin_memory
         return pin_memory(batch)
+
+
+def _narrow(labels: np.ndarray) -> np.ndarray:
+    """The labels in the narrowest signed integer type that holds them (gather_rows reads int8 to
+    int64 and returns int64): a million int8 labels (1 MiB) stay in the CPU caches while a batch's
+    values stream past them; as int64 (8 MiB) each label read would miss them."""
+    lo, hi = (int(labels.min()), int(labels.max())) if labels.size else (0, 0)
+    for t in (np.int8, np.int16, np.int32):
+        if np.iinfo(t).min <= lo and hi <= np.iinfo(t).max:
+            return np.ascontiguousarray(labels, dtype=t)
+    return np.ascontiguousarray(labels, dtype=np.int64)
+
+
+def _refcounts(arrays: list) -> list:
+    return [sys.getrefcount(a) for a in arrays]
+
+
+_IDLE_REFS = _refcounts([np.empty(0)])[0]   # an array that only the list given refers to
+
+
+class _Buffers:
+    """The (B, S) uint8 output buffers of fixed-size raw batches, reused without a contract for
+    the caller: a buffer is written again only when nothing refers to it but this pool.
+
+    A batch's tensor is torch.from_numpy of a buffer (or of a view of it), and its storage holds a
+    reference to the numpy buffer until the storage is freed, i.e. until the last tensor, view,
+    .numpy() array or C++ holder (autograd's saved tensors, a DataLoader queue) of it is gone. So
+    the buffer's reference count is _IDLE_REFS exactly when no batch made in it is alive anywhere
+    in this process, and a batch the caller keeps (in a list, across steps) is never overwritten:
+    the pool hands out another buffer, or a fresh one when its `keep` buffers are all in use
+    (that one is not kept). Reusing saves the page faults and the kernel's zeroing of a fresh
+    buffer per call (a fresh 64 KiB-2 MiB buffer cost about 2.5 us per 256-sample batch at 256 B,
+    a third of the copy), and the lowest idle buffer is taken first, so the same one or two are
+    written again while they are still in the CPU caches. The pool keeps at most `keep` buffers
+    of `rows` rows for the loader's life (keep x rows x S <= _POOL_BYTES). Under a lock:
+    the assembly threads share it (a reference is taken inside it, so a buffer found idle cannot
+    be handed out twice). Relies on CPython's reference counts (this package's interpreter)."""
+
+    def __init__(self, rows: int, row_bytes: int, keep: int):
+        self.rows = rows
+        self._shape = (rows, row_bytes)
+        self._keep = keep
+        self._bufs = []
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> np.ndarray:
+        """An (n, S) uint8 array that no live batch refers to (contents undefined)."""
+        if n > self._shape[0]:
+            return np.empty((n, self._shape[1]), dtype=np.uint8)
+        with self._lock:
+            refs = _refcounts(self._bufs)
+            if _IDLE_REFS in refs:
+                buf = self._bufs[refs.index(_IDLE_REFS)]
+            else:
+                buf = np.empty(self._shape, dtype=np.uint8)
+                if len(self._bufs) < self._keep:
+                    self._bufs.append(buf)
+        return buf if n == self._shape[0] else buf[:n]
 
 
 class _IdBatches:
@@ -470,9 +569,9 @@ def _as_id_array(sampler):
     range, numpy array, tensor: iterating it gives exactly these ids, and it has no state to
     advance), else None (the sampler is iterated id by id, as a DataLoader does)."""
     if isinstance(sampler, torch.Tensor) and sampler.dim() == 1 and not sampler.is_floating_point():
-        return sampler.cpu().numpy().astype(np.int64, copy=False)
+        return np.ascontiguousarray(sampler.cpu().numpy(), dtype=np.int64)
     if isinstance(sampler, np.ndarray) and sampler.ndim == 1 and sampler.dtype.kind in "iu":
-        return sampler.astype(np.int64, copy=False)
+        return np.ascontiguousarray(sampler, dtype=np.int64)
     if isinstance(sampler, range):
         return np.arange(sampler.start, sampler.stop, sampler.step, dtype=np.int64)
     if isinstance(sampler, (list, tuple)):
@@ -483,6 +582,12 @@ def _as_id_array(sampler):
         if a.ndim == 1 and a.dtype.kind in "iu" and all(type(i) is int for i in sampler[:1]):
             return a.astype(np.int64, copy=False)
     return None
+
+
+def _all_hit():
+    """The hit mask of a batch whose ids all hit (CachedDataset.count_batch asks for it only when
+    a prefetch flag is set): True broadcasts over the ids."""
+    return True
 
 
 def _fetch_missed(ds, missed: list):

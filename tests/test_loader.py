@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 
 import shadecache as sc
 from shadecache import _core, synthetic
+from shadecache import loader as loader_module
 from values import make_value, verify_value
 
 N, SIZE = 300, 8                 # fixed size: 300 images of 8x8 = 64 bytes
@@ -270,6 +271,101 @@ def test_native_gather_checks_its_arguments(cache_factory):
     c.close()
     with pytest.raises(sc.ClosedError):
         _core.gather_rows(c._core, [1], out[:1])
+
+
+def test_native_gather_labels_of_any_width_and_the_all_hit_answer(cache_factory):
+    c = cache_factory(10)
+    c.put_many([1, 2], [b"abcd", b"efgh"])
+    out = np.zeros((3, 4), np.uint8)
+    for t in (np.int8, np.int16, np.int32, np.int64):
+        labels = (np.arange(10) * 8 - 7).astype(t)    # id 0: -7
+        labels[2], labels[1] = 9, 3
+        y = np.zeros(3, np.int64)
+        assert _core.gather_rows(c._core, [2, 1, 2], out, labels, y, 0, True) is None
+        assert y.tolist() == [9, 3, 9] and bytes(out) == b"efghabcdefgh"
+        y[:] = 0   # a miss: the lengths come back, labels of every id still filled in
+        assert _core.gather_rows(c._core, [0, 1, 2], out, labels, y, 0, True).tolist() == [-1, 4, 4]
+        assert y.tolist() == [-7, 3, 9]
+    y = np.zeros(3, np.int64)
+    small = np.zeros((3, 2), np.uint8)   # a value longer than a row is no hit "of a row"
+    assert _core.gather_rows(c._core, [1, 1, 2], small, None, None, 0, True).tolist() == [4, 4, 4]
+    for bad in (np.arange(10, dtype=np.float64), np.arange(10, dtype=np.uint8), np.zeros((10, 1), np.int8)):
+        with pytest.raises(TypeError, match="int8/int16/int32/int64"):
+            _core.gather_rows(c._core, [1, 2, 1], out, bad, y)
+    with pytest.raises(TypeError, match="labels_out must be"):
+        _core.gather_rows(c._core, [1, 2, 1], out, np.zeros(10, np.int8), np.zeros(3, np.int32))
+    with pytest.raises(ValueError, match="labels has 5 entries"):
+        _core.gather_rows(c._core, [1, 2, 1], out, np.zeros(5, np.int8), y)
+
+
+def test_narrowed_labels_keep_their_values(fixed_store):
+    for values, dtype in (([0, 127, -128], np.int8), ([0, 128], np.int16), ([-40000, 3], np.int32),
+                          ([2 ** 40, 0], np.int64), ([], np.int8)):
+        a = loader_module._narrow(np.array(values, dtype=np.int64))
+        assert a.dtype == dtype and a.tolist() == values
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_output_buffers_are_reused_but_never_under_a_live_batch(fixed_store, cache_factory,
+                                                                  monkeypatch, workers):
+    """Fixed-size raw batches are assembled into a small pool of buffers: a buffer is written again
+    only once no batch (tensor, view, .numpy() array) made in it is alive, so batches the caller
+    keeps across epochs keep their bytes, and batches dropped as they come are recycled."""
+    monkeypatch.setattr(loader_module, "_GROUP_SAMPLES", 2 * B)    # 2 batches per call: 5 per epoch
+    cache = _cache(cache_factory, fixed_store, range(N))
+    truth = fixed_store.read_many(list(range(N)))
+    ds = sc.CachedDataset(fixed_store, cache)
+    order = np.random.default_rng(3).permutation(N)
+    loader = sc.CachedLoader(ds, batch_size=B, sampler=order, num_workers=workers)
+    assert loader._group_batches() == 2
+
+    def check(x, idx):
+        assert [bytes(r) for r in x.numpy()] == [truth[i] for i in idx.tolist()]
+
+    kept = list(loader)                              # epoch 1: every batch kept
+    view = arr = None
+    for n, (x, y, idx) in enumerate(loader):         # epoch 2: a view and a numpy array kept
+        if n == 1:
+            view, view_idx = x[3:5], idx[3:5]
+        if n == 6:
+            arr, arr_idx = x.numpy(), idx.clone()
+    for _ in range(3):                               # epochs 3-5: batches dropped as they come
+        for x, y, idx in loader:
+            check(x, idx)
+            x.fill_(0)                               # the caller may write its batch
+    assert len(loader._buffers._bufs) <= loader._buffers._keep
+    for x, y, idx in kept:
+        check(x, idx)
+    check(view, view_idx)
+    check(torch.from_numpy(arr), arr_idx)
+    # once the caller lets go, its buffers serve again: one more epoch needs no new buffer
+    del kept, view, arr, x
+    gc.collect()
+    pool = {b.ctypes.data for b in loader._buffers._bufs}
+    for _ in range(2):
+        for x, y, idx in loader:
+            assert x.untyped_storage().data_ptr() in pool
+            check(x, idx)
+    # a sampler set after construction that is read batch by batch: one batch per call, and
+    # buffers of one batch (the pool follows the grouping)
+    loader.sampler = torch.utils.data.SubsetRandomSampler(order.tolist())
+    assert loader._group_batches() == 1
+    for x, y, idx in loader:
+        check(x, idx)
+    assert loader._buffers.rows == B and len(loader._buffers._bufs) <= loader._buffers._keep
+
+
+def test_batches_beyond_the_pool_budget_are_allocated_per_call(fixed_store, cache_factory, monkeypatch):
+    monkeypatch.setattr(loader_module, "_POOL_BYTES", B * SIZE * SIZE - 1)   # less than one batch
+    monkeypatch.setattr(loader_module, "_GROUP_SAMPLES", B)
+    cache = _cache(cache_factory, fixed_store, range(N))
+    truth = fixed_store.read_many(list(range(N)))
+    loader = sc.CachedLoader(sc.CachedDataset(fixed_store, cache), batch_size=B, num_workers=0)
+    assert loader._buffers._keep == 0
+    for _ in range(2):
+        for x, y, idx in loader:
+            assert [bytes(r) for r in x.numpy()] == [truth[i] for i in idx.tolist()]
+    assert not loader._buffers._bufs
 
 
 def test_grouped_gather_counts_and_admits_batch_by_batch(fixed_store, cache_factory):
