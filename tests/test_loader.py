@@ -298,6 +298,31 @@ def test_native_gather_labels_of_any_width_and_the_all_hit_answer(cache_factory)
         _core.gather_rows(c._core, [1, 2, 1], out, np.zeros(5, np.int8), y)
 
 
+def test_native_gather_rejects_labels_it_would_misread(cache_factory):
+    """gather_rows reads labels as native intN_t: a byte-swapped or misaligned array (both 1-D,
+    C-contiguous, of a signed integer kind) is refused, never read as other values."""
+    c = cache_factory(10)
+    c.put_many([1, 2], [b"abcd", b"efgh"])
+    out = np.zeros((2, 4), np.uint8)
+    y = np.zeros(2, np.int64)
+    for dt in (">i2", ">i4", ">i8"):
+        with pytest.raises(TypeError, match="native byte order"):
+            _core.gather_rows(c._core, [1, 2], out, np.arange(10, dtype=dt), y)
+    unaligned = np.zeros(10 * 4 + 1, np.uint8)[1:].view(np.int32)
+    assert unaligned.flags.c_contiguous and not unaligned.flags.aligned
+    with pytest.raises(TypeError, match="aligned"):
+        _core.gather_rows(c._core, [1, 2], out, unaligned, y)
+    y_unaligned = np.zeros(2 * 8 + 1, np.uint8)[1:].view(np.int64)
+    assert y_unaligned.flags.writeable and not y_unaligned.flags.aligned
+    with pytest.raises(TypeError, match="labels_out must be"):
+        _core.gather_rows(c._core, [1, 2], out, np.arange(10, dtype=np.int8), y_unaligned)
+    assert not y.any()   # nothing written by a refused call
+    # the same values in native order are read as they are
+    for dt in ("<i2", "<i4", "=i8"):
+        _core.gather_rows(c._core, [1, 2], out, np.arange(10, dtype=dt) - 3, y)
+        assert y.tolist() == [-2, -1]
+
+
 def test_narrowed_labels_keep_their_values(fixed_store):
     for values, dtype in (([0, 127, -128], np.int8), ([0, 128], np.int16), ([-40000, 3], np.int32),
                           ([2 ** 40, 0], np.int64), ([], np.int8)):

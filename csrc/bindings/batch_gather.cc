@@ -133,23 +133,33 @@ size_t pipelined(Cache& c, const std::vector<uint64_t>& ids, uint32_t len_guess,
 using Int64Array = py::array_t<int64_t, py::array::c_style>;
 
 // The labels arguments of gather_rows: both or neither; labels one signed integer (int8, int16,
-// int32 or int64) per sample of the cache, labels_out one writable int64 per id. Exact dtypes,
-// never a silent converting copy.
+// int32 or int64, native byte order, aligned) per sample of the cache, labels_out one writable
+// aligned int64 per id. Exact dtypes, never a silent converting copy.
 std::pair<Labels, int64_t*> label_arrays(const Cache& c, py::handle labels, py::handle labels_out, size_t n) {
   if (labels.is_none() && labels_out.is_none()) return {Labels{}, nullptr};
   if (labels.is_none() || labels_out.is_none())
     throw py::value_error("gather_rows: give both labels and labels_out, or neither");
-  auto is_labels = [](py::handle h) {
-    if (!py::isinstance<py::array>(h)) return false;
+  // The width of a 1-D C-contiguous aligned native-order signed integer array, else 0: the loop
+  // reads it as intN_t, so a byte-swapped ('>i4') or misaligned array would be misread.
+  auto label_width = [](py::handle h) -> int {
+    if (!py::isinstance<py::array>(h)) return 0;
     auto a = py::reinterpret_borrow<py::array>(h);
-    const char kind = a.dtype().kind();
-    const auto w = a.itemsize();
-    return a.ndim() == 1 && (a.flags() & py::array::c_style) && kind == 'i' && (w == 1 || w == 2 || w == 4 || w == 8);
+    if (a.ndim() != 1 || !(a.flags() & py::array::c_style) ||
+        !(a.flags() & py::detail::npy_api::NPY_ARRAY_ALIGNED_))
+      return 0;
+    if (py::isinstance<py::array_t<int8_t>>(h)) return 1;   // array_t: native byte order only
+    if (py::isinstance<py::array_t<int16_t>>(h)) return 2;
+    if (py::isinstance<py::array_t<int32_t>>(h)) return 4;
+    if (py::isinstance<py::array_t<int64_t>>(h)) return 8;
+    return 0;
   };
-  if (!is_labels(labels))
-    throw py::type_error("gather_rows: labels must be a 1-D C-contiguous int8/int16/int32/int64 numpy array");
-  if (!py::isinstance<Int64Array>(labels_out) || py::reinterpret_borrow<py::array>(labels_out).ndim() != 1)
-    throw py::type_error("gather_rows: labels_out must be a 1-D C-contiguous int64 numpy array");
+  const int width = label_width(labels);
+  if (width == 0)
+    throw py::type_error("gather_rows: labels must be a 1-D C-contiguous aligned int8/int16/int32/int64 numpy "
+                         "array in native byte order");
+  if (!py::isinstance<Int64Array>(labels_out) || py::reinterpret_borrow<py::array>(labels_out).ndim() != 1 ||
+      !(py::reinterpret_borrow<py::array>(labels_out).flags() & py::detail::npy_api::NPY_ARRAY_ALIGNED_))
+    throw py::type_error("gather_rows: labels_out must be a 1-D C-contiguous aligned int64 numpy array");
   auto in = py::reinterpret_borrow<py::array>(labels);
   auto out = py::reinterpret_borrow<Int64Array>(labels_out);
   if (static_cast<uint64_t>(in.size()) != c.num_samples())
@@ -159,7 +169,7 @@ std::pair<Labels, int64_t*> label_arrays(const Cache& c, py::handle labels, py::
     throw py::value_error("gather_rows: labels_out has " + std::to_string(out.size()) + " entries for " +
                           std::to_string(n) + " ids");
   if (!out.writeable()) throw py::value_error("gather_rows: labels_out is read-only");
-  return {Labels{static_cast<const char*>(in.data()), static_cast<int>(in.itemsize())}, out.mutable_data()};
+  return {Labels{static_cast<const char*>(in.data()), width}, out.mutable_data()};
 }
 
 py::object gather_rows(Cache& c, py::handle ids, py::handle out, py::handle labels, py::handle labels_out,
