@@ -173,13 +173,24 @@ class CachedLoader:
                      and dataset.decode is _default_decode)
         self._row_bytes = self._fixed_size(dataset.store)
         self._len_hint = self._row_bytes or 0
-        # the store's labels as one int64 array, for gather_rows to gather with the bytes
-        labels = getattr(dataset.store, "labels", None)
-        self._labels = (_narrow(labels) if isinstance(labels, np.ndarray)
-                        and labels.shape == (len(dataset),) and labels.dtype.kind in "iu" else None)
+        self._labels = self._labels_of = None
+        self._refresh_labels()
         self._buffers = self._new_buffers()
         self._delivered = 0   # batches of the current epoch handed to the caller
         self._skip = 0        # batches to skip at the start of the next iteration (resume)
+
+    def _refresh_labels(self) -> None:
+        """The store's label array, narrowed (_narrow), for gather_rows to gather with the bytes;
+        None when the store has no such array. Done again at every iteration, as the DataLoader
+        reads the labels afresh: a store whose labels change between epochs (in place, or a new
+        array) gets the new ones. Only the same read-only array (a PackedStore's, fixed for the
+        store's life) keeps its narrowed copy without another pass over it."""
+        labels = getattr(self.dataset.store, "labels", None)
+        if not (isinstance(labels, np.ndarray) and labels.shape == (len(self.dataset),)
+                and labels.dtype.kind in "iu"):
+            self._labels = self._labels_of = None
+        elif labels is not self._labels_of or labels.flags.writeable:
+            self._labels, self._labels_of = _narrow(labels), labels
 
     @staticmethod
     def _fixed_size(store):
@@ -252,6 +263,7 @@ class CachedLoader:
         if self.process_workers and not self._raw:
             yield from self._iter_processes()
             return
+        self._refresh_labels()
         k = self._group_batches()
         if self._buffers.rows != k * self.batch_size:   # the sampler was replaced since
             self._buffers = self._new_buffers()
@@ -423,9 +435,10 @@ class CachedLoader:
         else:
             out = self._buffers.take(ids.size)
             x = torch.from_numpy(out)
+        labels = self._labels   # once: another iteration of this loader may refresh it meanwhile
         if ds.cache is not None:
-            y = np.empty(ids.size, dtype=np.int64) if self._labels is not None else None
-            lens = _core.gather_rows(ds.cache._core, ids, out, self._labels, y, block, True)  # checks ids
+            y = np.empty(ids.size, dtype=np.int64) if labels is not None else None
+            lens = _core.gather_rows(ds.cache._core, ids, out, labels, y, block, True)  # checks ids
             if lens is None:    # every id read, every one a hit of S bytes: the common case
                 if y is None:
                     y = ds.labels_of(ids)
@@ -437,7 +450,7 @@ class CachedLoader:
                 y = None if y is None else y[:done]
         else:
             lens = np.full(ds.check_ids(ids).size, -1, dtype=np.int64)
-        if self._labels is None or ds.cache is None:
+        if labels is None or ds.cache is None:
             y = ds.labels_of(ids)
         missed = wait_ns = 0
         if np.count_nonzero(lens != s):

@@ -330,6 +330,38 @@ def test_narrowed_labels_keep_their_values(fixed_store):
         assert a.dtype == dtype and a.tolist() == values
 
 
+class _RelabelledStore(sc.PackedStore):
+    """A store whose label array the training job changes (pseudo-labels, corrected labels)."""
+
+    @property
+    def labels(self):
+        return self.new_labels
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_labels_changed_between_epochs_are_the_dataloaders(fixed_store, cache_factory, workers):
+    """The loader gathers the labels from its narrowed copy of the store's array: a change of that
+    array between epochs (in place, or a new array of another dtype) is what the next epoch's
+    batches carry, as DataLoader(CachedDataset) reads the labels afresh."""
+    store = _RelabelledStore(fixed_store.path)
+    store.new_labels = np.array(fixed_store.labels, dtype=np.int64)
+    cache = _cache(cache_factory, store, range(0, N, 2))
+    ds = sc.CachedDataset(store, cache)
+    order = np.random.default_rng(6).permutation(N)
+    loader = sc.CachedLoader(ds, batch_size=B, sampler=order, num_workers=workers)
+    dl = DataLoader(ds, batch_size=B, sampler=order.tolist(), num_workers=0)
+
+    def labels(batches):
+        return [y.tolist() for _, y, _ in batches]
+
+    assert labels(loader) == labels(dl)
+    store.new_labels[:] = np.arange(N)[::-1] * 1000 - 7          # in place, wider than int8
+    assert labels(loader) == labels(dl) == [[int(N - 1 - i) * 1000 - 7 for i in order[a:a + B]]
+                                            for a in range(0, N, B)]
+    store.new_labels = (np.arange(N) % 3 - 1).astype(np.int16)   # a new array, another dtype
+    assert labels(loader) == labels(dl)
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_output_buffers_are_reused_but_never_under_a_live_batch(fixed_store, cache_factory,
                                                                   monkeypatch, workers):
