@@ -546,6 +546,11 @@ class _Buffers:
         self._bufs = []
         self._lock = threading.Lock()
 
+    def __reduce__(self):
+        """Pickled (a loader sent to a spawned process) as an empty pool of the same shape: the
+        buffers are this process's memory, and a lock does not pickle."""
+        return _Buffers, (self._shape[0], self._shape[1], self._keep)
+
     def take(self, n: int) -> np.ndarray:
         """An (n, S) uint8 array that no live batch refers to (contents undefined)."""
         if n > self._shape[0]:

@@ -677,6 +677,30 @@ def test_in_forked_and_spawned_processes(fixed_store, cache_factory, context):
     assert batches == ref and hits > 0 and threads_left == 0
 
 
+def _child_iterate(loader, out_q):
+    out_q.put(_digest(loader))
+
+
+def test_a_loader_sent_to_a_spawned_process_iterates_there(fixed_store, cache_factory):
+    """A CachedLoader that has run in the parent (its buffer pool holds buffers) is pickled into a
+    spawned child (mp.Process / torch.multiprocessing.spawn arguments), as before the pool: the
+    child gets an empty pool of its own and the DataLoader's batches."""
+    cache = _cache(cache_factory, fixed_store, range(0, N, 2))
+    ds = sc.CachedDataset(fixed_store, cache)
+    order = np.random.default_rng(8).permutation(N)
+    loader = sc.CachedLoader(ds, batch_size=B, sampler=order, num_workers=2)
+    kept = list(loader)
+    assert loader._buffers._bufs
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_child_iterate, args=(loader, q))
+    p.start()
+    batches = q.get(timeout=120)
+    p.join(60)
+    assert p.exitcode == 0
+    assert batches == _digest(kept) == _digest(DataLoader(ds, batch_size=B, sampler=order.tolist()))
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
