@@ -537,7 +537,11 @@ class _Buffers:
     written again while they are still in the CPU caches. The pool keeps at most `keep` buffers
     of `rows` rows for the loader's life (keep x rows x S <= _POOL_BYTES). Under a lock:
     the assembly threads share it (a reference is taken inside it, so a buffer found idle cannot
-    be handed out twice). Relies on CPython's reference counts (this package's interpreter)."""
+    be handed out twice). Relies on CPython's reference counts (this package's interpreter).
+    One exception, torch's own: pickling a batch for another process (a torch.multiprocessing
+    Queue.put) moves its storage to shared memory and lets go of the buffer, so a .numpy() array
+    or DLPack export made of it before then still points at the buffer, which a later batch fills
+    (with torch.empty's memory it would point at freed memory); make such arrays after the put."""
 
     def __init__(self, rows: int, row_bytes: int, keep: int):
         self.rows = rows
