@@ -41,7 +41,11 @@ def main(store_path, outdir, job, epochs):
     decode = functools.partial(synthetic.decode, size=SIZE)
     ds = sc.CachedDataset(store, cache, cluster=cluster, decode=decode)
     sampler = sc.ShadeSampler(ds, cache=cache, batch_size=16, seed=1)
-    loader = DataLoader(ds, batch_size=16, sampler=sampler, num_workers=1)
+    # persistent_workers: the worker is forked once, before any DataLoader thread exists. Forking
+    # a new worker every epoch while the last epoch's queue feeder thread is still exiting can
+    # leave the child blocked in CPython 3.11's after-fork thread-state cleanup (a lock the
+    # exiting thread held; seen once in a CI run: the worker never started, the job hung)
+    loader = DataLoader(ds, batch_size=16, sampler=sampler, num_workers=1, persistent_workers=True)
     torch.manual_seed(0)
     model = DDP(torch.nn.Linear(SIZE * SIZE, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -3,6 +3,7 @@ DDP with CachedDataset + ShadeSampler + Cluster.from_torch, one cache and one pe
 import glob
 import json
 import os
+import signal
 import shutil
 import socket
 import subprocess
@@ -36,14 +37,15 @@ def test_two_nodes_two_processes_each(tmp_path):
                                "--nproc-per-node", "2", "--node-rank", str(k), "--master-addr", "127.0.0.1",
                                "--master-port", str(port), os.path.join(HERE, "peer_ddp_train.py"),
                                path, str(tmp_path), job, "2"],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
              for k in range(2)]
     outs = []
     for p in procs:
         try:
             out, _ = p.communicate(timeout=240)
         except subprocess.TimeoutExpired:
-            p.kill()
+            # the whole session: torchrun's workers and their DataLoader workers hold the pipe too
+            os.killpg(p.pid, signal.SIGKILL)
             out, _ = p.communicate()
         outs.append(out.decode(errors="replace"))
     assert all(p.returncode == 0 for p in procs), "\n".join(o[-3000:] for o in outs)
