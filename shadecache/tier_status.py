@@ -29,20 +29,30 @@ def write(cache_name: str, status: dict) -> None:
     os.replace(tmp, path)
 
 
-def read(cache_name: str):
-    """The published status of `cache_name`'s tiers, or None when no server publishes one."""
+def _load(path: str):
+    """The status dict in `path` with "stale" set; None when there is no file. ValueError when
+    it does not parse as one (writers rename whole files into place, so no live writer of this
+    version leaves such a file)."""
     try:
-        with open(path_of(cache_name)) as f:
+        with open(path) as f:
             d = json.load(f)
-    except (FileNotFoundError, ValueError):
+    except FileNotFoundError:
         return None
     if not isinstance(d, dict):
-        return None
+        raise ValueError(f"{path} is not a status object")
     try:
         d["stale"] = not _alive(int(d.get("pid")))
     except (TypeError, ValueError):
         d["stale"] = True
     return d
+
+
+def read(cache_name: str):
+    """The published status of `cache_name`'s tiers, or None when no server publishes one."""
+    try:
+        return _load(path_of(cache_name))
+    except ValueError:
+        return None
 
 
 def remove(cache_name: str, pid: int) -> None:
@@ -64,8 +74,11 @@ def sweep() -> list:
             continue
         path = os.path.join(DIR, entry)
         if entry.endswith(".json"):
-            d = read(entry[len(PREFIX):-len(".json")])
-            gone = d is not None and d["stale"]
+            try:
+                d = _load(path)
+                gone = d is not None and d["stale"]
+            except ValueError:   # garbage (an older server's torn write): nobody can read it
+                gone = True
         elif entry.endswith(".tmp"):
             # <cache>.json.<pid>.<thread>.tmp: gone when the writing process is
             pid = entry[:-len(".tmp")].split(".json.")[-1].split(".")[0]

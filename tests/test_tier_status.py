@@ -56,3 +56,16 @@ def test_gc_removes_what_killed_jobs_leave_beside_their_segments():
     removed = gc()
     assert not os.path.exists(tier_status.path_of(name)) and not os.path.exists(order.board_path(name))
     assert f"{tier_status.PREFIX}{name}.json" in removed and f"{order.PREFIX}{name}" in removed
+
+
+def test_gc_removes_a_status_file_that_does_not_parse():
+    """A status file torn by an older server (two threads renaming one temporary name) is
+    garbage that read() ignores: gc removes it too rather than keeping it for ever."""
+    from shadecache.cache import gc
+
+    name = f"t-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    with open(tier_status.path_of(name), "w") as f:
+        f.write('{"pid": 1}{"pid": 1}')
+    assert tier_status.read(name) is None
+    assert f"{tier_status.PREFIX}{name}.json" in gc()
+    assert not os.path.exists(tier_status.path_of(name))
