@@ -60,14 +60,19 @@ def row(label, cap, s, seconds):
 def fixed_row(tmp, size, cap):
     n = max(64, int(1.5 * cap // size))
     sizes = np.full(n, size, dtype=np.int64)
-    path = os.path.join(tmp, f"fixed-{size}-{cap}.shc")
+    return filled_row(os.path.join(tmp, f"fixed-{size}-{cap}.shc"), sizes, cap, f"{_b(size)} fixed")
+
+
+def filled_row(path, sizes, cap, label):
+    """Packs samples of `sizes` at `path`, fills a cache of `cap` made for that store (LRU) with
+    all of them through CachedDataset, and measures it; the store file is removed after."""
     pack_sizes(path, sizes)
     t0 = time.perf_counter()
     try:
         with sc.PackedStore(path) as store, \
                 sc.Cache.for_store(f"bench-eff-{os.getpid()}", store, cap, attach=False, policy="lru") as c:
-            fill(sc.CachedDataset(store, c), np.arange(n))
-            return row(f"{_b(size)} fixed", cap, measure(c), time.perf_counter() - t0)
+            fill(sc.CachedDataset(store, c), np.arange(len(sizes)))
+            return row(label, cap, measure(c), time.perf_counter() - t0)
     finally:
         os.unlink(path)
 
@@ -83,18 +88,8 @@ def lognormal_row(tmp, cap, clip=None):
     sizes = lognormal_sizes(n)
     if clip:
         sizes = np.minimum(sizes, clip)
-    path = os.path.join(tmp, f"lognormal-{cap}.shc")
-    pack_sizes(path, sizes)
-    t0 = time.perf_counter()
-    try:
-        with sc.PackedStore(path) as store, \
-                sc.Cache.for_store(f"bench-eff-{os.getpid()}", store, cap, attach=False, policy="lru") as c:
-            fill(sc.CachedDataset(store, c), np.arange(n))
-            label = (f"log-normal, clipped at {_b(clip)}" if clip else
-                     f"log-normal (max {_b(int(sizes.max()))})")
-            return row(label, cap, measure(c), time.perf_counter() - t0)
-    finally:
-        os.unlink(path)
+    label = f"log-normal, clipped at {_b(clip)}" if clip else f"log-normal (max {_b(int(sizes.max()))})"
+    return filled_row(os.path.join(tmp, f"lognormal-{cap}.shc"), sizes, cap, label)
 
 
 def change_row(tmp, cap, fitted):

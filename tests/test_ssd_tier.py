@@ -356,9 +356,9 @@ def test_evictions_reuse_slots(tmp_path, cache_factory):
     assert lay.nslots[sc.SSDTier.slot_bytes(3000)] == 50 and t.stats()["evictions"] == 450
 
 
-def test_disk_full_shrinks_the_budget(tmp_path):
-    """ENOSPC on a small tmpfs: the budget shrinks to what the disk holds, with a warning; what
-    was written reads back exactly; reads go on."""
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 512 KiB tmpfs mounted for the test (root only), unmounted after it."""
     import subprocess
 
     if os.geteuid() != 0:
@@ -368,8 +368,14 @@ def test_disk_full_shrinks_the_budget(tmp_path):
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mnt)],
                       capture_output=True).returncode != 0:
         pytest.skip("cannot mount a tmpfs here")
-    try:
-        t = sc.SSDTier(mnt, capacity_bytes=64 << 20)
+    yield mnt
+    subprocess.run(["umount", str(mnt)])
+
+
+def test_disk_full_shrinks_the_budget(small_disk):
+    """ENOSPC on a small tmpfs: the budget shrinks to what the disk holds, with a warning; what
+    was written reads back exactly; reads go on."""
+    with sc.SSDTier(small_disk, capacity_bytes=64 << 20) as t:
         vals = [bytes([k % 251]) * 5000 for k in range(400)]   # 2 MB: four times the disk
         with pytest.warns(RuntimeWarning, match="disk full"):
             for k in range(0, 400, 50):
@@ -380,28 +386,14 @@ def test_disk_full_shrinks_the_budget(tmp_path):
         held = t.ids()
         assert 0 < held.size < 400
         assert t.get_many(held) == [vals[k] for k in held.tolist()]
-    finally:
-        t._layout.close()
-        subprocess.run(["umount", str(mnt)])
 
 
-def test_disk_full_does_not_drain_the_tier(tmp_path):
+def test_disk_full_does_not_drain_the_tier(small_disk):
     """A small tmpfs filled with values of one size class, then values of a larger class keep
     coming: the tier fills what the disk holds (not just its last whole chunk), and the larger
     values, for which the disk has no room, evict nothing and do not ratchet the budget down
     (it used to shrink by their size at every batch, to 0: the tier emptied itself)."""
-    import subprocess
-
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mnt)],
-                      capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here")
-    t = None
-    try:
-        t = sc.SSDTier(mnt, capacity_bytes=64 << 20)
+    with sc.SSDTier(small_disk, capacity_bytes=64 << 20) as t:
         small = [bytes([k % 251]) * 5000 for k in range(200)]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -417,10 +409,6 @@ def test_disk_full_does_not_drain_the_tier(tmp_path):
         assert t.ids().tolist() == held.tolist() and s["evictions"] == 0
         assert s["capacity_bytes"] >= s["bytes_used"] == held.size * sc.SSDTier.slot_bytes(5000)
         assert t.get_many(held) == [small[k] for k in held.tolist()]
-    finally:
-        if t is not None:
-            t._layout.close()
-        subprocess.run(["umount", str(mnt)])
 
 
 def test_journal_compaction_is_followed_by_other_readers(tmp_path):
