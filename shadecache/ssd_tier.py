@@ -276,8 +276,14 @@ class SSDTier:
             if self._disk_full > time.monotonic():
                 # The disk had no room: only values that find a slot of their class already on
                 # disk are written (no eviction for a value that would fail to grow its file).
-                plan = [(i, v, s) for k, (i, v, s) in enumerate(plan)
-                        if sum(1 for _, _, t in plan[:k] if t == s) < lay.spare(s)]
+                room, kept = {}, []
+                for i, v, s in plan:   # one look (an fstat) per size class, not per value
+                    if s not in room:
+                        room[s] = lay.spare(s)
+                    if room[s] > 0:
+                        kept.append((i, v, s))
+                    room[s] -= 1
+                plan = kept
             plan = self._admit(plan)
             puts, taken, failed = [], [], None
             for i, v, s in plan:
