@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import shadecache as sc  # noqa: E402
-from shadecache import _core  # noqa: E402
+from shadecache import _core, huge_pages  # noqa: E402
 
 
 class ArrayStore:
@@ -115,6 +115,7 @@ def main(argv=None):
         for k, v in rates.items():
             r = statistics.median(x / y for x, y in zip(v, rates["np.take"]))
             rows.append(f"| {size} B | {k} | {statistics.median(v):,.0f} | {r:.2f}× |")
+    print(huge_pages.describe() + "; np.take's array: numpy's own (transparent huge pages when THP allows)")
     print("| size | contender | samples/s of CPU time | vs np.take (median of per-round ratios) |")
     print("|---|---|---|---|")
     print("\n".join(rows))

@@ -40,6 +40,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import shadecache as sc  # noqa: E402
+from shadecache import huge_pages  # noqa: E402
 
 
 class InMemoryList(Dataset):
@@ -244,6 +245,7 @@ def main(argv=None):
             all_rows += rows
             all_checks += checks
     print()
+    print(huge_pages.describe() + "; np.take's array: numpy's own (transparent huge pages when THP allows)")
     print("| size | CachedLoader | samples/s | alternative | samples/s | ratio | target | result |")
     print("|---|---|---|---|---|---|---|---|")
     print("\n".join(all_rows))

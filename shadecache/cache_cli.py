@@ -50,6 +50,7 @@ def cmd_ls(args) -> int:
 def cmd_stats(args) -> int:
     with Cache.attach(args.name) as c:
         d = c.stats()
+        d["huge_pages"] = c.huge_pages()
         from .order import board_for   # issue 10: the prefetcher's per-epoch counters, if any
         board = board_for(c)
         if board is not None:

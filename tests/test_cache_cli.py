@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import shadecache as sc
-from shadecache import _core
+from shadecache import _core, huge_pages
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -28,6 +28,9 @@ def test_ls_stats_rm(cache_name):
         res = cli("stats", cache_name)
         stats = json.loads(res.stdout)
         assert stats["items"] == 1 and stats["hits"] == 1 and stats["misses"] == 1
+        # the CLI's own mapping of the segment (resident: at least the header it read)
+        assert stats["huge_pages"]["shm_mode"] == huge_pages.shm_mode()
+        assert stats["huge_pages"]["resident_bytes"] > 0
         res = cli("rm", cache_name)
         assert res.returncode == 0 and f"removed {cache_name}" in res.stdout
         assert cache_name not in _core.CacheCore.list()

@@ -1,0 +1,124 @@
+"""Whether a cache's shared memory is mapped with huge pages, and whether this node can give them.
+
+Why it matters: a cache larger than the CPU caches is read at random, so nearly every value a
+`get` or a batch gather reads lies on a page whose address translation is not in the TLB; with
+4 KiB pages that is a page walk per value, with 2 MiB pages the TLB covers 512 times as much.
+Measured here (BENCHMARKS.md, "Huge pages"): 3 KB `get`s over a 2 GiB working set 1.18M -> 1.46M/s,
+3 KB batches of `CachedLoader` about +10%, and `np.take` itself loses 16% when its array is denied
+the huge pages numpy asks for.
+
+The segment is a file on /dev/shm (tmpfs), and tmpfs gives huge pages only when the mount says so
+(`huge=within_size` or `huge=always`) or when the node forces them on every tmpfs
+(`/sys/kernel/mm/transparent_hugepage/shmem_enabled` = `force`); a `huge=never` mount (the default)
+ignores `madvise(MADV_HUGEPAGE)`, so the engine cannot ask for them itself. The mount is the
+node's administrator's to set: `mount -o remount,huge=within_size /dev/shm` (docs/shared_memory.md,
+"Huge pages"). This module only reads: the mount option (/proc/self/mountinfo), the global
+setting, and how much of a mapping is mapped by huge pages (/proc/self/smaps).
+"""
+import os
+from typing import Optional
+
+SHM_DIR = "/dev/shm"
+SHMEM_ENABLED = "/sys/kernel/mm/transparent_hugepage/shmem_enabled"
+SEGMENT_PREFIX = "shadecache."      # csrc/cache/segment.cc names the segment /dev/shm/shadecache.<name>
+# The tmpfs modes under which pages of a file sized up front (ftruncate + posix_fallocate, as the
+# segment is made) are huge; "advise" needs a madvise'd mapping at fault time, which a
+# preallocated file never has.
+HUGE_MODES = ("always", "within_size", "force")
+
+
+def _read(path: str) -> Optional[str]:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def mount_option(mountinfo: Optional[str] = None, mount_point: str = SHM_DIR) -> Optional[str]:
+    """The `huge=` option of the file system mounted at `mount_point`: "never" when the mount
+    has none, None when nothing is mounted there (or /proc is unreadable). `mountinfo` is the text
+    of /proc/self/mountinfo (read when None). The last mount at that point is the visible one."""
+    text = _read("/proc/self/mountinfo") if mountinfo is None else mountinfo
+    if text is None:
+        return None
+    found = None
+    for line in text.splitlines():
+        # "<id> <parent> <major:minor> <root> <mount point> <options> [optional...] - <type> <source> <super options>"
+        fields = line.split()
+        if len(fields) < 7 or " - " not in line or fields[4] != mount_point:
+            continue
+        super_options = line.split(" - ", 1)[1].split()
+        found = "never"
+        for opt in (super_options[2].split(",") if len(super_options) > 2 else []):
+            if opt.startswith("huge="):
+                found = opt[len("huge="):]
+    return found
+
+
+def global_setting(shmem_enabled: Optional[str] = None) -> Optional[str]:
+    """The bracketed choice of /sys/kernel/mm/transparent_hugepage/shmem_enabled ("never",
+    "force", "deny", ...), None when the kernel has no such file."""
+    text = _read(SHMEM_ENABLED) if shmem_enabled is None else shmem_enabled
+    if text is None:
+        return None
+    for word in text.split():
+        if word.startswith("[") and word.endswith("]"):
+            return word[1:-1]
+    return None
+
+
+def shm_mode(mountinfo: Optional[str] = None, shmem_enabled: Optional[str] = None) -> str:
+    """The huge-page mode that applies to new files on /dev/shm: the global setting when it
+    overrides every mount ("force", "deny"), else the mount's `huge=` option ("never" if unknown)."""
+    g = global_setting(shmem_enabled)
+    if g in ("force", "deny"):
+        return g
+    return mount_option(mountinfo) or "never"
+
+
+def gives_huge_pages(mode: str) -> bool:
+    """Whether a segment created under `mode` gets huge pages."""
+    return mode in HUGE_MODES
+
+
+def describe(mode: Optional[str] = None) -> str:
+    """One line for a benchmark's output: the mode and the page size new segments get."""
+    mode = shm_mode() if mode is None else mode
+    return (f"/dev/shm huge pages: `{mode}` (cache segments on "
+            f"{'2 MiB' if gives_huge_pages(mode) else '4 KiB'} pages)")
+
+
+def mapped_bytes(path: str, smaps: Optional[str] = None) -> tuple:
+    """(bytes resident, bytes mapped by huge pages) of this process's mappings of file `path`,
+    summed over /proc/self/smaps (`smaps` is its text, read when None). A file removed while
+    mapped shows as "<path> (deleted)" there and counts too."""
+    text = _read("/proc/self/smaps") if smaps is None else smaps
+    rss = huge = 0
+    inside = False
+    for line in (text or "").splitlines():
+        head = line.split(None, 5)
+        if len(head) >= 5 and "-" in head[0] and ":" not in head[0]:   # a mapping's first line
+            name = head[5].strip() if len(head) == 6 else ""
+            inside = name == path or name == path + " (deleted)"
+        elif inside:
+            key, _, value = line.partition(":")
+            if key == "Rss":
+                rss += int(value.split()[0]) * 1024
+            elif key in ("ShmemPmdMapped", "FilePmdMapped"):
+                huge += int(value.split()[0]) * 1024
+    return rss, huge
+
+
+def segment_path(cache_name: str) -> str:
+    return os.path.join(SHM_DIR, SEGMENT_PREFIX + cache_name)
+
+
+def report(cache_name: str) -> dict:
+    """What `Cache.huge_pages()` and `shadecache stats` show: the mode /dev/shm gives new
+    segments, whether that means huge pages, and how much of this process's mapping of the cache
+    is resident and how much of that is mapped by huge pages."""
+    mode = shm_mode()
+    rss, huge = mapped_bytes(segment_path(cache_name))
+    return {"shm_mode": mode, "huge_pages": gives_huge_pages(mode),
+            "resident_bytes": rss, "huge_mapped_bytes": huge}
