@@ -15,8 +15,14 @@ copies and collates each batch in the loop itself; "cached" = sc.CachedLoader at
 (num_workers=2 assembly threads, prefetch_batches=2: the next batches are made, misses read
 included, while the loop runs its step), the loader a shadecache user would use. ShadeSampler
 with uniform sampling (importance=False: the same order with and without the prefetcher), batch
-64, and a training step stood in by `--step-ms` of sleep (the time a model would compute; the
-prefetcher is a separate process and does not share the loop's core time in a sleep). Stall = the
+64, and a training step stood in by `--step-ms` of waiting, as `--step-mode` says:
+  spin   (default) the loop's core kept busy without the GIL (`_core._busy_wait_ns`): a training
+         thread waiting on the GPU, which CUDA does by spinning unless told otherwise
+         (cudaDeviceScheduleAuto spins while a process has fewer CUDA contexts than CPUs);
+  sleep  time.sleep: the core idles. On this VM a core idle for 10 ms comes back with cold
+         caches: the same in-memory batch then takes ~4x as long in next() (0.44 ms vs 0.11 ms
+         for 64 x 16 KB, measured), which inflates every loader's floor alike.
+The prefetcher is a separate process; in either mode it runs on the other core. Stall = the
 time the loop waits in next(loader) per epoch; the first epoch (cold cache) is included in the
 target, and the first batch of each epoch is reported apart (the prefetcher's cold start).
 The lookahead is the prefetcher's automatic one unless --lookahead gives a number.
@@ -36,6 +42,7 @@ from tqdm import tqdm  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import shadecache as sc  # noqa: E402
+from shadecache import _core  # noqa: E402
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out")
 
@@ -83,6 +90,14 @@ def _loader(kind, ds, sampler):
     return sc.CachedLoader(ds, batch_size=64, sampler=sampler)   # its defaults: 2 threads, 2 ahead
 
 
+def step(args):
+    """The training step: `--step-ms` of a busy core (spin) or an idle one (sleep)."""
+    if args.step_mode == "spin":
+        _core._busy_wait_ns(int(args.step_ms * 1e6))
+    else:
+        time.sleep(args.step_ms / 1000)
+
+
 def run(path, latency_s, prefetch, args, name, policy="importance", loader="dataloader"):
     store = SlowStore(path, latency_s)
     n = len(store)
@@ -111,7 +126,7 @@ def run(path, latency_s, prefetch, args, name, policy="importance", loader="data
                     waits.append(time.perf_counter() - t0)
                     if batch is None:
                         break
-                    time.sleep(args.step_ms / 1000)          # the training step
+                    step(args)                               # the training step
                 sampler.end_epoch(0.0)
                 after = ds.stats()
                 out["wait"].append(sum(waits))
@@ -137,6 +152,9 @@ def main(argv=None):
     ap.add_argument("--cache-fraction", type=float, default=0.2)
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--step-ms", type=float, default=10.0)
+    ap.add_argument("--step-mode", choices=("spin", "sleep"), default="spin",
+                    help="how the loop waits out a step: a busy core without the GIL (a thread "
+                         "waiting on the GPU) or time.sleep (an idle core)")
     ap.add_argument("--lookahead", default="auto",
                     help="the prefetcher's lookahead_samples, or auto (its default: from the pace)")
     ap.add_argument("--latencies-ms", default="1,2,5")

@@ -1,5 +1,7 @@
 #include "bindings/test_hooks.h"
 
+#include <chrono>
+
 #include "cache/crash_point.h"
 
 namespace py = pybind11;
@@ -14,6 +16,15 @@ void register_test_hooks(py::module_& m) {
   });
   // Make every Cache.create of this process sleep `ms` between sizing and reserving the segment.
   m.def("_set_create_delay_ms", [](long ms) { g_create_delay_ms.store(ms); });
+  // Keep this thread's core busy for `ns` nanoseconds without the GIL: a benchmark's stand-in for
+  // a training step whose thread waits on the GPU the way CUDA waits by default (spinning), so
+  // that the core neither idles (and loses its caches) nor holds the GIL the loader's threads need.
+  m.def("_busy_wait_ns", [](long long ns) {
+    py::gil_scoped_release nogil;
+    auto end = std::chrono::steady_clock::now() + std::chrono::nanoseconds(ns);
+    while (std::chrono::steady_clock::now() < end) {
+    }
+  });
   py::dict points;
   points["put_after_alloc"] = static_cast<int>(CrashPoint::kPutAfterAlloc);
   points["put_mid_write"] = static_cast<int>(CrashPoint::kPutMidWrite);
