@@ -5,7 +5,10 @@ thread (time.process_time, torch.set_num_threads(1)) much less. For each sample 
 random samples are put in a Cache and kept in an in-memory (N, S) numpy array; every contender
 serves the same batches of a permutation of all ids, in rounds, taking turns:
 
-  np.take            np.take(arr, ids, axis=0) per batch (a fresh (B, S) array)
+  np.take            np.take(arr, ids, axis=0) per batch (a fresh (B, S) array); numpy asks for
+                     transparent huge pages for its large array
+  np.take 4 KiB      the same over a copy of the array denied huge pages (MADV_NOHUGEPAGE): what
+                     the TLB costs np.take, for comparison with a cache on /dev/shm's 4 KiB pages
   gather_rows        _core.gather_rows(core, ids, out): the bare native call, one reused buffer
   gather_rows+alloc  the same into a fresh torch tensor per batch
   CachedLoader w=0   the whole loader (sampler: the permutation as an int64 array), x, y, idx
@@ -14,6 +17,7 @@ serves the same batches of a permutation of all ids, in rounds, taking turns:
     python bench/bench_gather_cpu.py --quick        # seconds
 """
 import argparse
+import mmap
 import os
 import statistics
 import sys
@@ -62,10 +66,18 @@ def measure(size, args):
         core = cache._core
         ds = sc.CachedDataset(ArrayStore(arr, rng.integers(0, 10, n)), cache)
         out = np.empty((b, size), np.uint8)
+        small_pages = mmap.mmap(-1, n * size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        small_pages.madvise(mmap.MADV_NOHUGEPAGE)
+        arr4k = np.frombuffer(small_pages, dtype=np.uint8).reshape(n, size)
+        arr4k[:] = arr
 
         def take():
             for ids in batches:
                 np.take(arr, ids, axis=0)
+
+        def take4k():
+            for ids in batches:
+                np.take(arr4k, ids, axis=0)
 
         def gather():
             for ids in batches:
@@ -81,7 +93,7 @@ def measure(size, args):
             for x, y, idx in ld:
                 pass
 
-        fs = {"np.take": take, "gather_rows": gather, "gather_rows+alloc": gather_alloc,
+        fs = {"np.take": take, "np.take 4 KiB": take4k, "gather_rows": gather, "gather_rows+alloc": gather_alloc,
               "CachedLoader w=0": loader}
         _core.gather_rows(core, batches[0], out)
         assert (out == arr[batches[0]]).all()

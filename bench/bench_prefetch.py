@@ -190,7 +190,8 @@ def main(argv=None):
              for ld in loaders}
     os.remove(path)
     print(f"\n{args.samples} samples of {args.sample_kb} KB, cache {args.cache_fraction:.0%} of "
-          f"them, {args.epochs} epochs, batch 64, step {args.step_ms:g} ms, lookahead "
+          f"them, {args.epochs} epochs, batch 64, step {args.step_ms:g} ms ({args.step_mode}), "
+          f"lookahead "
           f"{args.lookahead}, O_DIRECT + injected latency per read (32 in flight)\n")
     print("| loader | policy | latency per read | stall/epoch without (s) | stall/epoch with "
           "prefetch (s) | ratio | epochs 2+ ratio | first batch of an epoch without / with (s) "

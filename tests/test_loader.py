@@ -798,7 +798,7 @@ def test_bench_gather_cpu_quick_run_produces_the_table():
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     rows = [line for line in out.splitlines() if line.startswith("| 256 B |")]
-    assert [r.split("|")[2].strip() for r in rows] == ["np.take", "gather_rows", "gather_rows+alloc",
-                                                       "CachedLoader w=0"]
+    assert [r.split("|")[2].strip() for r in rows] == ["np.take", "np.take 4 KiB", "gather_rows",
+                                                       "gather_rows+alloc", "CachedLoader w=0"]
     assert all(float(r.split("|")[3].replace(",", "")) > 0 for r in rows)
     assert not _segments_of(proc.pid)

@@ -356,3 +356,27 @@ def test_the_automatic_lookahead_never_exceeds_half_a_small_cache():
         assert 1 <= p.window(10_000) <= max(1, items // 2)
     p = _Pace(batch=256, max_batches=4, cache_items=0)   # nothing fits: one id at a time
     assert p.window(10_000) == 1
+
+
+@pytest.mark.parametrize("step_mode", ["spin", "sleep"])
+def test_bench_prefetch_short_run_produces_the_table_and_the_png(tmp_path, step_mode):
+    """A seconds-long bench/bench_prefetch.py (the stall figures are its full run's), so the
+    benchmark cannot rot: one latency, both loaders, with and without the prefetcher."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    png = tmp_path / "stall.png"
+    res = subprocess.run([sys.executable, os.path.join(root, "bench", "bench_prefetch.py"),
+                          "--samples", "384", "--sample-kb", "4", "--epochs", "2", "--latencies-ms", "1",
+                          "--policies", "clairvoyant", "--step-ms", "1", "--step-mode", step_mode,
+                          "--dir", str(tmp_path / "data"), "--png", str(png)],
+                         capture_output=True, text=True, timeout=300)
+    # exit status 1 says a target missed, which a seconds-long run proves nothing about
+    assert res.returncode in (0, 1) and "Traceback" not in res.stderr, res.stderr[-3000:]
+    rows = [line.split("|") for line in res.stdout.splitlines() if line.startswith("| dataloader |")
+            or line.startswith("| cached |")]
+    assert [(r[1].strip(), r[2].strip(), r[3].strip()) for r in rows] == [
+        ("dataloader", "clairvoyant", "1 ms"), ("cached", "clairvoyant", "1 ms")]
+    for r in rows:
+        assert float(r[4].split()[0]) > 0 and float(r[5].split()[0]) > 0   # stall without / with
+    assert f"step 1 ms ({step_mode})" in res.stdout
+    assert png.stat().st_size > 0
+    assert not os.listdir(tmp_path / "data"), "the packed store is removed after the run"
