@@ -21,9 +21,10 @@ from typing import Optional
 SHM_DIR = "/dev/shm"
 SHMEM_ENABLED = "/sys/kernel/mm/transparent_hugepage/shmem_enabled"
 SEGMENT_PREFIX = "shadecache."      # csrc/cache/segment.cc names the segment /dev/shm/shadecache.<name>
-# The tmpfs modes under which pages of a file sized up front (ftruncate + posix_fallocate, as the
-# segment is made) are huge; "advise" needs a madvise'd mapping at fault time, which a
-# preallocated file never has.
+# The tmpfs modes under which a file sized up front (ftruncate + posix_fallocate, as the segment is
+# made) gets huge pages from the start. Under "advise" its preallocated pages start small; they
+# become huge only when collapsed (khugepaged on a madvised mapping, or MADV_COLLAPSE), which the
+# engine does not ask for today.
 HUGE_MODES = ("always", "within_size", "force")
 
 
@@ -35,25 +36,35 @@ def _read(path: str) -> Optional[str]:
         return None
 
 
-def mount_option(mountinfo: Optional[str] = None, mount_point: str = SHM_DIR) -> Optional[str]:
-    """The `huge=` option of the file system mounted at `mount_point`: "never" when the mount
-    has none, None when nothing is mounted there (or /proc is unreadable). `mountinfo` is the text
-    of /proc/self/mountinfo (read when None). The last mount at that point is the visible one."""
+def mount_option(mountinfo: Optional[str] = None, path: str = SHM_DIR,
+                 device: Optional[str] = None) -> Optional[str]:
+    """The `huge=` option of the file system that holds `path`: "never" when its mount has none,
+    None when it is not found (or /proc is unreadable). `mountinfo` is the text of
+    /proc/self/mountinfo (read when None); `device` the "major:minor" of that file system (taken
+    from os.stat(path) when None). The mount is found by device, not by mount point: a mount
+    point can be stacked or moved (mountinfo is ordered by mount id, not by what is visible),
+    and /dev/shm can be a directory of another tmpfs or a symlink."""
     text = _read("/proc/self/mountinfo") if mountinfo is None else mountinfo
+    if device is None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        device = f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
     if text is None:
         return None
-    found = None
     for line in text.splitlines():
         # "<id> <parent> <major:minor> <root> <mount point> <options> [optional...] - <type> <source> <super options>"
         fields = line.split()
-        if len(fields) < 7 or " - " not in line or fields[4] != mount_point:
+        if len(fields) < 7 or " - " not in line or fields[2] != device:
             continue
+        # the super options are the last field (the source may be empty: "- tmpfs  rw,...")
         super_options = line.split(" - ", 1)[1].split()
-        found = "never"
-        for opt in (super_options[2].split(",") if len(super_options) > 2 else []):
+        for opt in (super_options[-1].split(",") if len(super_options) >= 2 else []):
             if opt.startswith("huge="):
-                found = opt[len("huge="):]
-    return found
+                return opt[len("huge="):]
+        return "never"
+    return None
 
 
 def global_setting(shmem_enabled: Optional[str] = None) -> Optional[str]:
@@ -68,13 +79,14 @@ def global_setting(shmem_enabled: Optional[str] = None) -> Optional[str]:
     return None
 
 
-def shm_mode(mountinfo: Optional[str] = None, shmem_enabled: Optional[str] = None) -> str:
+def shm_mode(mountinfo: Optional[str] = None, shmem_enabled: Optional[str] = None,
+             device: Optional[str] = None) -> str:
     """The huge-page mode that applies to new files on /dev/shm: the global setting when it
     overrides every mount ("force", "deny"), else the mount's `huge=` option ("never" if unknown)."""
     g = global_setting(shmem_enabled)
     if g in ("force", "deny"):
         return g
-    return mount_option(mountinfo) or "never"
+    return mount_option(mountinfo, device=device) or "never"
 
 
 def gives_huge_pages(mode: str) -> bool:
@@ -116,9 +128,11 @@ def segment_path(cache_name: str) -> str:
 
 def report(cache_name: str) -> dict:
     """What `Cache.huge_pages()` and `shadecache stats` show: the mode /dev/shm gives new
-    segments, whether that means huge pages, and how much of this process's mapping of the cache
-    is resident and how much of that is mapped by huge pages."""
+    segments (`shm_mode`), whether that means huge pages for them (`new_segments_huge`), and how
+    much of this process's mapping of the cache is resident now and how much of that is mapped by
+    huge pages (the latter two are this cache's own: a cache made before a remount can differ
+    from the mode, until khugepaged collapses it)."""
     mode = shm_mode()
     rss, huge = mapped_bytes(segment_path(cache_name))
-    return {"shm_mode": mode, "huge_pages": gives_huge_pages(mode),
+    return {"shm_mode": mode, "new_segments_huge": gives_huge_pages(mode),
             "resident_bytes": rss, "huge_mapped_bytes": huge}

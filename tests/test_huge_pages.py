@@ -4,6 +4,7 @@ The parsers are tested on the texts the kernel writes; the whole path on a real 
 private mount namespace whose /dev/shm is a tmpfs mounted with huge=within_size (as
 docs/shared_memory.md tells an administrator to mount it), and on this machine's own /dev/shm.
 """
+import os
 import pathlib
 import shutil
 import subprocess
@@ -24,22 +25,38 @@ MOUNTINFO = """\
 """
 
 
-def test_mount_option_reads_the_huge_option_of_the_last_mount_at_dev_shm():
-    assert huge_pages.mount_option(MOUNTINFO) == "never"
-    over = MOUNTINFO + "41 28 0:31 / /dev/shm rw,relatime - tmpfs tmpfs rw,size=1048576k,huge=within_size\n"
-    assert huge_pages.mount_option(over) == "within_size"
-    assert huge_pages.mount_option(MOUNTINFO, mount_point="/mnt/x") == "always"
-    assert huge_pages.mount_option(MOUNTINFO, mount_point="/nowhere") is None
-    assert huge_pages.mount_option("garbage\n\n1 2 3\n") is None
+def test_mount_option_finds_the_mount_by_device_not_by_mount_point():
+    assert huge_pages.mount_option(MOUNTINFO, device="0:25") == "never"
+    assert huge_pages.mount_option(MOUNTINFO, device="0:30") == "always"
+    assert huge_pages.mount_option(MOUNTINFO, device="9:99") is None
+    assert huge_pages.mount_option("garbage\n\n1 2 3\n", device="0:25") is None
+    # a huge mount stacked on /dev/shm but listed first (mountinfo follows mount ids, not the
+    # stacking): the device of the visible file system decides, whatever the order of the lines
+    stacked = ("41 28 0:31 / /dev/shm rw,relatime - tmpfs tmpfs rw,size=1048576k,huge=within_size\n"
+               + MOUNTINFO)
+    assert huge_pages.mount_option(stacked, device="0:31") == "within_size"
+    assert huge_pages.mount_option(stacked, device="0:25") == "never"
+    # an empty source leaves two spaces before the super options
+    empty = "50 22 0:40 / /mnt/y rw - tmpfs  rw,size=8192k,huge=always\n"
+    assert huge_pages.mount_option(empty, device="0:40") == "always"
+
+
+def test_mount_option_of_this_nodes_dev_shm_is_read_from_its_own_device():
+    st = os.stat("/dev/shm")
+    dev = f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+    with open("/proc/self/mountinfo") as f:
+        line = next(l for l in f if l.split()[2] == dev)
+    assert huge_pages.mount_option() == huge_pages.mount_option(line)
+    assert huge_pages.mount_option() in ("never", "always", "within_size", "advise")
 
 
 def test_the_global_setting_overrides_the_mount_only_when_it_forces_or_denies():
     within = MOUNTINFO.replace("size=24684092k", "size=24684092k,huge=within_size")
     assert huge_pages.global_setting("always within_size advise [never] deny force\n") == "never"
-    assert huge_pages.shm_mode(within, "always within_size advise [never] deny force") == "within_size"
-    assert huge_pages.shm_mode(MOUNTINFO, "always within_size advise never deny [force]") == "force"
-    assert huge_pages.shm_mode(within, "always within_size advise never [deny] force") == "deny"
-    assert huge_pages.shm_mode(MOUNTINFO, "") == "never"
+    assert huge_pages.shm_mode(within, "always within_size advise [never] deny force", "0:25") == "within_size"
+    assert huge_pages.shm_mode(MOUNTINFO, "always within_size advise never deny [force]", "0:25") == "force"
+    assert huge_pages.shm_mode(within, "always within_size advise never [deny] force", "0:25") == "deny"
+    assert huge_pages.shm_mode(MOUNTINFO, "", "0:25") == "never"
     assert [m for m in ("never", "advise", "within_size", "always", "force", "deny")
             if huge_pages.gives_huge_pages(m)] == ["within_size", "always", "force"]
 
@@ -77,9 +94,9 @@ def test_a_cache_on_this_node_reports_what_its_mapping_got(cache_name):
         _fill(c)
         r = c.huge_pages()
     assert r["shm_mode"] == huge_pages.shm_mode()
-    assert r["huge_pages"] == huge_pages.gives_huge_pages(r["shm_mode"])
+    assert r["new_segments_huge"] == huge_pages.gives_huge_pages(r["shm_mode"])
     assert r["resident_bytes"] >= 2000 * 3072, r
-    if not r["huge_pages"]:
+    if not r["new_segments_huge"]:
         assert r["huge_mapped_bytes"] == 0, r
     with pytest.raises(sc.ClosedError):
         c.huge_pages()
@@ -98,7 +115,7 @@ with sc.Cache.create("{cache_name}", num_samples=4096, capacity_bytes=16 << 20) 
     assert all(bytes(c.get(i)) == v.tobytes() for i in range(2000))
     r = c.huge_pages()
 print(r)
-assert r["shm_mode"] == "within_size" and r["huge_pages"], r
+assert r["shm_mode"] == "within_size" and r["new_segments_huge"], r
 assert r["huge_mapped_bytes"] >= 2 << 20 and r["huge_mapped_bytes"] >= r["resident_bytes"] // 2, r
 print("ok")
 """

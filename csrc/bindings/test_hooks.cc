@@ -1,5 +1,6 @@
 #include "bindings/test_hooks.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "cache/crash_point.h"
@@ -19,7 +20,9 @@ void register_test_hooks(py::module_& m) {
   // Keep this thread's core busy for `ns` nanoseconds without the GIL: a benchmark's stand-in for
   // a training step whose thread waits on the GPU the way CUDA waits by default (spinning), so
   // that the core neither idles (and loses its caches) nor holds the GIL the loader's threads need.
+  // `ns` is clamped to [0, 1 h] (a larger one would overflow the deadline); not interruptible.
   m.def("_busy_wait_ns", [](long long ns) {
+    ns = std::min<long long>(std::max<long long>(ns, 0), 3600LL * 1000 * 1000 * 1000);
     py::gil_scoped_release nogil;
     auto end = std::chrono::steady_clock::now() + std::chrono::nanoseconds(ns);
     while (std::chrono::steady_clock::now() < end) {
