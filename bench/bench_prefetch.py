@@ -25,7 +25,11 @@ with uniform sampling (importance=False: the same order with and without the pre
 The prefetcher is a separate process; in either mode it runs on the other core. Stall = the
 time the loop waits in next(loader) per epoch; the first epoch (cold cache) is included in the
 target, and the first batch of each epoch is reported apart (the prefetcher's cold start).
-The lookahead is the prefetcher's automatic one unless --lookahead gives a number.
+The lookahead is the prefetcher's automatic one unless --lookahead gives a number. --eval-ms puts
+that long a pause (in the step mode) between an epoch's end_epoch and the next epoch's first
+batch, as the evaluation or checkpoint of most training loops does: the sampler publishes the next
+epoch's order at end_epoch, so the prefetcher can read its first misses then (by default 0 ms:
+the first batch is asked for at once and waits on the store, with or without the prefetcher).
 """
 from __future__ import annotations
 
@@ -90,12 +94,14 @@ def _loader(kind, ds, sampler):
     return sc.CachedLoader(ds, batch_size=64, sampler=sampler)   # its defaults: 2 threads, 2 ahead
 
 
-def step(args):
-    """The training step: `--step-ms` of a busy core (spin) or an idle one (sleep)."""
+def step(args, ms=None):
+    """The training step (or, with `ms`, the evaluation between epochs): `--step-ms` of a busy
+    core (spin) or an idle one (sleep)."""
+    ms = args.step_ms if ms is None else ms
     if args.step_mode == "spin":
-        _core._busy_wait_ns(int(args.step_ms * 1e6))
+        _core._busy_wait_ns(int(ms * 1e6))
     else:
-        time.sleep(args.step_ms / 1000)
+        time.sleep(ms / 1000)
 
 
 def run(path, latency_s, prefetch, args, name, policy="importance", loader="dataloader"):
@@ -128,6 +134,8 @@ def run(path, latency_s, prefetch, args, name, policy="importance", loader="data
                         break
                     step(args)                               # the training step
                 sampler.end_epoch(0.0)
+                if args.eval_ms and epoch + 1 < args.epochs:
+                    step(args, args.eval_ms)    # evaluation between epochs: not a wait on data
                 after = ds.stats()
                 out["wait"].append(sum(waits))
                 out["first"].append(waits[0])
@@ -155,6 +163,9 @@ def main(argv=None):
     ap.add_argument("--step-mode", choices=("spin", "sleep"), default="spin",
                     help="how the loop waits out a step: a busy core without the GIL (a thread "
                          "waiting on the GPU) or time.sleep (an idle core)")
+    ap.add_argument("--eval-ms", type=float, default=0.0,
+                    help="time the loop spends between epochs (evaluation, a checkpoint), in the "
+                         "step mode; 0: the next epoch's first batch is asked for at once")
     ap.add_argument("--lookahead", default="auto",
                     help="the prefetcher's lookahead_samples, or auto (its default: from the pace)")
     ap.add_argument("--latencies-ms", default="1,2,5")
@@ -191,6 +202,7 @@ def main(argv=None):
     os.remove(path)
     print(f"\n{args.samples} samples of {args.sample_kb} KB, cache {args.cache_fraction:.0%} of "
           f"them, {args.epochs} epochs, batch 64, step {args.step_ms:g} ms ({args.step_mode}), "
+          f"{args.eval_ms:g} ms between epochs, "
           f"lookahead "
           f"{args.lookahead}, O_DIRECT + injected latency per read (32 in flight)\n")
     print("| loader | policy | latency per read | stall/epoch without (s) | stall/epoch with "
