@@ -11,7 +11,12 @@ to `capacity` entries: an order longer than that is published up to `capacity` (
 the policy then see less of the future, nothing breaks).
 
 Positions. Entry k of the order a stream published for epoch e has the global position
-P = e * capacity + k. Positions grow with time on every stream and are compared across the ranks of
+P = e * capacity + k. When the sampler already knows its next epoch's order (a uniform draw that
+the cache does not rearrange: ShadeSampler.next_epoch_order), the stream holds this epoch's order
+followed by as much of the next one as fits (`NEXT_EPOCH_ROOM` entries by default), so the window
+of the prefetcher and the next uses run on across the epoch boundary; when the next epoch is
+published its entries move to (e + 1) * capacity + k', later by the same amount for all of them,
+which keeps their order. Positions grow with time on every stream and are compared across the ranks of
 a node (DDP ranks step together), so "the next position at which any rank reads sample i" is the
 minimum over streams of that stream's next position of i.
 
@@ -66,6 +71,10 @@ STREAM_BYTES = 64
 MAX_STREAMS = 64
 NONE = np.iinfo(np.int32).max          # "no known next use" in nxt / next_use
 EPOCH_SLOTS = 32                       # per-epoch counter rows kept (epoch mod EPOCH_SLOTS)
+# Entries a stream keeps by default beyond an epoch's order: the head of the next epoch, when the
+# sampler knows it already (a uniform order the cache does not rearrange). Far more than any
+# lookahead window needs; 12 bytes each per stream.
+NEXT_EPOCH_ROOM = 65536
 COUNTERS = ("epoch", "prefetched", "prefetch_wasted", "prefetched_bytes", "reads_issued")
 _COUNTER_OFF = 128                     # header offset of the counter rows
 # The readers' per-epoch rows (CachedDataset in any process of the node adds to them with an
@@ -123,7 +132,8 @@ class OrderBoard:
     """The published orders of the ranks of one node, for the cache `cache_name`.
 
     OrderBoard.create(cache_name, num_samples, streams=1, capacity=None)   (capacity: entries per
-    stream, default num_samples); OrderBoard.attach(cache_name); publish(stream, epoch, order);
+    stream, default num_samples + min(num_samples, NEXT_EPOCH_ROOM): an epoch and the head of the
+    next one); OrderBoard.attach(cache_name); publish(stream, epoch, order);
     snapshot(stream) -> (epoch, ids, cursor) or None; next_use(ids) -> global positions;
     set_cursor(stream, k). See the module docstring for the layout and the memory contract.
     """
@@ -186,7 +196,8 @@ class OrderBoard:
             raise ValueError(f"num_samples must be >= 1, got {num_samples}")
         if not 1 <= streams <= MAX_STREAMS:
             raise ValueError(f"streams must be in 1..{MAX_STREAMS}, got {streams}")
-        capacity = int(num_samples if capacity is None else capacity)
+        capacity = int(num_samples + min(int(num_samples), NEXT_EPOCH_ROOM) if capacity is None
+                       else capacity)
         if not 1 <= capacity < NONE:
             raise ValueError(f"capacity must be in 1..{NONE - 1}, got {capacity}")
         path = board_path(cache_name)
@@ -499,13 +510,21 @@ def _up_already(board, s, sampler, order) -> bool:
 
 
 def _publish(sampler, board, order):
-    """Publishes `order` as the sampler's order of its current epoch on its stream, and gives
-    every published id its first position of the epoch (the clairvoyant policy's input).
-    Returns (stream, entries published)."""
+    """Publishes `order` as the sampler's order of its current epoch on its stream, followed,
+    where the board has room and the sampler knows it already (ShadeSampler.next_epoch_order), by
+    the next epoch's order: positions go on growing across the boundary, so the prefetcher's window
+    and the next uses cross it. Gives every published id its first position (the clairvoyant
+    policy's input). Returns (stream, entries of `order` published)."""
     s = stream_of(getattr(sampler, "rank", 0), board.streams)
     _MY_STREAM[(os.getpid(), board.path)] = s
-    m = board.publish(s, sampler.epoch, order)
-    _push_next_use(sampler.cache, board, np.unique(order[:m]))
+    full = order
+    ahead = getattr(sampler, "next_epoch_order", None)
+    if ahead is not None and order.size < board.capacity:
+        nxt = ahead()
+        if nxt is not None and nxt.size:
+            full = np.concatenate([order, nxt[:board.capacity - order.size]])
+    m = min(board.publish(s, sampler.epoch, full), order.size)
+    _push_next_use(sampler.cache, board, np.unique(full[:board.capacity]))
     for k in [k for k, v in _PUBLISHED.items() if v[2]() is None]:
         del _PUBLISHED[k]         # orders freed since: their entries can never match again
     _PUBLISHED[(os.getpid(), board.path, s)] = (board._ident, sampler.epoch, weakref.ref(order),

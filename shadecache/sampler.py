@@ -324,6 +324,24 @@ class ShadeSampler(Sampler):
             self.last_epoch_stats = before
         return self._order
 
+    def next_epoch_order(self):
+        """This rank's order for the next epoch when it is fixed already, else None. It is fixed
+        when the draw is uniform (importance=False or temper=0) and the cache does not reorder
+        it (pads=False and rep_factor=0, or no cache): the seed and the epoch number alone decide
+        it. The order board then shows the next epoch's first samples behind this one's, so the
+        prefetcher reads across the epoch boundary (issue 10) instead of waiting for end_epoch.
+        Drawing it changes nothing in the sampler."""
+        if self.draw_probabilities() is not None or (
+                self.cache is not None and (self.pads or self.rep_factor > 0)):
+            return None
+        saved = self.epoch, self._weights
+        self.epoch += 1
+        try:
+            order, _, _ = self._draw_share()   # the very draw order() makes in that epoch
+        finally:
+            self.epoch, self._weights = saved
+        return order
+
     def __iter__(self):
         order = self.order()
         start, self._start = self._start, 0

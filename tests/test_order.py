@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import shadecache as sc
+from shadecache import order as order_mod
 from shadecache.order import NONE, OrderBoard, belady_hits
 
 
@@ -134,9 +135,11 @@ def test_the_sampler_publishes_its_order_and_moves_the_cursor(board_name, tmp_pa
 def test_with_a_prefetcher_next_uses_move_one_batch_late(board_name):
     # The loader is still reading the batch it just took: with a prefetcher running, its ids keep
     # their current position until the next batch is taken (nothing evicts them under the read).
+    # (A board of one epoch's capacity: no room for the next epoch's head, so a consumed id has no
+    # next use at all; test_the_next_epoch_head_* cover the boundary.)
     n = 300
     with sc.Cache.create(board_name, num_samples=n, capacity_bytes=1 << 20,
-                         policy="clairvoyant") as cache, OrderBoard.create(board_name, n) as b:
+                         policy="clairvoyant") as cache, OrderBoard.create(board_name, n, capacity=n) as b:
         s = sc.ShadeSampler(n, cache=cache, batch_size=32, importance=False, pads=False,
                             rep_factor=0.0, seed=1)
         for prefetcher, consumed_upto in ((0, 64), (os.getpid(), 32)):
@@ -361,3 +364,37 @@ def test_iter_publishes_again_after_another_process_published_on_its_stream(boar
         it = iter(s)
         assert [next(it) for _ in range(40)] == s.order()[:40].tolist()
         assert b.snapshot(0)[1].tolist() == s.order()[32:].tolist()
+
+
+def test_the_next_epoch_head_follows_a_known_order_on_the_board(board_name):
+    """A uniform order the cache does not rearrange: the stream holds this epoch's order and then
+    the next epoch's (default capacity: an epoch plus NEXT_EPOCH_ROOM), the cursor stops at the
+    epoch's end, and an id taken in this epoch keeps a known next use: its read in the next one."""
+    n = 300
+    with sc.Cache.create(board_name, num_samples=n, capacity_bytes=1 << 20,
+                         policy="clairvoyant") as cache, OrderBoard.create(board_name, n) as b:
+        assert b.capacity == n + min(n, order_mod.NEXT_EPOCH_ROOM)
+        s = sc.ShadeSampler(n, cache=cache, batch_size=32, importance=False, pads=False,
+                            rep_factor=0.0, seed=1)
+        s.set_epoch(0)
+        now, ahead = s.order().copy(), s.next_epoch_order()
+        st = b.stream_state(0)
+        assert (st["epoch"], st["length"], st["cursor"]) == (0, 2 * n, 0)
+        assert b.snapshot(0)[1].tolist() == now.tolist() + ahead.tolist()
+        assert list(iter(s)) == now.tolist()                 # the loader gets this epoch only
+        assert b.stream_state(0)["cursor"] == n
+        assert b.snapshot(0, window=5)[1].tolist() == ahead[:5].tolist()
+        pos = b.next_use(ahead[:10])
+        assert pos.tolist() == [n + k for k in range(10)]   # epoch 0: position = k (0 * capacity)
+        s.end_epoch(0.0)
+        assert s.order().tolist() == ahead.tolist()
+        st = b.stream_state(0)
+        assert (st["epoch"], st["length"]) == (1, 2 * n)
+        assert b.next_use(ahead[:3]).tolist() == [b.capacity + k for k in range(3)]
+    # a board of one epoch's capacity has no room: the epoch alone, as before
+    with sc.Cache.create(board_name + "y", num_samples=n, capacity_bytes=1 << 20) as cache, \
+            OrderBoard.create(board_name + "y", n, capacity=n) as b:
+        s = sc.ShadeSampler(n, cache=cache, batch_size=32, importance=False, pads=False,
+                            rep_factor=0.0, seed=1)
+        s.set_epoch(0)
+        assert b.stream_state(0)["length"] == n and b.snapshot(0)[1].tolist() == s.order().tolist()

@@ -326,6 +326,32 @@ def test_the_prefetcher_reads_an_epoch_before_its_first_batch_is_asked_for(store
         c.check()
 
 
+def test_the_prefetcher_reads_the_next_epochs_first_misses_before_the_epoch_ends(store_path, name):
+    # A uniform order the cache does not rearrange is known an epoch ahead: the board shows the
+    # next epoch's head behind this one's, so once the loader has taken the last batch of this
+    # epoch the prefetcher reads the next epoch's first misses before end_epoch draws them.
+    store = sc.PackedStore(store_path)
+    with sc.Cache.create(name, num_samples=N, capacity_bytes=1 << 20, policy="clairvoyant",
+                         sizes=store.lengths) as c, OrderBoard.create(name, N) as board:
+        sampler = sc.ShadeSampler(N, cache=c, batch_size=32, importance=False, pads=False,
+                                  rep_factor=0.0, seed=3)
+        sampler.set_epoch(0)
+        head = sampler.next_epoch_order()[:32]
+        with sc.Prefetcher(c, store, batch=16):
+            assert list(iter(sampler)) == sampler.order().tolist()   # the whole epoch taken
+            deadline = time.monotonic() + 30
+            while not c.cached_mask()[head].all() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert c.cached_mask()[head].all()
+            assert board.stream_state(0)["epoch"] == 0     # epoch 1 is not published yet
+            assert board.flags[head].all()                 # brought by the prefetcher
+            sampler.end_epoch(0.0)
+            assert sampler.order()[:32].tolist() == head.tolist()
+            for i, x in zip(head.tolist(), c.get_many(head.tolist())):
+                assert verify_value(i, x) == ""
+        c.check()
+
+
 def test_the_automatic_lookahead_follows_the_pace():
     from shadecache.prefetch import _Pace
     p = _Pace(batch=16, max_batches=4, cache_items=2000)

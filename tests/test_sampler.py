@@ -444,3 +444,37 @@ def test_weights_deterministic_rank_consistent_and_resume_safe(cache_factory):
     r.load_state_dict(state)
     assert np.array_equal(r.weights(np.arange(n)), before)
     assert np.array_equal(r.order(), s.order())
+
+
+def test_next_epoch_order_is_the_next_epochs_draw_when_nothing_learned_can_change_it(cache_factory):
+    """A uniform draw the cache does not rearrange is known an epoch ahead (the order board shows
+    it to the prefetcher, issue 10); any draw that depends on the scores or on what is cached is
+    not, and asking changes nothing in the sampler."""
+    n = 300
+    cache = cache_factory(n)
+    cache.put_many(np.arange(0, n, 3), [b"x" * 8] * 100)
+    known = [dict(importance=False, pads=False, rep_factor=0.0),
+             dict(importance=True, temper=0.0, pads=False, rep_factor=0.0),   # scores unused
+             dict(importance=False, pads=False, rep_factor=0.0, num_replicas=2, rank=1),
+             dict(importance=False, pads=True, rep_factor=1.0, use_cache=False)]
+    for kw in known:
+        kw = dict(kw)
+        with_cache = kw.pop("use_cache", True)
+        s = sc.ShadeSampler(n, cache=cache if with_cache else None, batch_size=16, seed=4, **kw)
+        s.set_epoch(2)
+        now = s.order().copy()
+        w = s.weights(np.arange(n)).copy()
+        ahead = s.next_epoch_order()
+        assert ahead is not None, kw
+        assert np.array_equal(s.order(), now) and np.array_equal(s.weights(np.arange(n)), w)
+        assert s.epoch == 2
+        s.end_epoch(0.0)
+        assert np.array_equal(s.order(), ahead), kw      # the very draw of epoch 3
+        assert not np.array_equal(ahead, now)
+    unknown = [dict(importance=True, temper=1.0),                       # draws by the scores
+               dict(importance=False, pads=True, rep_factor=0.0),       # cached first
+               dict(importance=False, pads=False, rep_factor=1.0)]      # misses swapped for hits
+    for kw in unknown:
+        s = sc.ShadeSampler(n, cache=cache, batch_size=16, seed=4, **kw)
+        s.set_epoch(1)
+        assert s.next_epoch_order() is None, kw
