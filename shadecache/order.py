@@ -318,6 +318,14 @@ class OrderBoard:
             nxt[1:] = 0
         return m
 
+    def published(self, stream: int) -> np.ndarray:
+        """A copy of the ids the stream shows now (the writer's own view: no seqlock needed by the
+        stream's one writer; empty before its first publish)."""
+        s = self._check_stream(stream)
+        if int(self._srec[s, _S_SEQ]) == 0:
+            return np.empty(0, dtype=np.int64)
+        return self._ids[s, :int(self._srec[s, _S_LENGTH])].copy()
+
     def set_cursor(self, stream: int, k: int) -> None:
         """The DataLoader has taken entries [0, k) of the stream's order (one aligned store)."""
         self._srec[stream, _S_CURSOR] = k
@@ -523,8 +531,12 @@ def _publish(sampler, board, order):
         nxt = ahead()
         if nxt is not None and nxt.size:
             full = np.concatenate([order, nxt[:board.capacity - order.size]])
+    # What the stream showed until now: ids that drop out of it (a head that was not the epoch
+    # that came: set_epoch jumped, a checkpoint was loaded, another rank's share) must get their
+    # next use again too, or the policy keeps the stale, sooner one and never evicts them.
+    before = board.published(s)
     m = min(board.publish(s, sampler.epoch, full), order.size)
-    _push_next_use(sampler.cache, board, np.unique(full[:board.capacity]))
+    _push_next_use(sampler.cache, board, np.unique(np.concatenate([full[:board.capacity], before])))
     for k in [k for k, v in _PUBLISHED.items() if v[2]() is None]:
         del _PUBLISHED[k]         # orders freed since: their entries can never match again
     _PUBLISHED[(os.getpid(), board.path, s)] = (board._ident, sampler.epoch, weakref.ref(order),

@@ -202,6 +202,29 @@ def test_a_publish_after_a_writer_died_mid_publish_is_readable(board_name):
         assert int(b._srec[0, _S_SEQ]) % 2 == 0
 
 
+def test_with_a_prefetcher_next_uses_move_one_batch_late_into_the_next_epochs_head(board_name):
+    # The same with the default capacity: a taken id's next use moves to its read in the next
+    # epoch's head (not to none), one batch late with a prefetcher.
+    n = 300
+    with sc.Cache.create(board_name, num_samples=n, capacity_bytes=1 << 20,
+                         policy="clairvoyant") as cache, OrderBoard.create(board_name, n) as b:
+        s = sc.ShadeSampler(n, cache=cache, batch_size=32, importance=False, pads=False,
+                            rep_factor=0.0, seed=1)
+        for prefetcher, consumed_upto, epoch in ((0, 64, 2), (os.getpid(), 32, 3)):
+            b.set_prefetcher(prefetcher)
+            s.set_epoch(epoch)
+            head = s.next_epoch_order()
+            it = iter(s)
+            taken = [next(it) for _ in range(70)]
+            assert b.stream_state(0)["cursor"] == 64
+            nu = b.next_use(np.asarray(taken[:64]))
+            base = epoch * b.capacity
+            in_head = base + n + np.argsort(head)[np.asarray(taken[:64])]   # head is a permutation
+            assert (nu[:consumed_upto] == in_head[:consumed_upto]).all()
+            assert (nu[consumed_upto:] < base + n).all()
+            list(it)
+
+
 def test_set_epoch_and_end_epoch_publish_ahead_of_iter(board_name):
     n = 300
     with sc.Cache.create(board_name + "x", num_samples=n, capacity_bytes=1 << 20) as other:
@@ -398,3 +421,49 @@ def test_the_next_epoch_head_follows_a_known_order_on_the_board(board_name):
                             rep_factor=0.0, seed=1)
         s.set_epoch(0)
         assert b.stream_state(0)["length"] == n and b.snapshot(0)[1].tolist() == s.order().tolist()
+
+
+@pytest.mark.parametrize("jump", ["set_epoch", "load_state_dict"])
+def test_ids_that_drop_out_of_the_board_lose_their_next_use_in_the_cache(board_name, jump):
+    """An epoch that is not the one the board showed behind the last (set_epoch jumps, a
+    checkpoint is loaded; epoch_size < N, so ids leave the published orders): their next use in
+    the clairvoyant cache goes back to what the board says (none), so they are not kept as if
+    needed soonest and the next real read is admitted (review of the next-epoch head)."""
+    n = 300
+    with sc.Cache.create(board_name, num_samples=n, capacity_bytes=20 * 1000, policy="clairvoyant",
+                         sizes=[1000] * n) as cache, OrderBoard.create(board_name, n) as b:
+        pushed = {}
+        real = cache.set_next_use
+
+        def spy(ids, pos):
+            pushed.update(zip(np.asarray(ids).tolist(), np.asarray(pos).tolist()))
+            return real(ids, pos)
+
+        cache.set_next_use = spy
+        s = sc.ShadeSampler(n, cache=cache, batch_size=16, importance=False, pads=False,
+                            rep_factor=0.0, seed=2, epoch_size=150)
+        s.set_epoch(0)
+        state = s.state_dict()
+        head = s.next_epoch_order()
+        list(iter(s))                        # epoch 0 read to the end: next uses in the head
+        if jump == "set_epoch":
+            s.set_epoch(3)
+        else:
+            s.end_epoch(0.0)
+            list(iter(s))
+            s.end_epoch(0.0)
+            s.load_state_dict(state)         # back to epoch 0's checkpoint
+            s.set_epoch(int(state.get("epoch", 0)))
+            list(iter(s))                    # read again; then an epoch other than the head's
+            s.set_epoch(7)
+        nu = b.next_use(np.arange(n))
+        stale = [i for i in head.tolist() if nu[i] == -1]
+        assert stale, "the case needs ids that left every published order"
+        assert all(pushed.get(i, -1) == -1 for i in stale), [(i, pushed[i]) for i in stale[:5]]
+        assert all(pushed.get(i, -1) == nu[i] for i in range(n) if i in pushed)
+        val = b"v" * 1000
+        for i in stale[:20]:
+            cache.put_many([i], [val])
+        y = int(s.order()[0])                # the next real read is admitted over them
+        assert np.asarray(cache.put_many([y], [val]), bool)[0]
+        cache.check()
