@@ -29,11 +29,10 @@ The target (with prefetch <= 10% of without) is judged on the dataloader rows, a
 on the store for every miss; the cached rows are information: that loader's own read-ahead hides
 what it can without the prefetcher (at 1-2 ms it leaves next to nothing), and they show what the
 prefetcher adds on top. The lookahead is the prefetcher's automatic one unless --lookahead gives
-a number. --eval-ms puts
-that long a pause (in the step mode) between an epoch's end_epoch and the next epoch's first
-batch, as the evaluation or checkpoint of most training loops does: the sampler publishes the next
-epoch's order at end_epoch, so the prefetcher can read its first misses then (by default 0 ms:
-the first batch is asked for at once and waits on the store, with or without the prefetcher).
+a number. --eval-ms puts that long a pause (in the step mode) between an epoch's end_epoch and the
+next epoch's first batch, as the evaluation or checkpoint of most training loops does (default 0:
+the first batch is asked for at once; a draw by importance is published only at end_epoch, so its
+first batch then waits on the store with or without the prefetcher).
 """
 from __future__ import annotations
 
@@ -206,9 +205,7 @@ def main(argv=None):
     os.remove(path)
     print(f"\n{args.samples} samples of {args.sample_kb} KB, cache {args.cache_fraction:.0%} of "
           f"them, {args.epochs} epochs, batch 64, step {args.step_ms:g} ms ({args.step_mode}), "
-          f"{args.eval_ms:g} ms between epochs, "
-          f"lookahead "
-          f"{args.lookahead}, O_DIRECT + injected latency per read (32 in flight)\n")
+          f"{args.eval_ms:g} ms between epochs, lookahead {args.lookahead}, O_DIRECT + injected latency per read (32 in flight)\n")
     print("| loader | policy | latency per read | stall/epoch without (s) | stall/epoch with "
           "prefetch (s) | ratio | epochs 2+ ratio | first batch of an epoch without / with (s) "
           "| store wait/epoch without / with (s) | store-wait ratio | hit ratio without / with "

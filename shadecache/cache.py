@@ -310,7 +310,7 @@ class Cache:
         a few milliseconds, so not part of stats())."""
         from . import huge_pages
         self._core.stats()   # raises sc.ClosedError on a closed cache, as every call does
-        return huge_pages.report(self.name)
+        return huge_pages.report(_core.CacheCore.path(self.name))
 
     def __len__(self) -> int:
         return self._core.stats()["items"]

@@ -20,7 +20,6 @@ from typing import Optional
 
 SHM_DIR = "/dev/shm"
 SHMEM_ENABLED = "/sys/kernel/mm/transparent_hugepage/shmem_enabled"
-SEGMENT_PREFIX = "shadecache."      # csrc/cache/segment.cc names the segment /dev/shm/shadecache.<name>
 # The tmpfs modes under which a file sized up front (ftruncate + posix_fallocate, as the segment is
 # made) gets huge pages from the start. Under "advise" its preallocated pages start small; they
 # become huge only when collapsed (khugepaged on a madvised mapping, or MADV_COLLAPSE), which the
@@ -122,17 +121,13 @@ def mapped_bytes(path: str, smaps: Optional[str] = None) -> tuple:
     return rss, huge
 
 
-def segment_path(cache_name: str) -> str:
-    return os.path.join(SHM_DIR, SEGMENT_PREFIX + cache_name)
-
-
-def report(cache_name: str) -> dict:
+def report(segment_path: str) -> dict:
     """What `Cache.huge_pages()` and `shadecache stats` show: the mode /dev/shm gives new
     segments (`shm_mode`), whether that means huge pages for them (`new_segments_huge`), and how
-    much of this process's mapping of the cache is resident now and how much of that is mapped by
-    huge pages (the latter two are this cache's own: a cache made before a remount can differ
-    from the mode, until khugepaged collapses it)."""
+    much of this process's mapping of the segment file `segment_path` is resident now and how much
+    of that is mapped by huge pages (the latter two are this cache's own: a cache made before a
+    remount can differ from the mode, until khugepaged collapses it)."""
     mode = shm_mode()
-    rss, huge = mapped_bytes(segment_path(cache_name))
+    rss, huge = mapped_bytes(segment_path)
     return {"shm_mode": mode, "new_segments_huge": gives_huge_pages(mode),
             "resident_bytes": rss, "huge_mapped_bytes": huge}
