@@ -100,9 +100,8 @@ class CachedDataset(Dataset):
         self.admit = bool(admit)
         self.cluster = cluster
         self.ssd = ssd
-        fp = getattr(store, "fingerprint", None) if ssd is not None else None
-        if fp:   # the tier must hold this store's samples, not another's by the same ids
-            ssd.bind(fp)
+        if ssd is not None:   # the tier must hold this store's samples, not another's by the same ids
+            ssd.bind_store(store)
         self.keep_remote = bool(keep_remote)
         self._n = n
         self._counters = mp.RawArray("q", _ROWS * len(_FIELDS))
@@ -154,8 +153,11 @@ class CachedDataset(Dataset):
         # is warm) builds no Python list of misses.
         missed = [i for i, v in zip(ids, values) if v is None] if None in values else []
         hits = len(ids) - len(missed)
-        pf_hits = self.prefetch_hits(a, lambda: np.fromiter((v is not None for v in values), bool,
-                                                            len(values))) if hits else 0
+        found = values   # the cache's answers, before the misses are filled in below
+
+        def hit():
+            return np.fromiter((v is not None for v in found), bool, len(found))
+
         wait_ns = 0
         if missed:
             uniq = list(dict.fromkeys(missed))          # a batch may hold an id twice
@@ -163,18 +165,15 @@ class CachedDataset(Dataset):
             got = dict(zip(uniq, self.fetch_missing(uniq)))
             wait_ns = time.perf_counter_ns() - t0   # the loop waits on every tier below the cache
             values = [got[i] if v is None else v for i, v in zip(ids, values)]
-        self.count(hits, len(missed), len(ids), pf_hits, wait_ns)
+        self.count_batch(a, hits, hit, wait_ns)
         return values
 
-    def count(self, hits: int, misses: int, samples: int, prefetch_hits: int = 0,
-              wait_ns: int = 0) -> None:
-        """Adds one batch's cache lookups to this process's counter row (fetch_missing counts what
-        the tiers served). Under a lock: CachedLoader's threads share the row."""
-        self._count(board_for(self.cache), hits, misses, samples, prefetch_hits, wait_ns)
-
     def count_batch(self, ids: np.ndarray, hits: int, hit, wait_ns: int = 0) -> None:
-        """prefetch_hits(ids, hit) then count(hits, len(ids) - hits, len(ids), ...) of one batch
-        (ids: int64), with one look-up of the order board: sc.CachedLoader's per-call counting."""
+        """Counts one batch (ids: int64) of which `hits` were cache hits, `hit()` their bool mask
+        (called only when some id carries a prefetched flag), wait_ns the time spent on the tiers
+        below: hits, misses, samples, prefetch hits (their board flags cleared) and the wait, with
+        one look-up of the order board (it stats the board's file). Every reader counts here:
+        fetch_bytes per batch, sc.CachedLoader per native call."""
         board = board_for(self.cache)
         pf = _prefetch_hits(board, ids, hit) if board is not None and hits else 0
         self._count(board, hits, ids.size - hits, ids.size, pf, wait_ns)
@@ -189,13 +188,6 @@ class CachedDataset(Dataset):
             row[13] += wait_ns
         if board is not None:   # per epoch, for ds.stats() and `shadecache stats`
             board.count_reads(samples, hits, prefetch_hits, wait_ns)
-
-    def prefetch_hits(self, ids: np.ndarray, hit) -> int:
-        """Hits of a batch on samples the prefetcher brought (their board flags are cleared).
-        hit() returns the batch's bool mask of cache hits; it is called only when some id of the
-        batch carries a flag, so a batch without prefetched samples pays one flag lookup."""
-        board = board_for(self.cache)
-        return _prefetch_hits(board, ids, hit) if board is not None else 0
 
     def fetch_missing(self, ids: list) -> list:
         """The bytes of every id (distinct, in range) that the node cache missed, through the tiers

@@ -517,13 +517,13 @@ def _up_already(board, s, sampler, order) -> bool:
             and got[2]() is order and got[3] == board.stream_state(s)["seq"])
 
 
-def _publish(sampler, board, order):
+def _publish(sampler, board, s, order):
     """Publishes `order` as the sampler's order of its current epoch on its stream, followed,
     where the board has room and the sampler knows it already (ShadeSampler.next_epoch_order), by
     the next epoch's order: positions go on growing across the boundary, so the prefetcher's window
     and the next uses cross it. Gives every published id its first position (the clairvoyant
-    policy's input). Returns (stream, entries of `order` published)."""
-    s = stream_of(getattr(sampler, "rank", 0), board.streams)
+    policy's input) on stream `s` (the sampler's: stream_of its rank). Returns how many entries of
+    `order` were published."""
     _MY_STREAM[(os.getpid(), board.path)] = s
     full = order
     ahead = getattr(sampler, "next_epoch_order", None)
@@ -541,7 +541,7 @@ def _publish(sampler, board, order):
         del _PUBLISHED[k]         # orders freed since: their entries can never match again
     _PUBLISHED[(os.getpid(), board.path, s)] = (board._ident, sampler.epoch, weakref.ref(order),
                                                board.stream_state(s)["seq"])
-    return s, m
+    return m
 
 
 def publish_ahead(sampler, draw=None) -> bool:
@@ -555,9 +555,10 @@ def publish_ahead(sampler, draw=None) -> bool:
     if board is None:
         return False
     order = (sampler.order if draw is None else draw)()
-    if _up_already(board, stream_of(getattr(sampler, "rank", 0), board.streams), sampler, order):
+    s = stream_of(getattr(sampler, "rank", 0), board.streams)
+    if _up_already(board, s, sampler, order):
         return False
-    _publish(sampler, board, order)
+    _publish(sampler, board, s, order)
     return True
 
 
@@ -574,7 +575,7 @@ def published_iter(sampler, order: np.ndarray, start: int):
         _MY_STREAM[(os.getpid(), board.path)] = s
         m = min(order.size, board.capacity)
     else:
-        s, m = _publish(sampler, board, order)
+        m = _publish(sampler, board, s, order)
     return _tracked(board, s, order, start, m, sampler.cache,
                     max(1, int(getattr(sampler, "batch_size", 64))))
 

@@ -81,14 +81,13 @@ class Layout:
     def __init__(self, path: str):
         self.path = path
         self.journal_path = os.path.join(path, "index")
-        self._fds, self._jfd, self._lock_fd = {}, -1, -1   # what close() closes
+        # what close() closes: slot size -> read/write descriptor of its file, the journal, the lock
+        self._fds, self._jfd, self._lock_fd = {}, -1, -1
         self._lock_fd = os.open(os.path.join(path, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         self._tlock = threading.Lock()   # flock is per open file: threads of this process queue here
-        self._jfd = -1
         self._ino = None
         self._checked = 0.0       # when the journal's path was last looked up
         self._tailed = 0.0        # when its size was last looked at (at most once a millisecond)
-        self._fds = {}            # slot size -> read/write descriptor of its file
         self._file_slots = {}     # slot size -> slots the file has room for (preallocated)
         self.torn = 0             # journal entries dropped on replay (bad crc32c)
         self.do_reset()
@@ -348,13 +347,6 @@ class Layout:
                 return -1
             self._fds[s] = fd
         return fd
-
-    def fd_table(self, sizes: np.ndarray) -> np.ndarray:
-        """The descriptor of each slot size in `sizes` (-1 where not held or the file is gone)."""
-        out = np.full(sizes.size, -1, dtype=np.int32)
-        for s in np.unique(sizes[sizes >= 0]).tolist():
-            out[sizes == s] = self.fd(int(s))
-        return out
 
     def __del__(self):
         self.close()

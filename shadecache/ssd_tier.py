@@ -98,6 +98,13 @@ class SSDTier:
         return (SSDTier, (self.path, self.capacity_bytes, self.cache, self.queue_size, self.queue_depth_io,
                           self.fingerprint))
 
+    def bind_store(self, store) -> None:
+        """bind(store.fingerprint) when the store has one (a store without one binds nothing):
+        what CachedDataset and the peer server do with the store they read behind this tier."""
+        fp = getattr(store, "fingerprint", None)
+        if fp:
+            self.bind(fp)
+
     def bind(self, fingerprint: str) -> None:
         """Makes the directory the tier of the data set `fingerprint` (a store's `fingerprint`):
         recorded on first use; FingerprintError when the directory already belongs to another

@@ -12,25 +12,16 @@
 
 #include "common/crc32c.h"
 #include "common/error.h"
+#include "io/pread_backend.h"
 
 namespace shadecache {
 namespace {
 
 // Synchronous read used only at open; false at end of file.
 bool pread_exact(int fd, void* buf, size_t n, uint64_t off, const std::string& path) {
-  char* p = static_cast<char*>(buf);
-  while (n > 0) {
-    ssize_t r = ::pread(fd, p, n, static_cast<off_t>(off));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      throw_errno("read " + path, errno);
-    }
-    if (r == 0) return false;
-    p += r;
-    n -= static_cast<size_t>(r);
-    off += static_cast<uint64_t>(r);
-  }
-  return true;
+  ssize_t r = pread_full(fd, static_cast<char*>(buf), n, off);
+  if (r < 0) throw_errno("read " + path, static_cast<int>(-r));
+  return static_cast<size_t>(r) == n;
 }
 
 std::string hex32(uint32_t v) {

@@ -20,10 +20,7 @@
 #include "io/store_format.h"
 
 namespace shadecache {
-namespace {
 
-// Reads exactly n bytes at off, retrying EINTR/EAGAIN and short reads. Returns the bytes read
-// (< n only at end of file) or -errno.
 ssize_t pread_full(int fd, char* buf, size_t n, uint64_t off) {
   size_t got = 0;
   while (got < n) {
@@ -37,6 +34,8 @@ ssize_t pread_full(int fd, char* buf, size_t n, uint64_t off) {
   }
   return static_cast<ssize_t>(got);
 }
+
+namespace {
 
 // An aligned buffer per thread for O_DIRECT reads, grown on demand.
 struct Bounce {

@@ -1,11 +1,8 @@
 #include "io/tier_reader.h"
 
-#include <unistd.h>
-
-#include <cerrno>
-
 #include "common/crc32c.h"
 #include "common/error.h"
+#include "io/pread_backend.h"
 
 namespace shadecache {
 
@@ -13,19 +10,15 @@ namespace {
 // One value again by pread, for a batch the backend could not finish (EIO, or a file truncated
 // behind our back): which value failed, and how.
 void classify(const TierReader::Op& op, int32_t* status, int32_t* err) {
-  uint32_t got = 0;
-  while (got < op.len) {
-    ssize_t r = ::pread(op.fd, op.dest + got, op.len - got, static_cast<off_t>(op.offset + got));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) {
-      *status = TierReader::kFailed;
-      *err = errno;
-      return;
-    }
-    if (r == 0) break;
-    got += static_cast<uint32_t>(r);
+  ssize_t got = pread_full(op.fd, op.dest, op.len, op.offset);
+  if (got < 0) {
+    *status = TierReader::kFailed;
+    *err = static_cast<int32_t>(-got);
+    return;
   }
-  *status = got == op.len && crc32c(op.dest, op.len, 0) == op.crc ? TierReader::kOk : TierReader::kDamaged;
+  *status = static_cast<size_t>(got) == op.len && crc32c(op.dest, op.len, 0) == op.crc
+                ? TierReader::kOk
+                : TierReader::kDamaged;
 }
 }  // namespace
 

@@ -14,7 +14,6 @@
 #pragma once
 
 #include <cstdint>
-#include <mutex>
 #include <vector>
 
 #include "io/io_backend.h"

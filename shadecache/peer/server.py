@@ -100,9 +100,8 @@ class PeerService:
         self.key = auth.secret_bytes(secret)
         check_bind(host, self.key)
         self.cache, self.ssd, self.store = cache, ssd, store
-        fp = getattr(store, "fingerprint", None) if ssd is not None and store is not None else None
-        if fp:   # the tier it serves must hold this store's samples
-            ssd.bind(fp)
+        if ssd is not None:   # the tier it serves must hold this store's samples
+            ssd.bind_store(store)
         self.num_samples = cache.num_samples
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.sock = socket.socket(family, socket.SOCK_STREAM)
