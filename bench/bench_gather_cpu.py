@@ -30,7 +30,8 @@ from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import shadecache as sc  # noqa: E402
-from shadecache import _core, huge_pages  # noqa: E402
+from shadecache import _core
+from shadecache.cache import huge_pages  # noqa: E402
 
 
 class ArrayStore:

@@ -40,7 +40,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import shadecache as sc  # noqa: E402
-from shadecache import huge_pages  # noqa: E402
+from shadecache.cache import huge_pages  # noqa: E402
 
 
 class InMemoryList(Dataset):

@@ -16,7 +16,7 @@ rounds of 1 s runs):
 4. One file per sample (an ImageFolder tree of small files): FolderStore.read_many(256) vs a loop
    of open(path, 'rb').read(), with a cold page cache (dropped before each side) and warm.
 5. (issue 10) The same 4 KB and 128 KB O_DIRECT ids through the prefetch path: a stream of
-   256-id batches into the prefetcher's ReadStream (shadecache/prefetch.py `_NextTier`, 2 lanes,
+   256-id batches into the prefetcher's ReadStream (shadecache/lookahead/prefetcher.py `_NextTier`, 2 lanes,
    QD 32 in all, 4 batches queued) vs fio in the same rounds (fio, stream, stream, fio).
    `--stream-only` runs just these rows.
 
@@ -136,7 +136,7 @@ def read_many_for(store, ids: np.ndarray, secs: float) -> dict:
 def stream_for(store, ids: np.ndarray, secs: float, ahead: int = 4) -> dict:
     """The prefetch path: BATCH-id batches submitted to the prefetcher's reader `ahead` at a time
     (the next one goes in as soon as the oldest is taken), for about `secs` seconds."""
-    from shadecache.prefetch import _NextTier
+    from shadecache.lookahead.prefetcher import _NextTier
     tier = _NextTier(store, QD, 2)
     done = nbytes = k = 0
     t0 = time.perf_counter()

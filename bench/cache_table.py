@@ -562,7 +562,7 @@ def _git_revision():
 
         rev = git("rev-parse", "--short", "HEAD") or "unknown"
         measured = ["csrc/cache", "csrc/common", "csrc/bindings/core_module.cc", "csrc/bindings/errors.cc",
-                    "shadecache/cache.py",
+                    "shadecache/cache",
                     "bench/cache_table.py", "bench/baselines.py", "bench/workload.py"]
         return rev + ("+dirty" if git("status", "--porcelain", "--", *measured) else "")
     except (OSError, subprocess.SubprocessError):
@@ -572,7 +572,7 @@ def _git_revision():
 def pages_line():
     """Which pages the /dev/shm contenders (the cache, shared_memory) run on; LMDB's file is not
     on /dev/shm."""
-    from shadecache import huge_pages
+    from shadecache.cache import huge_pages
     return huge_pages.describe() + "."
 
 

@@ -10,7 +10,7 @@ configuration makes the same number of optimizer steps, so Δ accuracy is paired
 Data sets (nothing is downloaded: scikit-learn ships digits, the others are generated here):
   digits      scikit-learn's 8x8 handwritten digits, 1197 train / 600 test, a small conv net, no
               augmentation (it memorizes the training set)
-  gratings    shadecache.synthetic 16x16 gratings, 4000 / 4000, an MLP, augmentation after the
+  gratings    shadecache.demo.synthetic 16x16 gratings, 4000 / 4000, an MLP, augmentation after the
               cache (it does not memorize)
   gratings-s  other gratings (data seed 1), 3000 / 4000, the same MLP, no augmentation (memorizes)
   tabular     sklearn make_classification, 32 features, 10 classes, 3% flipped labels,
@@ -36,8 +36,8 @@ from torch.utils.data import DataLoader
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import shadecache as sc  # noqa: E402
-from shadecache import synthetic  # noqa: E402
-from shadecache.experiment import Augment  # noqa: E402
+from shadecache.demo import synthetic  # noqa: E402
+from shadecache.demo.experiment import Augment  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SECTION = "## Sampling fidelity (issue 11)"

@@ -1,7 +1,7 @@
 """Hit ratio, store traffic, coverage and accuracy of real training through the cache (issue 4).
 
-A closed loop: a real network (shadecache.experiment.make_model) learns a real image data set made
-locally (shadecache.synthetic), packed into a PackedStore and read through a real shared-memory
+A closed loop: a real network (shadecache.demo.experiment.make_model) learns a real image data set made
+locally (shadecache.demo.synthetic), packed into a PackedStore and read through a real shared-memory
 Cache by CachedDataset and a stock DataLoader; the sampler reads the cache's state each epoch and
 the losses drive the scores that eviction uses. Every configuration makes the same number of
 optimizer steps from the same initial weights per seed, so accuracies compare at equal steps.
@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import shadecache as sc  # noqa: E402
-from shadecache.experiment import RunConfig, build_data, train_run  # noqa: E402
+from shadecache.demo.experiment import RunConfig, build_data, train_run  # noqa: E402
 
 ROWS = [  # (label, sampler, policy, rep_factor, coverage_epochs)
     ("uniform + LRU", "uniform", "lru", 0.0, 2),
@@ -284,7 +284,7 @@ def write_md(table, checks, args, png, elapsed):
     md = args.md
     body = [
             f"`python bench/hit_ratio.py` ({elapsed / 60:.1f} min). Real training: a 256-128-10 MLP "
-            f"learns 16x16 noisy oriented gratings (10 classes, shadecache.synthetic), "
+            f"learns 16x16 noisy oriented gratings (10 classes, shadecache.demo.synthetic), "
             f"{args.samples} training samples packed into a PackedStore, read through a real "
             f"Cache by CachedDataset in a stock DataLoader (num_workers={args.workers}), "
             f"batch {args.batch_size}, {args.epochs} epochs, Adam with a cosine schedule, "

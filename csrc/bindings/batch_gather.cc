@@ -1,4 +1,4 @@
-// gather_rows / gather_flat: the read half of CachedLoader (shadecache/loader.py).
+// gather_rows / gather_flat: the read half of CachedLoader (shadecache/loader/loader.py).
 //
 // Both are loops of the engine's lock-free Cache::read (the seqlock protocol of cache.h: copy
 // out, then prove no writer raced the copy, retry otherwise), so they take no lock and see what

@@ -402,7 +402,7 @@ PYBIND11_MODULE(_core, m) {
              return make_sample_view(self, c, checked_id(c, as_id(id)));
            },
            py::arg("id"))
-      // Test only (tests/test_cache_views.py): the pin entry of a reader backing out.
+      // Test only (tests/cache/test_cache_views.py): the pin entry of a reader backing out.
       .def("_stale_pin", [](Cache& c, int64_t id) { return c.stale_pin_for_tests(checked_id(c, id)); })
       .def("_stale_unpin", [](Cache& c, uint32_t token) { c.stale_unpin_for_tests(token); })
       .def("get_into",

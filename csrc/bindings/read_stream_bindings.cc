@@ -102,7 +102,7 @@ struct PyReadStream {
 void register_read_stream(py::module_& m) {
   m.def(
       "memory_fence", [] { std::atomic_thread_fence(std::memory_order_seq_cst); },
-      "A full hardware memory fence (the order board's seqlock, shadecache/order.py).");
+      "A full hardware memory fence (the order board's seqlock, shadecache/lookahead/board.py).");
   m.def(
       "atomic_add",
       [](py::handle buf, int64_t index, int64_t value) {

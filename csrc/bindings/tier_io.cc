@@ -1,6 +1,6 @@
 // shadecache._io.TierReader: the SSD tier's batched, checked reads (csrc/io/tier_reader.h).
 //
-// GIL: the ids are looked up in the index columns (numpy arrays owned by shadecache/ssd_layout.py)
+// GIL: the ids are looked up in the index columns (numpy arrays owned by shadecache/ssd/layout.py)
 // and the result bytes objects allocated with it (private to this call until it returns); the
 // reads and crc32c checks run without it.
 #include <pybind11/numpy.h>

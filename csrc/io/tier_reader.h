@@ -1,4 +1,4 @@
-// Reads values of the SSD tier (shadecache/ssd_tier.py keeps its index and writes its files) in
+// Reads values of the SSD tier (shadecache/ssd/tier.py keeps its index and writes its files) in
 // one batch through the process's backend, and checks every value before it is trusted.
 //
 // The layout is the packed one (docs/ssd_tier.md): values sit at known offsets of a few large

@@ -17,7 +17,7 @@ import numpy as np
 
 from . import auth, wire
 from .. import _core
-from ..store import _tune_malloc_once
+from ..store.packed import _tune_malloc_once
 
 
 def split_address(address: str) -> tuple:

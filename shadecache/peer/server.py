@@ -31,7 +31,8 @@ import time
 import numpy as np
 
 from . import auth, wire
-from .. import _core, tier_status
+from . import status as tier_status
+from .. import _core
 
 MAX_CONNECTIONS = 256
 CHUNK_ITEMS = 256         # samples pinned at once per request
@@ -118,7 +119,7 @@ class PeerService:
                          "get_ns": 0}
         self.peers = []           # the other nodes' addresses, when the launcher told us
 
-    # ---- the published status (tier_status.py) -----------------------------------------------
+    # ---- the published status (status.py) -----------------------------------------------
     def status(self) -> dict:
         c = dict(self.counters)
         c["mean_get_seconds"] = c["get_ns"] / c["requests"] / 1e9 if c["requests"] else 0.0

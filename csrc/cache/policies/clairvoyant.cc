@@ -14,7 +14,7 @@
 // Contract of the keys (the segment layout is unchanged; docs/prefetch.md repeats it):
 // - ticks[id] = P + 1 of the next known read of id, 0 for none. Written only by
 //   Cache::set_next_use, with the cache mutex held, which rekeys a cached id in the same critical
-//   section; the positions come from the order board (shadecache/order.py: publish sets every id
+//   section; the positions come from the order board (shadecache/lookahead/board.py: publish sets every id
 //   of the order, each batch boundary the ids just taken).
 // - Header::policy_weight is written only by Cache::set_policy_weight, mutex held, which rekeys
 //   every cached value. Scores change under the mutex too (update_scores, put with a score) and

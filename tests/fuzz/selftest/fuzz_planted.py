@@ -1,4 +1,4 @@
-"""A surface with planted defects, for the harness's own test (tests/test_fuzz_short.py):
+"""A surface with planted defects, for the harness's own test (tests/fuzz/test_fuzz_short.py):
 input byte 1 crashes, 2 hangs, 3 raises an exception outside the list, 4 allocates 1 GiB."""
 import ctypes
 import time

@@ -1,0 +1,436 @@
+"""The node cache: one shared-memory copy of cached samples for every process on a node.
+
+    cache = Cache.create("job42-train", num_samples=N, capacity_bytes=8 << 30, policy="importance")
+    cache = Cache.attach("job42-train")      # from any process; a Cache pickles by name
+
+Readers (get, get_many, get_into, contains) take no lock and call straight into the engine.
+Writers (put, put_many, update_scores, remove) take the segment's robust mutex with the GIL
+released. The creating process owns the segment: it is removed by unlink(), by leaving a
+`with Cache.create(...)` block, or when the creating process exits; `shadecache gc` removes the
+segments of creators that were killed. A cache created with persist=True outlives every process
+(warm restart): `Cache.create_or_attach` of a restarted job finds its values and scores, and
+`shadecache gc` leaves it alone unless asked (--persisted, or --keep-for AGE).
+
+capacity_bytes is what the cache holds of sample bytes. Give the sample sizes (`sizes=`, e.g. a
+packed store's `lengths`; `Cache.for_store` does) and the engine fits its size classes to them
+and sizes its memory so that capacity_bytes of samples fit: slot headers and page ends come on
+top (stats()["segment_bytes"] is the whole). Without sizes, capacity_bytes is the memory, headers
+included, and size classes are learned as values arrive.
+"""
+import atexit
+import math
+import os
+import time
+from typing import List, Optional
+
+import numpy as np
+
+from .. import _core
+from ..errors import FingerprintError
+
+# Policy name -> the number the engine stores; the engine defines the list (csrc/cache/policies/).
+POLICIES = {name: number for number, name in enumerate(_core.POLICIES) if name}
+# The largest value that fits a 1 MiB slab page next to its slot header. Larger values take runs
+# of whole pages (any size up to the cache's capacity); a larger max_item_bytes, or sizes with
+# larger samples, give larger pages (memory moves between size classes a page at a time), up to
+# pages of 8 MiB (LARGEST_PAGE_ITEM_BYTES) unless max_item_bytes asks for more.
+DEFAULT_MAX_ITEM_BYTES = (1 << 20) - _core.SLOT_HEADER_SIZE
+LARGEST_PAGE_ITEM_BYTES = (8 << 20) - _core.SLOT_HEADER_SIZE
+
+
+def _page_item_bytes(max_item_bytes, sizes) -> int:
+    """The largest value a slab page must hold (it sets the page size): max_item_bytes when the
+    user gave one, else the largest of `sizes` within [DEFAULT_MAX_ITEM_BYTES, LARGEST_PAGE_ITEM_BYTES]."""
+    if max_item_bytes is not None:
+        return _check_int("max_item_bytes", max_item_bytes, 1)
+    largest = int(sizes.max()) if sizes.size else 0
+    return max(DEFAULT_MAX_ITEM_BYTES, min(largest, LARGEST_PAGE_ITEM_BYTES))
+
+# Segments created by this process, unlinked at interpreter exit (in the creating pid only: a
+# forked DataLoader worker inherits this set and must not remove its parent's cache).
+_OWNED = {}
+
+
+def _unlink_owned_at_exit():
+    for name, pid in list(_OWNED.items()):
+        if pid == os.getpid():
+            try:
+                _core.CacheCore.unlink(name)
+            except OSError:
+                pass
+
+
+atexit.register(_unlink_owned_at_exit)
+
+
+def _check_int(name, value, minimum=0):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+class Cache:
+    """A named sample cache in POSIX shared memory, keyed by dense ids 0..num_samples-1.
+
+    get(i) -> bytes | None           a copy of sample i, None on a miss
+    get_many(ids) -> list            one native call for a batch
+    get_into(i, buf) -> int          copy into a writable buffer; the length, or -1 on a miss
+    view(i) -> SampleView | None     zero copy: a read-only buffer into the cache, pinned (no
+                                     process frees, rewrites or moves those bytes) until released
+    contains(i) -> bool
+    put(i, data, score=None) -> bool False when admission refuses it
+    put_many(ids, values, scores=None) -> np.ndarray[bool]
+    update_scores(ids, scores)       one lock per call
+    set_next_use(ids, positions)     clairvoyant policy: next read position of each id (-1 none)
+    remove(i) -> bool
+    """
+
+    # A process may hold this many views of one cache at once, and this many processes may hold
+    # views of one cache at once (the pin table in the segment has that many records).
+    MAX_VIEWS_PER_PROCESS = _core.MAX_VIEWS_PER_PROCESS
+    MAX_VIEW_PROCESSES = _core.MAX_VIEW_PROCESSES
+
+    def __init__(self, core, owner: bool):
+        self._core = core
+        self.name = core.name
+        self.num_samples = core.num_samples
+        self._creator_pid = os.getpid() if owner else None
+        # The hot paths are the engine's own methods: no Python frame between the caller and C++.
+        self.get = _core.fast_get(core)  # same as core.get, minus pybind11's dispatch
+        self.get_many = core.get_many
+        self.get_into = core.get_into
+        self.view = _core.fast_view(core)  # same as core.view, minus pybind11's dispatch
+        self.contains = core.contains
+        self.put = core.put
+        self.put_many = core.put_many
+        self.remove = core.remove
+        self.cached_mask = core.cached_mask
+        self.scores = core.scores
+        self.check = core.check
+        self.set_next_use = core.set_next_use
+
+    # ---- construction ------------------------------------------------------------------------
+    @classmethod
+    def create(cls, name: str, num_samples: int, capacity_bytes: int, policy: str = "importance",
+               max_item_bytes: Optional[int] = None, sizes=None, persist: bool = False,
+               fingerprint: Optional[str] = None, blend: Optional[float] = None) -> "Cache":
+        """Creates the cache `name` on this node. FileExistsError if the name is taken,
+        sc.CapacityError if /dev/shm cannot hold it.
+
+        sizes        sample sizes in bytes (all of them, or a sample of them): capacity_bytes then
+                     means bytes of samples, and size classes are fitted to these sizes.
+        max_item_bytes  an optional limit: the largest value accepted (default: any value the cache
+                     can hold, up to capacity_bytes). It also sizes the slab pages; values larger
+                     than a page take a run of whole pages.
+        persist      keep the segment (values and scores) after every process has exited.
+        fingerprint  names the data set (a store's `fingerprint`); attach(fingerprint=) and
+                     create_or_attach refuse a cache of another one.
+        blend        clairvoyant only (default 0): how many read positions one point of
+                     importance score is worth (see `policy_weight`)."""
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, got {type(name).__name__}")
+        num_samples = _check_int("num_samples", num_samples, 1)
+        capacity_bytes = _check_int("capacity_bytes", capacity_bytes, 1)
+        sizes = _check_sizes(sizes)
+        page_item_bytes = _page_item_bytes(max_item_bytes, sizes)
+        if policy not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r}; choose one of {sorted(POLICIES)}")
+        if not isinstance(persist, bool):
+            raise TypeError(f"persist must be a bool, got {type(persist).__name__}")
+        if blend is not None and policy != "clairvoyant":
+            raise ValueError(f"blend is a setting of the clairvoyant policy, not of {policy!r}")
+        fingerprint = _check_fingerprint(fingerprint)
+        core = _core.CacheCore.create(name, num_samples, capacity_bytes, page_item_bytes, POLICIES[policy],
+                                      sizes, persist, fingerprint or "",
+                                      0 if max_item_bytes is None else page_item_bytes)
+        if not persist:
+            _OWNED[name] = os.getpid()
+        cache = cls(core, owner=not persist)
+        if blend is not None:
+            try:
+                cache.policy_weight = blend
+            except BaseException:
+                cache.close()
+                cache.unlink()
+                raise
+        return cache
+
+    @classmethod
+    def attach(cls, name: str, fingerprint: Optional[str] = None) -> "Cache":
+        """Attaches to the cache `name` created by another process. FileNotFoundError if none;
+        sc.FingerprintError when `fingerprint` is given and the cache holds another data set."""
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, got {type(name).__name__}")
+        fingerprint = _check_fingerprint(fingerprint)
+        cache = cls(_core.CacheCore.attach(name), owner=False)
+        if fingerprint is not None and cache.fingerprint != fingerprint:
+            found = cache.fingerprint or "none"
+            cache.close()
+            raise FingerprintError(f"cache {name!r} holds samples of data set {found}, not {fingerprint}: "
+                                   f"another data set or another version of it; remove it with "
+                                   f"`shadecache rm {name}` or use another name")
+        return cache
+
+    @classmethod
+    def create_or_attach(cls, name: str, num_samples: int, capacity_bytes: int, **kw) -> "Cache":
+        """The cache `name`: attached when it exists (a persisted cache a restarted job finds
+        warm), created with these arguments otherwise. An existing cache must hold the same
+        data set (`fingerprint`, when given) and num_samples, else sc.FingerprintError."""
+        for _ in range(3):
+            try:
+                cache = cls.attach(name, fingerprint=kw.get("fingerprint"))
+            except FileNotFoundError:
+                try:
+                    return cls.create(name, num_samples, capacity_bytes, **kw)
+                except FileExistsError:
+                    continue  # another process created it meanwhile: attach to that one
+            if cache.num_samples != num_samples:
+                cache.close()
+                raise FingerprintError(f"cache {name!r} holds {cache.num_samples} sample ids, not {num_samples}")
+            return cache
+        raise FileExistsError(f"cache {name!r} appeared and vanished three times while attaching")
+
+    @classmethod
+    def for_store(cls, name: str, store, capacity_bytes: int, attach: bool = True, **kw) -> "Cache":
+        """A cache for the samples of `store` (a PackedStore): num_samples, the sample sizes and
+        the fingerprint come from the store. attach=True: a cache of that name is attached if it
+        exists (refused when it holds another data set)."""
+        kw.setdefault("sizes", store.lengths)
+        kw.setdefault("fingerprint", store.fingerprint)
+        make = cls.create_or_attach if attach else cls.create
+        return make(name, len(store), capacity_bytes, **kw)
+
+    @staticmethod
+    def capacity_for(num_items: int, sizes) -> int:
+        """capacity_bytes that holds `num_items` samples whose sizes are distributed as `sizes`
+        (every sample's size, e.g. a store's `lengths`, or a sample of them): num_items times
+        their mean, for a cache created with the same sizes. stats()["segment_bytes"] (or
+        Cache.memory_for) says the memory that takes."""
+        num_items = _check_int("num_items", num_items, 0)
+        sizes = _check_sizes(sizes)
+        if sizes.size == 0:
+            raise ValueError("sizes is empty: give the sizes of the samples to hold")
+        return max(1, int(math.ceil(num_items * float(sizes.mean()))))
+
+    @staticmethod
+    def memory_for(num_samples: int, capacity_bytes: int, sizes=None, policy: str = "importance",
+                   max_item_bytes: Optional[int] = None) -> int:
+        """Bytes of shared memory a cache created with these arguments takes (segment_bytes)."""
+        sizes = _check_sizes(sizes)
+        page_item_bytes = _page_item_bytes(max_item_bytes, sizes)
+        if policy not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r}; choose one of {sorted(POLICIES)}")
+        return _core.CacheCore.segment_bytes(_check_int("num_samples", num_samples, 1),
+                                             _check_int("capacity_bytes", capacity_bytes, 1),
+                                             page_item_bytes, POLICIES[policy], sizes)
+
+    def __reduce__(self):
+        # Spawned DataLoader workers and other processes get the cache by name, never by value.
+        return (Cache.attach, (self.name,))
+
+    # ---- writers with argument shaping -------------------------------------------------------
+    def update_scores(self, ids, scores) -> None:
+        """Sets the importance of every id in `ids` (cached or not) under one lock."""
+        if hasattr(ids, "detach"):  # a torch tensor: avoid importing torch here
+            ids = ids.detach().cpu().numpy()
+        if hasattr(scores, "detach"):
+            scores = scores.detach().cpu().numpy()
+        self._core.update_scores(ids, scores)
+
+    # ---- introspection ----------------------------------------------------------------------
+    @property
+    def policy(self) -> str:
+        return self._core.policy
+
+    @property
+    def keys_on_next_use(self) -> bool:
+        """Whether the policy keys on next use (clairvoyant): set_next_use matters."""
+        return self._core.keys_on_next_use
+
+    @property
+    def policy_weight(self) -> float:
+        """The clairvoyant blend: a value read next at position P has the key
+        2^40 - P + policy_weight * score (0 by default: pure next use). Setting it rekeys every
+        cached value (one lock); ValueError under any other policy or for a negative weight."""
+        return self._core.policy_weight
+
+    @policy_weight.setter
+    def policy_weight(self, w: float) -> None:
+        if isinstance(w, bool) or not isinstance(w, (int, float, np.integer, np.floating)):
+            raise TypeError(f"policy_weight must be a number, got {type(w).__name__}")
+        self._core.policy_weight = float(w)
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self._core.capacity_bytes
+
+    @property
+    def max_item_bytes(self) -> int:
+        return self._core.max_item_bytes
+
+    @property
+    def persist(self) -> bool:
+        """True when the segment outlives every process (created with persist=True)."""
+        return self._core.persist
+
+    @property
+    def fingerprint(self) -> str:
+        """The data set the cache was created for ("" when not named)."""
+        return self._core.fingerprint
+
+    @property
+    def last_attach(self) -> float:
+        """Unix time of the latest create or attach."""
+        return self._core.last_attach_unix_ns / 1e9
+
+    @property
+    def closed(self) -> bool:
+        return self._core.closed
+
+    def stats(self) -> dict:
+        """Counters and sizes: hits, misses, hit_ratio, inserts, evictions, rejected, items,
+        bytes_used, capacity_bytes, page_moves, recoveries, ... (docs/cache.md lists them all).
+        With a peer server serving this cache, "tiers": what it publishes (peer/status.py): GETs
+        served from the cache, the SSD tier and the store, bytes, mean latency, the SSD tier's
+        counters and the peers."""
+        s = self._core.stats()
+        from ..peer import status as tier_status
+        tiers = tier_status.read(self.name)
+        if tiers is not None:
+            s["tiers"] = tiers
+        return s
+
+    def huge_pages(self) -> dict:
+        """Whether this cache's shared memory is on huge pages (a large random-read cache is
+        ~10-25% faster on them; docs/shared_memory.md, "Huge pages"): the mode /dev/shm gives new
+        segments ("never", "within_size", ...), whether that means huge pages, and how much of
+        this process's mapping is resident and how much of that huge-page mapped (read from /proc;
+        a few milliseconds, so not part of stats())."""
+        from . import huge_pages
+        self._core.stats()   # raises sc.ClosedError on a closed cache, as every call does
+        return huge_pages.report(_core.CacheCore.path(self.name))
+
+    def __len__(self) -> int:
+        return self._core.stats()["items"]
+
+    def __repr__(self) -> str:
+        if self.closed:
+            return f"<shadecache.Cache {self.name!r} closed>"
+        s = self.stats()
+        return (f"<shadecache.Cache {self.name!r} policy={s['policy']} items={s['items']} "
+                f"bytes_used={s['bytes_used']}/{s['capacity_bytes']}>")
+
+    # ---- lifetime ---------------------------------------------------------------------------
+    def close(self) -> None:
+        """Later calls raise sc.ClosedError. The segment is unmapped in this process now, or,
+        while views of it are held or other threads are inside calls, when the last of those ends."""
+        self._core.close()
+
+    def unlink(self) -> None:
+        """Removes the segment's name; processes that have it mapped keep using it until they close."""
+        _core.CacheCore.unlink(self.name)
+        _OWNED.pop(self.name, None)
+
+    def __enter__(self) -> "Cache":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+        if self._creator_pid == os.getpid():
+            self.unlink()
+
+
+def _check_sizes(sizes) -> np.ndarray:
+    """Sample sizes as a uint64 array (empty for None); TypeError / ValueError for anything else."""
+    if sizes is None:
+        return np.zeros(0, dtype=np.uint64)
+    a = np.asarray(sizes)
+    if a.dtype == object or not (np.issubdtype(a.dtype, np.integer) or a.size == 0):
+        raise TypeError(f"sizes must be integers (bytes per sample), got an array of {a.dtype}")
+    if a.ndim != 1:
+        raise ValueError(f"sizes must be one-dimensional, got shape {a.shape}")
+    if a.size and int(a.min()) < 0:
+        raise ValueError(f"sizes must be >= 0, got {int(a.min())}")
+    return np.ascontiguousarray(a, dtype=np.uint64)
+
+
+def _check_fingerprint(fingerprint) -> Optional[str]:
+    if fingerprint is not None and not isinstance(fingerprint, str):
+        raise TypeError(f"fingerprint must be a str, got {type(fingerprint).__name__}")
+    if fingerprint is not None and "\0" in fingerprint:
+        # the segment stores it as a C string: "ab\0cd" would be kept, and matched, as "ab"
+        raise ValueError("fingerprint may not contain a NUL byte")
+    return fingerprint
+
+
+def list_caches() -> List[str]:
+    """Names of the shadecache segments on this node."""
+    return sorted(_core.CacheCore.list())
+
+
+def remove(name: str) -> bool:
+    """Removes segment `name`; False if it did not exist."""
+    _OWNED.pop(name, None)
+    return _core.CacheCore.unlink(name)
+
+
+def creator_alive(name: str) -> Optional[bool]:
+    """Whether the process that created `name` still runs (pid and start time both match, and it
+    has not exited).
+    None if the segment vanished or is not readable."""
+    try:
+        info = _core.CacheCore.read_creator(name)
+    except (OSError, ValueError):
+        return None
+    if info is None:
+        return None
+    pid, start = info
+    # An exited creator that its parent has not waited for yet (a zombie) maps nothing: gone.
+    return start != 0 and not _core.process_gone(pid, start)
+
+
+def describe(name: str) -> dict:
+    """What `shadecache ls` shows of cache `name`, read without counting as an attach."""
+    core = _core.CacheCore.attach(name, touch=False)
+    try:
+        d = core.stats()
+        d.update(persist=core.persist, fingerprint=core.fingerprint,
+                 last_attach=core.last_attach_unix_ns / 1e9, created=core.created_unix_ns / 1e9)
+        return d
+    finally:
+        core.close()
+
+
+def gc(persisted: bool = False, keep_for: Optional[float] = None) -> List[str]:
+    """Removes every segment whose creator is gone; returns the names removed. A persisted cache
+    is kept unless `persisted` is True, or `keep_for` (seconds) is given and it was last attached
+    longer ago than that."""
+    removed = []
+    now = time.time()
+    for name in list_caches():
+        if creator_alive(name) is not False:
+            continue
+        try:
+            info = describe(name)
+        except Exception:  # a foreign or half-made segment: its creator is gone, remove it
+            info = {"persist": False}
+        if info["persist"] and not persisted and not (keep_for is not None and now - info["last_attach"] > keep_for):
+            continue
+        if remove(name):
+            removed.append(name)
+    # What a killed job leaves beside its segments: order boards of caches that no longer exist
+    # and the tier status files of peer servers that are gone.
+    from ..lookahead import board as order
+    from ..peer import status as tier_status
+    caches = set(list_caches())
+    for entry in os.listdir(order.SHM_DIR):
+        if entry.startswith(order.PREFIX) and entry[len(order.PREFIX):] not in caches:
+            try:
+                os.unlink(os.path.join(order.SHM_DIR, entry))
+                removed.append(entry)
+            except FileNotFoundError:
+                pass
+    removed.extend(os.path.basename(p) for p in tier_status.sweep())
+    return removed

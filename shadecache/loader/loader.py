@@ -1,0 +1,668 @@
+"""CachedLoader: batches assembled in the training process, straight out of the shared-memory cache.
+
+A DataLoader with worker processes pays, for every sample, a pickle in the worker, a pipe and an
+unpickle in the training process: with small samples that hand-over, not the cache, is the limit.
+The cache is shared memory that any process reads without a lock, so the training process can
+assemble a cached batch itself:
+
+    loader = sc.CachedLoader(ds, batch_size=256, sampler=sampler, num_workers=2)
+    for x, y, idx in loader:      # x: (B, S) uint8 tensor, y: labels, idx: sample ids
+        ...
+
+How one batch is made (on one of `num_workers` threads of this process, `prefetch_batches` ahead;
+num_workers=0 makes it in the iterating thread):
+  1. the sampler's next B ids (the sampler is iterated in the iterating thread only);
+  2. hits: one native call (_core.gather_rows / gather_flat) copies every cached value into the
+     batch's buffer with the GIL released: a (B, S) tensor when every sample of the store has the
+     same size S, else one flat tensor plus offsets (RaggedBatch). No Python object per sample;
+  3. misses: CachedDataset.fetch_missing (the tiers below the cache, one batch each, then admission
+     into the cache, exactly as a DataLoader worker does), copied into their rows;
+  4. labels gathered from the store's label array (fixed sizes: in the same native call);
+     `batch_transform(x)` (vectorized, on the whole batch) if given.
+Fixed-size raw batches of a sampler that cannot follow the training steps (see _group_batches) are
+gathered several per native call (up to 8192 samples / 2 MiB) and handed out as views of one
+tensor; the call stops at the first batch with a miss, so that batch's misses are admitted when it
+is due, as batch by batch. Their buffers are reused once no batch made in them is alive anywhere
+in the process (_Buffers): a batch the caller keeps is never overwritten, and nothing has to be
+copied or released by the caller.
+When the data set has its own `decode` or `transform`, or `collate` is given, a batch is instead
+`collate(dataset.__getitems__(ids))` (torch's default_collate when collate is None): the same
+items a DataLoader would build, made on the loader's threads (a transform that releases the GIL
+runs in parallel there; a Python-heavy one is bound by the GIL).
+
+Batches are the ones DataLoader(dataset, batch_size, sampler, drop_last) yields, in the same order,
+with the same bytes, labels and ids. Errors raised while making a batch (a transform's, a corrupt
+sample's) are raised by the iterator when that batch is due, as the original exception object.
+Threads are named "shadecache-loader-*" and stop when the iteration ends, breaks, raises, or its
+iterator is garbage collected.
+"""
+import itertools
+import math
+import queue
+import sys
+import threading
+import time
+import warnings
+
+import numpy as np
+import torch
+from torch.utils.data import DistributedSampler, RandomSampler, SequentialSampler
+from torch.utils.data._utils.collate import default_collate
+
+from .. import _core
+from .dataset import CachedDataset, _default_decode
+
+_THREAD_PREFIX = "shadecache-loader"
+_STOP = None  # the job that tells an assembly thread to end
+_warned_pin = False
+_GROUP_SAMPLES = 8192        # see CachedLoader._group_batches
+_GROUP_BYTES = 2 << 20       # 3 KB: 2 batches of 256 per call (4 MiB groups: slower in 3 of 3 runs)
+_POOL_BYTES = 32 << 20       # output buffers a loader keeps for reuse (_Buffers), at most
+_STATELESS_SAMPLERS = (RandomSampler, SequentialSampler, DistributedSampler)
+_SEQUENCES = (list, tuple, range, np.ndarray, torch.Tensor)   # see _as_id_array
+
+
+class RaggedBatch:
+    """A batch of variable-size samples: `data` (uint8, every sample back to back) and `offsets`
+    (int64, B + 1 entries): sample i is data[offsets[i]:offsets[i + 1]]."""
+
+    __slots__ = ("data", "offsets")
+
+    def __init__(self, data: torch.Tensor, offsets: torch.Tensor):
+        self.data = data
+        self.offsets = offsets
+
+    def __len__(self):
+        return self.offsets.numel() - 1
+
+    def __getitem__(self, i):
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"sample {i} out of range for a batch of {len(self)}")
+        i %= len(self)
+        return self.data[int(self.offsets[i]):int(self.offsets[i + 1])]
+
+    def tolist(self) -> list:
+        """One uint8 tensor (a view into `data`) per sample."""
+        o = self.offsets.tolist()
+        return [self.data[o[i]:o[i + 1]] for i in range(len(o) - 1)]
+
+    def pin_memory(self) -> "RaggedBatch":
+        return RaggedBatch(self.data.pin_memory(), self.offsets.pin_memory())
+
+    def __repr__(self):
+        return f"RaggedBatch({len(self)} samples, {self.data.numel()} bytes)"
+
+
+def _check_count(name, value, minimum):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _can_pin() -> bool:
+    """True when pinned host memory exists here (a CUDA device); else warns once and says False."""
+    global _warned_pin
+    if torch.cuda.is_available():
+        return True
+    if not _warned_pin:
+        _warned_pin = True
+        warnings.warn("CachedLoader: pin_memory=True but no CUDA device is available; batches are "
+                      "assembled in ordinary (pageable) memory", RuntimeWarning, stacklevel=3)
+    return False
+
+
+class CachedLoader:
+    """An iterable of (x, y, idx) batches of a CachedDataset, assembled in this process.
+
+    dataset           a sc.CachedDataset (its cache, store, decode, transform and counters are used)
+    batch_size        samples per batch
+    sampler           any torch Sampler (ShadeSampler, DistributedSampler, ...); None: a
+                      SequentialSampler, or a RandomSampler(generator=generator) when shuffle=True
+    num_workers       assembly threads in this process (0: in the iterating thread)
+    collate           None: x is a (B, S) uint8 tensor (fixed-size samples) or a RaggedBatch, or
+                      default_collate of the items when the data set decodes or transforms; a
+                      callable: collate(list of (sample, target, index)), as DataLoader's collate_fn
+    batch_transform   x -> x on the whole batch tensor, run on the assembly thread (vectorized
+                      torch ops release the GIL, so batches transform in parallel)
+    pin_memory        assemble into pinned memory (with a CUDA device; on a machine without one the
+                      option is accepted, warned about once, and batches stay in pageable memory)
+    prefetch_batches  batches in flight ahead of the one the caller holds (at least num_workers
+                      calls; a call gathers a whole group of batches when they are grouped)
+    drop_last         drop the last incomplete batch
+    process_workers   > 0: batches made per sample (the data set's decode/transform, or collate)
+                      are made in that many worker processes (a Python-heavy transform is bound by
+                      the GIL on threads); only the collated batch comes back, through shared
+                      memory. Ignored for raw batches (nothing per sample runs). Errors, shutdown
+                      and multiprocessing_context are those of torch's DataLoader workers.
+
+    len(loader) is the number of batches per epoch. set_epoch(e) calls the sampler's. For resume:
+    state_dict() / load_state_dict(); a sampler with its own state_dict (ShadeSampler) resumes
+    itself, for any other the loader skips the batches already delivered in this epoch (the
+    sampler must produce the same order again: same seed, same epoch).
+    """
+
+    def __init__(self, dataset, batch_size: int = 1, sampler=None, shuffle: bool = False,
+                 num_workers: int = 2, collate=None, batch_transform=None, pin_memory: bool = False,
+                 prefetch_batches: int = 2, drop_last: bool = False, generator=None,
+                 process_workers: int = 0, multiprocessing_context=None):
+        if not isinstance(dataset, CachedDataset):
+            raise TypeError(f"CachedLoader needs a shadecache.CachedDataset, got {type(dataset).__name__}")
+        self.dataset = dataset
+        self.batch_size = _check_count("batch_size", batch_size, 1)
+        self.num_workers = _check_count("num_workers", num_workers, 0)
+        self.prefetch_batches = _check_count("prefetch_batches", prefetch_batches, 1)
+        self.process_workers = _check_count("process_workers", process_workers, 0)
+        self.multiprocessing_context = multiprocessing_context
+        if sampler is not None and shuffle:
+            raise ValueError("CachedLoader: give a sampler or shuffle=True, not both")
+        if sampler is None:
+            sampler = (RandomSampler(dataset, generator=generator) if shuffle
+                       else SequentialSampler(dataset))
+        self.sampler = sampler
+        for name, fn in (("collate", collate), ("batch_transform", batch_transform)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
+        self.collate = collate
+        self.batch_transform = batch_transform
+        self.pin_memory = bool(pin_memory)
+        self.drop_last = bool(drop_last)
+        # Raw batches (bytes straight into a tensor) when nothing per sample has to run.
+        self._raw = (collate is None and dataset.transform is None
+                     and dataset.decode is _default_decode)
+        self._row_bytes = self._fixed_size(dataset.store)
+        self._len_hint = self._row_bytes or 0
+        self._labels = self._labels_of = None
+        self._refresh_labels()
+        self._buffers = self._new_buffers()
+        self._delivered = 0   # batches of the current epoch handed to the caller
+        self._skip = 0        # batches to skip at the start of the next iteration (resume)
+
+    def _refresh_labels(self) -> None:
+        """The store's label array, narrowed (_narrow), for gather_rows to gather with the bytes;
+        None when the store has no such array. Done again at every iteration, as the DataLoader
+        reads the labels afresh: a store whose labels change between epochs (in place, or a new
+        array) gets the new ones. Only the same read-only array (a PackedStore's, fixed for the
+        store's life) keeps its narrowed copy without another pass over it."""
+        labels = getattr(self.dataset.store, "labels", None)
+        if not (isinstance(labels, np.ndarray) and labels.shape == (len(self.dataset),)
+                and labels.dtype.kind in "iu"):
+            self._labels = self._labels_of = None
+        elif labels is not self._labels_of or labels.flags.writeable:
+            self._labels, self._labels_of = _narrow(labels), labels
+
+    @staticmethod
+    def _fixed_size(store):
+        """S when every sample of the store has S bytes (S > 0), else None (variable sizes)."""
+        lengths = getattr(store, "lengths", None)
+        if not isinstance(lengths, np.ndarray) or lengths.size == 0:
+            return None
+        lo, hi = int(lengths.min()), int(lengths.max())
+        return lo if lo == hi and lo > 0 else None
+
+    # ---- DataLoader habits -------------------------------------------------------------------
+    def __len__(self):
+        n = len(self.sampler)
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+    def state_dict(self) -> dict:
+        state = {"batches_delivered": self._delivered}
+        if hasattr(self.sampler, "state_dict"):
+            state["sampler"] = self.sampler.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        if "sampler" in state:
+            if not hasattr(self.sampler, "load_state_dict"):
+                raise ValueError("CachedLoader state holds a sampler state, but this loader's "
+                                 f"sampler ({type(self.sampler).__name__}) cannot load one")
+            self.sampler.load_state_dict(state["sampler"])
+            self._skip = 0   # the sampler resumes itself
+        else:
+            self._skip = _check_count("batches_delivered", state["batches_delivered"], 0)
+        self._delivered = int(state["batches_delivered"])
+
+    # ---- iteration ---------------------------------------------------------------------------
+    def _id_groups(self, k: int = 1):
+        """The sampler's ids in groups of k batches (int64 arrays of up to k * batch_size ids,
+        consecutive batches of batch_size; only the epoch's last batch can be short, and it ends
+        the last group), after skipping a resumed epoch's batches."""
+        skip, self._skip = self._skip, 0
+        if not skip:
+            self._delivered = 0
+        b = self.batch_size
+        g = k * b
+        order = _as_id_array(self.sampler)
+        if order is not None:    # a plain sequence of ids: sliced, not iterated id by id
+            start = min(skip * b, order.size)
+            end = start + (order.size - start) // b * b if self.drop_last else order.size
+            for a in range(start, end, g):
+                yield order[a:min(a + g, end)]
+            return
+        it = iter(self.sampler)
+        if skip:
+            for _ in itertools.islice(it, skip * b):
+                pass
+        while True:
+            ids = np.fromiter(itertools.islice(it, g), dtype=np.int64)
+            if self.drop_last:
+                ids = ids[:ids.size // b * b]
+            if ids.size == 0:
+                return
+            yield ids
+            if ids.size < g:
+                return
+
+    def __iter__(self):
+        self.dataset._row()   # the counter row (and its lock) exist before any thread counts
+        if self.process_workers and not self._raw:
+            yield from self._iter_processes()
+            return
+        self._refresh_labels()
+        k = self._group_batches()
+        if self._buffers.rows != k * self.batch_size:   # the sampler was replaced since
+            self._buffers = self._new_buffers()
+        groups = self._id_groups(k)
+        if self.num_workers == 0:
+            for group in groups:
+                made, exc = self._make_group(group)
+                for batch in made:
+                    self._delivered += 1
+                    yield batch
+                if exc is not None:
+                    raise exc
+            self._delivered = 0
+            return
+        pool = _Threads(self._make_group, self.num_workers)
+        try:
+            submitted = taken = 0
+            for group in itertools.islice(groups, self._groups_ahead()):
+                pool.submit(submitted, group)
+                submitted += 1
+            while taken < submitted:
+                ok, value = pool.take(taken)
+                taken += 1
+                nxt = next(groups, None)   # keep the pipeline full before handing batches out
+                if nxt is not None:
+                    pool.submit(submitted, nxt)
+                    submitted += 1
+                if not ok:
+                    raise value
+                made, exc = value
+                for batch in made:
+                    self._delivered += 1
+                    yield batch
+                if exc is not None:
+                    raise exc
+            self._delivered = 0
+        finally:
+            pool.stop()
+
+    def _iter_processes(self):
+        """Batches made per sample (decode, transform, collate) in `process_workers` worker
+        processes: torch's DataLoader workers over this loader's batches of ids. A worker makes
+        the whole batch (ds.__getitems__ then collate) and only the collated tensors cross to this
+        process, as shared-memory storage (torch.multiprocessing), not a pickle per sample; errors
+        and shutdown are the DataLoader's own (its workers end when the iteration ends, breaks,
+        raises or is garbage collected)."""
+        from torch.utils.data import DataLoader
+        dl = DataLoader(self.dataset, batch_sampler=_IdBatches(self._id_groups, len(self)),
+                        num_workers=self.process_workers,
+                        collate_fn=self.collate or default_collate,
+                        pin_memory=self.pin_memory and _can_pin(),
+                        prefetch_factor=max(1, math.ceil(self.prefetch_batches / self.process_workers)),
+                        multiprocessing_context=self.multiprocessing_context)
+        it = iter(dl)
+        try:
+            for batch in it:
+                self._delivered += 1
+                yield batch
+            self._delivered = 0
+        finally:
+            it._shutdown_workers()   # now, not whenever a traceback lets go of the iterator
+            del it
+
+    def _group_batches(self) -> int:
+        """Batches assembled by one native call. Fixed-size raw batches of small samples are
+        gathered several at a time (up to _GROUP_SAMPLES samples, _GROUP_BYTES bytes) and handed out
+        as views, so that the per-call costs (sampler slice, tensor, label gather, counters) are
+        paid once per group: at 256 B a batch of 256 takes ~8 us to copy, less than those costs."""
+        if not self._raw or self._row_bytes is None:
+            return 1
+        # Only samplers whose order cannot depend on the training steps are read ahead on the
+        # iterating thread (num_workers=0 otherwise stays in step with a DataLoader's, batch by
+        # batch: a ShadeSampler's order and the cache's scores follow the losses reported).
+        if not isinstance(self.sampler, _STATELESS_SAMPLERS + _SEQUENCES):
+            return 1
+        per_batch = self.batch_size * self._row_bytes
+        return max(1, min(_GROUP_SAMPLES // self.batch_size, _GROUP_BYTES // per_batch))
+
+    def _new_buffers(self) -> "_Buffers":
+        """Output buffers of fixed-size raw batches, one group each, reused once no batch made in
+        them is alive: enough for the groups in flight, the group being handed out, and the
+        caller's batch of the one before it, within _POOL_BYTES (large batches are allocated per
+        call, as before: their page faults weigh less against their copy, and a pool of them
+        would hold hundreds of MiB after the epoch)."""
+        rows = self._group_batches() * self.batch_size
+        keep = (self._groups_ahead() if self.num_workers else 1) + 2
+        return _Buffers(rows, self._row_bytes or 0,
+                        min(keep, _POOL_BYTES // max(1, rows * (self._row_bytes or 0))))
+
+    def _groups_ahead(self) -> int:
+        """Groups in flight on the threads (num_workers > 0): prefetch_batches, at least one per thread."""
+        return max(math.ceil(self.prefetch_batches / self._group_batches()), self.num_workers)
+
+    # ---- one group of batches ------------------------------------------------------------------
+    def _make_group(self, ids: np.ndarray):
+        """(batches made, None) or (the batches before the failing one, its exception): a batch
+        that raises ends the group there, so the batches before it are still delivered."""
+        made = []
+        try:
+            if not self._raw or self._row_bytes is None:    # one batch per group
+                made.append(self._make(ids))
+                return made, None
+            b = self.batch_size
+            while ids.size:
+                # One gather for the group; it stops after the first batch with a miss (that
+                # batch's misses are admitted before the next batch is looked up, as batch by
+                # batch), and the batches not read are gathered again by the next turn.
+                x, y, idx = self._assemble(ids, block=b)
+                n = idx.numel()
+                ids = ids[n:]
+                if n == b:
+                    parts = ((x, y, idx),)
+                elif n % b == 0:   # a whole group: one C++ call per tensor makes its batches' views
+                    k = n // b
+                    parts = zip(x.view(k, b, -1).unbind(0), y.view(k, b).unbind(0),
+                                idx.view(k, b).unbind(0))
+                else:              # only the epoch's last batch can be short: the group's last
+                    parts = zip(x.split(b), y.split(b), idx.split(b))
+                if self.batch_transform is None:
+                    made.extend(parts)
+                else:
+                    for xb, yb, ib in parts:
+                        made.append((self.batch_transform(xb), yb, ib))
+        except Exception as exc:   # re-raised by the iterating thread after `made`
+            return made, exc
+        return made, None
+
+    # ---- one batch ---------------------------------------------------------------------------
+    def _make(self, ids: np.ndarray):
+        ds = self.dataset
+        if not self._raw:
+            items = ds.__getitems__(ids)
+            batch = (self.collate or default_collate)(items)
+            return self._pin(batch) if self.pin_memory else batch
+        x, y, idx = self._assemble(ids)
+        if self.batch_transform is not None:
+            x = self.batch_transform(x)
+        return x, y, idx
+
+    def _assemble(self, ids: np.ndarray, block: int = 0):
+        """(x, y, idx) of raw bytes (no transform) for the ids of one batch, or of a group of
+        batches of `block` ids (fixed sizes only): then only the batches up to the first one with
+        a miss, and idx says which."""
+        ds = self.dataset
+        pin = self.pin_memory and _can_pin()
+        if self._row_bytes is not None:
+            x, y, ids = self._rows(ids, pin, block)
+        else:
+            x = self._ragged(ids)
+            if pin:
+                x = x.pin_memory()
+            y = ds.labels_of(ids)
+        y = torch.from_numpy(y)
+        idx = torch.from_numpy(ids)
+        if pin:
+            y, idx = y.pin_memory(), idx.pin_memory()
+        return x, y, idx
+
+    def _rows(self, ids, pin, block=0):
+        """(x, labels, ids): x a (B, S) uint8 tensor, hits copied by one native call (which also
+        gathers the labels when the store has a label array), misses from fetch_missing. With
+        block > 0 (batches of `block` ids), only the batches up to the first with a miss: ids is
+        the prefix of the given ids they hold."""
+        ds = self.dataset
+        s = self._row_bytes
+        if pin:
+            x = torch.empty((ids.size, s), dtype=torch.uint8, pin_memory=True)
+            out = x.numpy()
+        else:
+            out = self._buffers.take(ids.size)
+            x = torch.from_numpy(out)
+        labels = self._labels   # once: another iteration of this loader may refresh it meanwhile
+        if ds.cache is not None:
+            y = np.empty(ids.size, dtype=np.int64) if labels is not None else None
+            lens = _core.gather_rows(ds.cache._core, ids, out, labels, y, block, True)  # checks ids
+            if lens is None:    # every id read, every one a hit of S bytes: the common case
+                if y is None:
+                    y = ds.labels_of(ids)
+                ds.count_batch(ids, ids.size, _all_hit)
+                return x, y, ids
+            if lens[-1] == -2:    # block: the batches after the first miss unread
+                done = int(np.argmax(lens == -2))
+                ids, lens, x, out = ids[:done], lens[:done], x[:done], out[:done]
+                y = None if y is None else y[:done]
+        else:
+            lens = np.full(ds.check_ids(ids).size, -1, dtype=np.int64)
+        if labels is None or ds.cache is None:
+            y = ds.labels_of(ids)
+        missed = wait_ns = 0
+        if np.count_nonzero(lens != s):
+            bad = np.flatnonzero((lens >= 0) & (lens != s))
+            if bad.size:
+                i = int(bad[0])
+                raise ValueError(f"sample id {int(ids[i])} is cached with {int(lens[i])} bytes, but "
+                                 f"every sample of the store has {s}")
+            pos = np.flatnonzero(lens < 0)
+            missed = pos.size
+            got, wait_ns = _fetch_missed(ds, ids[pos].tolist())
+            for p, i in zip(pos.tolist(), ids[pos].tolist()):
+                out[p] = np.frombuffer(got[i], dtype=np.uint8)
+        ds.count_batch(ids, ids.size - missed, lambda: lens >= 0, wait_ns)
+        return x, y, ids
+
+    def _ragged(self, ids):
+        """A RaggedBatch: hits copied back to back by one native call, misses spliced in."""
+        ds = self.dataset
+        if ds.cache is not None:
+            flat, lens = _core.gather_flat(ds.cache._core, ids, self._len_hint)   # checks every id
+        else:
+            flat = np.empty(0, dtype=np.uint8)
+            lens = np.full(ds.check_ids(ids).size, -1, dtype=np.int64)
+        missed = np.flatnonzero(lens < 0)
+        hit = lens >= 0            # before the misses' lengths are filled in below
+        wait_ns = 0
+        if missed.size:
+            got, wait_ns = _fetch_missed(ds, ids[missed].tolist())
+            hit_ends = np.cumsum(np.maximum(lens, 0))
+            pieces = []
+            for pos, (i, n) in enumerate(zip(ids.tolist(), lens.tolist())):
+                if n < 0:
+                    pieces.append(np.frombuffer(got[i], dtype=np.uint8))
+                    lens[pos] = len(got[i])
+                else:
+                    pieces.append(flat[hit_ends[pos] - n:hit_ends[pos]])
+            flat = np.concatenate(pieces) if pieces else flat
+        offsets = np.zeros(ids.size + 1, dtype=np.int64)
+        np.cumsum(lens, out=offsets[1:])
+        if ds.cache is not None and lens.size:
+            self._len_hint = int(offsets[-1]) // lens.size   # sizes the next batch's buffer once
+        ds.count_batch(ids, ids.size - missed.size, lambda: hit, wait_ns)
+        return RaggedBatch(torch.from_numpy(flat), torch.from_numpy(offsets))
+
+    def _pin(self, batch):
+        if not _can_pin():
+            return batch
+        from torch.utils.data._utils.pin_memory import pin_memory
+        return pin_memory(batch)
+
+
+def _narrow(labels: np.ndarray) -> np.ndarray:
+    """The labels in the narrowest signed integer type that holds them (gather_rows reads int8 to
+    int64 and returns int64): a million int8 labels (1 MiB) stay in the CPU caches while a batch's
+    values stream past them; as int64 (8 MiB) each label read would miss them."""
+    lo, hi = (int(labels.min()), int(labels.max())) if labels.size else (0, 0)
+    for t in (np.int8, np.int16, np.int32):
+        if np.iinfo(t).min <= lo and hi <= np.iinfo(t).max:
+            return np.ascontiguousarray(labels, dtype=t)
+    return np.ascontiguousarray(labels, dtype=np.int64)
+
+
+def _refcounts(arrays: list) -> list:
+    return [sys.getrefcount(a) for a in arrays]
+
+
+_IDLE_REFS = _refcounts([np.empty(0)])[0]   # an array that only the list given refers to
+
+
+class _Buffers:
+    """The (B, S) uint8 output buffers of fixed-size raw batches, reused without a contract for
+    the caller: a buffer is written again only when nothing refers to it but this pool.
+
+    A batch's tensor is torch.from_numpy of a buffer (or of a view of it), and its storage holds a
+    reference to the numpy buffer until the storage is freed, i.e. until the last tensor, view,
+    .numpy() array or C++ holder (autograd's saved tensors, a DataLoader queue) of it is gone. So
+    the buffer's reference count is _IDLE_REFS exactly when no batch made in it is alive anywhere
+    in this process, and a batch the caller keeps (in a list, across steps) is never overwritten:
+    the pool hands out another buffer, or a fresh one when its `keep` buffers are all in use
+    (that one is not kept). Reusing saves the page faults and the kernel's zeroing of a fresh
+    buffer per call (a fresh 64 KiB-2 MiB buffer cost about 2.5 us per 256-sample batch at 256 B,
+    a third of the copy), and the lowest idle buffer is taken first, so the same one or two are
+    written again while they are still in the CPU caches. The pool keeps at most `keep` buffers
+    of `rows` rows for the loader's life (keep x rows x S <= _POOL_BYTES). Under a lock:
+    the assembly threads share it (a reference is taken inside it, so a buffer found idle cannot
+    be handed out twice). Relies on CPython's reference counts (this package's interpreter).
+    One exception, torch's own: pickling a batch for another process (a torch.multiprocessing
+    Queue.put) moves its storage to shared memory and lets go of the buffer, so a .numpy() array
+    or DLPack export made of it before then still points at the buffer, which a later batch fills
+    (with torch.empty's memory it would point at freed memory); make such arrays after the put."""
+
+    def __init__(self, rows: int, row_bytes: int, keep: int):
+        self.rows = rows
+        self._shape = (rows, row_bytes)
+        self._keep = keep
+        self._bufs = []
+        self._lock = threading.Lock()
+
+    def __reduce__(self):
+        """Pickled (a loader sent to a spawned process) as an empty pool of the same shape: the
+        buffers are this process's memory, and a lock does not pickle."""
+        return _Buffers, (self._shape[0], self._shape[1], self._keep)
+
+    def take(self, n: int) -> np.ndarray:
+        """An (n, S) uint8 array that no live batch refers to (contents undefined)."""
+        if n > self._shape[0]:
+            return np.empty((n, self._shape[1]), dtype=np.uint8)
+        with self._lock:
+            refs = _refcounts(self._bufs)
+            if _IDLE_REFS in refs:
+                buf = self._bufs[refs.index(_IDLE_REFS)]
+            else:
+                buf = np.empty(self._shape, dtype=np.uint8)
+                if len(self._bufs) < self._keep:
+                    self._bufs.append(buf)
+        return buf if n == self._shape[0] else buf[:n]
+
+
+class _IdBatches:
+    """A loader's batches of ids (lists) as a DataLoader batch_sampler: iterated in this process
+    only, so resume (skip) and epoch bookkeeping stay the loader's."""
+
+    def __init__(self, batches, n):
+        self._batches = batches
+        self._n = n
+
+    def __iter__(self):
+        for ids in self._batches():
+            yield ids.tolist()
+
+    def __len__(self):
+        return self._n
+
+
+def _as_id_array(sampler):
+    """The sampler's order as an int64 array when it is a plain sequence of ids (list, tuple,
+    range, numpy array, tensor: iterating it gives exactly these ids, and it has no state to
+    advance), else None (the sampler is iterated id by id, as a DataLoader does)."""
+    if isinstance(sampler, torch.Tensor) and sampler.dim() == 1 and not sampler.is_floating_point():
+        return np.ascontiguousarray(sampler.cpu().numpy(), dtype=np.int64)
+    if isinstance(sampler, np.ndarray) and sampler.ndim == 1 and sampler.dtype.kind in "iu":
+        return np.ascontiguousarray(sampler, dtype=np.int64)
+    if isinstance(sampler, range):
+        return np.arange(sampler.start, sampler.stop, sampler.step, dtype=np.int64)
+    if isinstance(sampler, (list, tuple)):
+        try:
+            a = np.array(sampler)
+        except (ValueError, TypeError):
+            return None
+        if a.ndim == 1 and a.dtype.kind in "iu" and all(type(i) is int for i in sampler[:1]):
+            return a.astype(np.int64, copy=False)
+    return None
+
+
+def _all_hit():
+    """The hit mask of a batch whose ids all hit (CachedDataset.count_batch asks for it only when
+    a prefetch flag is set): True broadcasts over the ids."""
+    return True
+
+
+def _fetch_missed(ds, missed: list):
+    """({id: bytes}, ns waited) for the missed ids of a batch (an id may repeat): one call of the
+    data set's miss path (tiers, store, admission into the cache), as a DataLoader worker makes it."""
+    uniq = list(dict.fromkeys(missed))
+    t0 = time.perf_counter_ns()
+    values = ds.fetch_missing(uniq)
+    return dict(zip(uniq, values)), time.perf_counter_ns() - t0
+
+
+class _Threads:
+    """num_workers assembly threads. Batch k goes to thread k % W, and each thread makes its
+    batches in the order given, so batch k is the next result of thread k % W: results come back
+    in order with no per-batch bookkeeping. The threads hold the make function and their two
+    queues, never the iterator, so dropping the iterator runs its `finally` and stops them."""
+
+    def __init__(self, make, workers: int):
+        self._jobs = [queue.SimpleQueue() for _ in range(workers)]
+        self._results = [queue.SimpleQueue() for _ in range(workers)]
+        self._threads = []
+        for w in range(workers):
+            t = threading.Thread(target=_assemble_loop, args=(make, self._jobs[w], self._results[w]),
+                                 name=f"{_THREAD_PREFIX}-{w}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def submit(self, k: int, ids) -> None:
+        self._jobs[k % len(self._jobs)].put(ids)
+
+    def take(self, k: int):
+        """(True, batch) or (False, the exception that making batch k raised)."""
+        return self._results[k % len(self._results)].get()
+
+    def stop(self) -> None:
+        """Ends every thread after the batch it is making (batches not taken are dropped)."""
+        for q in self._jobs:
+            try:
+                while True:        # queued batches are not made
+                    q.get_nowait()
+            except queue.Empty:
+                pass
+            q.put(_STOP)
+        for t in self._threads:
+            t.join()
+
+
+def _assemble_loop(make, jobs, results):
+    while True:
+        ids = jobs.get()
+        if ids is _STOP:
+            return
+        try:
+            results.put((True, make(ids)))
+        except BaseException as exc:   # re-raised by the iterating thread when the batch is due
+            results.put((False, exc))

@@ -1,0 +1,669 @@
+"""The order board: each rank's upcoming sample order, published into the node's shared memory.
+
+ShadeSampler draws a whole epoch's order before the epoch starts. Publishing it lets the node's
+prefetcher (shadecache/lookahead/prefetcher.py) read the upcoming misses ahead of the DataLoader and lets the
+clairvoyant eviction policy keep what will be read soonest (Belady, NoPFS SC'21).
+
+One board per cache, a file `/dev/shm/shadecache-order.<cache name>` (mode 0600, removed by its
+creator; not a cache segment, so `shadecache ls` does not list it). It holds S streams, one per
+rank of the node (the stream of a rank is its LOCAL_RANK, else its rank, modulo S), each bounded
+to `capacity` entries: an order longer than that is published up to `capacity` (the prefetcher and
+the policy then see less of the future, nothing breaks).
+
+Positions. Entry k of the order a stream published for epoch e has the global position
+P = e * capacity + k. When the sampler already knows its next epoch's order (a uniform draw that
+the cache does not rearrange: ShadeSampler.next_epoch_order), the stream holds this epoch's order
+followed by as much of the next one as fits (`NEXT_EPOCH_ROOM` entries by default), so the window
+of the prefetcher and the next uses run on across the epoch boundary; when the next epoch is
+published its entries move to (e + 1) * capacity + k', later by the same amount for all of them,
+which keeps their order. Positions grow with time on every stream and are compared across the ranks of
+a node (DDP ranks step together), so "the next position at which any rank reads sample i" is the
+minimum over streams of that stream's next position of i.
+
+Layout (little-endian; all offsets fixed by the header so attach checks them):
+
+    header   4096 bytes   magic, version, streams, capacity, num_samples, creator pid,
+                          prefetcher pid + stop word, per-epoch prefetch counters
+    streams  S x 64 bytes seq, epoch, length, cursor (see the contract below)
+    ids      S x capacity int64    the published order of each stream
+    nxt      S x capacity int32    nxt[k]: the next k' > k with ids[k'] == ids[k] in the same stream
+                                   and epoch, or NONE
+    next_use S x N int32           the next k (>= cursor) at which this stream reads sample i in its
+                                   current epoch, or NONE
+    flags    N uint8               1 while sample i sits in the cache because the prefetcher brought
+                                   it and no read has used it yet
+
+Concurrency contract (single writer per stream; any number of readers; no lock):
+- The writer of stream s is the training process of that rank (through ShadeSampler's hook).
+  publish() is a seqlock write: seq += 1 (odd), a full fence, write ids/nxt/next_use/length/epoch,
+  a full fence, seq += 1 (even). A reader copies what it needs between two reads of seq and keeps
+  the copy only when both are equal and even, with a fence after the first read and before the
+  second (memory_fence(): std::atomic_thread_fence(seq_cst) in the native _io module), so the
+  contract holds on weakly ordered CPUs too, not only on x86-TSO.
+- The cursor (how many entries of the epoch the DataLoader has taken from the sampler) and the
+  next_use entries of consumed samples are single aligned 8/4-byte stores by the same writer,
+  outside the seqlock: a reader may see the old or the new value, both valid, never a torn one.
+  next_use entries only move later within an epoch, so a stale one errs on "needed sooner".
+- The per-epoch prefetch counters and the flags are written by the prefetcher (one per node); the
+  flags are also cleared by the processes that read a prefetched sample (a byte store; two readers
+  clearing the same flag at once may both count the prefetch hit, a rare overcount).
+- A process killed at any point leaves at most one stream with an odd seq: readers skip that
+  stream until its writer (or a successor) publishes again. Nothing in the cache depends on the
+  board, so a dead board writer can never make the cache inconsistent.
+"""
+from __future__ import annotations
+
+import atexit
+import heapq
+import mmap
+import os
+import struct
+import time
+import weakref
+from typing import Optional
+
+import numpy as np
+
+MAGIC = 0x3152454452_4F4353   # "SCORDER1"-ish tag; any other value is not a board
+VERSION = 1
+HEADER_BYTES = 4096
+STREAM_BYTES = 64
+MAX_STREAMS = 64
+NONE = np.iinfo(np.int32).max          # "no known next use" in nxt / next_use
+EPOCH_SLOTS = 32                       # per-epoch counter rows kept (epoch mod EPOCH_SLOTS)
+# Entries a stream keeps by default beyond an epoch's order: the head of the next epoch, when the
+# sampler knows it already (a uniform order the cache does not rearrange). Far more than any
+# lookahead window needs; 12 bytes each per stream.
+NEXT_EPOCH_ROOM = 65536
+COUNTERS = ("epoch", "prefetched", "prefetch_wasted", "prefetched_bytes", "reads_issued")
+_COUNTER_OFF = 128                     # header offset of the counter rows
+# The readers' per-epoch rows (CachedDataset in any process of the node adds to them with an
+# atomic add; the stream writer that publishes an epoch first zeroes its row): what the training
+# loop saw, per epoch. In the header's spare bytes (zeros in a board of an older writer).
+READER_COUNTERS = ("epoch", "samples", "hits", "prefetch_hits", "wait_ns")
+_READER_OFF = 2048
+SHM_DIR = "/dev/shm"
+PREFIX = "shadecache-order."
+
+# header words (int64 each) at these byte offsets
+_H_MAGIC, _H_VERSION, _H_STREAMS, _H_CAPACITY, _H_N, _H_CREATOR = 0, 8, 16, 24, 32, 40
+_H_PREFETCHER, _H_STOP = 48, 56
+# stream record words
+_S_SEQ, _S_EPOCH, _S_LENGTH, _S_CURSOR = 0, 1, 2, 3
+
+_OWNED: dict = {}   # board path -> creating pid, unlinked at interpreter exit by that pid only
+
+
+def _unlink_owned_at_exit():
+    for path, pid in list(_OWNED.items()):
+        if pid == os.getpid():
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+
+atexit.register(_unlink_owned_at_exit)
+
+
+def _fence():
+    # A full hardware fence around the seqlock's sequence word (see the module docstring).
+    from .. import _io
+    _io.memory_fence()
+
+
+def board_path(cache_name: str) -> str:
+    if not isinstance(cache_name, str) or not cache_name or "/" in cache_name:
+        raise ValueError(f"a board is named after its cache; bad cache name {cache_name!r}")
+    return os.path.join(SHM_DIR, PREFIX + cache_name)
+
+
+def _sizes(streams: int, capacity: int, n: int):
+    off_streams = HEADER_BYTES
+    off_ids = off_streams + MAX_STREAMS * STREAM_BYTES
+    off_nxt = off_ids + streams * capacity * 8
+    off_next = off_nxt + streams * capacity * 4
+    off_flags = off_next + streams * n * 4
+    total = off_flags + n
+    return off_ids, off_nxt, off_next, off_flags, total
+
+
+class OrderBoard:
+    """The published orders of the ranks of one node, for the cache `cache_name`.
+
+    OrderBoard.create(cache_name, num_samples, streams=1, capacity=None)   (capacity: entries per
+    stream, default num_samples + min(num_samples, NEXT_EPOCH_ROOM): an epoch and the head of the
+    next one); OrderBoard.attach(cache_name); publish(stream, epoch, order);
+    snapshot(stream) -> (epoch, ids, cursor) or None; next_use(ids) -> global positions;
+    set_cursor(stream, k). See the module docstring for the layout and the memory contract.
+    """
+
+    def __init__(self, path: str, fd: int, owner: bool):
+        self.path = path
+        try:
+            st = os.fstat(fd)
+            size = st.st_size
+            self._ident = (st.st_dev, st.st_ino)   # which file: board_for drops a board made again
+            if size < HEADER_BYTES:
+                raise ValueError(f"{path} is not an order board (only {size} bytes)")
+            self._mm = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        magic, version, streams, capacity, n = struct.unpack_from("<5q", self._mm, 0)
+        if magic != MAGIC:
+            self._mm.close()
+            raise ValueError(f"{path} is not an order board (bad magic)")
+        if version != VERSION:
+            from ..errors import LayoutVersionError
+            self._mm.close()
+            raise LayoutVersionError(f"{path}: order board layout {version}, this shadecache "
+                                     f"reads {VERSION}")
+        if not (1 <= streams <= MAX_STREAMS and capacity >= 1 and n >= 1):
+            self._mm.close()
+            raise ValueError(f"{path}: damaged order board header")
+        self.streams, self.capacity, self.num_samples = streams, capacity, n
+        off_ids, off_nxt, off_next, off_flags, total = _sizes(self.streams, self.capacity,
+                                                              self.num_samples)
+        if size != total:
+            self._mm.close()
+            raise ValueError(f"{path}: {size} bytes, its header describes {total}")
+        self._header = np.frombuffer(self._mm, dtype=np.int64, count=HEADER_BYTES // 8)
+        self._srec = np.frombuffer(self._mm, dtype=np.int64, count=MAX_STREAMS * STREAM_BYTES // 8,
+                                   offset=HEADER_BYTES).reshape(MAX_STREAMS, STREAM_BYTES // 8)
+        self._ids = np.frombuffer(self._mm, dtype=np.int64, count=self.streams * self.capacity,
+                                  offset=off_ids).reshape(self.streams, self.capacity)
+        self._nxt = np.frombuffer(self._mm, dtype=np.int32, count=self.streams * self.capacity,
+                                  offset=off_nxt).reshape(self.streams, self.capacity)
+        self._next = np.frombuffer(self._mm, dtype=np.int32, count=self.streams * self.num_samples,
+                                   offset=off_next).reshape(self.streams, self.num_samples)
+        self.flags = np.frombuffer(self._mm, dtype=np.uint8, count=self.num_samples, offset=off_flags)
+        self._counters = np.frombuffer(self._mm, dtype=np.int64, count=EPOCH_SLOTS * len(COUNTERS),
+                                       offset=_COUNTER_OFF).reshape(EPOCH_SLOTS, len(COUNTERS))
+        self._readers = np.frombuffer(self._mm, dtype=np.int64,
+                                      count=EPOCH_SLOTS * len(READER_COUNTERS),
+                                      offset=_READER_OFF)   # flat: _io.atomic_add indexes it
+        self._creator = os.getpid() if owner else None
+
+    # ---- lifetime ----------------------------------------------------------------------------
+    @classmethod
+    def create(cls, cache_name: str, num_samples: int, streams: int = 1,
+               capacity: Optional[int] = None) -> "OrderBoard":
+        """Creates the board of cache `cache_name`; FileExistsError if it exists."""
+        for what, v in (("num_samples", num_samples), ("streams", streams)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise TypeError(f"{what} must be an int, got {type(v).__name__}")
+        if num_samples < 1:
+            raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+        if not 1 <= streams <= MAX_STREAMS:
+            raise ValueError(f"streams must be in 1..{MAX_STREAMS}, got {streams}")
+        capacity = int(num_samples + min(int(num_samples), NEXT_EPOCH_ROOM) if capacity is None
+                       else capacity)
+        if not 1 <= capacity < NONE:
+            raise ValueError(f"capacity must be in 1..{NONE - 1}, got {capacity}")
+        path = board_path(cache_name)
+        *_, total = _sizes(int(streams), capacity, int(num_samples))
+        st = os.statvfs(SHM_DIR)
+        if total > st.f_bavail * st.f_frsize:
+            from ..errors import CapacityError
+            raise CapacityError(f"order board needs {total} bytes, {SHM_DIR} has "
+                                f"{st.f_bavail * st.f_frsize} free")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            os.ftruncate(fd, total)
+            os.posix_fallocate(fd, 0, total)   # a full tmpfs is an error now, not a SIGBUS later
+            hdr = struct.pack("<qqqqqq", 0, VERSION, streams, capacity, num_samples, os.getpid())
+            os.pwrite(fd, hdr, 0)
+            # next_use starts as NONE everywhere (no stream has published)
+            off_next = _sizes(int(streams), capacity, int(num_samples))[2]
+            os.pwrite(fd, np.full(int(streams) * int(num_samples), NONE, np.int32).tobytes(), off_next)
+            os.pwrite(fd, struct.pack("<q", MAGIC), 0)   # the magic last: a half-made board is refused
+        except BaseException:
+            os.close(fd)
+            os.unlink(path)
+            raise
+        _OWNED[path] = os.getpid()
+        return cls(path, fd, owner=True)
+
+    @classmethod
+    def attach(cls, cache_name: str) -> "OrderBoard":
+        path = board_path(cache_name)
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        return cls(path, fd, owner=False)
+
+    def close(self):
+        if self._mm is None:
+            return
+        for a in ("_header", "_srec", "_ids", "_nxt", "_next", "flags", "_counters", "_readers"):
+            setattr(self, a, None)
+        try:
+            self._mm.close()
+        except BufferError:
+            pass   # a caller still holds a view; the mapping goes with the last of them
+        self._mm = None
+
+    def unlink(self):
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        _OWNED.pop(self.path, None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        if self._creator == os.getpid():
+            self.unlink()
+
+    def __reduce__(self):
+        return (OrderBoard.attach, (os.path.basename(self.path)[len(PREFIX):],))
+
+    # ---- the writer side (one process per stream) --------------------------------------------
+    def _check_stream(self, stream: int) -> int:
+        if isinstance(stream, bool) or not isinstance(stream, (int, np.integer)):
+            raise TypeError(f"stream must be an int, got {type(stream).__name__}")
+        if not 0 <= stream < self.streams:
+            raise IndexError(f"stream {stream} is not in 0..{self.streams - 1}")
+        return int(stream)
+
+    def publish(self, stream: int, epoch: int, order) -> int:
+        """Publishes `order` (sample ids) as stream's order for `epoch`; returns how many entries
+        were published (at most `capacity`). The cursor goes back to 0."""
+        s = self._check_stream(stream)
+        ids = np.asarray(order)
+        if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
+            raise TypeError("order must be a 1-D array of integer sample ids")
+        ids = ids[:self.capacity].astype(np.int64, copy=False)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.num_samples):
+            bad = ids[(ids < 0) | (ids >= self.num_samples)][0]
+            raise IndexError(f"sample id {int(bad)} is out of range 0..{self.num_samples - 1}")
+        m = ids.size
+        k = np.arange(m, dtype=np.int64)
+        # next occurrence in the same order: sort by (id, position), link neighbours of equal id
+        srt = np.lexsort((k, ids))
+        nxt = np.full(m, NONE, dtype=np.int32)
+        same = ids[srt[1:]] == ids[srt[:-1]] if m > 1 else np.zeros(0, bool)
+        nxt[srt[:-1][same]] = srt[1:][same]
+        rec = self._srec[s]
+        # odd: readers keep away. A writer killed mid-publish left seq odd; adding 1 would make
+        # it even (readers would take the order being written), so go to the NEXT odd value.
+        seq = int(rec[_S_SEQ])
+        odd = seq + 1 if seq % 2 == 0 else seq + 2
+        rec[_S_SEQ] = odd
+        _fence()
+        self._ids[s, :m] = ids
+        self._nxt[s, :m] = nxt
+        row = self._next[s]
+        row[:] = NONE
+        row[ids[::-1]] = k[::-1].astype(np.int32)    # the last write per id wins: its first k
+        rec[_S_LENGTH] = m
+        rec[_S_EPOCH] = int(epoch)
+        rec[_S_CURSOR] = 0
+        _fence()
+        rec[_S_SEQ] = odd + 1         # even: a consistent order is up
+        # The readers' rows. A row is never zeroed while it can be counted into: other ranks may
+        # already count reads of this epoch (atomic adds) while this publish runs, so zeroing this
+        # epoch's row here lost their counts. Rows start at zero when the board is created; the
+        # row of the NEXT epoch is cleared (of the counts of EPOCH_SLOTS epochs ago) by the
+        # publishes of this epoch, before any rank can read in the next one (a rank publishes the
+        # next epoch only after this one, and then stamps it, which stops the clearing).
+        w = len(READER_COUNTERS)
+        e = int(epoch)
+        row = self._readers[(e % EPOCH_SLOTS) * w:(e % EPOCH_SLOTS + 1) * w]
+        if row[0] != e:
+            row[0] = e
+        nxt = self._readers[((e + 1) % EPOCH_SLOTS) * w:((e + 1) % EPOCH_SLOTS + 1) * w]
+        if nxt[0] != e + 1 and nxt[1:].any():
+            nxt[1:] = 0
+        return m
+
+    def published(self, stream: int) -> np.ndarray:
+        """A copy of the ids the stream shows now (the writer's own view: no seqlock needed by the
+        stream's one writer; empty before its first publish)."""
+        s = self._check_stream(stream)
+        if int(self._srec[s, _S_SEQ]) == 0:
+            return np.empty(0, dtype=np.int64)
+        return self._ids[s, :int(self._srec[s, _S_LENGTH])].copy()
+
+    def set_cursor(self, stream: int, k: int) -> None:
+        """The DataLoader has taken entries [0, k) of the stream's order (one aligned store)."""
+        self._srec[stream, _S_CURSOR] = k
+
+    def consumed(self, stream: int, first: int, last: int) -> np.ndarray:
+        """Entries [first, last) were taken: each of their samples' next use in this stream moves
+        to its following occurrence (or NONE). Returns those samples' ids."""
+        ids = self._ids[stream, first:last]
+        # in position order, so a sample taken twice in the range ends at its latest successor
+        self._next[stream][ids] = self._nxt[stream, first:last]
+        return ids
+
+    # ---- the reader side ---------------------------------------------------------------------
+    def snapshot(self, stream: int, window: Optional[int] = None):
+        """(epoch, ids from the cursor on (at most `window` of them), cursor), or None when the
+        stream has published nothing or is being written. A consistent copy (seqlock)."""
+        s = self._check_stream(stream)
+        rec = self._srec[s]
+        for _ in range(100):
+            seq = int(rec[_S_SEQ])
+            if seq == 0:
+                return None
+            if seq & 1:
+                time.sleep(0.0005)
+                continue
+            _fence()
+            epoch, length, cursor = int(rec[_S_EPOCH]), int(rec[_S_LENGTH]), int(rec[_S_CURSOR])
+            cursor = min(max(cursor, 0), length)
+            end = length if window is None else min(length, cursor + int(window))
+            ids = self._ids[s, cursor:end].copy()
+            _fence()
+            if int(rec[_S_SEQ]) == seq:
+                return epoch, ids, cursor
+        return None   # a writer died mid-publish (odd seq forever) or keeps rewriting
+
+    def next_use(self, ids) -> np.ndarray:
+        """Global position (epoch * capacity + k) of the next read of each id by any stream, or
+        -1 where no stream knows one. Benign races: see the module docstring."""
+        ids = np.asarray(ids, dtype=np.int64)
+        best = np.full(ids.size, np.iinfo(np.int64).max, dtype=np.int64)
+        for s in range(self.streams):
+            if int(self._srec[s, _S_SEQ]) == 0:
+                continue
+            k = self._next[s][ids].astype(np.int64)
+            pos = np.where(k == NONE, np.iinfo(np.int64).max,
+                           int(self._srec[s, _S_EPOCH]) * self.capacity + k)
+            np.minimum(best, pos, out=best)
+        best[best == np.iinfo(np.int64).max] = -1
+        return best
+
+    def stream_state(self, stream: int) -> dict:
+        rec = self._srec[self._check_stream(stream)]
+        return {"seq": int(rec[_S_SEQ]), "epoch": int(rec[_S_EPOCH]), "length": int(rec[_S_LENGTH]),
+                "cursor": int(rec[_S_CURSOR])}
+
+    # ---- prefetcher registration and counters ------------------------------------------------
+    @property
+    def prefetcher_pid(self) -> int:
+        return int(self._header[_H_PREFETCHER // 8])
+
+    def set_prefetcher(self, pid: int) -> None:
+        self._header[_H_PREFETCHER // 8] = int(pid)
+
+    @property
+    def stop_requested(self) -> bool:
+        return bool(self._header[_H_STOP // 8])
+
+    def request_stop(self, value: bool = True) -> None:
+        self._header[_H_STOP // 8] = int(bool(value))
+
+    def count(self, epoch: int, **deltas) -> None:
+        """Adds to epoch's counters (prefetcher only: the single writer of the counter rows)."""
+        row = self._counters[int(epoch) % EPOCH_SLOTS]
+        if row[0] != epoch:
+            row[1:] = 0
+            row[0] = epoch
+        for key, v in deltas.items():
+            row[COUNTERS.index(key)] += int(v)
+
+    def current_epoch(self) -> int:
+        """The latest epoch any stream has published (-1: none yet)."""
+        seqs = self._srec[:self.streams, _S_SEQ]
+        epochs = self._srec[:self.streams, _S_EPOCH][seqs != 0]
+        return int(epochs.max()) if epochs.size else -1
+
+    def count_reads(self, samples: int, hits: int, prefetch_hits: int, wait_ns: int) -> None:
+        """Adds one batch of reads to the reader row of this process's epoch (any process; atomic
+        adds). The epoch is that of the stream this process's sampler publishes (else the one
+        LOCAL_RANK names, as for a DataLoader worker of that rank, else stream 0): ranks of a node
+        may be an epoch apart for a moment, and each read counts in its own rank's epoch."""
+        from .. import _io
+        s = _MY_STREAM.get((os.getpid(), self.path))
+        if s is None:
+            s = stream_of(0, self.streams)
+        rec = self._srec[s]
+        epoch = int(rec[_S_EPOCH]) if int(rec[_S_SEQ]) else self.current_epoch()
+        if epoch < 0:
+            return
+        base = (epoch % EPOCH_SLOTS) * len(READER_COUNTERS)
+        for k, v in ((1, samples), (2, hits), (3, prefetch_hits), (4, wait_ns)):
+            if v:
+                _io.atomic_add(self._readers, base + k, int(v))
+
+    def epoch_counters(self) -> list:
+        """[{epoch, prefetched, prefetch_wasted, prefetched_bytes, reads_issued, samples, hits,
+        prefetch_hits, wait_s}] of the epochs recorded, oldest first (the last EPOCH_SLOTS
+        epochs): the prefetcher's counters and what the loaders read (CachedDataset)."""
+        by_epoch = {}
+        for r in self._counters:
+            d = dict(zip(COUNTERS, (int(v) for v in r)))
+            if any(d[c] for c in COUNTERS[1:]):
+                by_epoch[d["epoch"]] = d
+        w = len(READER_COUNTERS)
+        for k in range(EPOCH_SLOTS):
+            d = dict(zip(READER_COUNTERS, (int(v) for v in self._readers[k * w:(k + 1) * w])))
+            if any(d[c] for c in READER_COUNTERS[1:]):
+                row = by_epoch.setdefault(d["epoch"], {c: 0 for c in COUNTERS} | {"epoch": d["epoch"]})
+                row.update(samples=d["samples"], hits=d["hits"], prefetch_hits=d["prefetch_hits"],
+                           wait_s=d["wait_ns"] / 1e9)
+        for row in by_epoch.values():
+            for c in ("samples", "hits", "prefetch_hits"):
+                row.setdefault(c, 0)
+            row.setdefault("wait_s", 0.0)
+        return [by_epoch[e] for e in sorted(by_epoch)]
+
+    def totals(self) -> dict:
+        t = {c: 0 for c in COUNTERS[1:]}
+        for r in self.epoch_counters():
+            for c in t:
+                t[c] += r[c]
+        return t
+
+
+# ---- the sampler's hook -------------------------------------------------------------------------
+_ATTACHED: dict = {}   # (pid, cache name) -> OrderBoard, or the time a look found none
+_MY_STREAM: dict = {}  # (pid, board path) -> the stream this process's sampler publishes
+_RELOOK_S = 1.0        # a cache without a board is looked at again after this long
+
+
+def board_for(cache) -> Optional[OrderBoard]:
+    """The board of `cache` attached in this process, or None when it has none."""
+    if cache is None:
+        return None
+    key = (os.getpid(), cache.name)
+    b = _ATTACHED.get(key)
+    if isinstance(b, OrderBoard) and b._mm is not None:
+        if _same_file(b):
+            return b
+        # its creator unlinked it (and maybe made a new one): never publish into it again. Not
+        # closed: an iterator of the sampler may still hold it; the mapping goes with the last
+        # reference
+        b = None
+    if isinstance(b, float) and time.monotonic() - b < _RELOOK_S:
+        return None
+    try:
+        b = OrderBoard.attach(cache.name)
+    except (FileNotFoundError, ValueError):
+        _ATTACHED[key] = time.monotonic()
+        return None
+    _ATTACHED[key] = b
+    return b
+
+
+def _same_file(board: OrderBoard) -> bool:
+    """Whether `board` is still the file at its path (one stat: board_for runs per batch)."""
+    try:
+        st = os.stat(board.path)
+    except FileNotFoundError:
+        return False
+    return (st.st_dev, st.st_ino) == board._ident
+
+
+def stream_of(rank: int, streams: int) -> int:
+    local = os.environ.get("LOCAL_RANK")
+    r = int(local) if local is not None and local.isdigit() else int(rank)
+    return r % streams
+
+
+# (pid, board path, stream) -> (board file, epoch, weak reference to the order array, seq after
+# the publish) of what this process published last: __iter__ takes that order as it is only when
+# the board, the order (the very array: a weak reference keeps nothing alive, and a freed array
+# never matches) and the stream's seq (nobody published since) are all still the same
+_PUBLISHED: dict = {}
+
+
+def _up_already(board, s, sampler, order) -> bool:
+    got = _PUBLISHED.get((os.getpid(), board.path, s))
+    return (got is not None and got[0] == board._ident and got[1] == sampler.epoch
+            and got[2]() is order and got[3] == board.stream_state(s)["seq"])
+
+
+def _publish(sampler, board, s, order):
+    """Publishes `order` as the sampler's order of its current epoch on its stream, followed,
+    where the board has room and the sampler knows it already (ShadeSampler.next_epoch_order), by
+    the next epoch's order: positions go on growing across the boundary, so the prefetcher's window
+    and the next uses cross it. Gives every published id its first position (the clairvoyant
+    policy's input) on stream `s` (the sampler's: stream_of its rank). Returns how many entries of
+    `order` were published."""
+    _MY_STREAM[(os.getpid(), board.path)] = s
+    full = order
+    ahead = getattr(sampler, "next_epoch_order", None)
+    if ahead is not None and order.size < board.capacity:
+        nxt = ahead()
+        if nxt is not None and nxt.size:
+            full = np.concatenate([order, nxt[:board.capacity - order.size]])
+    # What the stream showed until now: ids that drop out of it (a head that was not the epoch
+    # that came: set_epoch jumped, a checkpoint was loaded, another rank's share) must get their
+    # next use again too, or the policy keeps the stale, sooner one and never evicts them.
+    before = board.published(s)
+    m = min(board.publish(s, sampler.epoch, full), order.size)
+    _push_next_use(sampler.cache, board, np.unique(np.concatenate([full[:board.capacity], before])))
+    for k in [k for k, v in _PUBLISHED.items() if v[2]() is None]:
+        del _PUBLISHED[k]         # orders freed since: their entries can never match again
+    _PUBLISHED[(os.getpid(), board.path, s)] = (board._ident, sampler.epoch, weakref.ref(order),
+                                               board.stream_state(s)["seq"])
+    return m
+
+
+def publish_ahead(sampler, draw=None) -> bool:
+    """ShadeSampler.set_epoch's and end_epoch's hook: draws the current epoch's order and
+    publishes it now, before the loader asks for its first batch, so that the prefetcher starts
+    reading the epoch's first misses while the training loop is elsewhere (evaluation, a
+    checkpoint, the epoch's last step). Does nothing without a board or when this very order is
+    already up. __iter__ then takes the published order as it is (published_iter). draw(): the
+    sampler's order, drawn only when there is a board (default sampler.order)."""
+    board = board_for(getattr(sampler, "cache", None))
+    if board is None:
+        return False
+    order = (sampler.order if draw is None else draw)()
+    s = stream_of(getattr(sampler, "rank", 0), board.streams)
+    if _up_already(board, s, sampler, order):
+        return False
+    _publish(sampler, board, s, order)
+    return True
+
+
+def published_iter(sampler, order: np.ndarray, start: int):
+    """ShadeSampler.__iter__'s hook: publishes the epoch's order when the sampler's cache has a
+    board (unless publish_ahead already put this very order up and nothing of it was taken), and
+    returns the iterator of order[start:] that moves the board's cursor as the DataLoader takes
+    ids (and the next uses of the ids taken, for the clairvoyant policy)."""
+    board = board_for(getattr(sampler, "cache", None))
+    if board is None:
+        return iter(order[start:].tolist())
+    s = stream_of(getattr(sampler, "rank", 0), board.streams)
+    if start == 0 and _up_already(board, s, sampler, order) and board.stream_state(s)["cursor"] == 0:
+        _MY_STREAM[(os.getpid(), board.path)] = s
+        m = min(order.size, board.capacity)
+    else:
+        m = _publish(sampler, board, s, order)
+    return _tracked(board, s, order, start, m, sampler.cache,
+                    max(1, int(getattr(sampler, "batch_size", 64))))
+
+
+def _next_use_setter(cache):
+    """cache.set_next_use when the cache's policy keys on next use (clairvoyant), else None."""
+    if cache is None or not getattr(cache, "keys_on_next_use", False):
+        return None
+    return getattr(cache, "set_next_use", None)
+
+
+def _push_next_use(cache, board, ids):
+    setter = _next_use_setter(cache)   # the clairvoyant policy's input
+    if setter is not None and ids.size:
+        setter(ids, board.next_use(ids))
+
+
+def _tracked(board, s, order, start, m, cache, step):
+    setter = _next_use_setter(cache)
+    if start:
+        board.consumed(s, 0, min(start, m))
+    done = used = min(start, m)   # entries [0, done) taken by the loader; [0, used) consumed
+    board.set_cursor(s, done)
+
+    def consume(upto):
+        nonlocal used
+        if upto > used:
+            taken = board.consumed(s, used, upto)
+            if setter is not None:
+                _push_next_use(cache, board, taken)
+            used = upto
+
+    k = start
+    for i in order[start:].tolist():
+        k += 1
+        # At every batch boundary the cursor moves past the batch just taken, and the next use
+        # of its ids moves to the read after it (their read is now; what matters for keeping
+        # them is the next one). With a prefetcher running, that move waits one batch: the
+        # loader is still reading the batch it just took, and a sample whose next use looked
+        # "none" would be the first that the prefetcher's room-making and the clairvoyant
+        # policy evict, under the very read that needs it. (Without one, the immediate move
+        # lets the policy refuse a demand miss that is not read again: Belady's bypass.)
+        if k - done >= step and done < m:
+            last = min(k, m)
+            board.set_cursor(s, last)
+            consume(done if board.prefetcher_pid else last)
+            done = last
+        yield i
+    consume(m)
+    board.set_cursor(s, m)
+
+
+# ---- the offline bound ---------------------------------------------------------------------------
+def belady_hits(trace, capacity: int) -> int:
+    """Hits of Belady's optimal replacement (MIN, with bypass: a miss is not kept when it is
+    needed later than everything cached) on `trace` for a cache of `capacity` equal-size items.
+
+    The offline bound for any policy on that exact sequence of reads; O(T log capacity)."""
+    trace = np.asarray(trace, dtype=np.int64)
+    t = trace.size
+    if capacity < 0:
+        raise ValueError(f"capacity must be >= 0, got {capacity}")
+    if t == 0 or capacity == 0:
+        return 0
+    # nxt[j]: the next position of trace[j] after j (t = never)
+    srt = np.lexsort((np.arange(t), trace))
+    nxt = np.full(t, t, dtype=np.int64)
+    same = trace[srt[1:]] == trace[srt[:-1]]
+    nxt[srt[:-1][same]] = srt[1:][same]
+    nxt_l = nxt.tolist()
+    cached = {}          # id -> its next use (the key in the heap)
+    heap = []            # (-next use, id), lazily deleted
+    hits = 0
+    for j, x in enumerate(trace.tolist()):
+        nu = nxt_l[j]
+        if x in cached:
+            hits += 1
+        elif len(cached) >= capacity:
+            # the farthest next use among the cached items and the incoming one goes
+            while True:
+                neg, y = heap[0]
+                if cached.get(y) == -neg:
+                    break
+                heapq.heappop(heap)
+            if -heap[0][0] <= nu:
+                continue          # bypass: the newcomer is needed last
+            heapq.heappop(heap)
+            del cached[y]
+        cached[x] = nu
+        heapq.heappush(heap, (-nu, x))
+    return hits

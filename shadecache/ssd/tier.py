@@ -1,0 +1,393 @@
+"""SSDTier: a node-local disk tier between the peers and the store.
+
+    ssd = sc.SSDTier("/local/nvme/shadecache", capacity_bytes=200 << 30, cache=cache)
+    ssd.bind(store.fingerprint)              # CachedDataset and the peer server do this for you
+    ssd.get_many(ids) -> [bytes | None]      checked reads; a bad value is a miss (and removed)
+    ssd.put_many(ids, values)                queued for the background writer; never blocks
+
+Packed layout (shadecache/ssd/layout.py): values in a few large slot files, one per size class,
+read by offset; an index (id -> slot file, offset, length, crc32c) kept in memory by every
+process and persisted as an append-only journal, so that a restarted job replays it and finds
+the tier full (warm restart), and the processes of a node that share the directory see each
+other's writes. Every read is checked against the crc32c the index recorded (the store's own
+checksum of the value): a value torn by a SIGKILL, truncated or flipped behind our back is
+removed and reported as a miss, so the caller reads the store instead and nothing wrong is
+returned; a torn journal entry is dropped on replay.
+
+Reads are one native batch without the GIL (csrc/io/tier_reader.h): the index gives each id's
+descriptor, offset, length and crc32c (numpy, no per-sample Python), then one read per value by
+offset through io_uring (the pread pool where io_uring is refused), all in one batch, checked as
+they complete: the packed store's read_many cost. Writes happen off the read path, in one
+background thread per process, fed by a bounded queue (when the queue is full the sample is
+simply not written). `capacity_bytes` bounds the bytes of the slots held (a value takes
+ssd_layout.slot_bytes(len) bytes: at most 12.5% more than its length). Over budget, the writer
+evicts the samples with the lowest importance score in the cache's shared score table
+(`cache=`), or in id order without one, and admits a newcomer only when it scores higher than
+what it displaces; freed slots are reused by later values of their size class. ENOSPC shrinks
+the budget to what the slot files hold on disk now, and for a minute only values that find a slot
+of their size class already on disk are written (nothing is evicted for a value that cannot be); EIO (or any other write failure) disables writes with a
+warning; reads go on.
+
+A tier directory belongs to one data set: `bind(fingerprint)` (the store's `fingerprint`; a
+cache created with `fingerprint=` passes its own) records it in `<dir>/fingerprint` the first
+time and refuses another data set afterwards with FingerprintError, so that a job over another
+store (or a rebuilt one) never reads the old store's bytes by id. CachedDataset binds its SSD
+tier to its store; so does the peer server when it is given a store.
+"""
+import errno
+import os
+import queue
+import threading
+import time
+import warnings
+
+import numpy as np
+
+from .. import _io
+from .._io import crc32c
+from ..errors import FingerprintError
+from .layout import MAX_ID, REMOVED, Layout, entry, slot_bytes
+
+_BATCH = 256     # values the writer takes from its queue per journal append
+_DISK_FULL_RETRY = 60.0   # seconds after ENOSPC before a slot file is grown again
+
+
+class SSDTier:
+    def __init__(self, path, capacity_bytes: int, cache=None, queue_size: int = 4096, queue_depth: int = 64,
+                 fingerprint=None):
+        if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int) or capacity_bytes < 0:
+            raise ValueError(f"capacity_bytes must be an int >= 0, got {capacity_bytes!r}")
+        self.path = os.fspath(path)
+        os.makedirs(self.path, exist_ok=True)
+        if not os.access(self.path, os.W_OK):
+            raise PermissionError(f"SSD tier directory {self.path} is not writable")
+        self.capacity_bytes = capacity_bytes
+        self.cache = cache
+        if any(e.is_dir() and len(e.name) == 2 and all(ch in "0123456789abcdef" for ch in e.name)
+               for e in os.scandir(self.path)):
+            warnings.warn(f"shadecache: SSD tier {self.path} holds directories of the old "
+                          "one-file-per-sample layout; they are ignored (remove them to free the disk)",
+                          RuntimeWarning, stacklevel=2)
+        self.queue_size = queue_size
+        self.queue_depth_io = int(queue_depth)
+        self._layout = None
+        self._setup()
+        self.fingerprint = None
+        if fingerprint is None and cache is not None:
+            fingerprint = getattr(cache, "fingerprint", None) or None
+        if fingerprint is not None:
+            self.bind(fingerprint)
+
+    slot_bytes = staticmethod(slot_bytes)
+
+    def _setup(self):
+        if self._layout is not None:   # a forked child: the parent's descriptors are not ours
+            self._layout.close()
+        self._pid = os.getpid()
+        self._mu = threading.Lock()    # the index arrays (Layout's do_* methods)
+        self._layout = Layout(self.path)
+        self._reader = None            # _io.TierReader, made in the process that reads
+        self._queue = queue.Queue(self.queue_size)
+        self._thread = None
+        self.disabled = None           # why writes stopped, or None
+        self._disk_full = 0.0          # until when (monotonic) no slot file is grown: ENOSPC
+        self.counters = {"hits": 0, "misses": 0, "bytes_read": 0, "read_ns": 0, "calls": 0, "corrupt": 0, "writes": 0,
+                         "bytes_written": 0, "dropped": 0, "evictions": 0, "write_errors": 0}
+
+    def __reduce__(self):
+        return (SSDTier, (self.path, self.capacity_bytes, self.cache, self.queue_size, self.queue_depth_io,
+                          self.fingerprint))
+
+    def bind_store(self, store) -> None:
+        """bind(store.fingerprint) when the store has one (a store without one binds nothing):
+        what CachedDataset and the peer server do with the store they read behind this tier."""
+        fp = getattr(store, "fingerprint", None)
+        if fp:
+            self.bind(fp)
+
+    def bind(self, fingerprint: str) -> None:
+        """Makes the directory the tier of the data set `fingerprint` (a store's `fingerprint`):
+        recorded on first use; FingerprintError when the directory already belongs to another
+        data set, or holds samples of an unrecorded one (nothing is removed: the user decides)."""
+        if not isinstance(fingerprint, str) or not fingerprint or "\0" in fingerprint or len(fingerprint) > 256:
+            raise ValueError(f"fingerprint must be a non-empty str of at most 256 characters without "
+                             f"NUL, got {fingerprint!r}")
+        self._mine()
+        fp_path = os.path.join(self.path, "fingerprint")
+        lay = self._layout
+        with lay.locked(), self._mu:   # file lock before mu, as the writer takes them
+            try:
+                with open(fp_path, "r", encoding="utf-8", errors="replace") as f:
+                    found = f.read().strip()
+            except FileNotFoundError:
+                found = None
+            if found is not None and found != fingerprint:
+                raise FingerprintError(
+                    f"SSD tier {self.path} holds samples of data set {found or '(empty record)'}, "
+                    f"not {fingerprint}: use another directory for this data set, or remove that one")
+            if found is None:
+                lay.do_catch_up(force=True)
+                if lay.items:
+                    raise FingerprintError(
+                        f"SSD tier {self.path} holds {lay.items} samples of an unrecorded data set, "
+                        f"not known to be {fingerprint}: use another directory, or remove that one")
+                tmp = f"{fp_path}.{os.getpid()}.{threading.get_ident()}.tmp"
+                with open(tmp, "w", encoding="utf-8") as f:
+                    f.write(fingerprint + "\n")
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.rename(tmp, fp_path)
+        self.fingerprint = fingerprint
+
+    def _mine(self):
+        if self._pid != os.getpid() or self._layout is None:   # forked, or closed
+            self._setup()
+
+    def ids(self) -> np.ndarray:
+        """The ids the tier holds now (sorted)."""
+        self._mine()
+        with self._mu:
+            self._layout.do_catch_up()
+            return np.flatnonzero(self._layout.size >= 0)
+
+    # ---- reads -------------------------------------------------------------------------------
+    def get_many(self, ids) -> list:
+        """bytes or None for every id; every hit verified (length and crc32c). The index gives
+        where each value is; one native batch reads and checks them all without the GIL."""
+        self._mine()
+        if self._reader is None:
+            self._reader = _io.TierReader("auto", self.queue_depth_io)
+        t0 = time.perf_counter_ns()
+        lay = self._layout
+        with self._mu:
+            lay.do_catch_up()
+            cols = (lay.fdv, lay.off, lay.length, lay.crc)
+        # The columns are read without mu: a row the writer changes meanwhile can only fail its
+        # crc32c (then _damaged reads it again before it calls it damaged), never pass wrongly.
+        values, status, errs, hits, nbytes, bad = self._reader.read_many(ids, *cols)
+        c = self.counters
+        c["read_ns"] += time.perf_counter_ns() - t0
+        c["calls"] += 1
+        c["hits"] += hits
+        c["misses"] += len(values) - hits
+        c["bytes_read"] += nbytes
+        if bad:
+            ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+            for k in np.flatnonzero(status >= 2).tolist():
+                i = int(ids[k])
+                if status[k] == 2:
+                    self._damaged(i)
+                else:   # EIO and the like: a miss, the store has it
+                    self._warn(f"cannot read sample {i} from {lay.file_of(int(lay.size[i]))}: "
+                               f"{os.strerror(int(errs[k]))}")
+        return values
+
+    def _damaged(self, i: int):
+        """Value i did not match its crc32c (or was short). Read again with the index held still
+        (file lock: no process writes; mu: no thread of ours): if it fails again it is damaged
+        and removed; if not, its slot was reused under the first read's feet (a plain miss)."""
+        lay = self._layout
+        with lay.locked(), self._mu:
+            lay.do_catch_up(force=True)
+            status = self._reader.read_many([i], lay.fdv, lay.off, lay.length, lay.crc)[1]
+            if status is not None and status[0] == 2:   # None: nothing failed (read or missing)
+                s = int(lay.size[i])
+                self.counters["corrupt"] += 1
+                self._warn(f"SSD tier value of sample {i} in {lay.file_of(s)} is damaged "
+                           "(length or crc32c); removed, the store is read instead")
+                lay.append([entry(i, s, int(lay.slot[i]), REMOVED, 0)])
+
+    # ---- writes (background) -----------------------------------------------------------------
+    def put_many(self, ids, values) -> None:
+        """Queues the samples to be written; returns at once (a full queue drops them)."""
+        self._mine()
+        if self.disabled is not None or self.capacity_bytes == 0:
+            return
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._writer, name="shadecache-ssd-writer", daemon=True)
+            self._thread.start()
+        for i, v in zip(ids, values):
+            try:
+                self._queue.put_nowait((int(i), bytes(v)))
+            except queue.Full:
+                self.counters["dropped"] += 1
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Waits until everything queued so far is written (tests, benchmarks, shutdown)."""
+        deadline = time.monotonic() + timeout
+        while self._queue.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.005)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Writes what is queued (up to `timeout` seconds), stops the writer thread and closes
+        the tier's files. The tier stays on disk for the next job; using this object again
+        reopens it."""
+        if self._pid != os.getpid():   # a forked copy: the parent's files and thread are not ours
+            return
+        if self._thread is not None:
+            self.flush(timeout)
+            self._queue.put(None)       # the writer's signal to end (after what is queued)
+            self._thread.join(timeout)
+            self._thread = None
+        self._reader = None
+        if self._layout is not None:
+            self._layout.close()
+            self._layout = None             # the next use opens the tier again (_mine)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _writer(self):
+        while True:
+            first = self._queue.get()
+            if first is None:   # close()
+                self._queue.task_done()
+                return
+            batch, stop = [first], False
+            while len(batch) < _BATCH:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:   # close() right behind: write this batch, then end
+                    self._queue.task_done()
+                    stop = True
+                    break
+                batch.append(item)
+            try:
+                if self.disabled is None:
+                    self._write(batch)
+            except Exception as e:   # keep the thread alive; the samples are simply not kept
+                self._disable(f"SSD tier {self.path}: unexpected error writing: {e!r}; writes disabled")
+            finally:
+                for _ in batch:
+                    self._queue.task_done()
+            if stop:
+                return
+
+    def _write(self, batch):
+        """One journal round: under the file lock, evictions (remove entries appended first),
+        then every value into its slot, then their put entries in one append."""
+        lay = self._layout
+        with lay.locked(), self._mu:
+            lay.do_open_journal()
+            plan, seen = [], set()
+            for i, v in batch:
+                if i > MAX_ID or i in seen or (i < lay.size.size and lay.size[i] >= 0):
+                    continue
+                seen.add(i)
+                plan.append((i, v, slot_bytes(len(v))))
+            if self._disk_full > time.monotonic():
+                # The disk had no room: only values that find a slot of their class already on
+                # disk are written (no eviction for a value that would fail to grow its file).
+                room, kept = {}, []
+                for i, v, s in plan:   # one look (an fstat) per size class, not per value
+                    if s not in room:
+                        room[s] = lay.spare(s)
+                    if room[s] > 0:
+                        kept.append((i, v, s))
+                    room[s] -= 1
+                plan = kept
+            plan = self._admit(plan)
+            puts, taken, failed = [], [], None
+            for i, v, s in plan:
+                try:
+                    k = lay.take_slot(s)
+                except OSError as e:
+                    failed = e
+                    break
+                try:
+                    os.pwrite(lay.fd(s), v, k * s)
+                except OSError as e:
+                    lay.give_back(s, k)
+                    failed = e
+                    break
+                puts.append(entry(i, s, k, len(v), crc32c(v)))
+                taken.append((s, k, len(v)))
+            try:
+                lay.append(puts)
+            except OSError as e:   # no put entry kept: the slots are free again
+                for s, k, _ in taken:
+                    lay.give_back(s, k)
+                failed, taken = e, []
+            self.counters["writes"] += len(taken)
+            self.counters["bytes_written"] += sum(n for _, _, n in taken)
+            if failed is not None:   # after the append: a shrunk budget counts what was written
+                self._write_failed(failed)
+            lay.compact_if_needed()
+
+    def _admit(self, plan):
+        """The planned values that fit the budget, after evicting (lowest score first) what they
+        displace; a newcomer that scores no higher than the lowest held is not admitted. Remove
+        entries are appended here, before any slot is reused. File lock and mu held."""
+        lay = self._layout
+        need = lay.used + sum(s for _, _, s in plan) - self.capacity_bytes
+        if need <= 0:
+            return plan
+        held = np.flatnonzero(lay.size >= 0)
+        scores = self.cache.scores() if self.cache is not None else None
+        order = held[np.argsort(scores[held], kind="stable")] if scores is not None else held
+        p, used, keep, removes = 0, lay.used, [], []
+        for i, v, s in plan:
+            if s > self.capacity_bytes:
+                continue
+            freed = []
+            while used + s > self.capacity_bytes and p < order.size:
+                victim = int(order[p])
+                if scores is not None and (i >= scores.size or scores[i] <= scores[victim]):
+                    break
+                p += 1
+                freed.append(victim)
+                used -= int(lay.size[victim])
+            if used + s > self.capacity_bytes:
+                p -= len(freed)               # not admitted: its victims stay
+                used += sum(int(lay.size[j]) for j in freed)
+                continue
+            removes += [entry(j, int(lay.size[j]), int(lay.slot[j]), REMOVED, 0) for j in freed]
+            self.counters["evictions"] += len(freed)
+            used += s
+            keep.append((i, v, s))
+        lay.append(removes)
+        return keep
+
+    def _write_failed(self, e: OSError):
+        self.counters["write_errors"] += 1
+        if e.errno == errno.ENOSPC:   # the disk holds less than the budget said
+            # What the slot files hold on disk stays ours (freed slots are reused, not given
+            # back): the budget shrinks to that, never below, so that failures do not ratchet
+            # it down; for a minute only slots already on disk are used (see _write).
+            self._disk_full = time.monotonic() + _DISK_FULL_RETRY
+            self.capacity_bytes = min(self.capacity_bytes, max(self._layout.used, self._layout.allocated()))
+            self._warn(f"SSD tier {self.path}: disk full; budget shrunk to {self.capacity_bytes} bytes")
+        else:
+            self._disable(f"SSD tier {self.path}: write failed ({e}); writes disabled")
+
+    def _disable(self, why: str):
+        self.disabled = why
+        self._warn(why)
+
+    _warned = set()
+
+    def _warn(self, msg: str):
+        key = msg.split(":")[0]
+        if key not in SSDTier._warned:
+            SSDTier._warned.add(key)
+            warnings.warn(f"shadecache: {msg}", RuntimeWarning, stacklevel=3)
+
+    # ---- introspection -----------------------------------------------------------------------
+    def stats(self) -> dict:
+        self._mine()
+        with self._mu:
+            self._layout.do_catch_up()
+            items, used, torn = self._layout.items, self._layout.used, self._layout.torn
+        d = dict(self.counters)
+        d["mean_get_seconds"] = d["read_ns"] / d["calls"] / 1e9 if d["calls"] else 0.0
+        d.update(items=items, bytes_used=used, capacity_bytes=self.capacity_bytes, torn_entries=torn,
+                 disabled=self.disabled, path=self.path)
+        return d
+
+    def __repr__(self):
+        return f"SSDTier({self.path!r}, capacity_bytes={self.capacity_bytes})"

@@ -1,0 +1,152 @@
+"""CachedDataset over a real PackedStore and a real shared-memory Cache, through real DataLoader
+workers (none, fork, spawn, persistent)."""
+import functools
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import shadecache as sc
+from shadecache.demo import synthetic
+
+N, SIZE = 240, 8          # 240 images of 8x8 = 64 bytes
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("ds") / "train.shc")
+    sc.pack(synthetic.SyntheticImages(N, seed=3, size=SIZE), path, progress=False)
+    return sc.PackedStore(path)
+
+
+@pytest.fixture(scope="module")
+def truth():
+    return synthetic.SyntheticImages(N, seed=3, size=SIZE)
+
+
+@pytest.fixture
+def make_cache(cache_factory):
+    def make(capacity=1 << 16, policy="lru", n=N):
+        return cache_factory(n, capacity, policy, max_item_bytes=SIZE * SIZE)
+    return make
+
+
+decode = functools.partial(synthetic.decode, size=SIZE)
+
+
+def test_items_are_sample_target_index_and_counted(store, truth, make_cache):
+    cache = make_cache()
+    ds = sc.CachedDataset(store, cache, decode=decode)
+    assert len(ds) == N
+    ids = [5, 17, 5, 239, 0]                        # 5 twice: read once from the store
+    items = ds.__getitems__(ids)
+    for i, (x, y, idx) in zip(ids, items):
+        raw, label = truth[i]
+        assert idx == i and y == label
+        assert np.array_equal(x, synthetic.decode(raw, SIZE))
+    st = ds.stats()
+    assert st["hits"] == 0 and st["misses"] == 5 and st["store_reads"] == 4
+    assert st["bytes_read"] == 4 * SIZE * SIZE
+    assert cache.cached_mask()[[0, 5, 17, 239]].all()
+    ds.__getitems__([5, 17, 1])
+    st = ds.stats()
+    assert (st["hits"], st["misses"], st["samples"], st["bytes_read"]) == (2, 6, 8, 5 * 64)
+    assert st["hit_ratio"] == pytest.approx(2 / 8)
+    # single-item path goes through the same batch code
+    x, y, idx = ds[17]
+    assert idx == 17 and y == truth[17][1] and ds.stats()["hits"] == 3
+    ds.reset_stats()
+    assert ds.stats()["samples"] == 0
+
+
+def test_zero_byte_samples_decode_to_empty_tensors(tmp_path, cache_factory):
+    """The format allows 0-byte samples; the default decode returns an empty uint8 tensor for
+    them (torch.frombuffer refuses an empty buffer), from the store and from the cache."""
+    p = tmp_path / "z.shc"
+    with sc.PackWriter(p) as w:
+        w.add(b"", 3)
+        w.add(b"ab", 4)
+    ds = sc.CachedDataset(sc.PackedStore(p), cache_factory(2))
+    for _ in range(2):  # a miss, then a hit
+        (x0, y0, _), (x1, y1, _) = ds.__getitems__([0, 1])
+        assert x0.dtype == torch.uint8 and x0.numel() == 0 and y0 == 3
+        assert bytes(x1.numpy()) == b"ab" and y1 == 4
+    assert ds.stats()["hits"] == 2
+
+
+def test_without_cache_every_read_goes_to_the_store(store, truth):
+    ds = sc.CachedDataset(store, None)
+    x, y, idx = ds[9]
+    assert bytes(x.numpy()) == truth[9][0] and y == truth[9][1] and idx == 9
+    ds.__getitems__([9, 10])
+    assert ds.stats()["misses"] == 3 and ds.stats()["hits"] == 0
+
+
+def test_bad_ids_and_mismatched_cache(store, make_cache):
+    ds = sc.CachedDataset(store, make_cache(), decode=decode)
+    with pytest.raises(IndexError, match="sample id 240 is out of range 0..239"):
+        ds.__getitems__([1, 240])
+    with pytest.raises(IndexError, match="sample id -1"):
+        ds[-1]
+    with pytest.raises(TypeError, match="integer"):
+        ds.__getitems__(["a"])
+    with pytest.raises(ValueError, match="holds 10 sample ids but the store has 240"):
+        sc.CachedDataset(store, make_cache(n=10))
+
+
+def test_misses_are_admitted_with_their_current_importance(tmp_path, make_cache):
+    n = 1500                                     # one 64 KiB slab page holds fewer than that
+    path = str(tmp_path / "big.shc")
+    sc.pack(synthetic.SyntheticImages(n, seed=4, size=SIZE), path, progress=False)
+    store = sc.PackedStore(path)
+    cache = make_cache(capacity=1 << 16, policy="importance", n=n)
+    ds = sc.CachedDataset(store, cache, decode=decode)
+    ds.__getitems__(list(range(n)))                       # fill (the cache holds only part)
+    held = np.flatnonzero(cache.cached_mask())
+    assert 0 < held.size < n
+    outside = np.setdiff1d(np.arange(n), held)
+    low, high = int(outside[0]), int(outside[1])
+    cache.update_scores(np.array([high, low]), np.array([9.0, -1.0], dtype=np.float32))
+    ds.__getitems__([low, high])
+    mask = cache.cached_mask()
+    assert mask[high], "a miss scoring above every cached sample must be admitted"
+    assert not mask[low], "a miss scoring below every cached sample must be refused"
+
+
+def run_epochs(ds, sampler, truth, workers, context, persistent, epochs=2):
+    loader = DataLoader(ds, batch_size=32, sampler=sampler, num_workers=workers,
+                        multiprocessing_context=context if workers else None,
+                        persistent_workers=persistent)
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        got = []
+        for x, y, idx in loader:
+            assert x.shape[1] == SIZE * SIZE
+            for row, label, i in zip(x, y.tolist(), idx.tolist()):
+                raw, want = truth[i]
+                assert label == want
+                assert torch.equal(row, torch.from_numpy(synthetic.decode(raw, SIZE)))
+            losses = (x.mean(1) + 1.0)                 # any per-sample value drives the scores
+            sampler.update(idx, losses)
+            got.extend(idx.tolist())
+        assert np.array_equal(np.asarray(got), sampler.order())
+        sampler.end_epoch()
+    del loader
+
+
+@pytest.mark.parametrize("workers,context,persistent", [
+    (0, None, False), (2, "fork", False), (2, "fork", True), (2, "spawn", True)])
+def test_dataloader_workers(store, truth, make_cache, workers, context, persistent):
+    cache = make_cache(capacity=1 << 16, policy="importance")
+    ds = sc.CachedDataset(store, cache, decode=decode)
+    sampler = sc.ShadeSampler(ds, cache=cache, batch_size=32, seed=1, rep_factor=1.0)
+    run_epochs(ds, sampler, truth, workers, context, persistent)
+    st = ds.stats()
+    # the counts of every worker reach the main process
+    assert st["samples"] == 2 * len(sampler)
+    assert st["hits"] + st["misses"] == st["samples"]
+    assert st["hits"] > 0, "the second epoch must hit what the workers inserted in the first"
+    assert cache.cached_mask().sum() > 0
+    assert st["bytes_read"] == st["store_reads"] * SIZE * SIZE
+    cache.check()
