@@ -73,13 +73,10 @@ def test_cache_segment_made_first_by_another_user_is_refused_never_attached(name
     assert "uid 65534 (nobody)" in detail and "uid 65533" in detail
 
     def attacker_reads():
-        c = sc.Cache.attach(name)
-        try:
-            return c.get(1)
-        finally:
-            c.close()
+        with open(_seg_path(name), "rb") as f:
+            return b"the victim's sample" in f.read()
 
-    assert run_as(ATTACKER, attacker_reads) is None
+    assert run_as(ATTACKER, attacker_reads) is False
 
 
 def test_cache_segment_of_another_user_closed_to_this_one_names_its_owner(name):
@@ -180,27 +177,37 @@ def _attacker_plants_status(name):
 
 
 def test_tier_status_planted_by_another_user_never_shows_as_live(name, capsys):
+    """A status file planted for the victim's cache (naming a live pid and the attacker's address)
+    is refused: stats() and `shadecache ls` never show it, for a root victim and an ordinary one."""
+    theirs = name + "-u"   # the ordinary victim's cache
     run_as(ATTACKER, _attacker_plants_status, name)
+    run_as(ATTACKER, _attacker_plants_status, theirs)
     c = sc.Cache.create(name, 8, 1 << 20)
     try:
         with pytest.warns(RuntimeWarning, match=OWNER):
             s = c.stats()
         assert "tiers" not in s, f"stats() shows a planted status: {s.get('tiers')}"
         from shadecache import cache_cli
-        cache_cli.cmd_ls(None)
+        with pytest.warns(RuntimeWarning, match=OWNER):
+            cache_cli.cmd_ls(None)
         assert PLANTED not in capsys.readouterr().out
 
         def victim():
             import warnings
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                d = sc.Cache.attach(name).stats()
-            return d.get("tiers")
+            mine = sc.Cache.create(theirs, 8, 1 << 20)
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    return mine.stats().get("tiers")
+            finally:
+                mine.close()
+                mine.unlink()
 
         assert run_as(VICTIM, victim) is None
     finally:
         c.close()
         c.unlink()
+        unlink_quietly(tier_status.path_of(theirs))
 
 
 def test_tier_status_file_is_made_0600_and_leaves_no_temporary_file(name):
@@ -258,9 +265,11 @@ def test_ssd_tier_in_a_directory_another_user_made_is_refused(shared_tmp):
         pytest.fail(f"the victim opened the attacker's tier and read {t.get_many(range(4))}")
 
 
-def test_ssd_tier_refuses_a_directory_writable_by_others_and_its_planted_link(shared_tmp):
-    """A world-writable tier directory with a planted slots-*.dat link to a 0600 file of the
-    victim: refused, and the victim's file is untouched (before, the tier wrote into it)."""
+@pytest.mark.parametrize("made_by", [ATTACKER, VICTIM], ids=["attackers-dir", "victims-open-dir"])
+def test_ssd_tier_refuses_a_directory_writable_by_others_and_its_planted_link(shared_tmp, made_by):
+    """A world-writable tier directory (the attacker's, or the victim's own left open) with a
+    planted slots-*.dat link to a 0600 file of the victim: refused, naming the owner or the mode,
+    and the victim's file is untouched (before, the tier wrote the sample into it)."""
     victim_dir = PrivateDir(VICTIM)
     secret = os.path.join(victim_dir.path, "secret")
     path = os.path.join(shared_tmp, "tier")
@@ -273,11 +282,14 @@ def test_ssd_tier_refuses_a_directory_writable_by_others_and_its_planted_link(sh
 
         run_as(VICTIM, victim_setup)
 
-        def attacker():
+        def make_dir():
             os.mkdir(path)
             os.chmod(path, 0o777)
+
+        def attacker():
             os.symlink(secret, os.path.join(path, f"slots-{slot_bytes(len(value))}.dat"))
 
+        run_as(made_by, make_dir)
         run_as(ATTACKER, attacker)
 
         def victim():
@@ -293,7 +305,8 @@ def test_ssd_tier_refuses_a_directory_writable_by_others_and_its_planted_link(sh
         outcome, detail = run_as(VICTIM, victim)
         with open(secret, "rb") as f:
             assert f.read() == b"the victim's 0600 file", "the tier wrote through the planted link"
-        assert outcome == "refused" and "writable by group or others" in detail, detail
+        why = "uid 65534 (nobody)" if made_by == ATTACKER else "writable by group or others (mode 0777)"
+        assert outcome == "refused" and why in detail, detail
     finally:
         victim_dir.cleanup()
 
