@@ -100,7 +100,7 @@ _OWNED: dict = {}   # board path -> creating pid, unlinked at interpreter exit b
 
 def _unlink_owned_at_exit():
     for path, pid in list(_OWNED.items()):
-        if pid == os.getpid():
+        if pid == os.getpid() and node_files.owned(path):   # never another user's board at that name
             try:
                 os.unlink(path)
             except OSError:
@@ -250,10 +250,13 @@ class OrderBoard:
         self._mm = None
 
     def unlink(self):
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+        """Removes the board's name, when the file there is this user's (in the sticky /dev/shm
+        nobody else can put theirs in its place between that look and the unlink)."""
+        if node_files.owned(self.path):
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
         _OWNED.pop(self.path, None)
 
     def __enter__(self):
