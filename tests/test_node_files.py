@@ -1,6 +1,7 @@
 """Files on the node have one owner: the cache segment, the order board, the tier status file and
 the SSD tier's directory, each attacked by another real user (uid 65534) before or beside a victim
-(root, and a second ordinary uid where a permission must bite). Run as root; skipped otherwise."""
+(root, and a second ordinary uid where a permission must bite). Those tests run as root and skip
+otherwise; the tests of one user's own files run as anyone."""
 import json
 import os
 import stat
@@ -14,8 +15,6 @@ from shadecache import order, tier_status
 from shadecache.ssd_layout import slot_bytes
 
 from other_user import ATTACKER, VICTIM, PrivateDir, needs_root, run_as, unlink_quietly
-
-pytestmark = needs_root
 
 OWNER = r"uid 65534 \(nobody\)"   # how a refusal names the attacker
 
@@ -47,6 +46,7 @@ def _attacker_plants_segment(name, mode):
 
 
 # ---- the cache segment ----------------------------------------------------------------------------
+@needs_root
 def test_cache_segment_made_first_by_another_user_is_refused_never_attached(name):
     """A segment another user made first under the victim's name (open to everyone) is refused by
     attach, create_or_attach and create, for a root victim and an ordinary one, with an error
@@ -79,6 +79,7 @@ def test_cache_segment_made_first_by_another_user_is_refused_never_attached(name
     assert run_as(ATTACKER, attacker_reads) is False
 
 
+@needs_root
 def test_cache_segment_of_another_user_closed_to_this_one_names_its_owner(name):
     """A 0600 segment of another user cannot even be opened by an ordinary victim: the error says
     whose it is (not only "Permission denied")."""
@@ -108,6 +109,7 @@ def test_own_cache_segment_open_to_group_or_others_is_refused(name):
         c.unlink()
 
 
+@needs_root
 def test_rm_and_gc_leave_another_users_files_alone(name):
     """gc and rm remove only this user's files: another user's dead segment, orphan order board
     and stale tier status file stay (and rm says whose the segment is)."""
@@ -133,6 +135,7 @@ def test_rm_and_gc_leave_another_users_files_alone(name):
 
 
 # ---- the order board ------------------------------------------------------------------------------
+@needs_root
 def test_order_board_made_first_by_another_user_is_refused(name):
     """A board another user made first for the victim's cache (with an order of its choosing) is
     never attached: not by the sampler's hook, not by attach, and create says whose it is."""
@@ -176,6 +179,7 @@ def _attacker_plants_status(name):
     os.chmod(tier_status.path_of(name), 0o644)
 
 
+@needs_root
 def test_tier_status_planted_by_another_user_never_shows_as_live(name, capsys):
     """A status file planted for the victim's cache (naming a live pid and the attacker's address)
     is refused: stats() and `shadecache ls` never show it, for a root victim and an ordinary one."""
@@ -219,6 +223,7 @@ def test_tier_status_file_is_made_0600_and_leaves_no_temporary_file(name):
         [os.path.basename(tier_status.path_of(name))]
 
 
+@needs_root
 def test_tier_status_write_over_another_users_file_is_refused_cleanly(name):
     """An ordinary victim's server cannot replace a status file another user planted (the sticky
     /dev/shm): write says whose it is and leaves no temporary file behind."""
@@ -247,6 +252,7 @@ def shared_tmp():
     d.cleanup()
 
 
+@needs_root
 def test_ssd_tier_in_a_directory_another_user_made_is_refused(shared_tmp):
     """The attacker prepares a tier directory (bound to the victim's data set, holding its own
     bytes); the victim naming that path gets an error naming the owner, never an SSD hit."""
@@ -266,6 +272,7 @@ def test_ssd_tier_in_a_directory_another_user_made_is_refused(shared_tmp):
 
 
 @pytest.mark.parametrize("made_by", [ATTACKER, VICTIM], ids=["attackers-dir", "victims-open-dir"])
+@needs_root
 def test_ssd_tier_refuses_a_directory_writable_by_others_and_its_planted_link(shared_tmp, made_by):
     """A world-writable tier directory (the attacker's, or the victim's own left open) with a
     planted slots-*.dat link to a 0600 file of the victim: refused, naming the owner or the mode,
@@ -337,3 +344,23 @@ def test_ssd_tier_made_by_its_user_is_0700_with_0600_files(tmp_path):
     modes = {e.name: stat.S_IMODE(e.stat(follow_symlinks=False).st_mode) for e in os.scandir(path)}
     assert {"index", "lock", "fingerprint"} <= set(modes) and any(n.startswith("slots-") for n in modes)
     assert all(m == 0o600 for m in modes.values()), modes
+
+
+def test_ssd_tier_of_an_older_version_keeps_its_samples_and_is_closed(tmp_path):
+    """A tier an older shadecache made (a 0755 directory, 0644 files) opens with its samples: the
+    files group and others could only read are made 0600; one they could write is refused."""
+    path = tmp_path / "tier"
+    t = sc.SSDTier(path, 1 << 20, fingerprint="a-data-set")
+    t.put_many(range(4), [b"y" * 300] * 4)
+    t.flush()
+    t.close()
+    os.chmod(path, 0o755)
+    for e in os.scandir(path):
+        os.chmod(e.path, 0o644)
+    t = sc.SSDTier(path, 1 << 20, fingerprint="a-data-set")
+    assert t.get_many(range(4)) == [b"y" * 300] * 4
+    t.close()
+    assert all(stat.S_IMODE(e.stat().st_mode) == 0o600 for e in os.scandir(path))
+    os.chmod(path / "index", 0o666)
+    with pytest.raises(PermissionError, match="open to group or others"):
+        sc.SSDTier(path, 1 << 20, fingerprint="a-data-set").get_many([0])
