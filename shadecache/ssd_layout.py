@@ -96,7 +96,7 @@ class Layout:
         # what close() closes: slot size -> read/write descriptor of its file, the journal, the
         # lock, the directory (every file is opened relative to it: the path is looked up once)
         self._fds, self._jfd, self._lock_fd = {}, -1, -1
-        self.dir_fd = node_files.own_directory(path, "SSD tier directory")
+        self.dir_fd = _high(node_files.own_directory(path, "SSD tier directory"))
         try:
             self._lock_fd = _open("lock", os.O_RDWR, self.dir_fd, create=True)
         except BaseException:
