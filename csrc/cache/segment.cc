@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "common/own_file.h"
 
 namespace shadecache {
 namespace {
@@ -24,6 +25,12 @@ std::string human(size_t n) {
   char buf[32];
   snprintf(buf, sizeof buf, "%.1f MiB", n / 1048576.0);
   return buf;
+}
+
+std::string what(const std::string& name) { return "cache '" + name + "'"; }
+
+std::string advice(const std::string& name) {
+  return "Use another cache name, or remove this one with `shadecache rm " + name + "` if it is yours.";
 }
 
 // Closes the fd on every path out of create/attach.
@@ -65,6 +72,11 @@ Segment Segment::create(const std::string& name, size_t size, const std::functio
   f.fd = ::shm_open(shm_name(name).c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   if (f.fd < 0) {
     int err = errno;
+    uid_t uid;
+    if (err == EEXIST && owned_by_another(path(name), &uid))
+      throw Error(ErrorKind::kExists, "cache '" + name + "' already exists (" + path(name) + ") and belongs to " +
+                                          user_name(uid) + ", not to this user: use another cache name",
+                  err);
     if (err == EEXIST)
       throw Error(ErrorKind::kExists, "cache '" + name + "' already exists (" + path(name) +
                                           "); attach to it, or remove it with `shadecache rm " + name + "`",
@@ -98,8 +110,11 @@ Segment Segment::attach(const std::string& name) {
       throw Error(ErrorKind::kNotFound, "no cache named '" + name + "' on this node (" + path(name) +
                                             " does not exist); `shadecache ls` lists them",
                   err);
-    throw_errno("shm_open(" + path(name) + ")", err);
+    throw_open_failed("shm_open", path(name), what(name), advice(name), err);
   }
+  // Another user may have made the segment first under this predictable name (to feed us their
+  // bytes, or to read ours): only this user's own, closed to everyone else, is ever mapped.
+  check_own_file(f.fd, path(name), what(name), advice(name));
   struct stat st;
   // shm_open and ftruncate are two calls: a creator between them shows size 0 for a moment.
   for (int i = 0;; ++i) {
@@ -124,6 +139,13 @@ Segment Segment::map(int fd, size_t size, const std::string& name) {
 
 bool Segment::unlink(const std::string& name) {
   validate_name(name);
+  // In the sticky /dev/shm nobody else can replace a segment of ours between the look and the
+  // unlink; root could remove anyone's, and must not.
+  uid_t uid;
+  if (owned_by_another(path(name), &uid))
+    throw Error(ErrorKind::kOs, what(name) + " (" + path(name) + ") belongs to " + user_name(uid) +
+                                    ", not to this user: refused, only its owner removes it",
+                EACCES);
   if (::shm_unlink(shm_name(name).c_str()) == 0) return true;
   if (errno == ENOENT) return false;
   throw_errno("shm_unlink(" + path(name) + ")", errno);

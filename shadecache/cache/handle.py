@@ -371,7 +371,8 @@ def list_caches() -> List[str]:
 
 
 def remove(name: str) -> bool:
-    """Removes segment `name`; False if it did not exist."""
+    """Removes segment `name`; False if it did not exist, PermissionError (naming the owner) if
+    it is another user's."""
     _OWNED.pop(name, None)
     return _core.CacheCore.unlink(name)
 
@@ -404,9 +405,10 @@ def describe(name: str) -> dict:
 
 
 def gc(persisted: bool = False, keep_for: Optional[float] = None) -> List[str]:
-    """Removes every segment whose creator is gone; returns the names removed. A persisted cache
-    is kept unless `persisted` is True, or `keep_for` (seconds) is given and it was last attached
-    longer ago than that."""
+    """Removes every segment of this user whose creator is gone; returns the names removed. A
+    persisted cache is kept unless `persisted` is True, or `keep_for` (seconds) is given and it
+    was last attached longer ago than that. Another user's files are never removed (their
+    segments cannot be attached, so their creators are never known to be gone)."""
     removed = []
     now = time.time()
     for name in list_caches():
@@ -414,19 +416,21 @@ def gc(persisted: bool = False, keep_for: Optional[float] = None) -> List[str]:
             continue
         try:
             info = describe(name)
-        except Exception:  # a foreign or half-made segment: its creator is gone, remove it
+        except Exception:  # half-made, or of another layout: its creator is gone, remove it
             info = {"persist": False}
         if info["persist"] and not persisted and not (keep_for is not None and now - info["last_attach"] > keep_for):
             continue
         if remove(name):
             removed.append(name)
     # What a killed job leaves beside its segments: order boards of caches that no longer exist
-    # and the tier status files of peer servers that are gone.
+    # and the tier status files of peer servers that are gone; this user's only.
+    from .. import node_files
     from ..lookahead import board as order
     from ..peer import status as tier_status
     caches = set(list_caches())
     for entry in os.listdir(order.SHM_DIR):
-        if entry.startswith(order.PREFIX) and entry[len(order.PREFIX):] not in caches:
+        if (entry.startswith(order.PREFIX) and entry[len(order.PREFIX):] not in caches
+                and node_files.owned(os.path.join(order.SHM_DIR, entry))):
             try:
                 os.unlink(os.path.join(order.SHM_DIR, entry))
                 removed.append(entry)

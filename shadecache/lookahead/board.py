@@ -5,7 +5,9 @@ prefetcher (shadecache/lookahead/prefetcher.py) read the upcoming misses ahead o
 clairvoyant eviction policy keep what will be read soonest (Belady, NoPFS SC'21).
 
 One board per cache, a file `/dev/shm/shadecache-order.<cache name>` (mode 0600, removed by its
-creator; not a cache segment, so `shadecache ls` does not list it). It holds S streams, one per
+creator; not a cache segment, so `shadecache ls` does not list it). A board that is not this
+user's, or is open to group or others, is never attached (node_files.py): another user could
+have made it first under the predictable name. It holds S streams, one per
 rank of the node (the stream of a rank is its LOCAL_RANK, else its rank, modulo S), each bounded
 to `capacity` entries: an order longer than that is published up to `capacity` (the prefetcher and
 the policy then see less of the future, nothing breaks).
@@ -64,6 +66,8 @@ from typing import Optional
 
 import numpy as np
 
+from .. import node_files
+
 MAGIC = 0x3152454452_4F4353   # "SCORDER1"-ish tag; any other value is not a board
 VERSION = 1
 HEADER_BYTES = 4096
@@ -96,7 +100,7 @@ _OWNED: dict = {}   # board path -> creating pid, unlinked at interpreter exit b
 
 def _unlink_owned_at_exit():
     for path, pid in list(_OWNED.items()):
-        if pid == os.getpid():
+        if pid == os.getpid() and node_files.owned(path):   # never another user's board at that name
             try:
                 os.unlink(path)
             except OSError:
@@ -207,7 +211,8 @@ class OrderBoard:
             from ..errors import CapacityError
             raise CapacityError(f"order board needs {total} bytes, {SHM_DIR} has "
                                 f"{st.f_bavail * st.f_frsize} free")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        fd = node_files.create_file(path, os.O_RDWR, "order board",
+                                    "Another user made it first: use another cache name.")
         try:
             os.ftruncate(fd, total)
             os.posix_fallocate(fd, 0, total)   # a full tmpfs is an error now, not a SIGBUS later
@@ -226,8 +231,11 @@ class OrderBoard:
 
     @classmethod
     def attach(cls, cache_name: str) -> "OrderBoard":
+        """The board of cache `cache_name`; FileNotFoundError if there is none, PermissionError
+        (naming the owner) when it is not this user's own or is open to group or others."""
         path = board_path(cache_name)
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        fd = node_files.open_file(path, os.O_RDWR, "order board",
+                                  advice="Another user made it first: use another cache name.")
         return cls(path, fd, owner=False)
 
     def close(self):
@@ -242,10 +250,13 @@ class OrderBoard:
         self._mm = None
 
     def unlink(self):
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+        """Removes the board's name, when the file there is this user's (in the sticky /dev/shm
+        nobody else can put theirs in its place between that look and the unlink)."""
+        if node_files.owned(self.path):
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
         _OWNED.pop(self.path, None)
 
     def __enter__(self):
@@ -466,7 +477,8 @@ _RELOOK_S = 1.0        # a cache without a board is looked at again after this l
 
 
 def board_for(cache) -> Optional[OrderBoard]:
-    """The board of `cache` attached in this process, or None when it has none."""
+    """The board of `cache` attached in this process, or None when it has none. PermissionError
+    when the board at its name is another user's (refused, never attached)."""
     if cache is None:
         return None
     key = (os.getpid(), cache.name)

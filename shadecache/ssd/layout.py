@@ -28,6 +28,11 @@ Crash safety (SIGKILL at any point, or a torn file): nothing is trusted without 
 Readers take no lock: a slot reused under a reader's feet fails that value's crc32c, and the
 reader then re-checks the journal before it calls the value damaged.
 
+Ownership (node_files.py): the directory must be this user's and closed to writing by group and
+others (made 0700 when missing); every file in it is opened relative to the directory's
+descriptor with O_NOFOLLOW and must be this user's regular file (0600; a 0644 one of an older
+version is made 0600, one writable by others refused); temporary names are random (O_EXCL).
+
 Contracts: methods named do_* need `mu` (a threading.Lock: the index arrays) held; append()
 also needs the file lock (`locked()`). Not fork-safe: a forked process opens its own (SSDTier
 does so when its pid changes)."""
@@ -40,6 +45,7 @@ import time
 
 import numpy as np
 
+from .. import node_files
 from .._io import crc32c
 
 ENTRY = struct.Struct("<qIIIIII")       # id, slot size, slot, length, crc, reserved, entry crc
@@ -64,6 +70,12 @@ def entry(i: int, size: int, slot: int, length: int, crc: int) -> bytes:
     return head + struct.pack("<I", crc32c(head))
 
 
+def _open(name: str, flags: int, dir_fd: int, create: bool = False) -> int:
+    """A file of the tier directory (dir_fd): never through a link, this user's own, 0600."""
+    return node_files.open_file(name, flags, "SSD tier file", dir_fd=dir_fd, create=create, tighten=True,
+                                advice="Remove the tier directory and let shadecache make it again.")
+
+
 def _high(fd: int) -> int:
     """fd moved to >= 1024 where the limit allows (a process holding many tier descriptors must
     keep its own sockets within select()'s reach)."""
@@ -80,10 +92,17 @@ class Layout:
 
     def __init__(self, path: str):
         self.path = path
-        self.journal_path = os.path.join(path, "index")
-        # what close() closes: slot size -> read/write descriptor of its file, the journal, the lock
+        self.journal_path = os.path.join(path, "index")   # for messages; files open by dir_fd
+        # what close() closes: slot size -> read/write descriptor of its file, the journal, the
+        # lock, the directory (every file is opened relative to it: the path is looked up once)
         self._fds, self._jfd, self._lock_fd = {}, -1, -1
-        self._lock_fd = os.open(os.path.join(path, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self.dir_fd = _high(node_files.own_directory(path, "SSD tier directory"))
+        try:
+            self._lock_fd = _open("lock", os.O_RDWR, self.dir_fd, create=True)
+        except BaseException:
+            os.close(self.dir_fd)
+            self.dir_fd = -1
+            raise
         self._tlock = threading.Lock()   # flock is per open file: threads of this process queue here
         self._ino = None
         self._checked = 0.0       # when the journal's path was last looked up
@@ -196,7 +215,7 @@ class Layout:
         """(Re)opens the journal at its path when that is another file than ours, and starts
         over from it; True when it did."""
         try:
-            st = os.stat(self.journal_path)
+            st = os.stat("index", dir_fd=self.dir_fd, follow_symlinks=False)
         except FileNotFoundError:
             st = None
         if self._jfd >= 0 and st is not None and st.st_ino == self._ino:
@@ -207,7 +226,7 @@ class Layout:
         self.do_reset()
         if st is None:
             return False
-        self._jfd = _high(os.open(self.journal_path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC))
+        self._jfd = _high(_open("index", os.O_RDWR | os.O_APPEND, self.dir_fd))
         self._ino = os.fstat(self._jfd).st_ino
         if os.pread(self._jfd, len(HEADER), 0) == HEADER:
             self._jpos = len(HEADER)
@@ -225,7 +244,7 @@ class Layout:
         """Creates the journal if there is none (or replaces one that is not ours), and cuts off a
         torn tail left by a writer that died mid-entry. File lock held."""
         try:
-            fd = os.open(self.journal_path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = _open("index", os.O_RDONLY, self.dir_fd)
             ok = os.pread(fd, len(HEADER), 0) == HEADER
             os.close(fd)
         except FileNotFoundError:
@@ -241,16 +260,17 @@ class Layout:
         """Replaces the journal with one holding `entries` (written, fsync'ed, renamed into
         place), then ends the old file with a MOVED entry so that every process tailing it
         follows. File lock held."""
-        tmp = f"{self.journal_path}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(HEADER + b"".join(entries))
-            f.flush()
-            os.fsync(f.fileno())
         try:
-            old = os.open(self.journal_path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+            old = _open("index", os.O_WRONLY | os.O_APPEND, self.dir_fd)
         except FileNotFoundError:
             old = -1
-        os.rename(tmp, self.journal_path)
+        try:
+            node_files.replace(self.path, "index", HEADER + b"".join(entries), "SSD tier journal",
+                               dir_fd=self.dir_fd, sync=True)
+        except BaseException:
+            if old >= 0:
+                os.close(old)
+            raise
         if old >= 0:
             os.write(old, entry(0, 1, 0, MOVED, 0))
             os.close(old)
@@ -305,7 +325,7 @@ class Layout:
                         raise
                     # A nearly full disk: the tier still takes what fits, one slot at a time,
                     # short of the room the journal needs to grow and be compacted.
-                    st = os.statvfs(self.path)
+                    st = os.statvfs(self.dir_fd)
                     if st.f_bavail * st.f_frsize < s + 2 * self._jpos + (64 << 10):
                         raise
                     chunk = 1
@@ -340,9 +360,8 @@ class Layout:
     def fd(self, s: int, create: bool = False) -> int:
         fd = self._fds.get(s)
         if fd is None:
-            flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
             try:
-                fd = _high(os.open(self.file_of(s), flags, 0o600))
+                fd = _high(_open(f"slots-{s}.dat", os.O_RDWR, self.dir_fd, create=create))
             except FileNotFoundError:
                 return -1
             self._fds[s] = fd
@@ -352,14 +371,14 @@ class Layout:
         self.close()
 
     def close(self):
-        for fd in list(self._fds.values()) + [self._jfd, self._lock_fd]:
+        for fd in list(self._fds.values()) + [self._jfd, self._lock_fd, getattr(self, "dir_fd", -1)]:
             if fd >= 0:
                 try:
                     os.close(fd)
                 except OSError:
                     pass
         self._fds = {}
-        self._jfd = self._lock_fd = -1
+        self._jfd = self._lock_fd = self.dir_fd = -1
         self.fdv = np.full(0, -1, dtype=np.int32)   # nothing may be read through closed descriptors
 
 

@@ -28,6 +28,11 @@ the budget to what the slot files hold on disk now, and for a minute only values
 of their size class already on disk are written (nothing is evicted for a value that cannot be); EIO (or any other write failure) disables writes with a
 warning; reads go on.
 
+The directory and its files belong to the user (node_files.py): a directory that another user
+owns, or that group or others may write, is refused with PermissionError naming the owner or the
+mode (another user could plant values, or links that make the tier write into the victim's
+files); one that does not exist is made 0700, its files 0600, opened with O_NOFOLLOW.
+
 A tier directory belongs to one data set: `bind(fingerprint)` (the store's `fingerprint`; a
 cache created with `fingerprint=` passes its own) records it in `<dir>/fingerprint` the first
 time and refuses another data set afterwards with FingerprintError, so that a job over another
@@ -43,7 +48,7 @@ import warnings
 
 import numpy as np
 
-from .. import _io
+from .. import _io, node_files
 from .._io import crc32c
 from ..errors import FingerprintError
 from .layout import MAX_ID, REMOVED, Layout, entry, slot_bytes
@@ -58,7 +63,8 @@ class SSDTier:
         if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int) or capacity_bytes < 0:
             raise ValueError(f"capacity_bytes must be an int >= 0, got {capacity_bytes!r}")
         self.path = os.fspath(path)
-        os.makedirs(self.path, exist_ok=True)
+        # Made 0700 when missing; refused when another user owns it or may write it (node_files).
+        os.close(node_files.own_directory(self.path, "SSD tier directory"))
         if not os.access(self.path, os.W_OK):
             raise PermissionError(f"SSD tier directory {self.path} is not writable")
         self.capacity_bytes = capacity_bytes
@@ -113,12 +119,13 @@ class SSDTier:
             raise ValueError(f"fingerprint must be a non-empty str of at most 256 characters without "
                              f"NUL, got {fingerprint!r}")
         self._mine()
-        fp_path = os.path.join(self.path, "fingerprint")
         lay = self._layout
         with lay.locked(), self._mu:   # file lock before mu, as the writer takes them
             try:
-                with open(fp_path, "r", encoding="utf-8", errors="replace") as f:
-                    found = f.read().strip()
+                fd = node_files.open_file("fingerprint", os.O_RDONLY, "SSD tier file", dir_fd=lay.dir_fd,
+                                          tighten=True)
+                with open(fd, "r", encoding="utf-8", errors="replace") as f:
+                    found = f.read(4096).strip()
             except FileNotFoundError:
                 found = None
             if found is not None and found != fingerprint:
@@ -131,12 +138,8 @@ class SSDTier:
                     raise FingerprintError(
                         f"SSD tier {self.path} holds {lay.items} samples of an unrecorded data set, "
                         f"not known to be {fingerprint}: use another directory, or remove that one")
-                tmp = f"{fp_path}.{os.getpid()}.{threading.get_ident()}.tmp"
-                with open(tmp, "w", encoding="utf-8") as f:
-                    f.write(fingerprint + "\n")
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.rename(tmp, fp_path)
+                node_files.replace(self.path, "fingerprint", (fingerprint + "\n").encode(), "SSD tier file",
+                                   dir_fd=lay.dir_fd, sync=True)
         self.fingerprint = fingerprint
 
     def _mine(self):

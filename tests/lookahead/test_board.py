@@ -74,9 +74,12 @@ def test_bad_input(board_name):
             b.snapshot("0")
         assert b.snapshot(0) is None                         # nothing half-published
     assert not os.path.exists(f"/dev/shm/shadecache-order.{board_name}")
-    with open(f"/dev/shm/shadecache-order.{board_name}", "wb") as f:
+    with open(os.open(f"/dev/shm/shadecache-order.{board_name}", os.O_WRONLY | os.O_CREAT, 0o600), "wb") as f:
         f.write(b"\0" * 8192)
     with pytest.raises(ValueError, match="not an order board"):
+        OrderBoard.attach(board_name)
+    os.chmod(f"/dev/shm/shadecache-order.{board_name}", 0o644)   # open to others: never read
+    with pytest.raises(PermissionError, match="open to group or others"):
         OrderBoard.attach(board_name)
 
 

@@ -64,7 +64,7 @@ def test_gc_removes_a_status_file_that_does_not_parse():
     from shadecache.cache import gc
 
     name = f"t-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    with open(tier_status.path_of(name), "w") as f:
+    with open(os.open(tier_status.path_of(name), os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
         f.write('{"pid": 1}{"pid": 1}')
     assert tier_status.read(name) is None
     assert f"{tier_status.PREFIX}{name}.json" in gc()

@@ -358,14 +358,15 @@ def test_evictions_reuse_slots(tmp_path, cache_factory):
 
 @pytest.fixture
 def small_disk(tmp_path):
-    """A 512 KiB tmpfs mounted for the test (root only), unmounted after it."""
+    """A 512 KiB tmpfs mounted for the test (root only; mode 0700: a tier directory others may
+    write is refused), unmounted after it."""
     import subprocess
 
     if os.geteuid() != 0:
         pytest.skip("mounting a small tmpfs needs root")
     mnt = tmp_path / "small"
     mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mnt)],
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k,mode=0700", "tmpfs", str(mnt)],
                       capture_output=True).returncode != 0:
         pytest.skip("cannot mount a tmpfs here")
     yield mnt
