@@ -1,4 +1,4 @@
-"""Review of issue 13 (fuzz harness, shared pread pool, store hardening): reproducers.
+"""The fuzz harness, the shared pread pool and store hardening: reproducers.
 
 Each test fails on 0ce1b4d (main after the merge). Crashes, hangs and heap corruption are
 run in a child process so that the suite reports them as failures instead of dying.
@@ -46,7 +46,7 @@ def big_store(tmp_path):
 def test_close_while_another_thread_reads_is_an_error_not_a_crash(big_store, backend):
     """close() now frees the backend (the ring, the share of the pool) while a read of the same
     store is still inside it: io_uring segfaults, pread hangs (the last close joins the pool the
-    reader is waiting on). Before issue 13 this was an OSError (EBADF)."""
+    reader is waiting on). It used to be an OSError (EBADF)."""
     if backend == "io_uring" and probe_backend("io_uring")[0] != "io_uring":
         pytest.skip("no io_uring here")
     r = run_py(f"""
