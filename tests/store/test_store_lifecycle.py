@@ -104,7 +104,7 @@ def slow_pread(tmp_path):
 
 def test_pread_reads_of_two_stores_in_two_threads_overlap(tmp_path, slow_pread):
     """Every pread read of the process goes through one pool whose run() holds job_mu_ for the
-    whole batch: two stores read from two threads (or the lanes of a ReadStream, or _NextTier's
+    whole batch: two stores read from two threads (or the lanes of a ReadStream, or the prefetcher's
     read_many threads) take turns. With each pread taking 50 ms, 2 x 10 reads take ~1.0 s
     instead of ~0.5 s (on cfcfd78, per-store threads: 0.62 s)."""
     p = make_store(tmp_path / "s.shc", 16, 100)
