@@ -85,6 +85,7 @@ class SSDTier:
             self.bind(fingerprint)
 
     slot_bytes = staticmethod(slot_bytes)
+    lengths = None   # the tier protocol (store/protocol.py): no sample's length is known unread
 
     def _setup(self):
         if self._layout is not None:   # a forked child: the parent's descriptors are not ours
@@ -184,6 +185,8 @@ class SSDTier:
                     self._warn(f"cannot read sample {i} from {lay.file_of(int(lay.size[i]))}: "
                                f"{os.strerror(int(errs[k]))}")
         return values
+
+    read_many = get_many   # the tier protocol's batched read (shadecache/store/protocol.py)
 
     def _damaged(self, i: int):
         """Value i did not match its crc32c (or was short). Read again with the index held still
