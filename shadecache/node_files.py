@@ -49,6 +49,13 @@ def _foreign(what: str, path: str, st: os.stat_result, advice: str) -> Permissio
                            f"({user(os.geteuid())}): refused, never read or written. {advice}".rstrip())
 
 
+def _not_a_file(what: str, path: str, st: os.stat_result, outcome: str) -> PermissionError:
+    """The refusal of this user's own entry that is not a regular file (a directory, a FIFO)."""
+    return PermissionError(errno.EACCES, f"{what} {path} is {_kind(st)} of this user ({user(st.st_uid)}), "
+                                         f"not a regular file (mode {stat.filemode(st.st_mode)}): "
+                                         f"{outcome}; remove it")
+
+
 def check(fd: int, path: str, what: str, tighten: bool = False,
           advice: str = "Another user made it: use another name, or have it removed.") -> os.stat_result:
     """The stat of `fd` (opened from `path`, a `what` for messages) when it is a regular file of
@@ -61,9 +68,7 @@ def check(fd: int, path: str, what: str, tighten: bool = False,
     if st.st_uid != os.geteuid():
         raise _foreign(what, path, st, advice)
     if not stat.S_ISREG(st.st_mode):
-        raise PermissionError(errno.EACCES, f"{what} {path} is not a regular file but {_kind(st)} "
-                                            f"(mode {stat.filemode(st.st_mode)}) of this user "
-                                            f"({user(st.st_uid)}): refused; remove it")
+        raise _not_a_file(what, path, st, "refused")
     mode = stat.S_IMODE(st.st_mode)
     if mode & 0o077:
         if tighten and not mode & 0o022:
@@ -198,8 +203,7 @@ def _put_in_place(tmp: str, target: str, what: str, dir_fd: Optional[int]) -> bo
         if st is not None and st.st_uid != os.geteuid():
             raise _foreign(what, target, st, advice)
         if st is not None and not stat.S_ISREG(st.st_mode):
-            raise PermissionError(errno.EACCES, f"{what} {target} is {_kind(st)} of this user, not a "
-                                                f"regular file: refused, never replaced; remove it")
+            raise _not_a_file(what, target, st, "refused, never replaced")
         try:
             os.rename(tmp, target, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         except PermissionError as e:
