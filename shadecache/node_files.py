@@ -56,6 +56,12 @@ def _not_a_file(what: str, path: str, st: os.stat_result, outcome: str) -> Permi
                                          f"{outcome}; remove it")
 
 
+def _a_link(what: str, path: str, st: os.stat_result, outcome: str, advice: str) -> PermissionError:
+    """The refusal of a symbolic link (anyone's) where a file of ours belongs."""
+    return PermissionError(errno.EACCES, f"{what} {path} is a symbolic link ({user(st.st_uid)}'s): "
+                                         f"{outcome}. {advice}".rstrip())
+
+
 def check(fd: int, path: str, what: str, tighten: bool = False,
           advice: str = "Another user made it: use another name, or have it removed.") -> os.stat_result:
     """The stat of `fd` (opened from `path`, a `what` for messages) when it is a regular file of
@@ -92,8 +98,7 @@ def _refusal(e: OSError, path: str, what: str, advice: str, dir_fd: Optional[int
     except OSError:
         return e
     if stat.S_ISLNK(st.st_mode):
-        return PermissionError(errno.EACCES, f"{what} {path} is a symbolic link ({user(st.st_uid)}'s): "
-                                             f"refused, links are never followed. {advice}".rstrip())
+        return _a_link(what, path, st, "refused, links are never followed", advice)
     if st.st_uid != os.geteuid():
         return _foreign(what, path, st, advice)
     return e
@@ -198,8 +203,7 @@ def _put_in_place(tmp: str, target: str, what: str, dir_fd: Optional[int]) -> bo
                     raise
             st = None      # no hard links here: rename, as on any file system
         if st is not None and stat.S_ISLNK(st.st_mode):
-            raise PermissionError(errno.EACCES, f"{what} {target} is a symbolic link ({user(st.st_uid)}'s): "
-                                                f"refused, never replaced. {advice}")
+            raise _a_link(what, target, st, "refused, never replaced", advice)
         if st is not None and st.st_uid != os.geteuid():
             raise _foreign(what, target, st, advice)
         if st is not None and not stat.S_ISREG(st.st_mode):
