@@ -62,7 +62,8 @@ class SSDTier:
                  fingerprint=None):
         if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int) or capacity_bytes < 0:
             raise ValueError(f"capacity_bytes must be an int >= 0, got {capacity_bytes!r}")
-        self.path = os.fspath(path)
+        # "dir/" and "dir/." are "dir": a link there is refused, never followed (node_files).
+        self.path = node_files.directory_path(path, "SSD tier directory")
         # Made 0700 when missing; refused when another user owns it or may write it (node_files).
         os.close(node_files.own_directory(self.path, "SSD tier directory"))
         if not os.access(self.path, os.W_OK):
