@@ -239,6 +239,25 @@ class Cache:
             scores = scores.detach().cpu().numpy()
         self._core.update_scores(ids, scores)
 
+    def admits(self, ids, displaced=0) -> np.ndarray:
+        """Bool mask: whether this cache, full, would admit each id by its policy by the time
+        `displaced` (an int, or one per id) of its cached values have given way to others:
+        importance, a score above the lowest cached score left then; static, none; lru, fifo and
+        clairvoyant, every id (they evict to make room). A prediction for readers ahead (the
+        prefetcher, which counts the samples due before each one); put decides."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        policy = self.policy
+        if policy == "static":
+            return np.zeros(ids.size, dtype=bool)
+        if policy != "importance":
+            return np.ones(ids.size, dtype=bool)
+        scores = np.asarray(self.scores())
+        held = np.sort(scores[self.cached_mask()])
+        k = np.broadcast_to(np.asarray(displaced, dtype=np.int64), ids.shape)
+        out = k < held.size
+        out[out] = scores[ids[out]] > held[k[out]]
+        return out
+
     # ---- introspection ----------------------------------------------------------------------
     @property
     def policy(self) -> str:

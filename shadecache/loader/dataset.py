@@ -33,6 +33,7 @@ from ..store.protocol import check_store
 from ..tiers import STORE, TierChain
 from .counters import SharedCounters
 
+ON_WAY_WAIT_S = 2.0   # the longest a miss waits for the same sample on its way from the prefetcher
 _TIERS = ("peer", "ssd", STORE)   # the tiers below the cache, as CachedDataset composes its chain
 _FIELDS = (("hits", "misses", "samples", "prefetch_hits", "wait_ns")
            + tuple(f"{t}_{c}" for t in _TIERS for c in ("calls", "hits", "bytes", "ns")))
@@ -180,6 +181,28 @@ class CachedDataset(Dataset):
         cache refused to the SSD tier (written behind, off this path). The one miss path of every
         reader (fetch_bytes, sc.CachedLoader). One caller at a time per process: the Cluster's
         connections (one per peer per process) take one request at a time."""
+        board = board_for(self.cache)
+        if board is not None and board.prefetcher_pid:
+            # What the node's prefetcher is reading now is read once: wait for it to land.
+            a = np.asarray(ids, dtype=np.int64)
+            coming = board.wait_for(a, ON_WAY_WAIT_S)
+            if coming.any():
+                landed = self.cache.get_many(a[coming])
+                got = dict(zip(a[coming].tolist(), landed))
+                rest = [i for i in ids if got.get(i) is None]
+                if len(rest) < len(ids):
+                    landed_ids = [i for i, v in got.items() if v is not None]
+                    board.unmark(landed_ids)          # used: neither unused nor wasted
+                    self.counters.add(prefetch_hits=len(landed_ids))
+                    board.count_reads(0, 0, len(landed_ids), 0)
+                    values = dict(zip(rest, self.fetch_missing_now(rest)))
+                    return [got[i] if got.get(i) is not None else values[i] for i in ids]
+        return self.fetch_missing_now(ids)
+
+    def fetch_missing_now(self, ids: list) -> list:
+        """fetch_missing without waiting for the prefetcher: the tier chain, under the lock."""
+        if not ids:
+            return []
         with self._miss_lock:
             r = self.chain.read(ids)
             self.chain.admit(r)

@@ -30,8 +30,9 @@ Layout (little-endian; all offsets fixed by the header so attach checks them):
                                    and epoch, or NONE
     next_use S x N int32           the next k (>= cursor) at which this stream reads sample i in its
                                    current epoch, or NONE
-    flags    N uint8               1 while sample i sits in the cache because the prefetcher brought
-                                   it and no read has used it yet
+    flags    N uint8               PREFETCHED (1) while sample i sits in the cache because the
+                                   prefetcher brought it and no read has used it yet; ON_WAY (2)
+                                   while the prefetcher reads it (a reader waits for it)
 
 Concurrency contract (single writer per stream; any number of readers; no lock):
 - The writer of stream s is the training process of that rank (through ShadeSampler's hook).
@@ -46,7 +47,9 @@ Concurrency contract (single writer per stream; any number of readers; no lock):
   next_use entries only move later within an epoch, so a stale one errs on "needed sooner".
 - The per-epoch prefetch counters and the flags are written by the prefetcher (one per node); the
   flags are also cleared by the processes that read a prefetched sample (a byte store; two readers
-  clearing the same flag at once may both count the prefetch hit, a rare overcount).
+  clearing the same flag at once may both count the prefetch hit, a rare overcount). A reader
+  waits for a sample on its way only while the prefetcher lives, and only so long: a killed
+  prefetcher's ON_WAY flags cost a reader that wait, never a wrong value (the cache decides).
 - A process killed at any point leaves at most one stream with an odd seq: readers skip that
   stream until its writer (or a successor) publishes again. Nothing in the cache depends on the
   board, so a dead board writer can never make the cache inconsistent.
@@ -75,6 +78,7 @@ EPOCH_SLOTS = 32                       # per-epoch counter rows kept (epoch mod 
 # sampler knows it already (a uniform order the cache does not rearrange). Far more than any
 # lookahead window needs; 12 bytes each per stream.
 NEXT_EPOCH_ROOM = 65536
+PREFETCHED, ON_WAY = 1, 2               # flags[i]: brought and unused / being read by the prefetcher
 COUNTERS = ("epoch", "prefetched", "prefetch_wasted", "prefetched_bytes", "reads_issued")
 _COUNTER_OFF = 128                     # header offset of the counter rows
 # The readers' per-epoch rows (CachedDataset in any process of the node adds to them with an
@@ -381,30 +385,58 @@ class OrderBoard:
         return {"seq": int(rec[_S_SEQ]), "epoch": int(rec[_S_EPOCH]), "length": int(rec[_S_LENGTH]),
                 "cursor": int(rec[_S_CURSOR])}
 
-    # ---- the "prefetched" flags: set by the prefetcher, claimed by the readers ---------------
+    # ---- the flags: set by the prefetcher, claimed (or waited for) by the readers -----------
+    def mark_on_way(self, ids) -> None:
+        """The prefetcher is reading these ids (readers wait for them instead of reading them)."""
+        self._flags[ids] = ON_WAY
+
+    def on_way(self, ids) -> np.ndarray:
+        """Bool mask: which ids the prefetcher is reading now."""
+        return self._flags[ids] == ON_WAY
+
     def mark_prefetched(self, ids) -> None:
         """The prefetcher brought these ids into the cache; no read has used them yet."""
-        self._flags[ids] = 1
+        self._flags[ids] = PREFETCHED
 
-    def unmark_prefetched(self, ids) -> None:
-        """The prefetcher found these flagged ids evicted before any read used them (wasted)."""
+    def unmark(self, ids) -> None:
+        """Neither on their way nor unused in the cache: read but refused by the cache, or found
+        evicted before any read used them (wasted)."""
         self._flags[ids] = 0
+
+    def clear_on_way(self) -> None:
+        """Drops every "on its way" flag (a prefetcher that starts: one killed left them set)."""
+        self._flags[self._flags == ON_WAY] = 0
 
     def prefetched(self, ids) -> np.ndarray:
         """Bool mask: which ids still carry the flag (brought, and not used by a read yet)."""
-        return self._flags[ids] != 0
+        return self._flags[ids] == PREFETCHED
 
     def claim_prefetched(self, ids, hit) -> int:
-        """A reader's batch: clears the flags of the flagged ids it found in the cache (hit():
+        """A reader's batch: clears the flags of the prefetched ids it found in the cache (hit():
         the batch's bool mask of cache hits, asked for only when some id is flagged) and returns
         how many distinct ids that was: the batch's prefetch hits. A byte store per id: two
         readers claiming one id at once may both count it (a rare overcount)."""
         flags = self._flags[ids]
-        if not flags.any():
+        if not (flags == PREFETCHED).any():
             return 0
-        used = ids[(flags != 0) & hit()]
+        used = ids[(flags == PREFETCHED) & hit()]
         self._flags[used] = 0
         return int(np.unique(used).size)
+
+    def wait_for(self, ids, timeout: float) -> np.ndarray:
+        """Waits (up to `timeout` seconds, while the prefetcher lives) until none of `ids` is on
+        its way; returns the mask of those that were. A reader calls it before reading its misses,
+        so that a sample the prefetcher is reading is read once."""
+        coming = self.on_way(ids)
+        if not coming.any():
+            return coming
+        from ..process import alive
+        wait = ids[coming]
+        deadline = time.monotonic() + timeout
+        pid = self.prefetcher_pid
+        while self.on_way(wait).any() and time.monotonic() < deadline and pid and alive(pid):
+            time.sleep(0.0005)
+        return coming
 
     # ---- prefetcher registration and counters ------------------------------------------------
     @property

@@ -6,7 +6,7 @@ configuration over a pipe), so serving peers never takes the training process's 
 process: one accept loop, one thread per connection (at most MAX_CONNECTIONS), requests on a
 connection answered in order.
 
-A GET is answered in chunks (one GET_REPLY message each, status MORE on all but the last), so
+A GET is answered in chunks (one GET_REPLY message each, status wire.MORE on all but the last), so
 that at most CHUNK_ITEMS samples of one request are pinned at a time: the values of a chunk are
 pinned cache views (Cache.view), handed to sendmsg as a scatter/gather list (no copy in Python)
 and released when the chunk is sent. A sample the cache does not hold comes from the SSD tier,
@@ -41,7 +41,6 @@ CHUNK_ITEMS = 256         # samples pinned at once per request
 CHUNK_BYTES = 8 << 20     # bytes per reply chunk (a chunk holds at least one sample)
 IO_TIMEOUT = 10.0         # a partial message or a stalled reader is dropped after this
 IDLE_TIMEOUT = 300.0      # an idle connection is closed after this
-MORE = 1                  # GET_REPLY status: more chunks of this request follow
 
 
 def is_loopback(host: str) -> bool:
