@@ -18,6 +18,7 @@ top (stats()["segment_bytes"] is the whole). Without sizes, capacity_bytes is th
 included, and size classes are learned as values arrive.
 """
 import atexit
+import functools
 import math
 import os
 import time
@@ -76,6 +77,8 @@ class Cache:
 
     get(i) -> bytes | None           a copy of sample i, None on a miss
     get_many(ids) -> list            one native call for a batch
+    gather_rows(ids, out, ...)       hits copied into the rows of `out` (one call, GIL released)
+    gather_flat(ids, len_hint)       hits copied back to back: (flat uint8 array, lengths)
     get_into(i, buf) -> int          copy into a writable buffer; the length, or -1 on a miss
     view(i) -> SampleView | None     zero copy: a read-only buffer into the cache, pinned (no
                                      process frees, rewrites or moves those bytes) until released
@@ -110,6 +113,9 @@ class Cache:
         self.scores = core.scores
         self.check = core.check
         self.set_next_use = core.set_next_use
+        # The batch calls of the readers that fill whole batches (CachedLoader, the peer server).
+        self.gather_rows = functools.partial(_core.gather_rows, core)
+        self.gather_flat = functools.partial(_core.gather_flat, core)
 
     # ---- construction ------------------------------------------------------------------------
     @classmethod
@@ -229,6 +235,12 @@ class Cache:
     def __reduce__(self):
         # Spawned DataLoader workers and other processes get the cache by name, never by value.
         return (Cache.attach, (self.name,))
+
+    def pinned_reply(self, ids, max_bytes: int):
+        """A peer server's GET reply chunk: the values of the leading ids that fit `max_bytes`,
+        pinned (no process frees or rewrites them) until release(); the misses filled in by the
+        server, then sent with crc32c straight from shared memory (csrc/bindings/peer_io.cc)."""
+        return _core.PinnedReply(self._core, ids, max_bytes)
 
     # ---- writers with argument shaping -------------------------------------------------------
     def update_scores(self, ids, scores) -> None:

@@ -12,7 +12,7 @@ assemble a cached batch itself:
 How one batch is made (on one of `num_workers` threads of this process, `prefetch_batches` ahead;
 num_workers=0 makes it in the iterating thread):
   1. the sampler's next B ids (the sampler is iterated in the iterating thread only);
-  2. hits: one native call (_core.gather_rows / gather_flat) copies every cached value into the
+  2. hits: one native call (Cache.gather_rows / gather_flat) copies every cached value into the
      batch's buffer with the GIL released: a (B, S) tensor when every sample of the store has the
      same size S, else one flat tensor plus offsets (RaggedBatch). No Python object per sample;
   3. misses: CachedDataset.fetch_missing (the tiers below the cache, one batch each, then admission
@@ -49,7 +49,6 @@ import torch
 from torch.utils.data import DistributedSampler, RandomSampler, SequentialSampler
 from torch.utils.data._utils.collate import default_collate
 
-from .. import _core
 from .dataset import CachedDataset
 
 _THREAD_PREFIX = "shadecache-loader"
@@ -436,7 +435,7 @@ class CachedLoader:
         labels = self._labels   # once: another iteration of this loader may refresh it meanwhile
         if ds.cache is not None:
             y = np.empty(ids.size, dtype=np.int64) if labels is not None else None
-            lens = _core.gather_rows(ds.cache._core, ids, out, labels, y, block, True)  # checks ids
+            lens = ds.cache.gather_rows(ids, out, labels, y, block, True)  # checks ids
             if lens is None:    # every id read, every one a hit of S bytes: the common case
                 if y is None:
                     y = ds.labels_of(ids)
@@ -469,7 +468,7 @@ class CachedLoader:
         """A RaggedBatch: hits copied back to back by one native call, misses spliced in."""
         ds = self.dataset
         if ds.cache is not None:
-            flat, lens = _core.gather_flat(ds.cache._core, ids, self._len_hint)   # checks every id
+            flat, lens = ds.cache.gather_flat(ids, self._len_hint)   # checks every id
         else:
             flat = np.empty(0, dtype=np.uint8)
             lens = np.full(ds.check_ids(ids).size, -1, dtype=np.int64)

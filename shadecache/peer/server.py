@@ -33,7 +33,6 @@ import numpy as np
 
 from . import auth, wire
 from . import status as tier_status
-from .. import _core
 from ..tiers import STORE, TierChain
 
 MAX_CONNECTIONS = 256
@@ -225,7 +224,7 @@ class PeerService:
             c["get_ns"] += time.perf_counter_ns() - t0
 
     def _get_chunks(self, conn, ids, count: int, opaque: int) -> None:
-        """Answers one GET, a chunk at a time: _core.PinnedReply pins the chunk's values, the
+        """Answers one GET, a chunk at a time: Cache.pinned_reply pins the chunk's values, the
         misses are filled here (SSD tier, store), then one native call computes the crc32c of
         every value and sends header, entry table and values with sendmsg straight from shared
         memory, without the GIL (csrc/bindings/peer_io.cc)."""
@@ -236,7 +235,7 @@ class PeerService:
             want = ids[first:first + CHUNK_ITEMS]
             self._pins.acquire(want.size)
             try:
-                reply = _core.PinnedReply(self.cache._core, want, CHUNK_BYTES)
+                reply = self.cache.pinned_reply(want, CHUNK_BYTES)
                 try:
                     k = reply.count
                     missed = reply.missed()
@@ -275,7 +274,7 @@ class PeerService:
 
 
 # ---- the server process ------------------------------------------------------------------------
-def _main() -> None:
+def main() -> None:
     """`python -m shadecache.peer`: reads its configuration (a length-prefixed pickle,
     written by serve() in the parent: our own process, never the network) from stdin, prints
     its address on stdout, serves until stdin closes (the parent exited or closed it)."""

@@ -21,6 +21,7 @@ import numpy as np
 
 from .. import _io
 from ..errors import StoreFormatError
+from ..memory import tune_malloc_once
 
 __all__ = ["PackedStore", "FolderStore", "scan_image_folder", "FORMAT_VERSION"]
 
@@ -35,29 +36,6 @@ def _warn_fallback(reason: str) -> None:
         _warned.add(reason)
         warnings.warn(f"shadecache: io_uring unavailable ({reason}); using the pread thread pool",
                       RuntimeWarning, stacklevel=3)
-
-
-# glibc returns the memory of a freed batch to the kernel (heap trim; mmap for blocks >= 128 KB),
-# so the next batch's bytes objects fault in and zero fresh pages: on this project's VMs that cut
-# 128 KB read_many from ~1.2 GB/s to ~0.4 GB/s (docs/store_format.md). Keeping up to 64 MiB of freed
-# heap, and serving blocks below 16 MiB from the heap, removes it. Process-wide, once; skipped when
-# the user tunes malloc through its own environment variables or sets SHADECACHE_NO_MALLOC_TUNING.
-_MALLOC_MMAP_THRESHOLD = 16 << 20
-_MALLOC_TRIM_THRESHOLD = 64 << 20
-_malloc_tuned = False
-
-
-def _tune_malloc_once() -> None:
-    global _malloc_tuned
-    if _malloc_tuned:
-        return
-    _malloc_tuned = True
-    env = os.environ
-    if env.get("SHADECACHE_NO_MALLOC_TUNING") or any(
-            k in env for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
-                               "GLIBC_TUNABLES")):
-        return
-    _io.tune_malloc(_MALLOC_MMAP_THRESHOLD, _MALLOC_TRIM_THRESHOLD)
 
 
 def _check_backend_args(backend: str, queue_depth: int) -> None:
@@ -163,7 +141,7 @@ class PackedStore(_StoreBase):
         # with surrogates) must still open.
         self._r = _io.PackedReader(native_path(self.path), backend, bool(direct), int(queue_depth),
                                    bool(verify))
-        _tune_malloc_once()
+        tune_malloc_once()
         _warn_fallback(self._r.fallback_reason)
         self._labels = self._r.labels()
         self._labels.flags.writeable = False
@@ -415,7 +393,7 @@ class FolderStore(_StoreBase):
         self._options = (backend, int(queue_depth))
         self._files = files if root is None else None
         self._r = _io.FolderReader([native_path(p) for p in paths], backend, int(queue_depth))
-        _tune_malloc_once()
+        tune_malloc_once()
         _warn_fallback(self._r.fallback_reason)
         self._labels = np.asarray(labels, dtype=np.int64)
         self._labels.flags.writeable = False
