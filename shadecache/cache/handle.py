@@ -17,16 +17,14 @@ and sizes its memory so that capacity_bytes of samples fit: slot headers and pag
 top (stats()["segment_bytes"] is the whole). Without sizes, capacity_bytes is the memory, headers
 included, and size classes are learned as values arrive.
 """
-import atexit
 import functools
 import math
 import os
-import time
 from typing import List, Optional
 
 import numpy as np
 
-from .. import _core
+from .. import _core, shm
 from ..errors import FingerprintError
 
 # Policy name -> the number the engine stores; the engine defines the list (csrc/cache/policies/).
@@ -46,23 +44,6 @@ def _page_item_bytes(max_item_bytes, sizes) -> int:
         return _check_int("max_item_bytes", max_item_bytes, 1)
     largest = int(sizes.max()) if sizes.size else 0
     return max(DEFAULT_MAX_ITEM_BYTES, min(largest, LARGEST_PAGE_ITEM_BYTES))
-
-# Segments created by this process, unlinked at interpreter exit (in the creating pid only: a
-# forked DataLoader worker inherits this set and must not remove its parent's cache).
-_OWNED = {}
-
-
-def _unlink_owned_at_exit():
-    for name, pid in list(_OWNED.items()):
-        if pid == os.getpid():
-            try:
-                _core.CacheCore.unlink(name)
-            except OSError:
-                pass
-
-
-atexit.register(_unlink_owned_at_exit)
-
 
 def _check_int(name, value, minimum=0):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
@@ -117,6 +98,21 @@ class Cache:
         self.gather_rows = functools.partial(_core.gather_rows, core)
         self.gather_flat = functools.partial(_core.gather_flat, core)
 
+    # ---- the caches of this node ----------------------------------------------------------------
+    @staticmethod
+    def list() -> List[str]:
+        """Names of the caches on this node (what `shadecache ls` lists)."""
+        from . import node
+        return node.list_caches()
+
+    @staticmethod
+    def remove(name: str) -> bool:
+        """Cache.remove(name), called on the class: removes the cache `name` from this node (its
+        segment's name; processes that have it mapped keep using it until they close); False if
+        there is none. On a cache, cache.remove(i) removes sample i."""
+        from . import node
+        return node.remove(name)
+
     # ---- construction ------------------------------------------------------------------------
     @classmethod
     def create(cls, name: str, num_samples: int, capacity_bytes: int, policy: str = "importance",
@@ -151,8 +147,8 @@ class Cache:
         core = _core.CacheCore.create(name, num_samples, capacity_bytes, page_item_bytes, POLICIES[policy],
                                       sizes, persist, fingerprint or "",
                                       0 if max_item_bytes is None else page_item_bytes)
-        if not persist:
-            _OWNED[name] = os.getpid()
+        if not persist:   # removed when this process exits (node.py's gc if it is killed)
+            shm.own(name, lambda: _core.CacheCore.unlink(name))
         cache = cls(core, owner=not persist)
         if blend is not None:
             try:
@@ -362,7 +358,7 @@ class Cache:
     def unlink(self) -> None:
         """Removes the segment's name; processes that have it mapped keep using it until they close."""
         _core.CacheCore.unlink(self.name)
-        _OWNED.pop(self.name, None)
+        shm.disown(self.name)
 
     def __enter__(self) -> "Cache":
         return self
@@ -394,74 +390,3 @@ def _check_fingerprint(fingerprint) -> Optional[str]:
         # the segment stores it as a C string: "ab\0cd" would be kept, and matched, as "ab"
         raise ValueError("fingerprint may not contain a NUL byte")
     return fingerprint
-
-
-def list_caches() -> List[str]:
-    """Names of the shadecache segments on this node."""
-    return sorted(_core.CacheCore.list())
-
-
-def remove(name: str) -> bool:
-    """Removes segment `name`; False if it did not exist."""
-    _OWNED.pop(name, None)
-    return _core.CacheCore.unlink(name)
-
-
-def creator_alive(name: str) -> Optional[bool]:
-    """Whether the process that created `name` still runs (pid and start time both match, and it
-    has not exited).
-    None if the segment vanished or is not readable."""
-    try:
-        info = _core.CacheCore.read_creator(name)
-    except (OSError, ValueError):
-        return None
-    if info is None:
-        return None
-    pid, start = info
-    # An exited creator that its parent has not waited for yet (a zombie) maps nothing: gone.
-    return start != 0 and not _core.process_gone(pid, start)
-
-
-def describe(name: str) -> dict:
-    """What `shadecache ls` shows of cache `name`, read without counting as an attach."""
-    core = _core.CacheCore.attach(name, touch=False)
-    try:
-        d = core.stats()
-        d.update(persist=core.persist, fingerprint=core.fingerprint,
-                 last_attach=core.last_attach_unix_ns / 1e9, created=core.created_unix_ns / 1e9)
-        return d
-    finally:
-        core.close()
-
-
-def gc(persisted: bool = False, keep_for: Optional[float] = None) -> List[str]:
-    """Removes every segment whose creator is gone; returns the names removed. A persisted cache
-    is kept unless `persisted` is True, or `keep_for` (seconds) is given and it was last attached
-    longer ago than that."""
-    removed = []
-    now = time.time()
-    for name in list_caches():
-        if creator_alive(name) is not False:
-            continue
-        try:
-            info = describe(name)
-        except Exception:  # a foreign or half-made segment: its creator is gone, remove it
-            info = {"persist": False}
-        if info["persist"] and not persisted and not (keep_for is not None and now - info["last_attach"] > keep_for):
-            continue
-        if remove(name):
-            removed.append(name)
-    # What a killed job leaves beside its segments: order boards of caches that no longer exist
-    # and the tier status files of peer servers that are gone.
-    from ..lookahead import board as order
-    from ..peer import status as tier_status
-    caches = set(list_caches())
-    for entry in os.listdir(order.SHM_DIR):
-        if entry.startswith(order.PREFIX) and entry[len(order.PREFIX):] not in caches:
-            try:
-                os.unlink(os.path.join(order.SHM_DIR, entry))
-                removed.append(entry)
-            except FileNotFoundError:
-                pass
-    removed.extend(os.path.basename(p) for p in tier_status.sweep())
-    return removed

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from ..ids import check_ids
 from ..lookahead.board import board_for
 from ..peer.tier import HomePeerTier
 from ..store.protocol import check_store
@@ -119,20 +120,9 @@ class CachedDataset(Dataset):
 
     # ---- the batched path --------------------------------------------------------------------
     def check_ids(self, ids) -> np.ndarray:
-        """ids as an int64 array, every one in 0..N-1 (TypeError / IndexError naming the id)."""
-        a = np.asarray(ids)
-        if a.ndim != 1:
-            a = a.reshape(-1)
-        if a.size and a.dtype.kind not in "iu":
-            for i in a.tolist():
-                if not isinstance(i, (int, np.integer)) or isinstance(i, bool):
-                    raise TypeError(f"sample id must be an integer, got {i!r}")
-            a = a.astype(np.int64)
-        a = a.astype(np.int64, copy=False)
-        if a.size and (a.min() < 0 or a.max() >= self._n):
-            bad = np.flatnonzero((a < 0) | (a >= self._n))
-            raise IndexError(f"sample id {int(a[bad[0]])} is out of range 0..{self._n - 1}")
-        return a
+        """ids as a 1-D int64 array in 0..N-1 (shadecache/ids.py: the one rule; TypeError /
+        IndexError naming the id)."""
+        return check_ids(ids, self._n)
 
     def fetch_bytes(self, ids):
         """Raw bytes of each id, in order: cache first, then the tier chain for the misses."""

@@ -56,7 +56,6 @@ Concurrency contract (single writer per stream; any number of readers; no lock):
 """
 from __future__ import annotations
 
-import atexit
 import heapq
 import mmap
 import os
@@ -66,6 +65,8 @@ import weakref
 from typing import Optional
 
 import numpy as np
+
+from .. import shm
 
 MAGIC = 0x3152454452_4F4353   # "SCORDER1"-ish tag; any other value is not a board
 VERSION = 1
@@ -86,8 +87,6 @@ _COUNTER_OFF = 128                     # header offset of the counter rows
 # loop saw, per epoch. In the header's spare bytes (zeros in a board of an older writer).
 READER_COUNTERS = ("epoch", "samples", "hits", "prefetch_hits", "wait_ns")
 _READER_OFF = 2048
-SHM_DIR = "/dev/shm"
-PREFIX = "shadecache-order."
 
 # header words (int64 each) at these byte offsets
 _H_MAGIC, _H_VERSION, _H_STREAMS, _H_CAPACITY, _H_N, _H_CREATOR = 0, 8, 16, 24, 32, 40
@@ -95,31 +94,10 @@ _H_PREFETCHER, _H_STOP = 48, 56
 # stream record words
 _S_SEQ, _S_EPOCH, _S_LENGTH, _S_CURSOR = 0, 1, 2, 3
 
-_OWNED: dict = {}   # board path -> creating pid, unlinked at interpreter exit by that pid only
-
-
-def _unlink_owned_at_exit():
-    for path, pid in list(_OWNED.items()):
-        if pid == os.getpid():
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-
-
-atexit.register(_unlink_owned_at_exit)
-
-
 def _fence():
     # A full hardware fence around the seqlock's sequence word (see the module docstring).
     from .. import _io
     _io.memory_fence()
-
-
-def board_path(cache_name: str) -> str:
-    if not isinstance(cache_name, str) or not cache_name or "/" in cache_name:
-        raise ValueError(f"a board is named after its cache; bad cache name {cache_name!r}")
-    return os.path.join(SHM_DIR, PREFIX + cache_name)
 
 
 def _sizes(streams: int, capacity: int, n: int):
@@ -204,13 +182,12 @@ class OrderBoard:
                        else capacity)
         if not 1 <= capacity < NONE:
             raise ValueError(f"capacity must be in 1..{NONE - 1}, got {capacity}")
-        path = board_path(cache_name)
+        path = shm.board_path(cache_name)
         *_, total = _sizes(int(streams), capacity, int(num_samples))
-        st = os.statvfs(SHM_DIR)
-        if total > st.f_bavail * st.f_frsize:
+        free = shm.free_bytes()
+        if total > free:
             from ..errors import CapacityError
-            raise CapacityError(f"order board needs {total} bytes, {SHM_DIR} has "
-                                f"{st.f_bavail * st.f_frsize} free")
+            raise CapacityError(f"order board needs {total} bytes, {shm.SHM_DIR} has {free} free")
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
             os.ftruncate(fd, total)
@@ -225,12 +202,12 @@ class OrderBoard:
             os.close(fd)
             os.unlink(path)
             raise
-        _OWNED[path] = os.getpid()
+        shm.own(path, lambda: os.unlink(path))
         return cls(path, fd, owner=True)
 
     @classmethod
     def attach(cls, cache_name: str) -> "OrderBoard":
-        path = board_path(cache_name)
+        path = shm.board_path(cache_name)
         fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         return cls(path, fd, owner=False)
 
@@ -250,7 +227,7 @@ class OrderBoard:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
-        _OWNED.pop(self.path, None)
+        shm.disown(self.path)
 
     def __enter__(self):
         return self
@@ -261,7 +238,7 @@ class OrderBoard:
             self.unlink()
 
     def __reduce__(self):
-        return (OrderBoard.attach, (os.path.basename(self.path)[len(PREFIX):],))
+        return (OrderBoard.attach, (os.path.basename(self.path)[len(shm.BOARD_PREFIX):],))
 
     # ---- the writer side (one process per stream) --------------------------------------------
     def _check_stream(self, stream: int) -> int:

@@ -5,18 +5,15 @@ once a second and removes it when it stops: its address and pid, its counters (G
 the cache, the SSD tier and the store, bytes, mean latency per GET), its SSD tier's stats and the
 peers it was told of. `Cache.stats()["tiers"]`, `shadecache stats` and `shadecache ls` read it.
 The file is written whole (temporary name, then rename); a file whose writer is gone is reported
-with "stale": true rather than trusted silently.
+with "stale": true rather than trusted silently, and `shadecache gc` removes it (shm.sweep).
 """
 import json
 import os
 import threading
 
-DIR = "/dev/shm"
-PREFIX = "shadecache-tiers."   # not "shadecache.": list_caches() must not take it for a segment
+from .. import shm
 
-
-def path_of(cache_name: str) -> str:
-    return os.path.join(DIR, f"{PREFIX}{cache_name}.json")
+path_of = shm.status_path   # /dev/shm/shadecache-tiers.<cache>.json (shm.py names every file there)
 
 
 def write(cache_name: str, status: dict) -> None:
@@ -30,20 +27,11 @@ def write(cache_name: str, status: dict) -> None:
 
 
 def _load(path: str):
-    """The status dict in `path` with "stale" set; None when there is no file. ValueError when
-    it does not parse as one (writers rename whole files into place, so no live writer of this
-    version leaves such a file)."""
-    try:
-        with open(path) as f:
-            d = json.load(f)
-    except FileNotFoundError:
-        return None
-    if not isinstance(d, dict):
-        raise ValueError(f"{path} is not a status object")
-    try:
-        d["stale"] = not _alive(int(d.get("pid")))
-    except (TypeError, ValueError):
-        d["stale"] = True
+    """The status dict in `path` with "stale" set; None when there is no file; ValueError when it
+    does not parse as one (shm.read_status)."""
+    d = shm.read_status(path)
+    if d is not None:
+        d["stale"] = shm.writer_gone(d)
     return d
 
 
@@ -63,42 +51,3 @@ def remove(cache_name: str, pid: int) -> None:
             os.unlink(path_of(cache_name))
         except FileNotFoundError:
             pass
-
-
-def sweep() -> list:
-    """Removes the status files whose writer is gone (a server killed with SIGKILL cannot remove
-    its own) and the temporary files such a writer left; returns the paths removed (`gc`)."""
-    removed = []
-    for entry in os.listdir(DIR):
-        if not entry.startswith(PREFIX):
-            continue
-        path = os.path.join(DIR, entry)
-        if entry.endswith(".json"):
-            try:
-                d = _load(path)
-                gone = d is not None and d["stale"]
-            except ValueError:   # garbage (an older server's torn write): nobody can read it
-                gone = True
-        elif entry.endswith(".tmp"):
-            # <cache>.json.<pid>.<thread>.tmp: gone when the writing process is
-            pid = entry[:-len(".tmp")].split(".json.")[-1].split(".")[0]
-            gone = pid.isdigit() and not _alive(int(pid))
-        else:
-            continue
-        if gone:
-            try:
-                os.unlink(path)
-                removed.append(path)
-            except FileNotFoundError:
-                pass
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
