@@ -37,7 +37,7 @@ _LAZY = {
     "PeerServer": ".peer",
     "SSDTier": ".ssd",
     "OrderBoard": ".lookahead.board",
-    "belady_hits": ".lookahead.board",
+    "belady_hits": ".lookahead.belady",
     "Prefetcher": ".lookahead.prefetcher",
 }
 

@@ -28,7 +28,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..ids import check_ids
-from ..lookahead.board import board_for
+from ..lookahead.publish import board_for, reader_stream
 from ..peer.tier import HomePeerTier
 from ..store.protocol import check_store
 from ..tiers import STORE, TierChain
@@ -162,7 +162,7 @@ class CachedDataset(Dataset):
         self.counters.add(hits=hits, misses=ids.size - hits, samples=ids.size, prefetch_hits=pf,
                           wait_ns=wait_ns)
         if board is not None:   # per epoch, for ds.stats() and `shadecache stats`
-            board.count_reads(ids.size, hits, pf, wait_ns)
+            board.count_reads(reader_stream(board), ids.size, hits, pf, wait_ns)
 
     def fetch_missing(self, ids: list) -> list:
         """The bytes of every id (distinct, in range) that the node cache missed, through the tier
@@ -184,7 +184,7 @@ class CachedDataset(Dataset):
                     landed_ids = [i for i, v in got.items() if v is not None]
                     board.unmark(landed_ids)          # used: neither unused nor wasted
                     self.counters.add(prefetch_hits=len(landed_ids))
-                    board.count_reads(0, 0, len(landed_ids), 0)
+                    board.count_reads(reader_stream(board), 0, 0, len(landed_ids), 0)
                     values = dict(zip(rest, self.fetch_missing_now(rest)))
                     return [got[i] if got.get(i) is not None else values[i] for i in ids]
         return self.fetch_missing_now(ids)
