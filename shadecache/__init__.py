@@ -24,7 +24,7 @@ _LAZY = {
     "POLICIES": ".cache",
     "PackWriter": ".store.writer",
     "PackedStore": ".store.packed",
-    "FolderStore": ".store.packed",
+    "FolderStore": ".store.folder",
     "pack": ".store.writer",
     "rank_weights": ".sampling.importance",
     "ImportanceTable": ".sampling.importance",
