@@ -31,7 +31,7 @@ _LAZY = {
     "ShadeSampler": ".sampling.sampler",
     "CachedDataset": ".loader.dataset",
     "CachedLoader": ".loader.loader",
-    "RaggedBatch": ".loader.loader",
+    "RaggedBatch": ".loader.batches",
     "Cluster": ".peer",
     "serve": ".peer",
     "PeerServer": ".peer",
