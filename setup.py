@@ -43,14 +43,14 @@ def sources(*patterns):
     return out
 
 
-common = sources("csrc/common/*.cc", "csrc/bindings/errors.cc", "csrc/bindings/ids.cc")
+common = sources("csrc/common/*.cc", "csrc/bindings/errors.cc", "csrc/bindings/ids.cc", "csrc/bindings/convert.cc")
 # Every header: setuptools rebuilds an extension only when a listed file is newer than it, and a
 # change to an inline function in a header (the cache's read path lives in cache.h) must rebuild.
 headers = sources("csrc/*/*.h", "csrc/*/*/*.h")
 core = Pybind11Extension(
     "shadecache._core",
     common + sources("csrc/cache/*.cc", "csrc/cache/policies/*.cc", "csrc/net/*.cc", "csrc/bindings/core_module.cc",
-                     "csrc/bindings/sample_view.cc", "csrc/bindings/test_hooks.cc", "csrc/bindings/next_use_bindings.cc",
+                     "csrc/bindings/cache_reads.cc", "csrc/bindings/sample_view.cc", "csrc/bindings/test_hooks.cc", "csrc/bindings/next_use_bindings.cc",
                      "csrc/bindings/batch_gather.cc", "csrc/bindings/peer_io.cc"),
     depends=headers,
     include_dirs=["csrc"],

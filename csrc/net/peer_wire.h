@@ -1,5 +1,6 @@
 // The peer protocol's GET reply framing, the native twin of shadecache/peer/wire.py (which
-// documents the format; the two must agree: tests/test_peer_*.py run both against each other).
+// documents the format). The two must agree: _core.WIRE exports these constants and
+// tests/peer/test_peer_wire.py holds wire.py to them; the peer tests run both sides together.
 #pragma once
 
 #include <cstdint>

@@ -17,15 +17,14 @@ and sizes its memory so that capacity_bytes of samples fit: slot headers and pag
 top (stats()["segment_bytes"] is the whole). Without sizes, capacity_bytes is the memory, headers
 included, and size classes are learned as values arrive.
 """
-import atexit
+import functools
 import math
 import os
-import time
 from typing import List, Optional
 
 import numpy as np
 
-from .. import _core
+from .. import _core, shm
 from ..errors import FingerprintError
 
 # Policy name -> the number the engine stores; the engine defines the list (csrc/cache/policies/).
@@ -46,23 +45,6 @@ def _page_item_bytes(max_item_bytes, sizes) -> int:
     largest = int(sizes.max()) if sizes.size else 0
     return max(DEFAULT_MAX_ITEM_BYTES, min(largest, LARGEST_PAGE_ITEM_BYTES))
 
-# Segments created by this process, unlinked at interpreter exit (in the creating pid only: a
-# forked DataLoader worker inherits this set and must not remove its parent's cache).
-_OWNED = {}
-
-
-def _unlink_owned_at_exit():
-    for name, pid in list(_OWNED.items()):
-        if pid == os.getpid():
-            try:
-                _core.CacheCore.unlink(name)
-            except OSError:
-                pass
-
-
-atexit.register(_unlink_owned_at_exit)
-
-
 def _check_int(name, value, minimum=0):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
@@ -76,6 +58,8 @@ class Cache:
 
     get(i) -> bytes | None           a copy of sample i, None on a miss
     get_many(ids) -> list            one native call for a batch
+    gather_rows(ids, out, ...)       hits copied into the rows of `out` (one call, GIL released)
+    gather_flat(ids, len_hint)       hits copied back to back: (flat uint8 array, lengths)
     get_into(i, buf) -> int          copy into a writable buffer; the length, or -1 on a miss
     view(i) -> SampleView | None     zero copy: a read-only buffer into the cache, pinned (no
                                      process frees, rewrites or moves those bytes) until released
@@ -110,6 +94,24 @@ class Cache:
         self.scores = core.scores
         self.check = core.check
         self.set_next_use = core.set_next_use
+        # The batch calls of the readers that fill whole batches (CachedLoader, the peer server).
+        self.gather_rows = functools.partial(_core.gather_rows, core)
+        self.gather_flat = functools.partial(_core.gather_flat, core)
+
+    # ---- the caches of this node ----------------------------------------------------------------
+    @staticmethod
+    def list() -> List[str]:
+        """Names of the caches on this node (what `shadecache ls` lists)."""
+        from . import node
+        return node.list_caches()
+
+    @staticmethod
+    def remove(name: str) -> bool:
+        """Cache.remove(name), called on the class: removes the cache `name` from this node (its
+        segment's name; processes that have it mapped keep using it until they close); False if
+        there is none. On a cache, cache.remove(i) removes sample i."""
+        from . import node
+        return node.remove(name)
 
     # ---- construction ------------------------------------------------------------------------
     @classmethod
@@ -145,8 +147,8 @@ class Cache:
         core = _core.CacheCore.create(name, num_samples, capacity_bytes, page_item_bytes, POLICIES[policy],
                                       sizes, persist, fingerprint or "",
                                       0 if max_item_bytes is None else page_item_bytes)
-        if not persist:
-            _OWNED[name] = os.getpid()
+        if not persist:   # removed when this process exits (node.py's gc if it is killed)
+            shm.own(name, lambda: _core.CacheCore.unlink(name))
         cache = cls(core, owner=not persist)
         if blend is not None:
             try:
@@ -230,6 +232,12 @@ class Cache:
         # Spawned DataLoader workers and other processes get the cache by name, never by value.
         return (Cache.attach, (self.name,))
 
+    def pinned_reply(self, ids, max_bytes: int):
+        """A peer server's GET reply chunk: the values of the leading ids that fit `max_bytes`,
+        pinned (no process frees or rewrites them) until release(); the misses filled in by the
+        server, then sent with crc32c straight from shared memory (csrc/bindings/peer_io.cc)."""
+        return _core.PinnedReply(self._core, ids, max_bytes)
+
     # ---- writers with argument shaping -------------------------------------------------------
     def update_scores(self, ids, scores) -> None:
         """Sets the importance of every id in `ids` (cached or not) under one lock."""
@@ -238,6 +246,25 @@ class Cache:
         if hasattr(scores, "detach"):
             scores = scores.detach().cpu().numpy()
         self._core.update_scores(ids, scores)
+
+    def admits(self, ids, displaced=0) -> np.ndarray:
+        """Bool mask: whether this cache, full, would admit each id by its policy by the time
+        `displaced` (an int, or one per id) of its cached values have given way to others:
+        importance, a score above the lowest cached score left then; static, none; lru, fifo and
+        clairvoyant, every id (they evict to make room). A prediction for readers ahead (the
+        prefetcher, which counts the samples due before each one); put decides."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        policy = self.policy
+        if policy == "static":
+            return np.zeros(ids.size, dtype=bool)
+        if policy != "importance":
+            return np.ones(ids.size, dtype=bool)
+        scores = np.asarray(self.scores())
+        held = np.sort(scores[self.cached_mask()])
+        k = np.broadcast_to(np.asarray(displaced, dtype=np.int64), ids.shape)
+        out = k < held.size
+        out[out] = scores[ids[out]] > held[k[out]]
+        return out
 
     # ---- introspection ----------------------------------------------------------------------
     @property
@@ -331,7 +358,7 @@ class Cache:
     def unlink(self) -> None:
         """Removes the segment's name; processes that have it mapped keep using it until they close."""
         _core.CacheCore.unlink(self.name)
-        _OWNED.pop(self.name, None)
+        shm.disown(self.name)
 
     def __enter__(self) -> "Cache":
         return self
@@ -363,84 +390,3 @@ def _check_fingerprint(fingerprint) -> Optional[str]:
         # the segment stores it as a C string: "ab\0cd" would be kept, and matched, as "ab"
         raise ValueError("fingerprint may not contain a NUL byte")
     return fingerprint
-
-
-def list_caches() -> List[str]:
-    """Names of the shadecache segments on this node."""
-    return sorted(_core.CacheCore.list())
-
-
-def remove(name: str) -> bool:
-    """Removes segment `name`; False if it did not exist, PermissionError (naming the owner) if
-    it is another user's."""
-    _OWNED.pop(name, None)
-    return _core.CacheCore.unlink(name)
-
-
-def creator_alive(name: str) -> Optional[bool]:
-    """Whether the process that created `name` still runs (pid and start time both match, and it
-    has not exited).
-    None if the segment vanished or is not readable."""
-    try:
-        info = _core.CacheCore.read_creator(name)
-    except (OSError, ValueError):
-        return None
-    if info is None:
-        return None
-    pid, start = info
-    # An exited creator that its parent has not waited for yet (a zombie) maps nothing: gone.
-    return start != 0 and not _core.process_gone(pid, start)
-
-
-def describe(name: str) -> dict:
-    """What `shadecache ls` shows of cache `name`, read without counting as an attach."""
-    core = _core.CacheCore.attach(name, touch=False)
-    try:
-        d = core.stats()
-        d.update(persist=core.persist, fingerprint=core.fingerprint,
-                 last_attach=core.last_attach_unix_ns / 1e9, created=core.created_unix_ns / 1e9)
-        return d
-    finally:
-        core.close()
-
-
-def gc(persisted: bool = False, keep_for: Optional[float] = None) -> List[str]:
-    """Removes every segment of this user whose creator is gone; returns the names removed. A
-    persisted cache is kept unless `persisted` is True, or `keep_for` (seconds) is given and it
-    was last attached longer ago than that. Another user's files are never removed (their
-    segments cannot be attached, so their creators are never known to be gone; a name that
-    becomes theirs while gc runs is skipped)."""
-    removed = []
-    now = time.time()
-    for name in list_caches():
-        if creator_alive(name) is not False:
-            continue
-        try:
-            info = describe(name)
-        except Exception:  # half-made, or of another layout: its creator is gone, remove it
-            info = {"persist": False}
-        if info["persist"] and not persisted and not (keep_for is not None and now - info["last_attach"] > keep_for):
-            continue
-        try:
-            if remove(name):
-                removed.append(name)
-        except PermissionError:
-            # The name changed hands since the look above (another gc of ours removed it, then
-            # another user made a segment under it): theirs now, left alone; the sweep goes on.
-            continue
-    # What a killed job leaves beside its segments: order boards of caches that no longer exist
-    # and the tier status files of peer servers that are gone; this user's only.
-    from .. import node_files
-    from ..lookahead import board as order
-    from ..peer import status as tier_status
-    caches = set(list_caches())
-    for entry in os.listdir(order.SHM_DIR):
-        if (entry.startswith(order.PREFIX) and entry[len(order.PREFIX):] not in caches
-                and node_files.owned(os.path.join(order.SHM_DIR, entry))):
-            try:
-                os.unlink(os.path.join(order.SHM_DIR, entry))
-                removed.append(entry)
-            except FileNotFoundError:
-                pass
-    removed.extend(os.path.basename(p) for p in tier_status.sweep())
-    return removed

@@ -1,4 +1,4 @@
-"""`python -m shadecache.peer`: the peer server process that serve() starts (server._main)."""
-from .server import _main
+"""`python -m shadecache.peer`: the peer server process that serve() starts (server.main)."""
+from .server import main
 
-_main()
+main()

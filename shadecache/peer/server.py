@@ -6,7 +6,7 @@ configuration over a pipe), so serving peers never takes the training process's 
 process: one accept loop, one thread per connection (at most MAX_CONNECTIONS), requests on a
 connection answered in order.
 
-A GET is answered in chunks (one GET_REPLY message each, status MORE on all but the last), so
+A GET is answered in chunks (one GET_REPLY message each, status wire.MORE on all but the last), so
 that at most CHUNK_ITEMS samples of one request are pinned at a time: the values of a chunk are
 pinned cache views (Cache.view), handed to sendmsg as a scatter/gather list (no copy in Python)
 and released when the chunk is sent. A sample the cache does not hold comes from the SSD tier,
@@ -33,7 +33,6 @@ import numpy as np
 
 from . import auth, wire
 from . import status as tier_status
-from .. import _core
 from ..tiers import STORE, TierChain
 
 MAX_CONNECTIONS = 256
@@ -41,7 +40,6 @@ CHUNK_ITEMS = 256         # samples pinned at once per request
 CHUNK_BYTES = 8 << 20     # bytes per reply chunk (a chunk holds at least one sample)
 IO_TIMEOUT = 10.0         # a partial message or a stalled reader is dropped after this
 IDLE_TIMEOUT = 300.0      # an idle connection is closed after this
-MORE = 1                  # GET_REPLY status: more chunks of this request follow
 
 
 def is_loopback(host: str) -> bool:
@@ -226,7 +224,7 @@ class PeerService:
             c["get_ns"] += time.perf_counter_ns() - t0
 
     def _get_chunks(self, conn, ids, count: int, opaque: int) -> None:
-        """Answers one GET, a chunk at a time: _core.PinnedReply pins the chunk's values, the
+        """Answers one GET, a chunk at a time: Cache.pinned_reply pins the chunk's values, the
         misses are filled here (SSD tier, store), then one native call computes the crc32c of
         every value and sends header, entry table and values with sendmsg straight from shared
         memory, without the GIL (csrc/bindings/peer_io.cc)."""
@@ -237,7 +235,7 @@ class PeerService:
             want = ids[first:first + CHUNK_ITEMS]
             self._pins.acquire(want.size)
             try:
-                reply = _core.PinnedReply(self.cache._core, want, CHUNK_BYTES)
+                reply = self.cache.pinned_reply(want, CHUNK_BYTES)
                 try:
                     k = reply.count
                     missed = reply.missed()
@@ -276,7 +274,7 @@ class PeerService:
 
 
 # ---- the server process ------------------------------------------------------------------------
-def _main() -> None:
+def main() -> None:
     """`python -m shadecache.peer`: reads its configuration (a length-prefixed pickle,
     written by serve() in the parent: our own process, never the network) from stdin, prints
     its address on stdout, serves until stdin closes (the parent exited or closed it)."""

@@ -40,6 +40,7 @@ OPCODE_NAMES = {HELLO: "HELLO", PROOF: "PROOF", GET: "GET", GET_REPLY: "GET_REPL
 
 # status codes of an ERROR reply
 E_BAD_MAGIC, E_BAD_VERSION, E_BAD_OPCODE, E_TOO_LARGE, E_BAD_LENGTH, E_AUTH, E_BAD_ID, E_INTERNAL = range(1, 9)
+MORE = 1                         # GET_REPLY status: more chunks of this request follow
 
 # bounds (the server refuses anything larger before allocating it)
 NONCE_BYTES = 32

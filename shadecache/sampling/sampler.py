@@ -44,7 +44,7 @@ import torch.distributed as dist
 from torch.utils.data import Sampler
 
 from .importance import ImportanceTable
-from ..lookahead.board import publish_ahead, published_iter
+from ..lookahead.publish import publish_ahead, published_iter
 
 
 def _dist_world():

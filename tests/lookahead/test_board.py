@@ -12,7 +12,8 @@ import pytest
 
 import shadecache as sc
 from shadecache.lookahead import board as order_mod
-from shadecache.lookahead.board import NONE, OrderBoard, belady_hits
+from shadecache.lookahead.belady import belady_hits
+from shadecache.lookahead.board import NONE, OrderBoard
 
 
 @pytest.fixture

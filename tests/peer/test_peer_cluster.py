@@ -221,9 +221,10 @@ def test_three_node_processes_one_sigkilled_mid_epoch(store_path, tmp_path, wher
     assert procs[0].returncode == 0 and procs[1].returncode == 0
     # the killed node's server could not remove its tier status file: gc's sweep does
     from shadecache.peer import status as tier_status
-    tier_status.sweep()
-    names = [p[len(tier_status.PREFIX):-len(".json")] for p in os.listdir(tier_status.DIR)
-             if p.startswith(tier_status.PREFIX) and p.endswith(".json")]
+    from shadecache import shm
+    shm.sweep(sc.cache.list_caches())
+    names = [p[len(shm.STATUS_PREFIX):-len(".json")] for p in os.listdir(shm.SHM_DIR)
+             if p.startswith(shm.STATUS_PREFIX) and p.endswith(".json")]
     assert not [n for n in names if (tier_status.read(n) or {}).get("stale")]
 
 
