@@ -3,7 +3,7 @@
   cache_cli.register   ls, stats, rm, gc      (shadecache/cache_cli.py)
   store_cli.register   pack, verify, info     (shadecache/store_cli.py)
   demo.register        demo                   (shadecache/demo.py)
-  peer_cli.register    serve                  (shadecache/peer_cli.py)
+  peer_cli.register    serve, secret          (shadecache/peer_cli.py)
 
 Only the area of the command being run is imported (`shadecache ls` must not pay for importing
 torch); `--help` imports them all. An area that fails to import (torch missing for `demo`) does not
@@ -17,7 +17,7 @@ _COMMANDS = {
     "ls": ".cache_cli", "stats": ".cache_cli", "rm": ".cache_cli", "gc": ".cache_cli",
     "pack": ".store_cli", "verify": ".store_cli", "info": ".store_cli",
     "demo": ".demo",
-    "serve": ".peer_cli",
+    "serve": ".peer_cli", "secret": ".peer_cli",
 }
 
 
