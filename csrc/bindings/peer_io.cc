@@ -8,14 +8,15 @@
 // tag checked) before a byte is allocated for the values it announces, and no value is handed out
 // before the values' tag AND its own crc32c (the store's checksum, carried end to end) check out.
 //
-// Server (send_get_reply): takes pins for a chunk from the process's pin pool (waiting at most
+// Server (seal_get_reply, then flush): takes pins for a chunk from the process's pin pool (waiting at most
 // `pin_wait`), pins the chunk's cached values (Cache::pin: no writer frees, rewrites or moves them
 // until unpinned), takes the bytes of the misses the Python side filled from the SSD tier or the
 // store, cuts the chunk at its byte bound (filled values included), then, without the GIL,
 // encrypts the table and the values straight from shared memory into the connection's buffer,
 // unpinning each value as soon as it is encrypted and handing the kernel what is ready as it goes
-// (never waiting for it). Only when every pin is released does it wait for the client to take the
-// rest, under the send deadline: a slow client holds its own buffer, nothing another client needs.
+// (never waiting for it). Only when every pin is released does flush() wait for the client to take
+// the rest, under the send deadline: a slow client holds its own buffer, nothing another client
+// needs.
 // A cached value travels with the crc32c the cache recorded when it was put (CachedDataset puts
 // bytes it has just checked against the store's directory, so this is the store's checksum): a
 // value damaged in shared memory since is caught by the client. Filled values (each checked
@@ -237,15 +238,18 @@ class PeerSession {
     return py::make_tuple(0, py::make_tuple(h.opcode, h.status, h.count, h.opaque, body));
   }
 
-  // Sends one chunk of the reply to a GET: the ids of `ids` from its first on, the values cached
+  // Seals one chunk of the reply to a GET: the ids of `ids` from its first on, the values cached
   // here or given in `fills` ({position: bytes}), cut where the values would pass `max_bytes`
   // (one value always goes). `more_after`: ids of the request follow this window, so the last
-  // chunk of the window says MORE too. (0, (ids answered, cache hits, value bytes, busy)) where
-  // busy means the pins could not be had within pin_wait and the cached values went as misses.
-  py::tuple send_get_reply(int fd, py::object core, const U64Array& ids, const py::dict& fills, uint64_t opaque,
-                           bool more_after, uint64_t max_bytes, double pin_wait, double timeout) {
+  // chunk of the window says MORE too. What the kernel takes at once is sent as it is sealed;
+  // flush() sends the rest (the caller may do other work, pins released, in between).
+  // (0, (ids answered, cache hits, value bytes, busy)) where busy means the pins could not be
+  // had within pin_wait and the cached values went as misses.
+  py::tuple seal_get_reply(int fd, py::object core, const U64Array& ids, const py::dict& fills, uint64_t opaque,
+                           bool more_after, uint64_t max_bytes, double pin_wait) {
     Turn turn(this);
     if (tx_broken_) return unusable();
+    if (pending_.second > pending_.first) throw Error(ErrorKind::kInvalidArgument, "seal_get_reply before flush");
     Cache* cache = &core.cast<Cache&>();
     cache->check_open();
     size_t n = static_cast<size_t>(ids.size());
@@ -345,16 +349,28 @@ class PeerSession {
         }
         sealed = sealed && tx_.seal_end(reinterpret_cast<uint8_t*>(o + made));
         made += kTag;
-        pins.release_all();  // nothing pinned while we wait for the client
-        if (sealed && r == net::kOk) {
-          iovec v{o + sent, made - sent};
-          r = net::send_all(fd, &v, 1, deadline_after(timeout));
-        }
+        pins.release_all();  // nothing pinned while we wait for the client (flush)
+        pending_ = {sent, made};
       }
     }
     if (!sealed) return fail_tx(protocol(net::kEInternal, "could not seal a reply chunk"));
     if (r != net::kOk) return fail_tx(io_failure(r));
     return py::make_tuple(0, py::make_tuple(end, hits, total, busy));
+  }
+
+  // Sends what seal_get_reply left for the client to take, by the deadline: (0, None) or a failure.
+  py::tuple flush(int fd, double timeout) {
+    Turn turn(this);
+    if (tx_broken_) return unusable();
+    int r = net::kOk;
+    if (pending_.second > pending_.first) {
+      py::gil_scoped_release nogil;
+      iovec v{out_.data() + pending_.first, pending_.second - pending_.first};
+      r = net::send_all(fd, &v, 1, deadline_after(timeout));
+    }
+    pending_ = {0, 0};
+    if (r != net::kOk) return fail_tx(io_failure(r));
+    return py::make_tuple(0, py::none());
   }
 
   // The reply to the GET sent for `ids` with `opaque`: (0, (values, refused)), values[k] bytes or
@@ -571,6 +587,7 @@ class PeerSession {
 
   Aead tx_, rx_;
   Buffer out_;
+  std::pair<size_t, size_t> pending_{0, 0};  // out_[first, second): sealed, not yet sent
   bool rx_broken_ = false, tx_broken_ = false;
   std::mutex turn_;
 };
@@ -608,9 +625,9 @@ void register_peer_io(py::module_& m) {
            py::arg("opaque"), py::arg("status"), py::arg("body"), py::arg("timeout"))
       .def("recv_message", &PeerSession::recv_message, py::arg("fd"), py::arg("allowed"), py::arg("idle"),
            py::arg("timeout"))
-      .def("send_get_reply", &PeerSession::send_get_reply, py::arg("fd"), py::arg("core"), py::arg("ids"),
-           py::arg("fills"), py::arg("opaque"), py::arg("more_after"), py::arg("max_bytes"), py::arg("pin_wait"),
-           py::arg("timeout"))
+      .def("seal_get_reply", &PeerSession::seal_get_reply, py::arg("fd"), py::arg("core"), py::arg("ids"),
+           py::arg("fills"), py::arg("opaque"), py::arg("more_after"), py::arg("max_bytes"), py::arg("pin_wait"))
+      .def("flush", &PeerSession::flush, py::arg("fd"), py::arg("timeout"))
       .def("recv_get_reply", &PeerSession::recv_get_reply, py::arg("fd"), py::arg("ids"), py::arg("opaque"),
            py::arg("timeout"))
       .def("seal", &PeerSession::seal, py::arg("aad"), py::arg("body"))

@@ -23,6 +23,8 @@ fingerprint and size of a data set are not secret: they travel in clear text).
 """
 import hmac
 import os
+import socket
+import time
 
 from .. import _core
 from ..errors import FingerprintError
@@ -75,8 +77,19 @@ def _keys(secret: bytes, nonce_s: bytes, nonce_c: bytes, identity) -> tuple:
 
 
 def _refuse(sock, code: int, text: str, deadline: float) -> None:
+    """An ERROR in clear text, then a graceful close within the handshake's deadline: our FIN, and
+    what the other side still sends (at most 64 KiB) read and dropped, since closing with unread
+    input would send RST, which discards the ERROR on its way."""
     try:
         wire.send_all(sock, wire.error_message(code, text), deadline)
+        sock.shutdown(socket.SHUT_WR)
+        budget = 64 << 10
+        while budget > 0 and time.monotonic() < deadline:
+            sock.settimeout(max(deadline - time.monotonic(), 1e-3))
+            got = sock.recv(min(budget, 4096))
+            if not got:
+                break
+            budget -= len(got)
     except OSError:
         pass
 

@@ -322,10 +322,12 @@ class PeerService:
                         fills[lo + pos] = value
                 filled_to = end
             window = {p - first: v for p, v in fills.items() if p < end}
-            code, detail = session.send_get_reply(fd, core, ids[first:end], window, opaque, end < count,
-                                                  CHUNK_BYTES, PIN_WAIT, IO_TIMEOUT)
-            if fresh is not None:
+            code, detail = session.seal_get_reply(fd, core, ids[first:end], window, opaque, end < count,
+                                                  CHUNK_BYTES, PIN_WAIT)
+            if fresh is not None:    # the chunk's pins are released: nothing the cache does now hurts it
                 self._admit(*fresh)
+            if code == 0:
+                code = session.flush(fd, IO_TIMEOUT)[0]
             if code != 0:            # the client stopped reading, or went away
                 return False
             k, hits, sent, busy = detail
@@ -340,7 +342,7 @@ class PeerService:
     def _fill_misses(self, ids, missed) -> tuple:
         """(out, fresh): out is (position, bytes) for the positions in `missed` that the SSD tier,
         then (read-through) the store, hold; fresh is (ids, values) read from the store, for
-        _admit once the chunk is sent (offered to the cache before, they could evict the very
+        _admit once the chunk is sealed (offered to the cache before, they could evict the very
         values the chunk is about to pin)."""
         c = self.counters
         out = []
