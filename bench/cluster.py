@@ -35,9 +35,10 @@ import time
 import numpy as np
 
 import shadecache as sc
-from shadecache.peer import PeerClient
+from shadecache.peer import PeerClient, new_secret
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+SECRET = new_secret()   # this run's; node processes get it in their environment
 
 
 def _store(path, n, size, seed=0):
@@ -56,13 +57,13 @@ def store_reads(path, n, size, nodes, epochs, frac=0.2, batch=64):
         c = sc.Cache.create(f"bench-cluster-{os.getpid()}-{nodes}-{k}", n, cap, policy="importance",
                             max_item_bytes=4096)
         caches.append(c)
-        servers.append(sc.serve(c, store=store))
+        servers.append(sc.serve(c, store=store, secret=SECRET))
     addrs = [s.address for s in servers]
     dss = []
     for k in range(nodes):
-        cl = sc.Cluster(addrs, k, timeout=5.0)
+        cl = sc.Cluster(addrs, k, timeout=5.0, secret=SECRET)
         dss.append((sc.CachedDataset(store, caches[k], cluster=cl), cl))
-    clients = [PeerClient(a) for a in addrs]
+    clients = [PeerClient(a, SECRET, store) for a in addrs]
     rng = np.random.default_rng(1)
     per_epoch = []
     try:
@@ -101,7 +102,7 @@ def slow_storage(path, n, size, nodes, epochs, rate, frac=0.2):
     why = netns.available()
     if why:
         raise RuntimeError(f"slow-storage benchmark needs network namespaces: {why}")
-    env = dict(os.environ, SHADECACHE_SECRET=f"bench-{os.getpid()}", BENCH_MAX_ITEM=str(size + 64),
+    env = dict(os.environ, SHADECACHE_SECRET=SECRET, BENCH_MAX_ITEM=str(size + 64),
                PYTHONPATH=os.pathsep.join([os.path.dirname(HERE), HERE, os.environ.get("PYTHONPATH", "")]))
     capacity = int(frac * n * (size + 64))
     hosts = ["store"] + [f"n{k}" for k in range(nodes)]
@@ -270,8 +271,8 @@ def throughput(seconds):
         small = [rng.integers(0, 256, 3000, dtype=np.uint8).tobytes() for _ in range(n_small)]
         cache.put_many(np.arange(n_big), big)
         cache.put_many(np.arange(n_big, n_big + n_small), small)
-        with sc.serve(cache) as server:
-            client = PeerClient(server.address)
+        with sc.serve(cache, secret=SECRET, read_through=False) as server:
+            client = PeerClient(server.address, SECRET, cache)
             for label, ids, nbytes in (("64 x 100 KB", list(range(64)), 64 * 100_000),
                                        ("256 x 3 KB", list(range(n_big, n_big + n_small)), n_small * 3000)):
                 assert client.get_many(ids, timeout=10) == [cache.get(i) for i in ids]

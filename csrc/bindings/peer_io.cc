@@ -429,16 +429,20 @@ class PeerSession {
       // bytes and decrypted in place a piece at a time.
       std::vector<char*> dest(h.count, nullptr);
       std::vector<iovec> pieces;
+      std::vector<uint32_t> owner;  // pieces[q] is part of entry owner[q]
       for (uint32_t k = 0; k < h.count; ++k) {
         if (table[k].length == net::kMiss) continue;
         PyObject* b = PyBytes_FromStringAndSize(nullptr, table[k].length);
         if (!b) throw py::error_already_set();
         PyList_SetItem(out.ptr(), got + k, b);  // steals b; drops the None
         dest[k] = PyBytes_AS_STRING(b);
-        for (size_t off = 0; off < table[k].length; off += kPiece)
+        for (size_t off = 0; off < table[k].length; off += kPiece) {
           pieces.push_back(iovec{dest[k] + off, std::min<size_t>(kPiece, table[k].length - off)});
+          owner.push_back(k);
+        }
       }
       std::vector<uint32_t> bad;
+      std::vector<uint32_t> crc(h.count, 0);
       {
         py::gil_scoped_release nogil;
         opened = rx_.begin(nullptr, 0);
@@ -448,14 +452,18 @@ class PeerSession {
           while (j < pieces.size() && (j == i || bytes + pieces[j].iov_len <= kPiece)) bytes += pieces[j++].iov_len;
           window.assign(pieces.begin() + i, pieces.begin() + j);  // recv_all consumes its iovecs
           r = net::recv_all(fd, window.data(), window.size(), deadline);
-          for (size_t q = i; r == net::kOk && opened && q < j; ++q)
+          // Decrypted in place, and checksummed while the bytes are in cache; neither result is
+          // used before the tag has been checked below.
+          for (size_t q = i; r == net::kOk && opened && q < j; ++q) {
             opened = rx_.update(pieces[q].iov_base, pieces[q].iov_base, pieces[q].iov_len);
+            crc[owner[q]] = crc32c(pieces[q].iov_base, pieces[q].iov_len, crc[owner[q]]);
+          }
           i = j;
         }
         if (r == net::kOk && opened) r = net::recv_exact(fd, tag, kTag, deadline);
         opened = opened && r == net::kOk && rx_.open_end(tag);
         for (uint32_t k = 0; opened && k < h.count; ++k)  // the tag first, then the store's checksum
-          if (dest[k] && crc32c(dest[k], table[k].length, 0) != table[k].crc) bad.push_back(k);
+          if (dest[k] && crc[k] != table[k].crc) bad.push_back(k);
       }
       if (r != net::kOk) return fail_rx(io_failure(r));
       if (!opened) return fail_rx(forged());

@@ -316,6 +316,10 @@ class PeerService:
                 lo = max(first, filled_to)
                 part = ids[lo:end]
                 missed = _core.peer_missed(core, part)
+                take = self._fill_budget(part, missed)
+                if take < len(missed):   # the rest of the window waits for the next chunk
+                    end = lo + missed[take]
+                    missed = missed[:take]
                 if missed:
                     out, fresh = self._fill_misses(part.tolist(), missed)
                     for pos, value in out:
@@ -338,6 +342,16 @@ class PeerService:
                 del fills[p]
             first += k
         return True
+
+    def _fill_budget(self, ids, missed) -> int:
+        """How many of the positions `missed` (of `ids`) to fill for one chunk: as many as fit in
+        CHUNK_BYTES by the store's sample lengths (at least one), so that the values read for a
+        chunk, not only those sent, stay within its bound."""
+        lengths = getattr(self.store, "lengths", None)
+        if not missed or not isinstance(lengths, np.ndarray):
+            return len(missed)
+        sizes = np.cumsum(lengths[ids[missed]].astype(np.int64))
+        return max(1, int(np.searchsorted(sizes, CHUNK_BYTES, side="right")))
 
     def _fill_misses(self, ids, missed) -> tuple:
         """(out, fresh): out is (position, bytes) for the positions in `missed` that the SSD tier,
