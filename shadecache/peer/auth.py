@@ -101,7 +101,12 @@ def server_handshake(sock, secret: bytes, identity, deadline: float):
     nonce_s = os.urandom(wire.NONCE_BYTES)
     wire.send_all(sock, _hello(nonce_s, identity), deadline)
     try:
-        head, body = _expect(sock, wire.HELLO, wire.HELLO_BYTES, deadline, errors=False)
+        try:
+            head, body = _expect(sock, wire.HELLO, wire.HELLO_BYTES, deadline, errors=True)
+        except wire.RemoteError as e:   # the client refused us (our data set), in clear text
+            if getattr(e, "status", 0) == wire.E_DATASET:
+                raise FingerprintError(f"the client refused this server's data set: {e}") from None
+            raise AuthenticationError(f"the client refused the handshake ({e})") from None
         theirs = (body[wire.NONCE_BYTES:], head[4])
         if theirs != identity:
             why = f"the client reads {ids.describe(theirs)}; this server serves {ids.describe(identity)}"
@@ -129,8 +134,12 @@ def client_handshake(sock, secret: bytes, identity, deadline: float):
         head, body = _expect(sock, wire.HELLO, wire.HELLO_BYTES, deadline, errors=True)
         theirs = (body[wire.NONCE_BYTES:], head[4])
         if theirs != identity:
-            raise FingerprintError(f"the peer serves {ids.describe(theirs)}; this node reads "
-                                   f"{ids.describe(identity)}")
+            why = f"the peer serves {ids.describe(theirs)}; this node reads {ids.describe(identity)}"
+            try:   # tell the server why, then go
+                wire.send_all(sock, wire.error_message(wire.E_DATASET, why), deadline)
+            except OSError:
+                pass
+            raise FingerprintError(why)
         nonce_s = body[:wire.NONCE_BYTES]
         nonce_c = os.urandom(wire.NONCE_BYTES)
         client_proof, server_proof, c2s, s2c = _keys(secret, nonce_s, nonce_c, identity)

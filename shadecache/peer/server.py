@@ -40,7 +40,7 @@ import numpy as np
 from . import auth, identity, wire
 from . import secret as secrets_
 from .. import _core, tier_status
-from ..errors import FingerprintError
+from ..errors import FingerprintError, ValueTooLargeError
 
 MAX_CONNECTIONS = 256            # authenticated connections
 MAX_HANDSHAKES = 64              # connections not yet authenticated, all together
@@ -387,7 +387,15 @@ class PeerService:
         cache refused to the SSD tier: the home node keeps its own samples."""
         if not ids:
             return
-        admitted = self.cache.put_many(np.asarray(ids, dtype=np.int64), values)   # by its score
+        try:
+            admitted = self.cache.put_many(np.asarray(ids, dtype=np.int64), values)   # by its score
+        except ValueTooLargeError:   # a value this cache can never hold: offer the others one by one
+            admitted = []
+            for i, v in zip(ids, values):
+                try:
+                    admitted.append(self.cache.put(i, v))
+                except ValueTooLargeError:
+                    admitted.append(False)
         if self.ssd is not None:   # the SSD tier keeps what the cache refused
             refused = np.flatnonzero(~np.asarray(admitted, dtype=bool)).tolist()
             self.ssd.put_many([ids[k] for k in refused], [values[k] for k in refused])
