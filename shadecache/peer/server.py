@@ -167,24 +167,29 @@ class PeerService:
                 continue
             delay = 0.0
             host = addr[0]
-            with self._lock:
-                busy = (self._handshaking >= MAX_HANDSHAKES
-                        or self._per_address.get(host, 0) >= MAX_HANDSHAKES_PER_ADDRESS)
-                if not busy:
-                    self._handshaking += 1
-                    self._per_address[host] = self._per_address.get(host, 0) + 1
-                    self._conns.add(conn)
-                    self.counters["connections"] += 1
-            if busy:
-                self.counters["refused"] += 1
-                try:
-                    conn.setblocking(False)
-                    conn.send(wire.error_message(wire.E_BUSY, "too many connections in their handshake"))
-                except OSError:
-                    pass
-                conn.close()
-                continue
-            self._spawn(self._connection, conn, host, time.monotonic() + auth.HANDSHAKE_TIMEOUT)
+            if self._take(conn, host):
+                self._spawn(self._connection, conn, host, time.monotonic() + auth.HANDSHAKE_TIMEOUT)
+
+    def _take(self, conn, host: str) -> bool:
+        """Counts a new connection from `host` into the handshake caps; over them, tells it E_BUSY
+        and closes it (False)."""
+        with self._lock:
+            busy = (self._handshaking >= MAX_HANDSHAKES
+                    or self._per_address.get(host, 0) >= MAX_HANDSHAKES_PER_ADDRESS)
+            if not busy:
+                self._handshaking += 1
+                self._per_address[host] = self._per_address.get(host, 0) + 1
+                self._conns.add(conn)
+                self.counters["connections"] += 1
+        if busy:
+            self.counters["refused"] += 1
+            try:
+                conn.setblocking(False)
+                conn.send(wire.error_message(wire.E_BUSY, "too many connections in their handshake"))
+            except OSError:
+                pass
+            conn.close()
+        return not busy
 
     def close(self, timeout: float = 5.0) -> bool:
         """Stops accepting, ends every connection and joins every thread this service started.
@@ -211,10 +216,12 @@ class PeerService:
 
     # ---- one connection ----------------------------------------------------------------------
     def _connection(self, conn, host: str, deadline: float) -> None:
+        """One connection, taken by _take, from its handshake (by `deadline`) to its end."""
         c = self.counters
         try:
             try:
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if conn.family != socket.AF_UNIX:
+                    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 session = auth.server_handshake(conn, self.key, self.identity, deadline)
             except FingerprintError:
                 c["refused_dataset"] += 1
