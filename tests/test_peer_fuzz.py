@@ -15,7 +15,6 @@ A failing case is saved to tests/fuzz_failures/peer-<seed>-<case>.bin and replay
 readers of both ends with a million inputs.)
 """
 import argparse
-import json
 import os
 import pickle
 import random
@@ -27,10 +26,12 @@ import time
 import numpy as np
 
 import shadecache as sc
-from shadecache._io import crc32c
 from shadecache.peer import PeerClient, new_secret, wire
 from shadecache.peer.auth import client_handshake
 from shadecache.peer.identity import identity_of
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fuzz"))
+from fuzz_peer import check_replies  # noqa: E402  (the one reader of sealed replies the fuzzers share)
 
 N = 200
 SECRET = new_secret().encode()
@@ -113,61 +114,6 @@ def _wire(session, msgs) -> bytes:
     return b"".join(out)
 
 
-def _parse_replies(data: bytes, truth: dict, session, reset: bool = False) -> str:
-    """'' when `data` is a sequence of correct sealed GET_REPLYs / PONGs / STATS_REPLYs,
-    optionally ended by a sealed ERROR (or, when the connection was reset, by a message cut
-    short: a client never accepts that); otherwise what is wrong."""
-    off = 0
-
-    def record(aad, n):
-        nonlocal off
-        raw = data[off:off + n + wire.TAG_BYTES]
-        if len(raw) < n + wire.TAG_BYTES:
-            return None, "truncated"
-        off += n + wire.TAG_BYTES
-        body = session.open(aad, raw)
-        return body, "" if body is not None else "a reply failed its tag"
-
-    while off < len(data):
-        if len(data) - off < wire.HEADER_BYTES:
-            return "" if reset else f"truncated header at {off}"
-        head = data[off:off + wire.HEADER_BYTES]
-        try:
-            op, status, count, body_len, _ = wire.unpack_header(head)
-        except wire.ProtocolError as e:
-            return f"bad reply header: {e}"
-        off += wire.HEADER_BYTES
-        if op != wire.GET_REPLY:
-            body, why = record(head, body_len)
-            if body is None:
-                return "" if reset and why == "truncated" else why
-            if op == wire.ERROR:
-                return "" if off == len(data) else "bytes after ERROR"
-            if op == wire.STATS_REPLY and not isinstance(json.loads(body), dict):
-                return "STATS reply is not an object"
-            if op not in (wire.PONG, wire.STATS_REPLY):
-                return f"unexpected reply opcode {op}"
-            continue
-        table, why = record(head, count * wire.ENTRY_BYTES)
-        if table is None:
-            return "" if reset and why == "truncated" else why
-        values, why = record(b"", body_len - count * wire.ENTRY_BYTES)
-        if values is None:
-            return "" if reset and why == "truncated" else why
-        pos = 0
-        for e in np.frombuffer(table, dtype=wire.ENTRY):
-            i, n, crc = int(e["id"]), int(e["length"]), int(e["crc"])
-            if n == wire.MISS:
-                continue   # a miss is always allowed (a value may be evicted, pins may be busy)
-            v = values[pos:pos + n]
-            pos += n
-            if truth.get(i) != v or crc32c(v) != crc:
-                return f"wrong bytes for id {i}"
-        if pos != len(values):
-            return "reply lengths do not add up"
-    return ""
-
-
 def run_case(address: str, attack_handshake: bool, payload, truth: dict, identity) -> str:
     host, port = address.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=5) as s:
@@ -202,7 +148,7 @@ def run_case(address: str, attack_handshake: bool, payload, truth: dict, identit
                      or len(rest) > wire.HEADER_BYTES + wire.MAX_ERROR):
             return f"server sent opcode {rest[5] if len(rest) > 5 else '?'} to an unauthenticated client"
         return ""
-    return _parse_replies(data, truth, session, reset)
+    return check_replies(data, truth, session, reset)
 
 
 def fuzz(messages: int, seed: int, progress: bool = False) -> dict:

@@ -5,12 +5,9 @@ Each test is one attack with its reproducer: it describes what an attacker tried
 it gets now (refused, dropped, nothing read, nothing allocated, nothing altered)."""
 import os
 import resource
-import shutil
-import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import textwrap
 import threading
 import time
