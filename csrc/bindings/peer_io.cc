@@ -72,6 +72,10 @@ constexpr size_t kHead = sizeof(net::Header);
 // the other end works on one piece while this end works on the next, large enough that the
 // per-call costs vanish.
 constexpr size_t kPiece = 128 << 10;
+// A GET reply message: at most this many ids and (one larger value aside) value bytes, so that
+// the first message of a reply leaves early and the client opens it while the next is sealed.
+constexpr size_t kMessageItems = 64;
+constexpr size_t kMessageBytes = 512 << 10;
 // The largest body send_message seals (GET ids, STATS and ERROR texts): requests are small.
 constexpr size_t kMaxMessage = 1 << 20;
 
@@ -238,13 +242,15 @@ class PeerSession {
     return py::make_tuple(0, py::make_tuple(h.opcode, h.status, h.count, h.opaque, body));
   }
 
-  // Seals one chunk of the reply to a GET: the ids of `ids` from its first on, the values cached
-  // here or given in `fills` ({position: bytes}), cut where the values would pass `max_bytes`
-  // (one value always goes). `more_after`: ids of the request follow this window, so the last
-  // chunk of the window says MORE too. What the kernel takes at once is sent as it is sealed;
-  // flush() sends the rest (the caller may do other work, pins released, in between).
-  // (0, (ids answered, cache hits, value bytes, busy)) where busy means the pins could not be
-  // had within pin_wait and the cached values went as misses.
+  // Seals the reply to a GET for the ids of `ids`, from its first on: the values cached here or
+  // given in `fills` ({position: bytes}), cut where the values would pass `max_bytes` (one value
+  // always goes). They go as GET_REPLY messages of at most kMessageItems ids and kMessageBytes of
+  // values each, so that the first leaves early and the client opens one while the next is
+  // sealed. `more_after`: ids of the request follow `ids`, so the last message says MORE too.
+  // What the kernel takes at once is sent as it is sealed; flush() sends the rest (the caller
+  // may do other work, pins released, in between). (0, (ids answered, cache hits, value bytes,
+  // busy)) where busy means pins could not be had within pin_wait and cached values went as
+  // misses.
   py::tuple seal_get_reply(int fd, py::object core, const U64Array& ids, const py::dict& fills, uint64_t opaque,
                            bool more_after, uint64_t max_bytes, double pin_wait) {
     Turn turn(this);
@@ -272,90 +278,95 @@ class PeerSession {
       slots[k].kind = Slot::kFilled;
       held.push_back(py::reinterpret_borrow<py::object>(item.second));
     }
-    uint32_t want = static_cast<uint32_t>(std::count_if(slots.begin(), slots.end(),
-                                                        [](const Slot& s) { return s.kind != Slot::kFilled; }));
-    want = std::min(want, PinPool::kCapacity);
-    size_t end = n, hits = 0;
+    size_t pos = 0, hits = 0;
     uint64_t total = 0;
-    bool busy = false, sealed = true;
+    bool busy = false, sealed = true, cut = false;
     int r = net::kOk;
     {
       py::gil_scoped_release nogil;
       Cache::Use use(*cache);
-      ChunkPins pins(cache, &slots);
-      busy = want && !pins.take_pool(want, deadline_after(pin_wait));
-      uint32_t pinned = 0;
-      for (size_t k = 0; k < n; ++k) {
-        Slot& s = slots[k];
-        if (s.kind == Slot::kMissed && !busy && pinned < want) {
-          Cache::Pinned pin;
-          if (cache->pin(p[k], &pin)) {
-            s.data = pin.data;
-            s.len = pin.len;
-            s.crc = pin.crc;
-            s.token = pin.token;
-            s.kind = Slot::kPinned;
-            ++pinned;
-            if (s.len > net::kMaxValue) pins.unpin(s);  // larger than any peer accepts: a miss
+      size_t made = 0, sent = 0;
+      while (sealed && r == net::kOk && pos < n && !cut) {
+        // One message: ids [pos, end), pinned only while it is sealed.
+        size_t lim = std::min(n, pos + kMessageItems), end = lim;
+        uint32_t want = 0;
+        for (size_t k = pos; k < lim; ++k) want += slots[k].kind != Slot::kFilled;
+        ChunkPins pins(cache, &slots);
+        bool no_pins = want && !pins.take_pool(want, deadline_after(pin_wait));
+        busy |= no_pins;
+        uint64_t bytes = 0;
+        for (size_t k = pos; k < lim; ++k) {
+          Slot& s = slots[k];
+          if (s.kind == Slot::kMissed && !no_pins) {
+            Cache::Pinned pin;
+            if (cache->pin(p[k], &pin)) {
+              s.data = pin.data;
+              s.len = pin.len;
+              s.crc = pin.crc;
+              s.token = pin.token;
+              s.kind = Slot::kPinned;
+              if (s.len > net::kMaxValue) pins.unpin(s);  // larger than any peer accepts: a miss
+            }
           }
+          uint64_t len = s.kind == Slot::kMissed ? 0 : s.len;
+          bool first_of_call = k == 0;
+          if (!first_of_call && total + bytes + len > max_bytes) cut = true;  // the call's bound
+          if (cut || (k > pos && bytes + len > kMessageBytes)) {
+            pins.unpin(s);
+            end = k;
+            break;
+          }
+          bytes += len;
         }
-        uint64_t len = s.kind == Slot::kMissed ? 0 : s.len;
-        if (k > 0 && total + len > max_bytes) {
-          pins.unpin(s);
-          end = k;
+        for (size_t k = pos; k < end; ++k) {
+          if (slots[k].kind == Slot::kFilled) slots[k].crc = crc32c(slots[k].data, slots[k].len, 0);
+          hits += slots[k].kind == Slot::kPinned;
+        }
+        size_t count = end - pos;
+        uint64_t table_len = uint64_t{count} * net::kEntryBytes;
+        uint64_t body = table_len + bytes;  // <= 64 MiB + 64 KiB: no 32-bit wrap
+        if (body > net::kMaxReply) {
+          sealed = false;
           break;
         }
-        total += len;
-      }
-      for (size_t k = 0; k < end; ++k) {
-        if (slots[k].kind == Slot::kFilled) slots[k].crc = crc32c(slots[k].data, slots[k].len, 0);
-        hits += slots[k].kind == Slot::kPinned;
-      }
-      // The table and the values: header || table || tag || values || tag, all in out_.
-      uint64_t table_len = uint64_t{end} * net::kEntryBytes;
-      uint64_t body = table_len + total;  // <= 64 MiB + 64 KiB: no 32-bit wrap
-      net::Header h = net::make_header(net::kGetReply, static_cast<uint32_t>(end), static_cast<uint32_t>(body), opaque,
-                                       (more_after || end < n) ? net::kMore : 0);
-      size_t wire = kHead + table_len + kTag + total + kTag;
-      if (body > net::kMaxReply) {
-        sealed = false;
-      } else {
-        if (out_.size() < wire) out_.reset_size(wire);
+        bool last = end == n && !more_after;
+        net::Header h = net::make_header(net::kGetReply, static_cast<uint32_t>(count), static_cast<uint32_t>(body),
+                                         opaque, last ? 0 : net::kMore);
+        out_.keep(made, made + kHead + table_len + kTag + bytes + kTag);  // keeps out_[0, made)
         char* o = out_.data();
-        std::memcpy(o, &h, kHead);
-        for (size_t k = 0; k < end; ++k) {
+        std::memcpy(o + made, &h, kHead);
+        char* tbl = o + made + kHead;
+        for (size_t k = pos; k < end; ++k) {
           const Slot& s = slots[k];
           net::Entry e{p[k], s.kind == Slot::kMissed ? net::kMiss : s.len, s.kind == Slot::kMissed ? 0 : s.crc};
-          std::memcpy(o + kHead + k * net::kEntryBytes, &e, sizeof e);
+          std::memcpy(tbl + (k - pos) * net::kEntryBytes, &e, sizeof e);
         }
-        char* tbl = o + kHead;
         sealed = tx_.begin(&h, kHead) && tx_.update(tbl, tbl, table_len) &&
                  tx_.seal_end(reinterpret_cast<uint8_t*>(tbl + table_len)) && tx_.begin(nullptr, 0);
-        size_t made = kHead + table_len + kTag, sent = 0;
-        for (size_t k = 0; sealed && k < end; ++k) {
+        made += kHead + table_len + kTag;
+        for (size_t k = pos; sealed && k < end; ++k) {
           Slot& s = slots[k];
           if (s.kind == Slot::kMissed) continue;
           for (size_t off = 0; sealed && off < s.len; off += kPiece) {
             size_t step = std::min<size_t>(kPiece, s.len - off);
             sealed = tx_.update(s.data + off, o + made, step);
             made += step;
-            if (r == net::kOk && made - sent >= kPiece) {  // what is ready goes now, if the kernel takes it
-              int64_t k2 = net::send_some(fd, o + sent, made - sent);
-              if (k2 < 0) r = net::kFailed;
-              else sent += static_cast<size_t>(k2);
-            }
+            if (r == net::kOk && made - sent >= kPiece) r = send_ready(fd, o, &sent, made);
           }
           pins.unpin(s);
         }
         sealed = sealed && tx_.seal_end(reinterpret_cast<uint8_t*>(o + made));
         made += kTag;
-        pins.release_all();  // nothing pinned while we wait for the client (flush)
-        pending_ = {sent, made};
+        pins.release_all();
+        total += bytes;
+        pos = end;
+        if (sealed && r == net::kOk) r = send_ready(fd, o, &sent, made);  // this message, if the kernel takes it
       }
+      pending_ = {sent, made};  // nothing pinned while we wait for the client (flush)
     }
     if (!sealed) return fail_tx(protocol(net::kEInternal, "could not seal a reply chunk"));
     if (r != net::kOk) return fail_tx(io_failure(r));
-    return py::make_tuple(0, py::make_tuple(end, hits, total, busy));
+    return py::make_tuple(0, py::make_tuple(pos, hits, total, busy));
   }
 
   // Sends what seal_get_reply left for the client to take, by the deadline: (0, None) or a failure.
@@ -513,20 +524,32 @@ class PeerSession {
     PeerSession* s_;
   };
 
-  // A byte buffer that grows without zeroing (the reply is written over it whole).
+  // A byte buffer that grows without zeroing (what is kept is copied; the rest is written over).
   class Buffer {
    public:
-    size_t size() const { return size_; }
     char* data() { return p_.get(); }
-    void reset_size(size_t n) {
-      p_.reset(new char[n]);
-      size_ = n;
+    // Makes room for `need` bytes, keeping the first `keep`.
+    void keep(size_t keep, size_t need) {
+      if (need <= size_) return;
+      size_t grown = std::max(need, size_ + size_ / 2);
+      std::unique_ptr<char[]> q(new char[grown]);
+      if (keep) std::memcpy(q.get(), p_.get(), keep);
+      p_ = std::move(q);
+      size_ = grown;
     }
 
    private:
     std::unique_ptr<char[]> p_;
     size_t size_ = 0;
   };
+
+  // Hands the kernel what it takes now of o[*sent, made), never waiting.
+  static int send_ready(int fd, const char* o, size_t* sent, size_t made) {
+    int64_t k = net::send_some(fd, o + *sent, made - *sent);
+    if (k < 0) return net::kFailed;
+    *sent += static_cast<size_t>(k);
+    return net::kOk;
+  }
 
   // A failed receive leaves the incoming stream out of step, a failed send the outgoing one;
   // the other direction still works (a server answers a malformed request with an ERROR).
