@@ -349,3 +349,20 @@ def test_value_damaged_in_the_servers_memory_is_refused(cache_factory, store):
         assert s["store_reads"] == 1 and s["tiers"]["peer"]["hits"] == len(ids) - 1
         assert cluster.stats()["refused"] == 1
         cluster.close()
+
+
+def test_a_reply_cut_at_any_boundary_arrives_whole(cache_factory):
+    """A reply is cut into messages (64 ids, 512 KiB) and calls (256 ids, 2 MiB of values): sizes
+    that put a cut on every kind of boundary, one value larger than a whole call among them, all
+    arrive, in order, exact."""
+    rng = np.random.default_rng(3)
+    sizes = [8000] * 192 + [600_000] * 8 + [0, 1, 3 << 20, 5] + [int(s) for s in rng.integers(0, 70_000, 100)]
+    values = [rng.integers(0, 256, s, dtype=np.uint8).tobytes() for s in sizes]
+    c = cache_factory(len(values), 96 << 20, "static", max_item_bytes=4 << 20)
+    assert c.put_many(np.arange(len(values)), values).all()
+    with sc.serve(c, read_through=False) as server:
+        client = PeerClient(server.address, dataset=c)
+        assert client.get_many(list(range(len(values))), timeout=30) == values
+        order = rng.permutation(len(values)).tolist()
+        assert client.get_many(order, timeout=30) == [values[i] for i in order]
+        client.close()

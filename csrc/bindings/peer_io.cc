@@ -318,6 +318,7 @@ class PeerSession {
           }
           bytes += len;
         }
+        if (end == pos) break;  // the call's bound falls on this message's first id: it waits for the next call
         for (size_t k = pos; k < end; ++k) {
           if (slots[k].kind == Slot::kFilled) slots[k].crc = crc32c(slots[k].data, slots[k].len, 0);
           hits += slots[k].kind == Slot::kPinned;
