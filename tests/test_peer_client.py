@@ -4,7 +4,7 @@ replayed and reordered GET replies: the client returns exact bytes for the good 
 (None) a value that fails its crc32c, and raises for every other (ProtocolError, RemoteError,
 ForgedFrameError, ConnectionError, socket.timeout), never returning a wrong byte. Also: a hostile
 endpoint cannot make a connecting client allocate what its headers claim, nor hold it past the
-caller's deadline."""
+caller's deadline (that one: tests/test_peer_security.py)."""
 import os
 import socket
 import subprocess
@@ -211,26 +211,3 @@ print("grew", (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1
     lines = out.stdout.split()
     assert lines[:3] == ["AuthenticationError"] * 3, out.stdout + out.stderr
     assert int(lines[-1]) < 32, f"client peak RSS grew {lines[-1]} MiB"
-
-
-def test_the_client_handshake_runs_under_the_callers_deadline():
-    """An endpoint that dribbles its HELLO a byte every 0.3 s: get_many(timeout=1) raises by about
-    1 s, not after the dribble ends."""
-    hello = wire.pack_header(wire.HELLO, 0, wire.HELLO_BYTES, N) + bytes(wire.HELLO_BYTES)
-
-    def dribble(c):
-        for b in hello:
-            try:
-                c.send(bytes([b]))
-            except OSError:
-                return
-            time.sleep(0.3)
-
-    address, srv = _hostile_endpoint(dribble)
-    client = PeerClient(address, SECRET, DATASET)
-    t0 = time.monotonic()
-    with pytest.raises(socket.timeout):
-        client.get_many([1], timeout=1.0)
-    assert time.monotonic() - t0 < 1.5
-    srv.close()
-

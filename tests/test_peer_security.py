@@ -181,16 +181,16 @@ def test_a_dribbling_handshake_is_dropped_at_its_deadline(cache_factory, store):
         assert elapsed < server.auth.HANDSHAKE_TIMEOUT + 2.5, elapsed
 
 
-def test_the_client_handshake_obeys_the_fetch_deadline(store):
-    """Cluster.fetch(timeout=1) against an endpoint that dribbles its HELLO returns by the
-    deadline (the peer counted as failed, its ids as misses)."""
+def test_the_client_handshake_obeys_the_callers_deadline(store):
+    """PeerClient.get_many(timeout=1) and Cluster.fetch(timeout=1) against an endpoint that
+    dribbles its HELLO a byte every 0.5 s return by the deadline (the cluster counts the peer as
+    failed and its ids as misses)."""
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen(4)
     hello = wire.pack_header(wire.HELLO, 0, wire.HELLO_BYTES, N) + bytes(wire.HELLO_BYTES)
 
-    def dribbler():
-        conn, _ = srv.accept()
+    def dribble(conn):
         for b in hello:
             try:
                 conn.send(bytes([b]))
@@ -198,8 +198,21 @@ def test_the_client_handshake_obeys_the_fetch_deadline(store):
                 return
             time.sleep(0.5)
 
+    def dribbler():
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=dribble, args=(conn,), daemon=True).start()
+
     threading.Thread(target=dribbler, daemon=True).start()
-    cluster = sc.Cluster([None, "127.0.0.1:%d" % srv.getsockname()[1]], node=0, timeout=1.0, dataset=store)
+    address = "127.0.0.1:%d" % srv.getsockname()[1]
+    t0 = time.monotonic()
+    with pytest.raises(socket.timeout):
+        PeerClient(address, dataset=store).get_many([1], timeout=1.0)
+    assert time.monotonic() - t0 < 1.5
+    cluster = sc.Cluster([None, address], node=0, timeout=1.0, dataset=store)
     t0 = time.monotonic()
     got = cluster.fetch(np.arange(N), home=np.ones(N, dtype=np.int64))
     assert time.monotonic() - t0 < 1.5
