@@ -8,14 +8,15 @@
 // tag checked) before a byte is allocated for the values it announces, and no value is handed out
 // before the values' tag AND its own crc32c (the store's checksum, carried end to end) check out.
 //
-// Server (seal_get_reply, then flush): takes pins for a chunk from the process's pin pool (waiting at most
-// `pin_wait`), pins the chunk's cached values (Cache::pin: no writer frees, rewrites or moves them
-// until unpinned), takes the bytes of the misses the Python side filled from the SSD tier or the
-// store, cuts the chunk at its byte bound (filled values included), then, without the GIL,
-// encrypts the table and the values straight from shared memory into the connection's buffer,
-// unpinning each value as soon as it is encrypted and handing the kernel what is ready as it goes
-// (never waiting for it). Only when every pin is released does flush() wait for the client to take
-// the rest, under the send deadline: a slow client holds its own buffer, nothing another client
+// Server (seal_get_reply, then flush): answers a chunk of a GET as GET_REPLY messages of at most
+// kMessageItems ids. For each message it takes pins from the process's pin pool (waiting at most
+// `pin_wait`), pins the message's cached values (Cache::pin: no writer frees, rewrites or moves
+// them until unpinned), takes the bytes of the misses the Python side filled from the SSD tier
+// or the store, cuts at the byte bounds (filled values included), then, without the GIL, seals
+// the table and the values straight from shared memory into the connection's buffer, unpinning
+// each value as soon as it is sealed and handing the kernel what is ready as it goes (never
+// waiting for it). Only when every pin is released does flush() wait for the client to take the
+// rest, under the send deadline: a slow client holds its own buffer, nothing another client
 // needs.
 // A cached value travels with the crc32c the cache recorded when it was put (CachedDataset puts
 // bytes it has just checked against the store's directory, so this is the store's checksum): a
