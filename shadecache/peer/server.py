@@ -43,8 +43,8 @@ from .. import _core, tier_status
 from ..errors import FingerprintError, ValueTooLargeError
 
 MAX_CONNECTIONS = 256            # authenticated connections
-MAX_HANDSHAKES = 64              # connections not yet authenticated, all together
-MAX_HANDSHAKES_PER_ADDRESS = 8   # ... from one address
+MAX_HANDSHAKES = 128             # connections not yet authenticated, all together
+MAX_HANDSHAKES_PER_ADDRESS = 16  # ... from one address (a node's DataLoader workers connect at once)
 CHUNK_ITEMS = 256         # ids per reply chunk (and pins one connection holds at once)
 CHUNK_BYTES = 2 << 20     # value bytes per reply chunk (a chunk holds at least one sample)
 PIN_WAIT = 1.0            # the longest a chunk waits for pins; then its cached values go as misses
