@@ -1,6 +1,7 @@
 """Builds the two native modules.
 
-shadecache._core  the shared-memory cache engine (csrc/cache, csrc/common)
+shadecache._core  the shared-memory cache engine (csrc/cache, csrc/common) and the peer layer's
+                  frames (csrc/net; links OpenSSL's libcrypto, from libssl-dev)
 shadecache._io    the packed-store batch reader (csrc/io, csrc/common); uses liburing when found
 
 SHADECACHE_BUILD_ONLY=_io (or _core) builds one of them: a development convenience so that work on
@@ -56,7 +57,8 @@ core = Pybind11Extension(
     include_dirs=["csrc"],
     cxx_std=17,
     extra_compile_args=CXXFLAGS,
-    libraries=["rt", "pthread"],
+    # libcrypto (OpenSSL): the peer layer's AES-256-GCM frames and HKDF (csrc/net/aead.h)
+    libraries=["rt", "pthread", "crypto"],
 )
 io_macros, io_libs = [], ["pthread"]
 if have_liburing():

@@ -232,11 +232,18 @@ class Cache:
         # Spawned DataLoader workers and other processes get the cache by name, never by value.
         return (Cache.attach, (self.name,))
 
-    def pinned_reply(self, ids, max_bytes: int):
-        """A peer server's GET reply chunk: the values of the leading ids that fit `max_bytes`,
-        pinned (no process frees or rewrites them) until release(); the misses filled in by the
-        server, then sent with crc32c straight from shared memory (csrc/bindings/peer_io.cc)."""
-        return _core.PinnedReply(self._core, ids, max_bytes)
+    def missed(self, ids) -> list:
+        """Positions in `ids` (int64 array) of the ids this cache does not hold now: one native
+        look-up per batch, no lock (a peer server's chunk fills these from the tiers below)."""
+        return _core.peer_missed(self._core, ids)
+
+    def seal_reply(self, session, fd: int, ids, fills: dict, opaque: int, more: bool,
+                   max_bytes: int, pin_wait: float):
+        """A peer server's GET reply chunk, sealed by `session` (csrc/bindings/peer_io.cc) onto
+        socket `fd`: the cached values of the leading ids that fit `max_bytes` are pinned only
+        while they are encrypted straight from shared memory (waiting at most `pin_wait` s for
+        pins); fills {position: bytes} gives the values the server read below the cache."""
+        return session.seal_get_reply(fd, self._core, ids, fills, opaque, more, max_bytes, pin_wait)
 
     # ---- writers with argument shaping -------------------------------------------------------
     def update_scores(self, ids, scores) -> None:

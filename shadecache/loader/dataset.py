@@ -93,6 +93,8 @@ class CachedDataset(Dataset):
         self.transform = transform
         self.admit = bool(admit)
         self.cluster = cluster
+        if cluster is not None:   # the peers must serve this store's samples (checked at each handshake)
+            cluster.bind(store)
         self.ssd = ssd
         if ssd is not None:   # the tier must hold this store's samples, not another's by the same ids
             ssd.bind_store(store)
