@@ -220,12 +220,6 @@ void validate(const CacheOptions& o) {
                     " bytes per sample (" + std::to_string(per_id * o.num_samples) + " bytes) and the data area at least " +
                     std::to_string(kMinPages) + " pages; the minimum is capacity_bytes=" + std::to_string(least));
   }
-  Layout l = bare_layout(o.capacity_bytes, o.num_samples, o.policy);
-  if (o.item_limit > l.max_value)
-    throw Error(ErrorKind::kInvalidArgument,
-                "max_item_bytes=" + std::to_string(o.item_limit) + " is larger than any value a cache of capacity_bytes=" +
-                    std::to_string(o.capacity_bytes) + " can hold (" + std::to_string(l.max_value) +
-                    " bytes); raise capacity_bytes or lower max_item_bytes");
 }
 
 }  // namespace shadecache

@@ -89,7 +89,10 @@ struct alignas(64) Stats {
 };
 
 struct alignas(64) Header {
-  // ---- identity: written once by the creator before `magic`, read-only afterwards.
+  // ---- identity: written once by the creator before `magic`, read-only afterwards. The fields up
+  // to last_attach_unix_ns keep the offsets of every earlier layout version (static_asserts
+  // below): `shadecache gc` of any version reads the creator of any segment at the same place
+  // (misreading it would take a live cache for a dead one's), and attach reports the version.
   std::atomic<uint64_t> magic;  // stored last with release: a reader that sees it sees the rest
   uint32_t layout_version;
   uint32_t header_size;        // sizeof(Header), and the struct sizes below, checked at attach
@@ -102,16 +105,11 @@ struct alignas(64) Header {
   uint64_t num_samples;
   uint64_t capacity_bytes;     // the memory the user gave: the segment less its fixed part
   uint64_t page_size;          // a power of two
-  uint64_t chunk_size;         // page_size / kChunksPerPage
   uint64_t max_item_bytes;     // largest value accepted (a user's limit, or what the cache holds)
   uint64_t num_pages;
   uint64_t total_size;         // whole segment
-  uint64_t fixed_bytes;        // Header + classes + pins, page-aligned: the part outside capacity_bytes
-  uint64_t off_index, off_heap_pos, off_scores, off_ticks, off_heap_table, off_pages, off_chunk_owner,
-      off_classes, off_pins, off_data;
-  uint64_t heap_table_len;     // entries of heap_table
-  uint32_t unit_shift;         // index entries, pins and free-list links count 2^unit_shift bytes
-  uint32_t reserved1_;
+  uint64_t off_index, off_heap_pos, off_scores, off_ticks, off_heap_table, off_pages, off_classes, off_pins,
+      off_data;
   int64_t creator_pid;
   uint64_t creator_start_time;  // /proc/<pid>/stat field 22: tells a reused pid from the creator
   uint64_t created_unix_ns;
@@ -122,6 +120,13 @@ struct alignas(64) Header {
   char fingerprint[80];         // the data set the values belong to ("" = not named)
   // Time of the latest create or attach (ns since the epoch): `shadecache ls`, and `gc --keep-for`.
   std::atomic<uint64_t> last_attach_unix_ns;
+  // (layout version 6 on)
+  uint64_t chunk_size;          // page_size / kChunksPerPage
+  uint64_t fixed_bytes;         // Header + classes + pins, page-aligned: the part outside capacity_bytes
+  uint64_t off_chunk_owner;
+  uint64_t heap_table_len;      // entries of heap_table
+  uint32_t unit_shift;          // index entries, pins and free-list links count 2^unit_shift bytes
+  uint32_t reserved1_;
 
   // ---- writer state: only read or written with `mutex` held.
   alignas(64) pthread_mutex_t mutex;  // process-shared, robust
@@ -209,6 +214,10 @@ struct HeapNode {
 };
 #pragma pack(pop)
 
+static_assert(offsetof(Header, layout_version) == 8 && offsetof(Header, page_size) == 56 &&
+                  offsetof(Header, creator_pid) == 160 && offsetof(Header, creator_start_time) == 168 &&
+                  offsetof(Header, persist) == 320 && offsetof(Header, last_attach_unix_ns) == 408,
+              "the identity fields keep their offsets across layout versions");
 static_assert(sizeof(SlotHeader) == 16, "SlotHeader layout changed: bump kLayoutVersion");
 static_assert(sizeof(PageMeta) == 24, "PageMeta layout changed: bump kLayoutVersion");
 static_assert(sizeof(ClassMeta) == 64, "ClassMeta layout changed: bump kLayoutVersion");
