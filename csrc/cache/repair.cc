@@ -27,6 +27,8 @@ void Cache::do_repair() {
   hdr_->zombies = 0;
   hdr_->items = 0;
   hdr_->bytes_used = 0;
+  hdr_->free_page_head = 0;  // rebuilt in step 3
+  hdr_->free_pages = 0;
   heap_.clear();
   std::memset(heap_pos_, 0, n_ * sizeof(uint32_t));
   for (uint32_t c = 0; c < slab_.num_classes(); ++c) {
