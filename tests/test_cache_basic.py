@@ -48,6 +48,20 @@ def test_overwrite_same_and_other_size_class(cache_name):
         c.check()
 
 
+@pytest.mark.parametrize("policy", sorted(sc.POLICIES))
+def test_replacing_a_value_by_another_shape_on_the_same_page(cache_name, policy):
+    """A value of 4 chunks replaced by a 2-byte one: both heads are 32-byte slots of one class, the
+    new head on the page of the old, which the old was alone on. Evicting the old copy must not
+    take that page (it crashed when the new head was only counted once published)."""
+    with sc.Cache.create(cache_name, num_samples=64, capacity_bytes=MiB, policy=policy) as c:
+        chunk = c.stats()["chunk_size"]
+        assert c.put(63, b"x" * (4 * chunk))
+        assert c.put(63, b"ab", score=-1.0) and c.get(63) == b"ab"
+        c.check()
+        assert c.put(63, b"y" * (4 * chunk)) and c.get(63) == b"y" * (4 * chunk)
+        c.check()
+
+
 def test_importance_evicts_lowest_and_admits_only_higher(cache_name):
     # One 64 KiB page of 4 KiB-class slots: 16 values of 4000 bytes fill it.
     with sc.Cache.create(cache_name, num_samples=100, capacity_bytes=64 * 1024, max_item_bytes=4000) as c:

@@ -565,7 +565,6 @@ bool Cache::do_put(const PutItem& it) {
   crash_point(CrashPoint::kPutAfterPublish);
   policy_->on_insert(pstate_, it.id, key);
   heap_.push(it.id, key);
-  slab_.do_count_live(off, +1);
   ++hdr_->items;
   hdr_->bytes_used += it.len;
   hdr_->stats.inserts.fetch_add(1, std::memory_order_relaxed);

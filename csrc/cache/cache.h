@@ -226,8 +226,8 @@ class Cache {
   // Memory for a new value of `k` chunks whose head goes to class `cls`, for `id` (whose cached
   // copy, if any, goes after the new one is written) under key `key`: what is free, else what
   // moving values frees (do_compact_one), else what evicting in the policy's order frees. Takes
-  // the head slot (*head: its offset) and the chunks (*chunks), owned by `id`, and makes room in
-  // the heap. false when the policy refuses (static full, or importance admission fails
+  // the head slot (*head: its offset) and the chunks (*chunks), owned by `id`, all counted live
+  // on their pages already, and makes room in the heap. false when the policy refuses (static full, or importance admission fails
   // because `key` does not beat the lowest cached priority) or views pin every candidate.
   bool do_alloc(uint32_t cls, uint64_t k, uint32_t id, double key, uint64_t* head, std::vector<uint32_t>* chunks);
   // Pages that allocation still needs from the free page list (head slot, chunks, heap room).

@@ -91,6 +91,9 @@ bool Cache::do_alloc(uint32_t cls, uint64_t k, uint32_t id, double key, uint64_t
   }
   if (slab_.cls(cls).free_slots == 0) slab_.do_take_free_page(cls);
   *head = slab_.do_pop_free_slot(cls) - 1;
+  // Counted live at once, as the chunks are: evicting the id's old copy before the publish must
+  // not find the page empty and free it under the new head.
+  slab_.do_count_live(*head, +1);
   return true;
 }
 
