@@ -17,8 +17,8 @@ check() runs after every row.
 as SHADE's sampler reads it (with replacement, in proportion to importance), through a cache whose
 RAM is 10% of the data set: the cache is created with the largest capacity_bytes whose segment
 (Cache.memory_for) fits that RAM, with the sizes, under the importance policy; a miss puts the
-sample with its importance. The hit ratio of the last two of three epochs. Run it with this
-checkout's engine and with an older one (PYTHONPATH) to compare engines at the same RAM.
+sample with its importance. The hit ratio of the last two of three epochs. `--engine DIR` runs it
+with the shadecache of another checkout (built in place), to compare engines at the same RAM.
 """
 import argparse
 import os
@@ -29,8 +29,9 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
+# --engine DIR: that checkout's shadecache (read before anything imports it).
+_ENGINE = sys.argv[sys.argv.index("--engine") + 1] if "--engine" in sys.argv[:-1] else REPO
+sys.path.insert(0, os.path.abspath(_ENGINE))
 
 import shadecache as sc  # noqa: E402
 from shadecache import _core  # noqa: E402
@@ -166,7 +167,8 @@ def efficiency_table(quick):
 
 
 def capacity_for_ram(n, sizes, ram_bytes):
-    """The largest capacity_bytes whose segment fits `ram_bytes` (any engine: Cache.memory_for)."""
+    """The largest capacity_bytes whose segment fits `ram_bytes` (any engine: Cache.memory_for;
+    sizes None: created without them)."""
     lo, hi = 1, ram_bytes
     while lo < hi:
         mid = (lo + hi + 1) // 2
@@ -181,16 +183,17 @@ def capacity_for_ram(n, sizes, ram_bytes):
     return lo
 
 
-def hit_ratio(n=4000, fraction=0.10, epochs=3, seed=3):
+def hit_ratio(n=4000, fraction=0.10, epochs=3, seed=3, given_sizes=True):
     """SHADE's reads through a cache of `fraction` of the data set's bytes in RAM."""
     rng = np.random.default_rng(seed)
     sizes = lognormal(n, seed=seed)
     importance = rng.lognormal(0.0, 1.0, n).astype(np.float32)
     budget = int(fraction * sizes.sum())
-    cap = capacity_for_ram(n, sizes, budget)
+    cap = capacity_for_ram(n, sizes if given_sizes else None, budget)
     name = f"bench-hit-{os.getpid()}"
     hits = reads = 0
-    with sc.Cache.create(name, num_samples=n, capacity_bytes=cap, policy="importance", sizes=sizes) as c:
+    kw = dict(sizes=sizes) if given_sizes else {}
+    with sc.Cache.create(name, num_samples=n, capacity_bytes=cap, policy="importance", **kw) as c:
         c.update_scores(np.arange(n), importance)
         p = importance / importance.sum()
         for epoch in range(epochs):
@@ -207,7 +210,8 @@ def hit_ratio(n=4000, fraction=0.10, epochs=3, seed=3):
         s = c.stats()
         used_ram = ram(c)
         c.check()
-    print(f"engine layout version {_core.LAYOUT_VERSION}: RAM budget {budget / MiB:.1f} MiB "
+    print(f"engine {os.path.dirname(os.path.dirname(sc.__file__))} (layout version {_core.LAYOUT_VERSION}), "
+          f"sizes {'given' if given_sizes else 'not given'}: RAM budget {budget / MiB:.1f} MiB "
           f"(10% of {sizes.sum() / MiB:.0f} MiB), capacity_bytes {cap / MiB:.1f} MiB, "
           f"segment blocks {used_ram / MiB:.1f} MiB, sample bytes cached {s['bytes_used'] / MiB:.1f} MiB "
           f"({100 * s['bytes_used'] / used_ram:.1f}% of the RAM), {s['items']} samples; "
@@ -218,9 +222,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="a 64 MiB log-normal row instead of 256 MiB")
     ap.add_argument("--hit-ratio", action="store_true", help="only the hit-ratio row")
+    ap.add_argument("--engine", default=REPO, help="a checkout whose shadecache to measure (default: this one)")
     args = ap.parse_args()
     if args.hit_ratio:
-        hit_ratio()
+        hit_ratio(given_sizes=True)
+        hit_ratio(given_sizes=False)
         return
     efficiency_table(args.quick)
 
