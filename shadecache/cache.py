@@ -39,8 +39,9 @@ LARGEST_PAGE_ITEM_BYTES = (8 << 20) - _core.SLOT_HEADER_SIZE
 
 
 def _page_item_bytes(max_item_bytes, sizes) -> int:
-    """The largest value a slab page must hold (it sets the page size): max_item_bytes when the
-    user gave one, else the largest of `sizes` within [DEFAULT_MAX_ITEM_BYTES, LARGEST_PAGE_ITEM_BYTES]."""
+    """The max_item_bytes argument the engine takes (checked in [1, 1 GiB]; the page size no longer
+    depends on it): the user's, else the largest of `sizes` within [DEFAULT_MAX_ITEM_BYTES,
+    LARGEST_PAGE_ITEM_BYTES]. Only a max_item_bytes the user gave is a limit (item_limit)."""
     if max_item_bytes is not None:
         return _check_int("max_item_bytes", max_item_bytes, 1)
     largest = int(sizes.max()) if sizes.size else 0

@@ -19,11 +19,13 @@ namespace shadecache {
 bool Cache::do_compact_one() {
   // Classes holding at least a page's worth of free slots: the emptiest of their pages has no more
   // values than there are free slots on the others.
-  uint64_t classes = 0;
-  for (uint32_t c = 0; c < slab_.num_classes(); ++c) {
+  // (The chunks, then the head classes in use: a put into a full cache asks this every time.)
+  auto qualifies = [&](uint32_t c) {
     const ClassMeta& cm = slab_.cls(c);
-    if (cm.slot_size && cm.free_slots >= cm.slots_per_page) classes |= uint64_t{1} << c;
-  }
+    return cm.free_slots >= cm.slots_per_page ? uint64_t{1} << c : 0;
+  };
+  uint64_t classes = qualifies(kChunkClass);
+  for (const auto& entry : slab_.do_head_classes()) classes |= qualifies(entry.second);
   if (!classes) return false;
   // Pages that views keep (a zombie, a pinned value) cannot be emptied.
   std::vector<uint8_t> pinned;

@@ -34,8 +34,7 @@ void Slab::init() {
   for (uint64_t p = num_pages_; p-- > 0;) do_push_free_page(p);
 }
 
-uint32_t Slab::do_class_for(uint64_t need) {
-  if (sorted_gen_ == *class_gen_ && need == last_need_) return last_cls_;
+const std::vector<std::pair<uint32_t, uint32_t>>& Slab::do_head_classes() {
   if (sorted_gen_ != *class_gen_) {
     sorted_.clear();
     for (uint32_t c = kPageClass; c < num_classes_; ++c)
@@ -43,6 +42,12 @@ uint32_t Slab::do_class_for(uint64_t need) {
     std::sort(sorted_.begin(), sorted_.end());
     sorted_gen_ = *class_gen_;
   }
+  return sorted_;
+}
+
+uint32_t Slab::do_class_for(uint64_t need) {
+  if (sorted_gen_ == *class_gen_ && need == last_need_) return last_cls_;
+  do_head_classes();
   auto fit = std::lower_bound(sorted_.begin(), sorted_.end(), std::make_pair(static_cast<uint32_t>(need), 0u));
   // Entry 1 (the whole page) holds any head that may be put, so `fit` is never the end.
   const uint64_t u = unit();

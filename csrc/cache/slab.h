@@ -58,6 +58,9 @@ class Slab {
   // else a new class cut to fit it (an unused entry, or one that has no page left), else the
   // smallest class that holds it. Mutex held: may change the class table.
   uint32_t do_class_for(uint64_t need);
+  // The head classes in use, (slot_size, class) ascending by slot (this process's copy of the
+  // table, rebuilt when Header::class_gen moved). Mutex held.
+  const std::vector<std::pair<uint32_t, uint32_t>>& do_head_classes();
   // Classes that hold pages, and how many may: a quarter of the pages (at least 3).
   uint64_t do_classes_in_use() const;
   static uint64_t max_classes_in_use(uint64_t num_pages) { return std::max<uint64_t>(3, num_pages / 4); }
