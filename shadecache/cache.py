@@ -12,8 +12,8 @@ segments of creators that were killed. A cache created with persist=True outlive
 `shadecache gc` leaves it alone unless asked (--persisted, or --keep-for AGE).
 
 capacity_bytes is the memory the cache takes: everything it allocates in /dev/shm (values, their
-headers, the id index, scores, the eviction heap, policy state) stays within capacity_bytes plus a
-fixed ~0.23 MiB (the header and the table of views), and at least 90% of it holds sample bytes
+headers, the id index, scores, the eviction heap, policy state) stays within capacity_bytes (the
+header and the table of views add at most 0.25 MiB), and at least 90% of it holds sample bytes
 for any size mix. Values are kept as whole chunks plus a tail slot (no large value needs memory
 side by side), so memory moves freely between sizes. `Cache.capacity_for(k, sizes)` says the
 memory that holds k samples of a mix; giving the sizes at create (`sizes=`, e.g. a packed
@@ -79,7 +79,8 @@ class Cache:
     get_many(ids) -> list            one native call for a batch
     get_into(i, buf) -> int          copy into a writable buffer; the length, or -1 on a miss
     view(i) -> SampleView | None     zero copy: a read-only buffer into the cache, pinned (no
-                                     process frees, rewrites or moves those bytes) until released
+                                     process frees, rewrites or moves those bytes) until released;
+                                     a value larger than stats()["chunk_size"] is a private copy
     contains(i) -> bool
     put(i, data, score=None) -> bool False when admission refuses it
     put_many(ids, values, scores=None) -> np.ndarray[bool]
@@ -120,7 +121,7 @@ class Cache:
         """Creates the cache `name` on this node. FileExistsError if the name is taken,
         sc.CapacityError if /dev/shm cannot hold it.
 
-        capacity_bytes  the memory of the cache in /dev/shm (a fixed ~0.23 MiB comes on top);
+        capacity_bytes  the memory of the cache in /dev/shm (at most a fixed 0.25 MiB comes on top);
                      sc.Cache.capacity_for(k, sizes) is the memory that holds k samples. A capacity
                      too small for the per-sample index of num_samples is refused, naming the least.
         sizes        sample sizes in bytes (all of them, or a sample of them): the slots that hold

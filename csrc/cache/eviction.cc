@@ -52,9 +52,9 @@ uint64_t Cache::do_pages_short(uint32_t cls, uint64_t k, uint32_t id) const {
   uint64_t chunks = slab_.cls(kChunkClass).free_slots;
   if (k > chunks) need += (k - chunks + kChunksPerPage - 1) / kChunksPerPage;
   // The heap holds a node per cached value, those set aside included; `id` keeps its own when
-  // it is cached (the new copy replaces the old).
-  bool has_node = heap_.contains(id) ||
-                  std::any_of(aside_.begin(), aside_.end(), [id](const HeapNode& n) { return n.id == id; });
+  // it is cached (the new copy replaces the old). Cached is asked of the index entry, whose line
+  // do_put has just read, rather than of heap_pos (one more cache miss per put).
+  bool has_node = idx_get(id, std::memory_order_relaxed) != 0;
   need += heap_.size() + aside_.size() + !has_node > heap_capacity();
   return need > hdr_->free_pages ? need - hdr_->free_pages : 0;
 }
@@ -79,7 +79,7 @@ bool Cache::do_alloc(uint32_t cls, uint64_t k, uint32_t id, double key, uint64_t
     }
   }
   // Enough pages are free for what is short: take them in turn.
-  if (!heap_.contains(id) && heap_.size() + 1 > heap_capacity()) do_heap_grow();
+  if (!idx_get(id, std::memory_order_relaxed) && heap_.size() + 1 > heap_capacity()) do_heap_grow();
   while (slab_.cls(kChunkClass).free_slots < k) slab_.do_take_free_page(kChunkClass);
   chunks->clear();
   for (uint64_t i = 0; i < k; ++i) {
