@@ -63,6 +63,7 @@ py::dict stats_dict(const CacheStats& s) {
   d["evictions"] = s.evictions;
   d["rejected"] = s.rejected;
   d["page_moves"] = s.page_moves;
+  d["relocations"] = s.relocations;
   d["recoveries"] = s.recoveries;
   d["score_updates"] = s.score_updates;
   d["items"] = s.items;
@@ -73,6 +74,8 @@ py::dict stats_dict(const CacheStats& s) {
   d["data_bytes"] = s.data_bytes;
   d["num_samples"] = s.num_samples;
   d["page_size"] = s.page_size;
+  d["chunk_size"] = s.chunk_size;
+  d["heap_pages"] = s.heap_pages;
   d["num_pages"] = s.num_pages;
   d["free_pages"] = s.free_pages;
   d["segment_bytes"] = s.segment_bytes;
@@ -120,6 +123,13 @@ PYBIND11_MODULE(_core, m) {
              const SizesArray& sizes) {
             return Cache::segment_bytes(options(num_samples, capacity_bytes, max_item_bytes, policy, sizes));
           })
+      .def_static(
+          "capacity_for",
+          [](uint64_t items, const SizesArray& sizes, uint64_t num_samples, uint32_t policy) {
+            CacheOptions o = options(num_samples, 1, 1, policy, sizes);
+            return capacity_for(items, o.sizes, num_samples, o.policy);
+          },
+          py::arg("items"), py::arg("sizes"), py::arg("num_samples"), py::arg("policy"))
       .def_static("read_creator",
                   [](const std::string& name) -> py::object {
                     int64_t pid;

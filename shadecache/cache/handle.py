@@ -11,11 +11,13 @@ segments of creators that were killed. A cache created with persist=True outlive
 (warm restart): `Cache.create_or_attach` of a restarted job finds its values and scores, and
 `shadecache gc` leaves it alone unless asked (--persisted, or --keep-for AGE).
 
-capacity_bytes is what the cache holds of sample bytes. Give the sample sizes (`sizes=`, e.g. a
-packed store's `lengths`; `Cache.for_store` does) and the engine fits its size classes to them
-and sizes its memory so that capacity_bytes of samples fit: slot headers and page ends come on
-top (stats()["segment_bytes"] is the whole). Without sizes, capacity_bytes is the memory, headers
-included, and size classes are learned as values arrive.
+capacity_bytes is the memory the cache takes: everything it allocates in /dev/shm (values, their
+headers, the id index, scores, the eviction heap, policy state) stays within capacity_bytes (the
+header and the table of views add at most 0.25 MiB), and at least 90% of it holds sample bytes
+for any size mix. Values are kept as whole chunks plus a tail slot (no large value needs memory
+side by side), so memory moves freely between sizes. `Cache.capacity_for(k, sizes)` says the
+memory that holds k samples of a mix; giving the sizes at create (`sizes=`, e.g. a packed
+store's `lengths`; `Cache.for_store` does) fits the tail slots to them.
 """
 import functools
 import math
@@ -29,17 +31,16 @@ from ..errors import FingerprintError
 
 # Policy name -> the number the engine stores; the engine defines the list (csrc/cache/policies/).
 POLICIES = {name: number for number, name in enumerate(_core.POLICIES) if name}
-# The largest value that fits a 1 MiB slab page next to its slot header. Larger values take runs
-# of whole pages (any size up to the cache's capacity); a larger max_item_bytes, or sizes with
-# larger samples, give larger pages (memory moves between size classes a page at a time), up to
-# pages of 8 MiB (LARGEST_PAGE_ITEM_BYTES) unless max_item_bytes asks for more.
+# Kept for callers that size buffers by it (the engine's pages no longer depend on it: their size
+# follows capacity_bytes, and values of any size up to what the cache holds are kept in chunks).
 DEFAULT_MAX_ITEM_BYTES = (1 << 20) - _core.SLOT_HEADER_SIZE
 LARGEST_PAGE_ITEM_BYTES = (8 << 20) - _core.SLOT_HEADER_SIZE
 
 
 def _page_item_bytes(max_item_bytes, sizes) -> int:
-    """The largest value a slab page must hold (it sets the page size): max_item_bytes when the
-    user gave one, else the largest of `sizes` within [DEFAULT_MAX_ITEM_BYTES, LARGEST_PAGE_ITEM_BYTES]."""
+    """The max_item_bytes argument the engine takes (checked in [1, 1 GiB]; the page size no longer
+    depends on it): the user's, else the largest of `sizes` within [DEFAULT_MAX_ITEM_BYTES,
+    LARGEST_PAGE_ITEM_BYTES]. Only a max_item_bytes the user gave is a limit (item_limit)."""
     if max_item_bytes is not None:
         return _check_int("max_item_bytes", max_item_bytes, 1)
     largest = int(sizes.max()) if sizes.size else 0
@@ -62,7 +63,8 @@ class Cache:
     gather_flat(ids, len_hint)       hits copied back to back: (flat uint8 array, lengths)
     get_into(i, buf) -> int          copy into a writable buffer; the length, or -1 on a miss
     view(i) -> SampleView | None     zero copy: a read-only buffer into the cache, pinned (no
-                                     process frees, rewrites or moves those bytes) until released
+                                     process frees, rewrites or moves those bytes) until released;
+                                     a value larger than stats()["chunk_size"] is a private copy
     contains(i) -> bool
     put(i, data, score=None) -> bool False when admission refuses it
     put_many(ids, values, scores=None) -> np.ndarray[bool]
@@ -121,11 +123,13 @@ class Cache:
         """Creates the cache `name` on this node. FileExistsError if the name is taken,
         sc.CapacityError if /dev/shm cannot hold it.
 
-        sizes        sample sizes in bytes (all of them, or a sample of them): capacity_bytes then
-                     means bytes of samples, and size classes are fitted to these sizes.
+        capacity_bytes  the memory of the cache in /dev/shm (at most a fixed 0.25 MiB comes on top);
+                     sc.Cache.capacity_for(k, sizes) is the memory that holds k samples. A capacity
+                     too small for the per-sample index of num_samples is refused, naming the least.
+        sizes        sample sizes in bytes (all of them, or a sample of them): the slots that hold
+                     the values' tails are fitted to these sizes.
         max_item_bytes  an optional limit: the largest value accepted (default: any value the cache
-                     can hold, up to capacity_bytes). It also sizes the slab pages; values larger
-                     than a page take a run of whole pages.
+                     can hold).
         persist      keep the segment (values and scores) after every process has exited.
         fingerprint  names the data set (a store's `fingerprint`); attach(fingerprint=) and
                      create_or_attach refuse a cache of another one.
@@ -205,21 +209,28 @@ class Cache:
         return make(name, len(store), capacity_bytes, **kw)
 
     @staticmethod
-    def capacity_for(num_items: int, sizes) -> int:
-        """capacity_bytes that holds `num_items` samples whose sizes are distributed as `sizes`
-        (every sample's size, e.g. a store's `lengths`, or a sample of them): num_items times
-        their mean, for a cache created with the same sizes. stats()["segment_bytes"] (or
-        Cache.memory_for) says the memory that takes."""
+    def capacity_for(num_items: int, sizes, num_samples: Optional[int] = None,
+                     policy: Optional[str] = None) -> int:
+        """capacity_bytes (memory) that holds `num_items` samples whose sizes are distributed as
+        `sizes` (every sample's size, e.g. a store's `lengths`, or a sample of them), in a cache
+        of `num_samples` ids (default len(sizes)) created with the same sizes. The per-sample
+        index is counted in: for `policy` (default: the one that keeps the most state per
+        sample, lru, so the answer holds under any)."""
         num_items = _check_int("num_items", num_items, 0)
         sizes = _check_sizes(sizes)
         if sizes.size == 0:
             raise ValueError("sizes is empty: give the sizes of the samples to hold")
-        return max(1, int(math.ceil(num_items * float(sizes.mean()))))
+        num_samples = int(sizes.size) if num_samples is None else _check_int("num_samples", num_samples, 1)
+        policy = "lru" if policy is None else policy
+        if policy not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r}; choose one of {sorted(POLICIES)}")
+        return _core.CacheCore.capacity_for(num_items, sizes, num_samples, POLICIES[policy])
 
     @staticmethod
     def memory_for(num_samples: int, capacity_bytes: int, sizes=None, policy: str = "importance",
                    max_item_bytes: Optional[int] = None) -> int:
-        """Bytes of shared memory a cache created with these arguments takes (segment_bytes)."""
+        """Bytes of shared memory a cache created with these arguments takes (segment_bytes):
+        capacity_bytes and the fixed part every cache has."""
         sizes = _check_sizes(sizes)
         page_item_bytes = _page_item_bytes(max_item_bytes, sizes)
         if policy not in POLICIES:
