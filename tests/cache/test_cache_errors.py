@@ -337,6 +337,11 @@ def test_attach_to_another_layout_version_or_a_foreign_segment(cache_name):
         with _header_field(path, 8, "<I", lambda v: v + 1) as version:
             with pytest.raises(sc.LayoutVersionError, match=f"layout version {version + 1}.*reads version {version}"):
                 sc.Cache.attach(cache_name)
+        # A segment of the layout before chunked values (version 5): a clear error, never a misread.
+        with _header_field(path, 8, "<I", lambda v: 5):
+            with pytest.raises(sc.LayoutVersionError, match="layout version 5 but this shadecache reads version 6"
+                                                             ".*recreate the cache"):
+                sc.Cache.attach(cache_name)
         with _header_field(path, 0, "<8s", lambda v: b"NOTMAGIC"):
             with pytest.raises(sc.LayoutVersionError, match="not a shadecache segment"):
                 sc.Cache.attach(cache_name)

@@ -23,9 +23,13 @@ def _mix(rng):
     return np.clip(rng.lognormal(np.log(110 * KB), 1.2, N), KB, 2 * MiB).astype(np.int64)
 
 
-def _check_victims(before, after, keys, label):
-    """`before`/`after`: cached masks around one put; keys: the policy's key of each id then
-    (evicted first = lowest). Returns how many were evicted."""
+def _put_watched(c, i, value, keys, label, **kw):
+    """Puts `value` as id i and checks what it evicted against `keys` (the policy's key of each id
+    before the put: evicted first = lowest). Returns how many it evicted."""
+    before = c.cached_mask()
+    c.put(i, value, **kw)
+    after = c.cached_mask()
+    after[i] = False
     evicted = before & ~after
     if not evicted.any():
         return 0
@@ -49,12 +53,10 @@ def test_importance_evicts_only_the_lowest_scores(cache_name, given_sizes):
             c.put(int(i), make_value(int(i), 0, int(sizes[i])), score=float(scores[i]))
         evictions = 0
         for i in order[1500:1900]:
-            before = c.cached_mask()
             table = c.scores()
-            c.put(int(i), make_value(int(i), 1, int(sizes[i])), score=float(scores[i]))
-            after = c.cached_mask()
-            after[i] = False
-            evictions += _check_victims(before, after, table, f"put of id {i}")
+            table[i] = scores[i]
+            evictions += _put_watched(c, int(i), make_value(int(i), 1, int(sizes[i])), table, f"put of id {i}",
+                                      score=float(scores[i]))
         s = c.stats()
         assert evictions > 100 and s["page_moves"] > 0, s  # memory did move between classes
         c.check()
@@ -75,15 +77,9 @@ def test_lru_and_fifo_evict_in_their_order(cache_name, policy):
                 assert c.get(hit) is not None
                 if policy == "lru":
                     last[hit] = tick
-            before = c.cached_mask()
-            keys = last.copy()
-            c.put(i, make_value(i, 0, int(sizes[i])))
+            evictions += _put_watched(c, i, make_value(i, 0, int(sizes[i])), last.copy(), f"{policy} put of id {i}")
             tick += 1
             last[i] = tick
-            after = c.cached_mask()
-            after[i] = False
-            if step > 1000:
-                evictions += _check_victims(before, after, keys, f"{policy} put of id {i}")
         assert evictions > 100
         c.check()
 
@@ -100,12 +96,7 @@ def test_clairvoyant_evicts_the_farthest_next_use(cache_name):
             i = int(i)
             c.set_next_use([i], [step % 5])  # read soon: admitted
             positions[i] = step % 5
-            before = c.cached_mask()
             keys = -positions.astype(np.float64)  # the farthest next use is the lowest key
-            c.put(i, make_value(i, 0, int(sizes[i])))
-            after = c.cached_mask()
-            after[i] = False
-            if step > 800:
-                evictions += _check_victims(before, after, keys, f"put of id {i}")
+            evictions += _put_watched(c, i, make_value(i, 0, int(sizes[i])), keys, f"put of id {i}")
         assert evictions > 100
         c.check()
