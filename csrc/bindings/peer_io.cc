@@ -362,7 +362,10 @@ class PeerSession {
         pins.release_all();
         total += bytes;
         pos = end;
-        if (sealed && r == net::kOk) r = send_ready(fd, o, &sent, made);  // this message, if the kernel takes it
+        // This message, if the kernel takes it; the call's last one waits for flush(), so that
+        // what the caller does in between (the server offers what it read to its cache) is done
+        // before the client can have the whole reply.
+        if (sealed && r == net::kOk && pos < n && !cut) r = send_ready(fd, o, &sent, made);
       }
       pending_ = {sent, made};  // nothing pinned while we wait for the client (flush)
     }
