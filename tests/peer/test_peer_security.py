@@ -20,7 +20,7 @@ import shadecache as sc
 from shadecache.peer import ForgedFrameError, PeerClient, SecretError, new_secret, server, wire
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(HERE))
 SECRET = new_secret()
 N = 64
 
