@@ -47,7 +47,7 @@ def cmd_serve(args) -> int:
 
 
 def cmd_secret(args) -> int:
-    from .peer import secret
+    from ..peer import secret
 
     value = secret.new_secret()
     if args.out:
