@@ -365,6 +365,7 @@ def test_root_status_write_leaves_another_users_file_and_the_publisher_goes_on(n
     import threading
     import time
 
+    from shadecache.peer import new_secret
     from shadecache.peer.server import PeerService
 
     run_as(ATTACKER, _attacker_plants_status, name)
@@ -381,7 +382,7 @@ def test_root_status_write_leaves_another_users_file_and_the_publisher_goes_on(n
         [os.path.basename(tier_status.path_of(name))]
 
     c = sc.Cache.create(name, 8, 1 << 20)
-    service = PeerService(c)
+    service = PeerService(c, secret=new_secret())
     publisher = threading.Thread(target=service.publish_forever, args=(0.02,), daemon=True)
     try:
         publisher.start()
