@@ -261,7 +261,7 @@ class Cache {
   void do_push_zombie(uint64_t off);
   void do_reclaim_zombies();  // frees every zombie no view pins any more
   void do_reap_dead_pins();   // drops pins of dead processes; at most every 100 ms per process
-  uint32_t slot_code(uint64_t off) const { return static_cast<uint32_t>((off >> unit_shift_) + 1); }
+  uint32_t slot_code(uint64_t off) const { return slab_.code(off); }  // the index's form, as pins name slots
   void do_set_score(uint32_t id, float score);
   void do_repair();
   std::string do_check();

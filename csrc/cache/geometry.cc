@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
+#include <set>
 #include <string>
 
 #include "cache/policy.h"
@@ -157,14 +157,14 @@ uint64_t capacity_for(uint64_t items, const std::vector<uint64_t>& sizes, uint64
     o.policy = policy;
     o.sizes = mix;
     Layout l = compute_layout(o);
-    std::map<uint64_t, uint64_t> used;  // head slot size -> samples
+    std::set<uint64_t> used;  // head slot sizes the mix takes
     double bytes = 0;
     for (uint64_t s : mix) {
       if (s > l.max_value) return 0;  // a sample this cache cannot hold
       uint64_t need = align_up(head_bytes(s, l.chunk_shift), uint64_t{1} << l.unit_shift);
       auto it = std::lower_bound(l.classes.begin(), l.classes.end(), need);
       uint64_t slot = it == l.classes.end() ? l.page_size : *it;
-      ++used[slot];
+      used.insert(slot);
       bytes += static_cast<double>(chunks_of(s, l.chunk_shift) * l.chunk_size) +
                static_cast<double>(l.page_size) / static_cast<double>(l.page_size / slot);
     }
