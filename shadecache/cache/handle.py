@@ -6,8 +6,9 @@
 Readers (get, get_many, get_into, contains) take no lock and call straight into the engine.
 Writers (put, put_many, update_scores, remove) take the segment's robust mutex with the GIL
 released. The creating process owns the segment: it is removed by unlink(), by leaving a
-`with Cache.create(...)` block, or when the creating process exits; `shadecache gc` removes the
-segments of creators that were killed. A cache created with persist=True outlives every process
+`with Cache.create(...)` block, or when the creating process exits (those two only while the
+segment under its name is still the one it created); `shadecache gc` removes the segments of
+creators that were killed. A cache created with persist=True outlives every process
 (warm restart): `Cache.create_or_attach` of a restarted job finds its values and scores, and
 `shadecache gc` leaves it alone unless asked (--persisted, or --keep-for AGE).
 
@@ -28,6 +29,7 @@ import numpy as np
 
 from .. import _core, shm
 from ..errors import FingerprintError
+from . import node
 
 # Policy name -> the number the engine stores; the engine defines the list (csrc/cache/policies/).
 POLICIES = {name: number for number, name in enumerate(_core.POLICIES) if name}
@@ -104,7 +106,6 @@ class Cache:
     @staticmethod
     def list() -> List[str]:
         """Names of the caches on this node (what `shadecache ls` lists)."""
-        from . import node
         return node.list_caches()
 
     @staticmethod
@@ -112,7 +113,6 @@ class Cache:
         """Cache.remove(name), called on the class: removes the cache `name` from this node (its
         segment's name; processes that have it mapped keep using it until they close); False if
         there is none. On a cache, cache.remove(i) removes sample i."""
-        from . import node
         return node.remove(name)
 
     # ---- construction ------------------------------------------------------------------------
@@ -152,7 +152,7 @@ class Cache:
                                       sizes, persist, fingerprint or "",
                                       0 if max_item_bytes is None else page_item_bytes)
         if not persist:   # removed when this process exits (node.py's gc if it is killed)
-            shm.own(name, lambda: _core.CacheCore.unlink(name))
+            shm.own(name, functools.partial(node.remove_if_created_here, name))
         cache = cls(core, owner=not persist)
         if blend is not None:
             try:
@@ -383,8 +383,8 @@ class Cache:
 
     def __exit__(self, *exc) -> None:
         self.close()
-        if self._creator_pid == os.getpid():
-            self.unlink()
+        if self._creator_pid == os.getpid():   # its own segment, not one made since under its name
+            node.remove_if_created_here(self.name)
 
 
 def _check_sizes(sizes) -> np.ndarray:
