@@ -19,7 +19,7 @@ def check_ids(ids, n: int) -> np.ndarray:
         a = a.reshape(-1)
     if not a.size:
         return a.astype(np.int64, copy=False)
-    if a.dtype.kind not in "iu" or (isinstance(ids, (list, tuple)) and _holds_bool(ids)):
+    if a.dtype.kind not in "iu" or (isinstance(ids, (list, tuple)) and holds_bool(ids)):
         bad = next((i for i in _flat(ids, a) if isinstance(i, _BOOLS)
                     or not isinstance(i, (int, np.integer))), None)
         if bad is not None:
@@ -38,12 +38,12 @@ def check_ids(ids, n: int) -> np.ndarray:
     return a.astype(np.int64, copy=False)
 
 
-def _holds_bool(seq) -> bool:
+def holds_bool(seq) -> bool:
     """Whether a (nested) list or tuple holds a bool: one C-level pass over the element types."""
     types = set(map(type, seq))
     if types.intersection(_BOOLS):
         return True
-    return bool(types & {list, tuple}) and any(_holds_bool(s) for s in seq if isinstance(s, (list, tuple)))
+    return bool(types & {list, tuple}) and any(holds_bool(s) for s in seq if isinstance(s, (list, tuple)))
 
 
 def _flat(ids, a: np.ndarray):

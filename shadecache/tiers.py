@@ -40,6 +40,8 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
+from .errors import ValueTooLargeError
+
 STORE = "store"   # the store's name in a Read's counts
 
 
@@ -150,14 +152,25 @@ class TierChain:
 
     def admit(self, r: Read, insert=None) -> np.ndarray:
         """Offers the values of the ids this node keeps to the cache (insert(ids, values) -> bool
-        mask; default cache.put_many: the engine admits each by its policy), then gives what it
-        refused to the copying tiers above the tier it came from. Returns the admitted mask."""
+        mask; default cache.put_many: the engine admits each by its policy; a value too large
+        for the cache is refused like any other), then gives what it refused to the copying tiers
+        above the tier it came from. Returns the admitted mask."""
         admitted = np.zeros(r.ids.size, dtype=bool)
         have = r.keep & (r.source >= 0)
         if self.cache is not None and self.admit_to_cache and have.any():
             pos = np.flatnonzero(have)
             put = self.cache.put_many if insert is None else insert
-            admitted[pos] = np.asarray(put(r.ids[pos], [r.values[k] for k in pos.tolist()]), dtype=bool)
+            try:
+                admitted[pos] = np.asarray(put(r.ids[pos], [r.values[k] for k in pos.tolist()]),
+                                           dtype=bool)
+            except ValueTooLargeError:
+                # a value larger than the cache takes (its max_item_bytes) is refused, not the
+                # reader's error: the others are offered one by one
+                for k in pos.tolist():
+                    try:
+                        admitted[k] = bool(np.asarray(put(r.ids[k:k + 1], [r.values[k]]))[0])
+                    except ValueTooLargeError:
+                        pass
         for j in self._copying():
             below = np.flatnonzero(have & ~admitted & (r.source > j))
             if below.size:

@@ -127,8 +127,10 @@ class CachedDataset(Dataset):
         return check_ids(ids, self._n)
 
     def fetch_bytes(self, ids):
-        """Raw bytes of each id, in order: cache first, then the tier chain for the misses."""
-        a = ids if isinstance(ids, np.ndarray) and ids.dtype == np.int64 else self.check_ids(ids)
+        """Raw bytes of each id, in order: cache first, then the tier chain for the misses. The
+        ids are checked (check_ids) whatever their type: a store need not check them (a list
+        would read -1 as its last sample)."""
+        a = self.check_ids(ids)
         if self.cache is not None:
             values = self.cache.get_many(a)
         else:
@@ -205,7 +207,7 @@ class CachedDataset(Dataset):
 
     def __getitems__(self, ids):
         a = self.check_ids(ids)
-        values = self.fetch_bytes(a)
+        values = self.fetch_bytes(a)   # checks the int64 array again: a min and a max
         decode, transform = self.decode, self.transform
         if transform is None:
             xs = [decode(v) for v in values]

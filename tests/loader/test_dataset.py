@@ -95,6 +95,59 @@ def test_bad_ids_and_mismatched_cache(store, make_cache):
         sc.CachedDataset(store, make_cache(n=10))
 
 
+class ListStore:
+    """A store written here over a list of samples, indexed as Python indexes a list: it checks
+    nothing, as a store of one's own may not (-1 would be the last sample)."""
+
+    def __init__(self, samples):
+        self.samples = [data for data, _ in samples]
+        self.labels = np.array([label for _, label in samples], dtype=np.int64)
+        self.lengths, self.fingerprint = None, None
+
+    def __len__(self):
+        return len(self.samples)
+
+    def read_many(self, ids):
+        return [self.samples[i] for i in np.asarray(ids).tolist()]
+
+    def close(self):
+        pass
+
+
+def test_fetch_bytes_applies_the_id_rule_to_an_int64_array_too(truth, make_cache):
+    ds = sc.CachedDataset(ListStore([truth[i] for i in range(N)]), None)
+    with pytest.raises(IndexError, match="sample id -1 is out of range 0..239"):
+        ds.fetch_bytes(np.array([3, -1], dtype=np.int64))
+    with pytest.raises(IndexError, match="sample id 240 is out of range"):
+        ds.fetch_bytes(np.array([240], dtype=np.int64))
+    assert ds.fetch_bytes(np.array([[3], [4]], dtype=np.int64)) == [truth[3][0], truth[4][0]]
+    assert ds.stats()["samples"] == 2
+
+
+def test_a_sample_larger_than_the_cache_takes_is_read_through(tmp_path, cache_factory):
+    """A cache made with max_item_bytes below some samples' size refuses those (the SSD tier keeps
+    them); every reader still gets them, and the others are admitted."""
+    path = tmp_path / "mixed.shc"
+    samples = [(bytes([i]) * (50 if i % 2 else 500), i % 5) for i in range(20)]
+    with sc.PackWriter(path) as w:
+        for data, label in samples:
+            w.add(data, label)
+    store = sc.PackedStore(path)
+    cache = cache_factory(20, 1 << 20, "lru", max_item_bytes=100)
+    ssd = sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20, fingerprint=store.fingerprint)
+    ds = sc.CachedDataset(store, cache, ssd=ssd)
+    ids = [0, 1, 2, 3]
+    assert [bytes(x.numpy()) for x, _, _ in ds.__getitems__(ids)] == [samples[i][0] for i in ids]
+    assert cache.cached_mask()[[1, 3]].all() and not cache.cached_mask()[[0, 2]].any()
+    ssd.flush()
+    assert ssd.ids().tolist() == [0, 2]          # what the cache refused
+    loader = sc.CachedLoader(ds, batch_size=5, num_workers=1)
+    got = [bytes(x.numpy()) for batch in loader for x in batch[0].tolist()]
+    assert got == [data for data, _ in samples]
+    assert cache.cached_mask()[1::2].all() and not cache.cached_mask()[0::2].any()
+    ssd.close()
+
+
 def test_misses_are_admitted_with_their_current_importance(tmp_path, make_cache):
     n = 1500                                     # one 64 KiB slab page holds fewer than that
     path = str(tmp_path / "big.shc")
