@@ -25,8 +25,9 @@ minimum over streams of that stream's next position of i.
 Layout (little-endian; all offsets fixed by the header so attach checks them):
 
     header   4096 bytes   magic, version, streams, capacity, num_samples, creator pid,
-                          prefetcher pid + stop word, creator start time (at 64; 0 in a board
-                          of an older writer), per-epoch prefetch counters
+                          prefetcher pid + stop word, creator and prefetcher start times
+                          (at 64 and 72; 0 in a board of an older writer), per-epoch prefetch
+                          counters
     streams  S x 64 bytes seq, epoch, length, cursor (see the contract below)
     ids      S x capacity int64    the published order of each stream
     nxt      S x capacity int32    nxt[k]: the next k' > k with ids[k'] == ids[k] in the same stream
@@ -73,7 +74,7 @@ from typing import Optional
 import numpy as np
 
 from .. import node_files, shm
-from ..process import start_time_of
+from ..process import alive, start_time_of
 
 MAGIC = 0x3152454452_4F4353   # "SCORDER1"-ish tag; any other value is not a board
 VERSION = 1
@@ -99,6 +100,7 @@ _READER_OFF = 2048
 _H_MAGIC, _H_VERSION, _H_STREAMS, _H_CAPACITY, _H_N = 0, 8, 16, 24, 32
 _H_CREATOR, _H_CREATOR_START = shm.BOARD_CREATOR_AT, shm.BOARD_CREATOR_START_AT   # shm.py sweeps by them
 _H_PREFETCHER, _H_STOP = 48, 56
+_H_PREFETCHER_START = 72   # the prefetcher's start time: with its pid, one process (pids are reused)
 # stream record words
 _S_SEQ, _S_EPOCH, _S_LENGTH, _S_CURSOR = 0, 1, 2, 3
 
@@ -452,11 +454,13 @@ class OrderBoard:
         coming = self.on_way(ids)
         if not coming.any():
             return coming
-        from ..process import alive
         wait = ids[coming]
         deadline = time.monotonic() + timeout
+        if not self.prefetcher_alive():
+            return coming
         pid = self.prefetcher_pid
-        while self.on_way(wait).any() and time.monotonic() < deadline and pid and alive(pid):
+        while (self.on_way(wait).any() and time.monotonic() < deadline
+               and alive(pid, self._prefetcher_start())):
             time.sleep(0.0005)
         return coming
 
@@ -466,7 +470,21 @@ class OrderBoard:
         return int(self._header[_H_PREFETCHER // 8])
 
     def set_prefetcher(self, pid: int) -> None:
+        """Registers process `pid` as the node's prefetcher (0: none), with its start time, so
+        that the pid names that process only (prefetcher_alive)."""
+        self._header[_H_PREFETCHER_START // 8] = start_time_of(pid) if pid else 0
         self._header[_H_PREFETCHER // 8] = int(pid)
+
+    def _prefetcher_start(self) -> int:
+        return int(self._header[_H_PREFETCHER_START // 8])
+
+    def prefetcher_alive(self) -> bool:
+        """Whether the registered prefetcher runs: its pid is alive and, when its start time was
+        registered, names the same process (a killed prefetcher's pid may name another one by
+        now). The two words are not read as one: a reader racing a new registration may take the
+        new prefetcher for gone, which costs it a read of its own, never a wrong value."""
+        pid = self.prefetcher_pid
+        return bool(pid) and alive(pid, self._prefetcher_start())
 
     @property
     def stop_requested(self) -> bool:
