@@ -1,6 +1,8 @@
 """CachedDataset over a real PackedStore and a real shared-memory Cache, through real DataLoader
 workers (none, fork, spawn, persistent)."""
 import functools
+import os
+import signal
 
 import numpy as np
 import pytest
@@ -145,6 +147,49 @@ def test_a_sample_larger_than_the_cache_takes_is_read_through(tmp_path, cache_fa
     got = [bytes(x.numpy()) for batch in loader for x in batch[0].tolist()]
     assert got == [data for data, _ in samples]
     assert cache.cached_mask()[1::2].all() and not cache.cached_mask()[0::2].any()
+    ssd.close()
+
+
+class KillingStore(ListStore):
+    """Kills the process that reads sample `victim` while the file `armed` exists, unless it is
+    the test's own: a DataLoader worker SIGKILLed in the middle of the miss path."""
+
+    def __init__(self, samples, victim, armed):
+        super().__init__(samples)
+        self.victim, self.armed, self.parent = victim, str(armed), os.getpid()
+
+    def read_many(self, ids):
+        if (self.victim in np.asarray(ids).tolist() and os.path.exists(self.armed)
+                and os.getpid() != self.parent):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().read_many(ids)
+
+
+def _our_shm():
+    return {e for e in os.listdir("/dev/shm") if e.startswith("shadecache")}
+
+
+def test_a_dataloader_worker_killed_in_the_miss_path_leaves_nothing_behind(tmp_path, truth, make_cache):
+    armed = tmp_path / "armed"
+    armed.touch()
+    store = KillingStore([truth[i] for i in range(N)], victim=100, armed=armed)
+    cache = make_cache()
+    ssd = sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20)
+    ds = sc.CachedDataset(store, cache, ssd=ssd)
+    shm_before = _our_shm()
+    with pytest.raises(RuntimeError, match="DataLoader worker .* (exited unexpectedly|is killed by signal)"):
+        list(DataLoader(ds, batch_size=16, num_workers=2, multiprocessing_context="fork"))
+    armed.unlink()
+    cache.check()
+    ids, xs = [], []
+    for x, _, idx in DataLoader(ds, batch_size=16, num_workers=2, multiprocessing_context="fork"):
+        ids += idx.tolist()
+        xs += [bytes(v.numpy()) for v in x]
+    assert ids == list(range(N)) and xs == [truth[i][0] for i in ids]
+    cache.check()
+    st = ds.stats()
+    assert st["samples"] >= N and st["hits"] + st["misses"] == st["samples"]
+    assert _our_shm() <= shm_before | {f"shadecache.{cache.name}"}
     ssd.close()
 
 
