@@ -62,11 +62,13 @@ _SEQUENCES = (list, tuple, range, np.ndarray, torch.Tensor)   # see _as_id_array
 
 
 def _check_count(name, value, minimum):
-    if isinstance(value, bool) or not isinstance(value, int):
+    """`value` as an int (a numpy integer too, as Cache.create takes them); TypeError for a bool,
+    a float or anything else, ValueError below `minimum`."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
+    return int(value)
 
 
 def _can_pin() -> bool:

@@ -246,6 +246,17 @@ def test_bad_arguments(fixed_store, cache_factory):
     assert not _loader_threads()
 
 
+def test_counts_may_be_numpy_integers(fixed_store, cache_factory):
+    """As Cache.create and the sampler take them (sizes computed with numpy are numpy ints)."""
+    ds = sc.CachedDataset(fixed_store, _cache(cache_factory, fixed_store, warm=range(N)))
+    loader = sc.CachedLoader(ds, batch_size=np.int64(B), num_workers=np.int32(1),
+                             prefetch_batches=np.uint8(2), process_workers=np.int64(0))
+    assert type(loader.batch_size) is int and loader.batch_size == B
+    assert [len(idx) for _, _, idx in loader] == [B] * (N // B) + [N % B]
+    with pytest.raises(TypeError, match="batch_size must be an int, got bool"):
+        sc.CachedLoader(ds, batch_size=True)
+
+
 class _Yielding:
     """A sampler that is not a sequence: iterated id by id, as a DataLoader iterates it."""
 
