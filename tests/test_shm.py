@@ -26,7 +26,11 @@ if what in ("cache", "both"):
 if what in ("board", "both"):
     b = OrderBoard.create(name, 10)
 print("ready", flush=True)
-sys.stdin.readline()
+if sys.stdin.readline() == "unlink\n":   # the job's own clean-up, by the handle it holds
+    try:
+        c.unlink()
+    except FileNotFoundError:
+        pass
 """
 
 
@@ -48,8 +52,8 @@ def _owner(name, what, persist=False):
     return p
 
 
-def _exit(p):
-    p.stdin.write(b"go\n")
+def _exit(p, line=b"go\n"):
+    p.stdin.write(line)
     p.stdin.close()
     assert p.wait(timeout=30) == 0
 
@@ -65,6 +69,22 @@ def test_an_owner_that_exits_leaves_a_cache_made_again_under_its_name(name):
         assert other.get(3) == b"mine"
         other.close()
     assert name not in sc.Cache.list()   # and this owner still removes its own at the end
+
+
+def test_unlink_by_an_old_handle_leaves_a_cache_made_again_under_its_name(name):
+    p = _owner(name, "cache")
+    old = sc.Cache.attach(name)
+    assert sc.Cache.remove(name)
+    with sc.Cache.create(name, num_samples=10, capacity_bytes=1 << 20) as mine:
+        assert mine.put(3, b"mine")
+        with pytest.raises(FileNotFoundError, match="another cache"):
+            old.unlink()               # this process's handle on the first job's segment
+        old.close()
+        _exit(p, b"unlink\n")         # the first job's own handle, in its process
+        assert name in sc.Cache.list()
+        other = sc.Cache.attach(name)
+        assert other.get(3) == b"mine"
+        other.close()
 
 
 def test_an_owner_that_exits_leaves_a_board_made_again_under_its_name(name):

@@ -20,6 +20,7 @@ side by side), so memory moves freely between sizes. `Cache.capacity_for(k, size
 memory that holds k samples of a mix; giving the sizes at create (`sizes=`, e.g. a packed
 store's `lengths`; `Cache.for_store` does) fits the tail slots to them.
 """
+import errno
 import functools
 import math
 import os
@@ -85,6 +86,7 @@ class Cache:
         self.name = core.name
         self.num_samples = core.num_samples
         self._creator_pid = os.getpid() if owner else None
+        self._segment = node.creator_of(self.name)   # which segment this is (unlink)
         # The hot paths are the engine's own methods: no Python frame between the caller and C++.
         self.get = _core.fast_get(core)  # same as core.get, minus pybind11's dispatch
         self.get_many = core.get_many
@@ -374,9 +376,16 @@ class Cache:
         self._core.close()
 
     def unlink(self) -> None:
-        """Removes the segment's name; processes that have it mapped keep using it until they close."""
-        _core.CacheCore.unlink(self.name)
+        """Removes the segment's name; processes that have it mapped keep using it until they close.
+        FileNotFoundError when the name is gone, or names another cache now (this one's was
+        removed and another made under the name, by another creator: that one is left alone)."""
         shm.disown(self.name)
+        now = node.creator_of(self.name)
+        if now is not None and self._segment is not None and now != self._segment:
+            raise FileNotFoundError(errno.ENOENT, f"cache {self.name!r}: its segment has no name any "
+                                    f"more; the name is another cache's now (made by pid {now[0]}), "
+                                    "left alone")
+        _core.CacheCore.unlink(self.name)
 
     def __enter__(self) -> "Cache":
         return self

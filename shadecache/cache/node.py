@@ -26,6 +26,16 @@ def remove(name: str) -> bool:
     return _core.CacheCore.unlink(name)
 
 
+def creator_of(name: str) -> Optional[tuple]:
+    """(pid, start time) that segment `name` names as its creator: which segment holds the name
+    now (one made again under it names another). None when there is none or it is unreadable."""
+    try:
+        info = _core.CacheCore.read_creator(name)
+    except (OSError, ValueError):
+        return None
+    return None if info is None else (int(info[0]), int(info[1]))
+
+
 def remove_if_created_here(name: str) -> bool:
     """Removes segment `name` when this process created it (its creator record names this pid and
     start time); False otherwise. What an owner removes at exit or leaving a `with` block: its own
@@ -33,11 +43,7 @@ def remove_if_created_here(name: str) -> bool:
     another job whose processes attach it by name; that one is left alone. (A remove and create
     between this look and the unlink is not excluded: two calls in other processes within
     microseconds.)"""
-    try:
-        info = _core.CacheCore.read_creator(name)
-    except (OSError, ValueError):
-        info = None
-    if info is None or tuple(info) != (os.getpid(), start_time_of(os.getpid())):
+    if creator_of(name) != (os.getpid(), start_time_of(os.getpid())):
         shm.disown(name)
         return False
     return remove(name)
