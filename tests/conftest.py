@@ -35,7 +35,8 @@ def no_leaked_segments():
         creator = _creator(n)
         if creator == os.getpid() or mine in n:
             return True
-        return creator is not None and creator_alive(n) is not True
+        # None: the segment went meanwhile (another run removed its own between the two looks)
+        return creator is not None and creator_alive(n) is False
 
     leaked = {n for n in _segments() - before if ours(n)}
     assert not leaked, f"tests left shared-memory segments behind: {sorted(leaked)}"
