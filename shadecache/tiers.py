@@ -227,7 +227,7 @@ class TierChain:
         for k, v in zip(rest.tolist(), got):
             if type(v) is not bytes:
                 if v is None:
-                    raise ValueError(f"store {type(self.store).__name__} has no value for sample id "
+                    raise ValueError(f"{_who(STORE, self.store)} has no value for sample id "
                                      f"{int(r.ids[k])} (a store holds every id: "
                                      "shadecache/store/protocol.py)")
                 v = _as_bytes(v, "store", self.store, r.ids[k])
@@ -237,14 +237,18 @@ class TierChain:
         r.counts[STORE] = TierCount(int(rest.size), int(rest.size), nbytes, ns)
 
 
+def _who(what: str, tier) -> str:
+    """A tier for messages: "tier 'ssd' (SSDTier)", "store PackedStore"."""
+    return f"store {type(tier).__name__}" if what == "store" else f"{what} ({type(tier).__name__})"
+
+
 def _answer(got, asked: int, what: str, tier) -> list:
     """A read_many answer as a list of one value per id asked; ValueError naming the tier when it
     holds another number of values (zip would drop or misplace them silently)."""
     if not isinstance(got, list):
         got = list(got)
     if len(got) != asked:
-        who = f"{what} ({type(tier).__name__})" if what != "store" else f"store {type(tier).__name__}"
-        raise ValueError(f"{who} answered {len(got)} values for {asked} ids: read_many answers one "
+        raise ValueError(f"{_who(what, tier)} answered {len(got)} values for {asked} ids: read_many answers one "
                          "value per id, in order (shadecache/store/protocol.py)")
     return got
 
@@ -256,8 +260,7 @@ def _as_bytes(v, what: str, tier, i) -> bytes:
     try:
         return memoryview(v).tobytes()
     except TypeError:
-        who = f"{what} ({type(tier).__name__})" if what != "store" else f"store {type(tier).__name__}"
-        raise TypeError(f"{who} answered a {type(v).__name__} for sample id {int(i)}: read_many "
+        raise TypeError(f"{_who(what, tier)} answered a {type(v).__name__} for sample id {int(i)}: read_many "
                         "answers bytes (shadecache/store/protocol.py)") from None
 
 
