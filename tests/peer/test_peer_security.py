@@ -485,6 +485,45 @@ def test_weak_secrets_are_refused_at_every_entry_point(cache_factory, store, mon
     assert len(fresh) == 64 and sc.peer.secret.check(fresh)
 
 
+# Passwords that one form of the secret check took for random bytes: text that decodes as base64
+# (the refused `hunter2hunter2hunter2` with one more letter), text with letters beyond ASCII
+# (whose UTF-8 bytes were taken as raw bytes), as str and as the bytes a secret file holds.
+PASSWORDS = ["hunter2hunter2hunter2h", "CorrectHorseBatteryStaple1", "Passwort-für-Müller-2024",
+             "Passwort-für-Müller-2024".encode(), "Ünïcödé-Pässwörd-2024"]
+
+
+@pytest.mark.parametrize("weak", PASSWORDS, ids=repr)
+def test_passwords_written_as_base64_or_beyond_ascii_are_refused(cache_factory, store, tmp_path, weak):
+    c = _full_cache(cache_factory, store)
+    for make in (lambda: sc.serve(c, read_through=False, secret=weak),
+                 lambda: sc.Cluster(["127.0.0.1:1", "127.0.0.1:2"], node=0, secret=weak),
+                 lambda: PeerClient("127.0.0.1:1", weak, store)):
+        with pytest.raises(SecretError, match="shadecache secret"):
+            make()
+    path = tmp_path / "secret"
+    path.write_bytes(weak if isinstance(weak, bytes) else weak.encode())
+    path.chmod(0o600)
+    with pytest.raises(SecretError, match="shadecache secret"):
+        sc.peer.secret.check(sc.peer.secret.read_file(str(path)))
+
+
+def test_random_secrets_pass_in_every_form_they_are_written_in():
+    """What the check refuses must not include secrets that are random: 16 to 64 random bytes
+    as raw bytes, hex (either case) and base64 (standard or URL-safe, padded or not), 500 of
+    each size (a fixed seed: the odds of refusing a random one are under 1e-8 per secret)."""
+    import base64
+    import random
+
+    check = sc.peer.secret.check
+    rng = random.Random(21)
+    for n in (16, 17, 18, 24, 32, 48, 64):
+        for _ in range(500):
+            raw = rng.randbytes(n)
+            b64, url = base64.b64encode(raw).decode(), base64.urlsafe_b64encode(raw).decode()
+            for form in (raw, raw.hex(), raw.hex().upper(), b64, b64.rstrip("="), url, url.rstrip("=")):
+                check(form)
+
+
 def test_the_server_imports_nothing_from_the_working_directory(cache_factory, store, tmp_path):
     """A world-writable working directory holds planted modules named like the ones the server
     imports; the server process (started from a script elsewhere, in that directory) runs none
