@@ -251,6 +251,32 @@ def test_an_accept_error_backs_off_and_serving_goes_on(cache_factory, store):
         assert stats["accept_errors"] >= 1
 
 
+def test_a_connection_whose_thread_cannot_start_does_not_end_serving(cache_factory, store):
+    """The server process runs out of address space for thread stacks (RLIMIT_AS lowered to what
+    it maps now) while four connections are open: the threads of those it cannot start for are
+    closed and counted, and it serves again as soon as memory is there."""
+    c = _full_cache(cache_factory, store)
+    with sc.serve(c, read_through=False) as srv:
+        first = PeerClient(srv.address, dataset=store)   # serving: its own threads are up
+        assert first.get_many([0], timeout=10) == [store.read(0)]
+        first.close()
+        deadline = time.monotonic() + 10
+        while len(os.listdir(f"/proc/{srv.pid}/task")) > 3 and time.monotonic() < deadline:
+            time.sleep(0.05)   # main, accept and status threads; the first connection's is gone
+        soft, hard = resource.prlimit(srv.pid, resource.RLIMIT_AS)
+        mapped = _memory_kib(srv.pid, "VmSize") << 10
+        resource.prlimit(srv.pid, resource.RLIMIT_AS, (mapped + (2 << 20), hard))   # no room for an 8 MiB stack
+        try:
+            held = [socket.create_connection(_address(srv), timeout=5) for _ in range(4)]
+            time.sleep(1.0)
+            assert srv.alive
+        finally:
+            resource.prlimit(srv.pid, resource.RLIMIT_AS, (soft, hard))
+        for s in held:
+            s.close()
+        assert PeerClient(srv.address, dataset=store).get_many([3], timeout=10) == [store.read(3)]
+        assert PeerClient(srv.address, dataset=store).server_stats(5)["thread_errors"] >= 1
+
 # ---- after authentication -----------------------------------------------------------------------
 
 class Relay:
