@@ -4,7 +4,7 @@ replayed and reordered GET replies: the client returns exact bytes for the good 
 (None) a value that fails its crc32c, and raises for every other (ProtocolError, RemoteError,
 ForgedFrameError, ConnectionError, socket.timeout), never returning a wrong byte. Also: a hostile
 endpoint cannot make a connecting client allocate what its headers claim, nor hold it past the
-caller's deadline (that one: tests/test_peer_security.py)."""
+caller's deadline (that one: tests/peer/test_peer_security.py)."""
 import os
 import socket
 import subprocess
@@ -211,3 +211,53 @@ print("grew", (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1
     lines = out.stdout.split()
     assert lines[:3] == ["AuthenticationError"] * 3, out.stdout + out.stderr
     assert int(lines[-1]) < 32, f"client peak RSS grew {lines[-1]} MiB"
+
+
+def _dribbling_answerer(pause, gap):
+    """A one-connection server speaking the real handshake that answers PING and STATS with a
+    correctly sealed reply, but only after `pause` seconds and then one byte every `gap` seconds
+    (a slow or hostile peer, or a middleman delaying the bytes)."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+
+    def run():
+        conn, _ = srv.accept()
+        with conn:
+            session = auth.server_handshake(conn, KEY, IDENTITY, time.monotonic() + 5)
+            code, detail = session.recv_message(conn.fileno(), [wire.PING, wire.STATS], 5, 5)
+            if code:
+                return
+            opcode, opaque = detail[0], detail[3]
+            answer, body = (wire.PONG, b"") if opcode == wire.PING else (wire.STATS_REPLY, b"{}")
+            head = wire.pack_header(answer, 0, len(body), opaque)
+            message = head + session.seal(head, body)
+            time.sleep(pause)
+            try:
+                for b in message:
+                    conn.send(bytes([b]))
+                    time.sleep(gap)
+            except OSError:
+                pass
+
+    threading.Thread(target=run, daemon=True).start()
+    return "127.0.0.1:%d" % srv.getsockname()[1], srv
+
+
+@pytest.mark.parametrize("ask", ["ping", "server_stats"])
+def test_ping_and_stats_end_by_the_callers_deadline_against_a_dribbling_peer(ask):
+    """The reply starts just inside the caller's 1-second timeout and then dribbles: the call
+    raises socket.timeout by its deadline, not after a second more for the header and another
+    for the body."""
+    address, srv = _dribbling_answerer(pause=0.7, gap=0.04)
+    client = PeerClient(address, SECRET, DATASET)
+    try:
+        client.connect(time.monotonic() + 5)   # the handshake is not what is timed here
+        t0 = time.monotonic()
+        with pytest.raises(socket.timeout):
+            getattr(client, ask)(timeout=1.0)
+        assert time.monotonic() - t0 < 1.3, f"{ask}(timeout=1.0) took {time.monotonic() - t0:.2f} s"
+        assert client.sock is None
+    finally:
+        client.close()
+        srv.close()
