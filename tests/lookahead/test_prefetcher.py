@@ -17,6 +17,7 @@ import pytest
 
 import shadecache as sc
 from shadecache.lookahead.board import OrderBoard
+from planted_modules import run_among_planted_modules
 from values import make_value, verify_value
 
 N = 1200
@@ -438,29 +439,14 @@ def test_the_prefetcher_imports_nothing_from_the_working_directory(store_path, n
     """A job runs in a world-writable working directory that holds planted modules named like
     those the prefetcher process imports: the prefetcher (started from a script elsewhere, in
     that directory) runs none of them, registers on the board and stops cleanly."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    evil = tmp_path / "evil"
-    evil.mkdir()
-    os.chmod(evil, 0o777)
-    marker = tmp_path / "planted-module-ran"
-    for mod in ("numpy", "pickle", "ctypes", "signal", "subprocess", "runpy", "shadecache"):
-        (evil / f"{mod}.py").write_text(f"open({str(marker)!r}, 'a').write({mod!r} + '\\n')\n"
-                                        "raise ImportError('planted')\n")
-    script = tmp_path / "job" / "job.py"
-    script.parent.mkdir()
-    script.write_text(textwrap.dedent(f"""
-        import sys
-        sys.path.insert(1, {root!r})
+    out, ran = run_among_planted_modules(
+        tmp_path, ("numpy", "pickle", "ctypes", "signal", "subprocess", "runpy", "shadecache"), f"""
         import shadecache as sc
         store = sc.PackedStore({str(store_path)!r})
         with sc.Cache.create({name!r}, num_samples={N}, capacity_bytes=1 << 20) as c, \\
                 sc.OrderBoard.create({name!r}, {N}):
             pf = sc.Prefetcher(c, store).start()
             print("stopped", pf.stop(), flush=True)
-    """))
-    env = dict(os.environ)
-    env.pop("PYTHONPATH", None)
-    out = subprocess.run([sys.executable, str(script)], cwd=str(evil), env=env, capture_output=True, text=True,
-                         timeout=120)
-    assert not marker.exists(), marker.read_text()
+    """)
+    assert not ran, ran
     assert out.stdout.strip() == "stopped 0", out.stdout + out.stderr

@@ -18,6 +18,7 @@ import pytest
 
 import shadecache as sc
 from shadecache.peer import ForgedFrameError, PeerClient, SecretError, new_secret, server, wire
+from planted_modules import run_among_planted_modules
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -554,19 +555,9 @@ def test_the_server_imports_nothing_from_the_working_directory(cache_factory, st
     """A world-writable working directory holds planted modules named like the ones the server
     imports; the server process (started from a script elsewhere, in that directory) runs none
     of them, and serves."""
-    evil = tmp_path / "evil"
-    evil.mkdir()
-    os.chmod(evil, 0o777)
-    marker = tmp_path / "planted-module-ran"
-    for name in ("hmac", "json", "pickle", "struct", "secrets", "hashlib", "ipaddress"):
-        (evil / f"{name}.py").write_text(f"open({str(marker)!r}, 'a').write({name!r} + '\\n')\n"
-                                         "raise ImportError('planted')\n")
     c = _full_cache(cache_factory, store)
-    script = tmp_path / "job" / "node.py"
-    script.parent.mkdir()
-    script.write_text(textwrap.dedent(f"""
-        import sys
-        sys.path.insert(1, {ROOT!r})
+    out, ran = run_among_planted_modules(
+        tmp_path, ("hmac", "json", "pickle", "struct", "secrets", "hashlib", "ipaddress", "runpy"), f"""
         import shadecache as sc
         from shadecache.peer import PeerClient
         store = sc.PackedStore({store.path!r})
@@ -574,14 +565,9 @@ def test_the_server_imports_nothing_from_the_working_directory(cache_factory, st
         with sc.serve(cache, read_through=False) as srv:
             ok = PeerClient(srv.address, dataset=store).get_many([4], timeout=10) == [store.read(4)]
         print("served" if ok else "wrong bytes")
-    """))
-    env = dict(os.environ)
-    env.pop("PYTHONPATH", None)
-    out = subprocess.run([sys.executable, str(script)], cwd=str(evil), env=env, capture_output=True, text=True,
-                         timeout=120)
+    """)
     assert out.stdout.strip() == "served", out.stdout + out.stderr
-    assert not marker.exists(), marker.read_text()
-
+    assert not ran, ran
 
 def test_serve_fetch_close_cycles_never_abort(cache_factory, store):
     """12 cycles of serve, fetch, close (with a connection still open at close): every server
