@@ -137,6 +137,8 @@ def _base64(text: str):
             raw = base64.b64decode(padded, altchars=altchars, validate=True)
         except ValueError:
             continue
+        if len(raw) < MIN_BYTES:   # too short anyway: check() says so
+            return raw
         if base64.b64encode(raw, altchars=altchars).decode("ascii") == padded \
                 and len(set(body)) >= _min_distinct(len(body), symbols=64, share=0.5):
             return raw
