@@ -14,7 +14,8 @@ import path, no PYTHON* variables, no user site), with an import path it is give
 folder, then the parent's own path (its working directory for "") minus every entry another user
 or group could write to. `python -m` puts the working directory first: a module planted in a
 world-writable working directory would run inside the child (the peer server holds the secret;
-the prefetcher writes the cache).
+the prefetcher writes the cache). So a class the child unpickles (a store of the user's own) must
+come from a directory only its owner may write to.
 """
 import os
 import sys
