@@ -211,17 +211,22 @@ class PeerSession {
   }
 
   // Receives one message whose opcode is one of `allowed` (never a GET reply: recv_get_reply),
-  // waiting up to `idle` for its first byte, then up to `timeout` for the rest; its body is
-  // opened before it is returned: (0, (opcode, status, count, opaque, body)) or a failure.
+  // waiting up to `idle` for its first byte, then up to `timeout` for the rest of it (header and
+  // body together), and never past max(idle, timeout) from the call: a caller with one deadline
+  // (the client) passes its time left as both. Its body is opened before it is returned:
+  // (0, (opcode, status, count, opaque, body)) or a failure.
   py::tuple recv_message(int fd, const std::vector<int>& allowed, double idle, double timeout) {
     Turn turn(this);
     if (rx_broken_) return unusable();
     net::Header h;
     int r;
+    int64_t rest;  // the deadline of the whole message once its first byte is here
     {
       py::gil_scoped_release nogil;
+      int64_t cap = deadline_after(std::max(idle, timeout));
       r = net::wait_readable(fd, deadline_after(idle));
-      if (r == net::kOk) r = net::recv_exact(fd, &h, kHead, deadline_after(timeout));
+      rest = std::min(deadline_after(timeout), cap);
+      if (r == net::kOk) r = net::recv_exact(fd, &h, kHead, rest);
     }
     if (r != net::kOk) return fail_rx(io_failure(r));
     uint16_t code = 0;
@@ -232,7 +237,7 @@ class PeerSession {
     bool opened = false;
     {
       py::gil_scoped_release nogil;
-      r = net::recv_exact(fd, buf.data(), buf.size(), deadline_after(timeout));
+      r = net::recv_exact(fd, buf.data(), buf.size(), rest);
       opened = r == net::kOk && rx_.begin(&h, kHead) && rx_.update(buf.data(), buf.data(), n) &&
                rx_.open_end(buf.data() + n);
     }

@@ -168,7 +168,7 @@ class PeerClient:
         try:
             fd = self.sock.fileno()
             self._check(*self.session.send_message(fd, opcode, 0, 0, 0, b"", self._left(deadline)))
-            left = self._left(deadline)
+            left = self._left(deadline)   # as idle and timeout both: the reply is whole by the deadline
             op, status, _, _, body = self._check(*self.session.recv_message(fd, [answer, wire.ERROR], left, left))
         except BaseException:
             self.close()
