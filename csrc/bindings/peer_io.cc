@@ -149,7 +149,9 @@ struct Slot {
 // The pins of a chunk and its share of the pool, released on every way out.
 class ChunkPins {
  public:
+  // This process's pid, read once for the message's pins (Cache::pin would read it per pin).
   ChunkPins(Cache* cache, std::vector<Slot>* slots) : cache_(cache), slots_(slots), pid_(getpid()) {}
+  int64_t pid() const { return pid_; }
   ~ChunkPins() { release_all(); }
   bool take_pool(uint32_t n, int64_t deadline_ns) {
     if (!n || !pin_pool().acquire(n, deadline_ns)) return false;
@@ -158,7 +160,7 @@ class ChunkPins {
   }
   void unpin(Slot& s) {
     if (s.kind != Slot::kPinned) return;
-    cache_->unpin(s.token, pid_);
+    cache_->unpin(s.token, pid_, pid_);
     s.kind = Slot::kMissed;
   }
   void release_all() {
@@ -300,7 +302,7 @@ class PeerSession {
           Slot& s = slots[k];
           if (s.kind == Slot::kMissed && !no_pins) {
             Cache::Pinned pin;
-            if (cache->pin(p[k], &pin)) {
+            if (cache->pin(p[k], &pin, pins.pid())) {
               s.data = pin.data;
               s.len = pin.len;
               s.crc = pin.crc;
@@ -673,6 +675,8 @@ void register_peer_io(py::module_& m) {
   m.def("peer_missed", &missed_positions, py::arg("core"), py::arg("ids"),
         "positions of ids (u64) the cache does not hold now");
   m.attr("PEER_PIN_POOL") = PinPool::kCapacity;
+  m.def("peer_aead", &net::Aead::implementation,
+        "the AES-256-GCM implementation this process seals and opens frames with (net/aead.h)");
 }
 
 }  // namespace shadecache
