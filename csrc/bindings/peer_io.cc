@@ -402,10 +402,14 @@ class PeerSession {
     py::list out(n);
     for (size_t k = 0; k < n; ++k) PyList_SET_ITEM(out.ptr(), k, Py_NewRef(Py_None));
     size_t got = 0, refused = 0;
+    net::Header h, next;  // next: the header of the message that follows, read with this one's tail
+    bool have_next = false;
     for (;;) {
-      net::Header h;
-      int r;
-      {
+      int r = net::kOk;
+      if (have_next) {
+        h = next;
+        have_next = false;
+      } else {
         py::gil_scoped_release nogil;
         r = net::recv_exact(fd, &h, kHead, deadline);
       }
@@ -461,14 +465,24 @@ class PeerSession {
       }
       std::vector<uint32_t> bad;
       std::vector<uint32_t> crc(h.count, 0);
+      // The values' tag comes with the last piece, and when the (authenticated) header says MORE,
+      // the next message's header too: never a byte past this reply.
+      const bool more = h.status & net::kMore;
+      const iovec tail[2] = {{tag, kTag}, {&next, kHead}};
+      const size_t tails = more ? 2 : 1;
       {
         py::gil_scoped_release nogil;
         opened = rx_.begin(nullptr, 0);
         std::vector<iovec> window;
+        if (pieces.empty()) {
+          window.assign(tail, tail + tails);
+          r = net::recv_all(fd, window.data(), window.size(), deadline);
+        }
         for (size_t i = 0; opened && r == net::kOk && i < pieces.size();) {
           size_t j = i, bytes = 0;
           while (j < pieces.size() && (j == i || bytes + pieces[j].iov_len <= kPiece)) bytes += pieces[j++].iov_len;
           window.assign(pieces.begin() + i, pieces.begin() + j);  // recv_all consumes its iovecs
+          if (j == pieces.size()) window.insert(window.end(), tail, tail + tails);
           r = net::recv_all(fd, window.data(), window.size(), deadline);
           // Decrypted in place, and checksummed while the bytes are in cache; neither result is
           // used before the tag has been checked below.
@@ -478,7 +492,6 @@ class PeerSession {
           }
           i = j;
         }
-        if (r == net::kOk && opened) r = net::recv_exact(fd, tag, kTag, deadline);
         opened = opened && r == net::kOk && rx_.open_end(tag);
         for (uint32_t k = 0; opened && k < h.count; ++k)  // the tag first, then the store's checksum
           if (dest[k] && crc[k] != table[k].crc) bad.push_back(k);
@@ -488,7 +501,8 @@ class PeerSession {
       for (uint32_t k : bad) PyList_SetItem(out.ptr(), got + k, Py_NewRef(Py_None));  // refused
       refused += bad.size();
       got += h.count;
-      if (!(h.status & net::kMore)) break;
+      if (!more) break;
+      have_next = true;
     }
     if (got != n)
       return fail_rx(protocol(net::kEBadLength, "reply has " + std::to_string(got) + " of " + std::to_string(n) + " entries"));
