@@ -75,7 +75,7 @@ constexpr size_t kHead = sizeof(net::Header);
 constexpr size_t kPiece = 128 << 10;
 // A GET reply message: at most this many ids and (one larger value aside) value bytes, so that
 // the first message of a reply leaves early and the client opens it while the next is sealed.
-constexpr size_t kMessageItems = 64;
+constexpr size_t kMessageItems = 256;
 constexpr size_t kMessageBytes = 512 << 10;
 // The largest body send_message seals (GET ids, STATS and ERROR texts): requests are small.
 constexpr size_t kMaxMessage = 1 << 20;
