@@ -159,8 +159,9 @@ class PeerClient:
         if not len(ids):
             return []
         deadline = time.monotonic() + timeout
-        op = self.send_get(ids, deadline)
-        return self.recv_get(ids, op, deadline)
+        a = np.ascontiguousarray(ids, dtype="<u8")   # once for both calls
+        op = self.send_get(a, deadline)
+        return self.recv_get(a, op, deadline)
 
     def _ask(self, opcode: int, answer: int, deadline: float):
         if self.sock is None:

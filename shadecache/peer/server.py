@@ -15,7 +15,7 @@ A GET is answered in chunks of at most CHUNK_ITEMS ids and CHUNK_BYTES of values
 than that goes alone), one GET_REPLY message each, status MORE on all but the last. The misses of
 a chunk are filled first (SSD tier, then the store: read-through, so that the home node reads its
 own samples from shared storage once and caches them by its policy), then one native call seals
-the chunk as messages of at most 64 ids, each pinning its cached values (pins from a pool shared
+the chunk as messages of at most 256 ids, each pinning its cached values (pins from a pool shared
 by all connections, waiting at most PIN_WAIT) only while it encrypts them straight from shared
 memory; only then does the server wait for the client to take the bytes, under IO_TIMEOUT: a
 client that reads slowly holds nothing another client needs. Every value carries its crc32c.
