@@ -55,3 +55,25 @@ def test_every_accepted_length_fits_its_head_in_a_page_and_round_trips(cache_nam
         with pytest.raises(sc.ValueTooLargeError):
             c.put(0, b"x" * (top + 1))
         c.check()
+
+
+@pytest.mark.parametrize("policy", ["lru", "importance"])
+def test_the_largest_value_displaces_a_cache_full_of_small_values(cache_name, policy):
+    """max_item_bytes is what the cache holds: a value that large is admitted into a cache whose
+    memory went to thousands of small values (and to the heap pages that key them), and the put
+    that evicts them all is not refused at the end."""
+    n = 5000
+    with sc.Cache.create(cache_name, num_samples=n, capacity_bytes=MiB, policy=policy) as c:
+        for i in range(n - 1):
+            assert c.put(i, make_value(i, 0, 24), score=0.5)
+        assert c.stats()["heap_pages"] >= 2, c.stats()
+        big = make_value(n - 1, 1, c.max_item_bytes)
+        assert c.put(n - 1, big, score=1.0), c.stats()
+        assert c.get(n - 1) == big
+        c.check()
+        for i, v in enumerate(c.get_many(range(n - 1))):
+            assert v is None or verify_value(i, v) == ""
+        # And back: the small values take the memory again.
+        for i in range(2000):
+            assert c.put(i, make_value(i, 2, 24), score=2.0)
+        c.check()
