@@ -256,7 +256,14 @@ class Cache {
   // a quarter page beyond one (true when a page went back).
   uint64_t heap_capacity() const { return hdr_->heap_pages * heap_.per_page(); }
   void do_heap_grow();
-  bool do_heap_trim(uint64_t reserve = 0);
+  bool do_heap_trim(uint64_t reserve = 0) {
+    // Asked at the end of every write and of every allocation short of pages: the answer is
+    // nearly always no, and costs no call.
+    const uint64_t npp = heap_.per_page(), pages = hdr_->heap_pages, nodes = heap_.size() + reserve;
+    if (pages == 0 || (nodes != 0 && nodes + npp / 4 > (pages - 1) * npp)) return false;
+    return do_heap_give_back(reserve);
+  }
+  bool do_heap_give_back(uint64_t reserve);
   // After making slot `off` unreachable (index entry unpublished, or seq odd): does a view pin it?
   bool do_slot_pinned(uint64_t off);
   void do_push_zombie(uint64_t off);

@@ -160,7 +160,7 @@ void Cache::do_heap_grow() {
   ++hdr_->heap_pages;
 }
 
-bool Cache::do_heap_trim(uint64_t reserve) {
+bool Cache::do_heap_give_back(uint64_t reserve) {
   const uint64_t npp = heap_.per_page();
   const uint64_t nodes = heap_.size() + reserve;
   bool gave = false;
