@@ -178,10 +178,12 @@ class CachedDataset(Dataset):
             # What the node's prefetcher is reading, or holds, is read once: wait for it to be
             # offered to the cache (the wait asks the prefetcher for it).
             a = np.asarray(ids, dtype=np.int64)
-            coming = board.wait_for(a, ON_WAY_WAIT_S)
+            waited = board.wait_for(a, ON_WAY_WAIT_S)
+            # and what it put in the cache since this reader missed it there (flagged prefetched)
+            coming = waited | board.prefetched(a)
             if coming.any():
-                waited = a[coming].tolist()
-                got = {i: v for i, v in zip(waited, self.cache.get_many(waited)) if v is not None}
+                look = a[coming].tolist()
+                got = {i: v for i, v in zip(look, self.cache.get_many(look)) if v is not None}
                 if got:
                     board.unmark(list(got))          # used: neither unused nor wasted
                     self.counters.add(prefetch_hits=len(got))
@@ -189,9 +191,9 @@ class CachedDataset(Dataset):
                 # The cache refused those it did not take when the prefetcher offered them, at
                 # this request: they are read from the tier that took them (the SSD tier) and
                 # not offered again, as a miss of this reader's own is offered once.
-                refused = [i for i in waited if i not in got]
-                waited_set = set(waited)
-                rest = [i for i in ids if i not in waited_set]
+                refused = [i for i in a[waited].tolist() if i not in got]
+                skip = set(got).union(refused)
+                rest = [i for i in ids if i not in skip]
                 values = dict(zip(rest, self.fetch_missing_now(rest)))
                 values.update(zip(refused, self.fetch_missing_now(refused, admit=False)))
                 return [got[i] if i in got else values[i] for i in ids]

@@ -368,8 +368,9 @@ def run(cache_name, chain, options, parent_pid):
         if not admitted.all():
             full = True            # the cache only shrinks by removals
             refused.update(ids[~admitted].tolist())
-            if copies and board.wanted(ids[~admitted]).any():
-                # a reader waits for these: it reads them from the SSD tier, once written
+            if copies:
+                # a reader asks for these now or soon: it reads them from the SSD tier, once
+                # written (not from the store again)
                 for t in copying:
                     flush = getattr(t, "flush", None)
                     if callable(flush):

@@ -143,9 +143,10 @@ def test_with_an_ssd_tier_the_prefetcher_adds_no_store_read(store_path, tmp_path
         times = np.bincount(order, minlength=N)
         assert (times[twice] >= 2).all(), (e, twice[times[twice] < 2])
     # The job without a prefetcher is nearly deterministic: its SSD tier's writer takes the
-    # values it is given in batches of its own timing, which moves a few reads per epoch (0.5%
-    # here). With the prefetcher the warm epochs read no more than that spread allows.
-    warm = [sum(w[1:]) for w in without]
-    spread = max(abs(warm[0] - warm[1]), 1)
+    # values it is given in batches of its own timing, which moves a few reads per epoch (up to
+    # about 1% between two runs here). With the prefetcher the warm epochs read no more than
+    # that: 2% of the reads is the bound (a prefetcher that lost what it read ahead, or read
+    # what the SSD tier holds, reads several times that).
+    warm = max(sum(w[1:]) for w in without)
     reads = [len(a) + len(b) for a, b, _ in with_pf]
-    assert sum(reads[1:]) <= max(warm) + spread, (reads, without)
+    assert sum(reads[1:]) <= 1.02 * warm, (reads, without)
