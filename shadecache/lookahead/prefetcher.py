@@ -15,8 +15,9 @@ The loop, in one pass:
 1. window: from each stream's cursor (the position up to which the DataLoader has taken ids), the
    next `lookahead_samples` ids, merged across streams by distance from each cursor, first
    occurrence kept; the ids neither cached nor already on their way are the candidates, cut where
-   their bytes (plus the bytes in flight) pass `lookahead_bytes`.
-2. room: never evict a sample needed sooner than the one it brings. Before a batch is read, cached
+   their bytes (plus the bytes in flight and held) pass `lookahead_bytes`. With an SSD tier (ssd=),
+   once the cache is full, only those it would admit when due and the SSD tier does not hold.
+2. room (no SSD tier): never evict a sample needed sooner than the one it brings. Before a batch is read, cached
    samples whose next use (any stream) is later than the batch's latest next use, or unknown, are
    removed, farthest first, the unknown ones lowest score first, until the batch fits in the free
    bytes; if they do not suffice the batch is cut to what fits. (Under the clairvoyant policy the
@@ -26,9 +27,14 @@ The loop, in one pass:
    across batch boundaries (a PackedStore's stream: `queue_depth` reads per lane; any other
    store's read_many on a thread per batch). Up to `max_batches` batches are in flight. With a
    cluster, only the ids this node keeps are read ahead (those it is home to, unless keep_remote).
-4. insert: each finished batch goes in with put_many (admission as the policy says; room made as
-   in 2.); what the cache refused goes to the SSD tier, as the chain admits a loader's misses. The
-   admitted ids get their "prefetched" flag; counters per epoch: prefetched, prefetched_bytes,
+4. insert: without an SSD tier each finished batch goes in with put_many (admission as the policy
+   says; room made as in 2.). With one, the batch is held in this process (its ids stay ON_WAY on
+   the board) and each sample is offered with put_many when a loader takes the batch that holds it
+   (the cursor passes it) or asks for it (WANTED: a loader waits for it); the hand-over thread
+   does that every poll_s. What the cache refuses goes to the SSD tier, written before the flag is
+   cleared, as the chain admits a loader's misses: the cache and the SSD tier see each sample
+   when the loader reads it, as without a prefetcher (docs/prefetch.md says why). The admitted
+   ids get their "prefetched" flag; counters per epoch: prefetched, prefetched_bytes,
    reads_issued, and prefetch_wasted (a flagged sample found evicted before any read used it).
 It exits when the board's stop word is set (stop()), when its parent dies (PR_SET_PDEATHSIG, and
 a check of the parent pid), or on SIGTERM.

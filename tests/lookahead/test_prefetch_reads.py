@@ -145,8 +145,7 @@ def test_with_an_ssd_tier_the_prefetcher_adds_no_store_read(store_path, tmp_path
     # The job without a prefetcher is nearly deterministic: its SSD tier's writer takes the
     # values it is given in batches of its own timing, which moves a few reads per epoch (up to
     # about 1% between two runs here). With the prefetcher the warm epochs read no more than
-    # that: 2% of the reads is the bound (a prefetcher that lost what it read ahead, or read
-    # what the SSD tier holds, reads several times that).
+    # that: 2% of the reads is the bound.
     warm = max(sum(w[1:]) for w in without)
     reads = [len(a) + len(b) for a, b, _ in with_pf]
     assert sum(reads[1:]) <= 1.02 * warm, (reads, without)
