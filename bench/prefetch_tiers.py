@@ -21,8 +21,9 @@ sample size runs three ways, epoch 0 cold and --warm warm epochs each:
   store only     the same prefetcher given no ssd=: it reads the store past the SSD tier, as it did
                  before the chain (the row is there to show what the chain changes)
 Printed per warm epoch: samples/s and the data read from shared storage as a multiple of the data
-set's size. The target: with the prefetcher (chain) every warm epoch reads no more than without
-one and is at least as fast.
+set's size; with --detail, per epoch, the loaders' reads from the store and the SSD tier, the
+prefetcher's reads and insertions, and the cache's evictions. The target: with the prefetcher
+(chain) every warm epoch reads no more than without one and is at least as fast.
 """
 from __future__ import annotations
 
