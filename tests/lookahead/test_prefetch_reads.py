@@ -139,7 +139,7 @@ def test_with_an_ssd_tier_the_prefetcher_adds_no_store_read(store_path, tmp_path
     # A sample it read ahead is read from the store again for the same turn (the loader read it
     # too in an epoch that reads it once) only when its admission prediction was wrong: the
     # cache refused it when it was offered at its turn, and the SSD tier did not keep it either
-    # (docs/prefetch.md; seen: 0 to 2 per run of about 60 reads ahead). A prefetcher that lost
+    # (docs/prefetch.md; seen: 0 to 2 per run of 20-30 reads ahead). A prefetcher that lost
     # what it read ahead, or raced the loader for it, does that for many.
     again, ahead = [], 0
     for e, (loader_ids, prefetcher_ids, order) in enumerate(with_pf[1:], 1):
