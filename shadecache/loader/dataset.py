@@ -179,24 +179,33 @@ class CachedDataset(Dataset):
         connections (one per peer per process) take one request at a time."""
         board = board_for(self.cache)
         if board is not None and board.prefetcher_pid:
-            # What the node's prefetcher is reading now is read once: wait for it to land.
+            # What the node's prefetcher is reading, or holds, is read once: wait for it to be
+            # offered to the cache (the wait asks the prefetcher for it).
             a = np.asarray(ids, dtype=np.int64)
-            coming = board.wait_for(a, ON_WAY_WAIT_S)
+            waited = board.wait_for(a, ON_WAY_WAIT_S)
+            # and what it put in the cache since this reader missed it there (flagged prefetched)
+            coming = waited | board.prefetched(a)
             if coming.any():
-                landed = self.cache.get_many(a[coming])
-                got = dict(zip(a[coming].tolist(), landed))
-                rest = [i for i in ids if got.get(i) is None]
-                if len(rest) < len(ids):
-                    landed_ids = [i for i, v in got.items() if v is not None]
-                    board.unmark(landed_ids)          # used: neither unused nor wasted
-                    self.counters.add(prefetch_hits=len(landed_ids))
-                    board.count_reads(reader_stream(board), 0, 0, len(landed_ids), 0)
-                    values = dict(zip(rest, self.fetch_missing_now(rest)))
-                    return [got[i] if got.get(i) is not None else values[i] for i in ids]
+                look = a[coming].tolist()
+                got = {i: v for i, v in zip(look, self.cache.get_many(look)) if v is not None}
+                if got:
+                    board.unmark(list(got))          # used: neither unused nor wasted
+                    self.counters.add(prefetch_hits=len(got))
+                    board.count_reads(reader_stream(board), 0, 0, len(got), 0)
+                # The cache refused those it did not take when the prefetcher offered them, at
+                # this request: they are read from the tier that took them (the SSD tier) and
+                # not offered again, as a miss of this reader's own is offered once.
+                refused = [i for i in a[waited].tolist() if i not in got]
+                skip = set(got).union(refused)
+                rest = [i for i in ids if i not in skip]
+                values = dict(zip(rest, self.fetch_missing_now(rest)))
+                values.update(zip(refused, self.fetch_missing_now(refused, admit=False)))
+                return [got[i] if i in got else values[i] for i in ids]
         return self.fetch_missing_now(ids)
 
-    def fetch_missing_now(self, ids: list) -> list:
-        """fetch_missing without waiting for the prefetcher: the tier chain, under the lock."""
+    def fetch_missing_now(self, ids: list, admit: bool = True) -> list:
+        """fetch_missing without waiting for the prefetcher: the tier chain, under the lock;
+        admit=False: read only (nothing offered to the cache or given to the SSD tier)."""
         if not ids:
             return []
         if self._lock_pid != os.getpid():
@@ -205,7 +214,8 @@ class CachedDataset(Dataset):
             self._miss_lock, self._lock_pid = threading.Lock(), os.getpid()
         with self._miss_lock:
             r = self.chain.read(ids)
-            self.chain.admit(r)
+            if admit:
+                self.chain.admit(r)
         self.counters.add(**{f"{name}_{field}": v for name, c in r.counts.items()
                              for field, v in (("calls", 1), ("hits", c.hits), ("bytes", c.bytes),
                                               ("ns", c.ns))})

@@ -36,7 +36,9 @@ Layout (little-endian; all offsets fixed by the header so attach checks them):
                                    current epoch, or NONE
     flags    N uint8               PREFETCHED (1) while sample i sits in the cache because the
                                    prefetcher brought it and no read has used it yet; ON_WAY (2)
-                                   while the prefetcher reads it (a reader waits for it)
+                                   while the prefetcher reads it or holds it for its turn (a reader
+                                   waits for it); WANTED (3): on its way and a reader waits for it
+                                   now (the prefetcher hands it to the cache)
 
 Concurrency contract (single writer per stream; any number of readers; no lock):
 - The writer of stream s is the training process of that rank (through ShadeSampler's hook).
@@ -55,9 +57,13 @@ Concurrency contract (single writer per stream; any number of readers; no lock):
   prefetcher's room-making, never what a reader gets: a wrong one costs a read, nothing else.
 - The per-epoch prefetch counters and the flags are written by the prefetcher (one per node); the
   flags are also cleared by the processes that read a prefetched sample (a byte store; two readers
-  clearing the same flag at once may both count the prefetch hit, a rare overcount). A reader
-  waits for a sample on its way only while the prefetcher lives, and only so long: a killed
-  prefetcher's ON_WAY flags cost a reader that wait, never a wrong value (the cache decides).
+  clearing the same flag at once may both count the prefetch hit, a rare overcount), and a reader
+  that waits for a sample on its way turns its ON_WAY into WANTED. That store may land just after
+  the prefetcher handed the sample over (a byte store, no compare-and-swap): the prefetcher clears
+  WANTED on every id it no longer holds, on each pass, so such a reader waits one pass longer. A
+  reader waits for a sample on its way only while the prefetcher lives, and only so long: a
+  killed prefetcher's ON_WAY and WANTED flags cost a reader that wait, never a wrong value (the
+  cache decides).
 - A process killed at any point leaves at most one stream with an odd seq: readers skip that
   stream until its writer (or a successor) publishes again. Nothing in the cache depends on the
   board, so a dead board writer can never make the cache inconsistent.
@@ -87,7 +93,8 @@ EPOCH_SLOTS = 32                       # per-epoch counter rows kept (epoch mod 
 # sampler knows it already (a uniform order the cache does not rearrange). Far more than any
 # lookahead window needs; 12 bytes each per stream.
 NEXT_EPOCH_ROOM = 65536
-PREFETCHED, ON_WAY = 1, 2               # flags[i]: brought and unused / being read by the prefetcher
+# flags[i]: brought and unused / being read or held by the prefetcher / that, and a reader waits
+PREFETCHED, ON_WAY, WANTED = 1, 2, 3
 COUNTERS = ("epoch", "prefetched", "prefetch_wasted", "prefetched_bytes", "reads_issued")
 _COUNTER_OFF = 128                     # header offset of the counter rows
 # The readers' per-epoch rows (CachedDataset in any process of the node adds to them with an
@@ -415,8 +422,15 @@ class OrderBoard:
         self._flags[ids] = ON_WAY
 
     def on_way(self, ids) -> np.ndarray:
-        """Bool mask: which ids the prefetcher is reading now."""
-        return self._flags[ids] == ON_WAY
+        """Bool mask: which ids the prefetcher is reading or holding now (ON_WAY or WANTED)."""
+        return self._flags[ids] >= ON_WAY
+
+    def wanted(self, ids=None) -> np.ndarray:
+        """Bool mask over `ids`: those on their way that a reader waits for now; with no ids,
+        the ids so flagged (a scan of N bytes)."""
+        if ids is None:
+            return np.flatnonzero(self._flags == WANTED)
+        return self._flags[ids] == WANTED
 
     def mark_prefetched(self, ids) -> None:
         """The prefetcher brought these ids into the cache; no read has used them yet."""
@@ -428,8 +442,9 @@ class OrderBoard:
         self._flags[ids] = 0
 
     def clear_on_way(self) -> None:
-        """Drops every "on its way" flag (a prefetcher that starts: one killed left them set)."""
-        self._flags[self._flags == ON_WAY] = 0
+        """Drops every "on its way" flag, WANTED included (a prefetcher that starts: one killed
+        left them set)."""
+        self._flags[self._flags >= ON_WAY] = 0
 
     def prefetched(self, ids) -> np.ndarray:
         """Bool mask: which ids still carry the flag (brought, and not used by a read yet)."""
@@ -450,11 +465,14 @@ class OrderBoard:
     def wait_for(self, ids, timeout: float) -> np.ndarray:
         """Waits (up to `timeout` seconds, while the prefetcher lives) until none of `ids` is on
         its way; returns the mask of those that were. A reader calls it before reading its misses,
-        so that a sample the prefetcher is reading is read once."""
+        so that a sample the prefetcher is reading is read once. It flags them WANTED: the
+        prefetcher holds what it read ahead until a reader asks for it, then offers it to the
+        cache (docs/prefetch.md)."""
         coming = self.on_way(ids)
         if not coming.any():
             return coming
         wait = ids[coming]
+        self._flags[wait] = WANTED
         deadline = time.monotonic() + timeout
         if not self.prefetcher_alive():
             return coming
