@@ -56,7 +56,7 @@ import numpy as np
 from .. import _io
 from ..cache.handle import DEFAULT_MAX_ITEM_BYTES
 from ..peer.tier import HomePeerTier
-from ..process import alive, isolated_python
+from ..process import isolated_python
 from ..store.protocol import check_store, lengths_of
 from ..tiers import TierChain
 from .board import OrderBoard
@@ -104,7 +104,7 @@ class Prefetcher:
 
     def start(self) -> "Prefetcher":
         other = self.board.prefetcher_pid
-        if other and alive(other):
+        if self.board.prefetcher_alive():   # pid and start time: a reused pid is not a prefetcher
             raise RuntimeError(f"cache {self.cache_name!r} already has a prefetcher (pid {other}); "
                                "one per node")
         self.board.request_stop(False)
