@@ -110,6 +110,7 @@ class CachedDataset(Dataset):
         self._row_pid = None
         self._count_lock = threading.Lock()
         self._miss_lock = threading.Lock()
+        self._notes = {}      # epoch -> a sampler's counts (note_epoch), this process only
 
     def __len__(self):
         return self._n
@@ -317,8 +318,10 @@ class CachedDataset(Dataset):
         prefetch_hits (hits on samples the prefetcher brought); with an order board also
         prefetched, prefetch_wasted and `per_epoch` (alias `prefetch_per_epoch`): one row per
         epoch (the board keeps the last 32) with the prefetcher's counters (prefetched,
-        prefetch_wasted, prefetched_bytes, reads_issued) and what the loaders of every process on
-        the node read in it (samples, hits, prefetch_hits, wait_s)."""
+        prefetch_wasted, prefetched_bytes, reads_issued), what the loaders of every process on
+        the node read in it (samples, hits, prefetch_hits, wait_s) and what the samplers' orders
+        held (accuracy_repeats, stall_deferrals, stall_repeats: ShadeSampler). Without a board,
+        `per_epoch` has the sampler's counts alone, as noted in this process (note_epoch)."""
         d = dict(zip(_FIELDS, (int(v) for v in self._table().sum(axis=0))))
         d["hit_ratio"] = d["hits"] / d["samples"] if d["samples"] else 0.0
         d["tiers"] = {
@@ -334,7 +337,28 @@ class CachedDataset(Dataset):
             tier["mean_latency_s"] = tier["seconds"] / tier["calls"] if tier["calls"] else 0.0
         d["wait_s"] = d.pop("wait_ns") / 1e9
         d.update(_prefetch_stats(self.cache))
+        if "per_epoch" not in d and self._notes:
+            d["per_epoch"] = [{"epoch": e, "accuracy_repeats": 0, "stall_deferrals": 0,
+                               "stall_repeats": 0, **self._notes[e]} for e in sorted(self._notes)]
         return d
+
+    def loader_totals(self):
+        """(samples read from the tiers below the cache, seconds those tiers' calls took, seconds
+        the loaders waited on misses) summed over every process of this data set so far: what
+        ShadeSampler's stall budget measures the store's pace and the training step by."""
+        t = self._table().sum(axis=0)
+        f = _FIELDS.index
+        read = int(t[f("peer_hits")] + t[f("ssd_hits")] + t[f("store_reads")])
+        tier_ns = int(t[f("peer_ns")] + t[f("ssd_ns")] + t[f("store_ns")])
+        return read, tier_ns / 1e9, int(t[f("wait_ns")]) / 1e9
+
+    def note_epoch(self, epoch: int, **counts) -> None:
+        """Adds a sampler's per-epoch counts (accuracy_repeats, stall_deferrals, stall_repeats)
+        to this process's record, which stats()["per_epoch"] shows when there is no order board
+        (the board's rows hold them, node-wide, when there is one)."""
+        row = self._notes.setdefault(int(epoch), {})
+        for k, v in counts.items():
+            row[k] = row.get(k, 0) + int(v)
 
     def reset_stats(self):
         """Zero the counters (call it while no worker is fetching)."""

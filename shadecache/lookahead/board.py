@@ -86,6 +86,11 @@ _COUNTER_OFF = 128                     # header offset of the counter rows
 # loop saw, per epoch. In the header's spare bytes (zeros in a board of an older writer).
 READER_COUNTERS = ("epoch", "samples", "hits", "prefetch_hits", "wait_ns")
 _READER_OFF = 2048
+# The samplers' per-epoch rows (ShadeSampler in any rank of the node adds with an atomic add): the
+# repeats and deferrals its epoch's order holds. Epoch e's row is slot e % EPOCH_SLOTS, stamped by
+# the reader row of that slot; cleared with it. The header's last spare bytes (3328..4096).
+SAMPLER_COUNTERS = ("accuracy_repeats", "stall_deferrals", "stall_repeats")
+_SAMPLER_OFF = _READER_OFF + EPOCH_SLOTS * len(READER_COUNTERS) * 8
 SHM_DIR = "/dev/shm"
 PREFIX = "shadecache-order."
 
@@ -186,6 +191,9 @@ class OrderBoard:
         self._readers = np.frombuffer(self._mm, dtype=np.int64,
                                       count=EPOCH_SLOTS * len(READER_COUNTERS),
                                       offset=_READER_OFF)   # flat: _io.atomic_add indexes it
+        self._samplers = np.frombuffer(self._mm, dtype=np.int64,
+                                       count=EPOCH_SLOTS * len(SAMPLER_COUNTERS),
+                                       offset=_SAMPLER_OFF)
         self._creator = os.getpid() if owner else None
 
     # ---- lifetime ----------------------------------------------------------------------------
@@ -241,7 +249,8 @@ class OrderBoard:
     def close(self):
         if self._mm is None:
             return
-        for a in ("_header", "_srec", "_ids", "_nxt", "_next", "flags", "_counters", "_readers"):
+        for a in ("_header", "_srec", "_ids", "_nxt", "_next", "flags", "_counters", "_readers",
+                  "_samplers"):
             setattr(self, a, None)
         try:
             self._mm.close()
@@ -325,8 +334,13 @@ class OrderBoard:
         if row[0] != e:
             row[0] = e
         nxt = self._readers[((e + 1) % EPOCH_SLOTS) * w:((e + 1) % EPOCH_SLOTS + 1) * w]
-        if nxt[0] != e + 1 and nxt[1:].any():
-            nxt[1:] = 0
+        if nxt[0] != e + 1:
+            if nxt[1:].any():
+                nxt[1:] = 0
+            ws = len(SAMPLER_COUNTERS)
+            srow = self._samplers[((e + 1) % EPOCH_SLOTS) * ws:((e + 1) % EPOCH_SLOTS + 1) * ws]
+            if srow.any():
+                srow[:] = 0
         return m
 
     def published(self, stream: int) -> np.ndarray:
@@ -348,6 +362,46 @@ class OrderBoard:
         # in position order, so a sample taken twice in the range ends at its latest successor
         self._next[stream][ids] = self._nxt[stream, first:last]
         return ids
+
+    def rewrite(self, stream: int, positions, ids, lo: int) -> np.ndarray:
+        """Entries `positions` of the stream's order (not taken by the loader yet: >= lo) now hold
+        `ids` (the sampler moved or replaced them while the epoch runs). A seqlock write, as
+        publish: the chains (nxt) of every id that left or entered those entries are rebuilt, and
+        each such id's next use becomes its first position >= lo. Positions past the published
+        length are ignored. Returns the ids whose next use changed (for the clairvoyant policy)."""
+        s = self._check_stream(stream)
+        rec = self._srec[s]
+        length = int(rec[_S_LENGTH])
+        pos = np.asarray(positions, dtype=np.int64).reshape(-1)
+        new = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if pos.shape != new.shape:
+            raise ValueError(f"{pos.size} positions but {new.size} ids")
+        keep = pos < length
+        pos, new = pos[keep], new[keep]
+        if pos.size == 0:
+            return np.empty(0, dtype=np.int64)
+        if pos.min() < lo or (new.size and (new.min() < 0 or new.max() >= self.num_samples)):
+            raise IndexError(f"rewrite: positions must be >= {lo} and ids in 0..{self.num_samples - 1}")
+        row = self._ids[s, :length]
+        touched = np.unique(np.concatenate([row[pos], new]))
+        seq = int(rec[_S_SEQ])
+        odd = seq + 1 if seq % 2 == 0 else seq + 2
+        rec[_S_SEQ] = odd
+        _fence()
+        row[pos] = new
+        at = np.flatnonzero(np.isin(row, touched))        # every entry of a touched id, in order
+        srt = at[np.argsort(row[at], kind="stable")]       # by id, then position
+        same = row[srt[1:]] == row[srt[:-1]]
+        nxt = self._nxt[s]
+        nxt[srt] = NONE
+        nxt[srt[:-1][same]] = srt[1:][same]
+        nu = self._next[s]
+        nu[touched] = NONE
+        later = srt[srt >= lo]
+        nu[row[later][::-1]] = later[::-1].astype(np.int32)   # the last write per id: its first
+        _fence()
+        rec[_S_SEQ] = odd + 1
+        return touched
 
     # ---- the reader side ---------------------------------------------------------------------
     def snapshot(self, stream: int, window: Optional[int] = None):
@@ -440,10 +494,20 @@ class OrderBoard:
             if v:
                 _io.atomic_add(self._readers, base + k, int(v))
 
+    def count_sampler(self, epoch: int, **deltas) -> None:
+        """Adds to epoch's sampler row (any process; atomic adds): accuracy_repeats,
+        stall_deferrals, stall_repeats (SAMPLER_COUNTERS)."""
+        from .. import _io
+        base = (int(epoch) % EPOCH_SLOTS) * len(SAMPLER_COUNTERS)
+        for name, v in deltas.items():
+            if v:
+                _io.atomic_add(self._samplers, base + SAMPLER_COUNTERS.index(name), int(v))
+
     def epoch_counters(self) -> list:
         """[{epoch, prefetched, prefetch_wasted, prefetched_bytes, reads_issued, samples, hits,
-        prefetch_hits, wait_s}] of the epochs recorded, oldest first (the last EPOCH_SLOTS
-        epochs): the prefetcher's counters and what the loaders read (CachedDataset)."""
+        prefetch_hits, wait_s, accuracy_repeats, stall_deferrals, stall_repeats}] of the epochs
+        recorded, oldest first (the last EPOCH_SLOTS epochs): the prefetcher's counters, what the
+        loaders read (CachedDataset) and what the samplers' orders repeated or deferred."""
         by_epoch = {}
         for r in self._counters:
             d = dict(zip(COUNTERS, (int(v) for v in r)))
@@ -452,12 +516,14 @@ class OrderBoard:
         w = len(READER_COUNTERS)
         for k in range(EPOCH_SLOTS):
             d = dict(zip(READER_COUNTERS, (int(v) for v in self._readers[k * w:(k + 1) * w])))
-            if any(d[c] for c in READER_COUNTERS[1:]):
+            ws = len(SAMPLER_COUNTERS)
+            sd = dict(zip(SAMPLER_COUNTERS, (int(v) for v in self._samplers[k * ws:(k + 1) * ws])))
+            if any(d[c] for c in READER_COUNTERS[1:]) or any(sd.values()):
                 row = by_epoch.setdefault(d["epoch"], {c: 0 for c in COUNTERS} | {"epoch": d["epoch"]})
                 row.update(samples=d["samples"], hits=d["hits"], prefetch_hits=d["prefetch_hits"],
-                           wait_s=d["wait_ns"] / 1e9)
+                           wait_s=d["wait_ns"] / 1e9, **sd)
         for row in by_epoch.values():
-            for c in ("samples", "hits", "prefetch_hits"):
+            for c in ("samples", "hits", "prefetch_hits") + SAMPLER_COUNTERS:
                 row.setdefault(c, 0)
             row.setdefault("wait_s", 0.0)
         return [by_epoch[e] for e in sorted(by_epoch)]
@@ -574,22 +640,43 @@ def publish_ahead(sampler, draw=None) -> bool:
     return True
 
 
-def published_iter(sampler, order: np.ndarray, start: int):
+def published_iter(sampler, order: np.ndarray, start: int, plan=None):
     """ShadeSampler.__iter__'s hook: publishes the epoch's order when the sampler's cache has a
     board (unless publish_ahead already put this very order up and nothing of it was taken), and
     returns the iterator of order[start:] that moves the board's cursor as the DataLoader takes
-    ids (and the next uses of the ids taken, for the clairvoyant policy)."""
+    ids (and the next uses of the ids taken, for the clairvoyant policy). plan(k): called before
+    the ids of each batch (positions k.. up to the next multiple of the batch size) are read from
+    `order`; it may rewrite order[k:] in place (and the board's entries, OrderBoard.rewrite)."""
     board = board_for(getattr(sampler, "cache", None))
+    step = max(1, int(getattr(sampler, "batch_size", 64)))
     if board is None:
-        return iter(order[start:].tolist())
+        if plan is None:
+            return iter(order[start:].tolist())
+        return _planned(order, start, step, plan)
     s = stream_of(getattr(sampler, "rank", 0), board.streams)
     if start == 0 and _up_already(board, s, sampler, order) and board.stream_state(s)["cursor"] == 0:
         _MY_STREAM[(os.getpid(), board.path)] = s
         m = min(order.size, board.capacity)
     else:
         m = _publish(sampler, board, s, order)
-    return _tracked(board, s, order, start, m, sampler.cache,
-                    max(1, int(getattr(sampler, "batch_size", 64))))
+    return _tracked(board, s, order, start, m, sampler.cache, step, plan)
+
+
+def _batches(order, start, step, plan):
+    """(k, ids of the batch from position k) for each batch of order[start:], the ids read after
+    plan(k) ran."""
+    k = start
+    while k < order.size:
+        end = min((k // step + 1) * step, order.size)
+        if plan is not None:
+            plan(k)
+        yield k, order[k:end].tolist()
+        k = end
+
+
+def _planned(order, start, step, plan):
+    for _, ids in _batches(order, start, step, plan):
+        yield from ids
 
 
 def _next_use_setter(cache):
@@ -605,7 +692,7 @@ def _push_next_use(cache, board, ids):
         setter(ids, board.next_use(ids))
 
 
-def _tracked(board, s, order, start, m, cache, step):
+def _tracked(board, s, order, start, m, cache, step, plan=None):
     setter = _next_use_setter(cache)
     if start:
         board.consumed(s, 0, min(start, m))
@@ -621,21 +708,22 @@ def _tracked(board, s, order, start, m, cache, step):
             used = upto
 
     k = start
-    for i in order[start:].tolist():
-        k += 1
-        # At every batch boundary the cursor moves past the batch just taken, and the next use
-        # of its ids moves to the read after it (their read is now; what matters for keeping
-        # them is the next one). With a prefetcher running, that move waits one batch: the
-        # loader is still reading the batch it just took, and a sample whose next use looked
-        # "none" would be the first that the prefetcher's room-making and the clairvoyant
-        # policy evict, under the very read that needs it. (Without one, the immediate move
-        # lets the policy refuse a demand miss that is not read again: Belady's bypass.)
-        if k - done >= step and done < m:
-            last = min(k, m)
-            board.set_cursor(s, last)
-            consume(done if board.prefetcher_pid else last)
-            done = last
-        yield i
+    for _, ids in _batches(order, start, step, plan):
+        for i in ids:
+            k += 1
+            # At every batch boundary the cursor moves past the batch just taken, and the next use
+            # of its ids moves to the read after it (their read is now; what matters for keeping
+            # them is the next one). With a prefetcher running, that move waits one batch: the
+            # loader is still reading the batch it just took, and a sample whose next use looked
+            # "none" would be the first that the prefetcher's room-making and the clairvoyant
+            # policy evict, under the very read that needs it. (Without one, the immediate move
+            # lets the policy refuse a demand miss that is not read again: Belady's bypass.)
+            if k - done >= step and done < m:
+                last = min(k, m)
+                board.set_cursor(s, last)
+                consume(done if board.prefetcher_pid else last)
+                done = last
+            yield i
     consume(m)
     board.set_cursor(s, m)
 

@@ -16,10 +16,20 @@ Each epoch the whole order is drawn up front, in four steps:
           together at most `substitute` * (the share's length) of them; then cached ids go first and
           misses after, each group shuffled.
 
-`rep_factor` is the number of EXTRA copies each cached draw may take in place of a miss: 0 means
-ordering only, 1 means a cached sample drawn once is trained up to twice while one miss fewer is
-read from the store. `substitute` caps the substitutions at a fraction of the epoch, so the
-distinct samples trained per epoch stay >= 1 - substitute of the draw whatever the cache size.
+No scores, no repeats: until update() has given scores, step 4 is skipped and the epoch is a plain
+permutation (a loop that never calls update() compares loaders, not samplers).
+
+Repeats come from two budgets. The accuracy budget, `substitute` (step 4): `rep_factor` is the
+number of EXTRA copies each cached draw may take in place of a miss (0: ordering only, 1: a cached
+sample drawn once is trained up to twice while one miss fewer is read), and `substitute` caps the
+substitutions at a fraction of the epoch, so the distinct samples trained per epoch stay >= 1 -
+substitute of the draw whatever the cache size. The stall budget, `stall_budget` (stalls=True):
+while the epoch runs, a miss that the store, at its measured speed, cannot deliver by the time its
+batch is assembled is deferred later in the epoch while the prefetcher reads it, or, when no later
+position hides it, replaced by a cached sample chosen by importance, in at most `stall_budget` of
+the epoch's positions (shadecache/sampling/stalls.py). On a store faster than training it does
+nothing. The counts of both, per epoch: `repeats_history`, CachedDataset.stats()["per_epoch"],
+`shadecache stats`.
 
 Unbiased weights: `weights(idx)` gives each sample of a batch the weight 1 / (N * p_i * f_i), where
 N * p_i is its expected number of draws relative to a uniform epoch and f_i the factor by which
@@ -44,7 +54,8 @@ import torch.distributed as dist
 from torch.utils.data import Sampler
 
 from .importance import ImportanceTable
-from ..lookahead.board import publish_ahead, published_iter
+from .stalls import StallPlanner, StallView
+from ..lookahead.board import _push_next_use, board_for, publish_ahead, published_iter, stream_of
 
 
 def _dist_world():
@@ -72,8 +83,14 @@ class ShadeSampler(Sampler):
     coverage_epochs  K: every sample is drawn at least once every K epochs; 0/None disables
     temper           in [0, 1]: 1 draws by the scores (SHADE), 0 uniformly (a permutation), between
                      a mix of the two
-    substitute       fraction of this rank's epoch that substitution may take at most (None: no
-                     cap beyond rep_factor)
+    substitute       the accuracy budget: fraction of this rank's epoch that substitution may
+                     take at most (None: no cap beyond rep_factor)
+    stalls           watch for stalls: defer or repeat misses the store cannot deliver in time
+                     (needs a CachedDataset as data_source, whose counters time the store)
+    stall_budget     the stall budget: fraction of this rank's epoch that stall repeats may take
+                     at most (0: deferrals only)
+    stall_speeds     None: measure the step time and the store's per-sample wait; (step_s,
+                     miss_s): take these (a store whose latency is known; tests)
     epoch_size       samples per epoch over all ranks (default N)
     smoothing        the floor of the loss-trend blend (see ImportanceTable)
     num_replicas/rank  default: from torch.distributed when initialized, else 1/0
@@ -83,6 +100,7 @@ class ShadeSampler(Sampler):
                  seed: int = 0, importance: bool = True, pads: bool = True,
                  coverage_epochs=2, epoch_size=None, smoothing: float = 0.5,
                  draw: str = "systematic", temper: float = 0.0, substitute=0.1,
+                 stalls: bool = True, stall_budget: float = 0.3, stall_speeds=None,
                  num_replicas=None, rank=None):
         n = data_source if isinstance(data_source, (int, np.integer)) else len(data_source)
         if n < 1:
@@ -93,6 +111,12 @@ class ShadeSampler(Sampler):
             raise ValueError(f"temper must be in [0, 1], got {temper}")
         if substitute is not None and not 0.0 <= substitute <= 1.0:
             raise ValueError(f"substitute must be None or in [0, 1], got {substitute}")
+        if not 0.0 <= stall_budget <= 1.0:
+            raise ValueError(f"stall_budget must be in [0, 1], got {stall_budget}")
+        if stall_speeds is not None and (len(stall_speeds) != 2 or not all(
+                math.isfinite(v) and v > 0 for v in map(float, stall_speeds))):
+            raise ValueError(f"stall_speeds must be None or (step_s, miss_s), two positive "
+                             f"seconds, got {stall_speeds!r}")
         if coverage_epochs is not None and coverage_epochs < 0:
             raise ValueError(f"coverage_epochs must be >= 0 or None, got {coverage_epochs}")
         world, r = _dist_world()
@@ -115,6 +139,8 @@ class ShadeSampler(Sampler):
         self.temper = float(temper)
         self.substitute = None if substitute is None else float(substitute)
         self.pads = bool(pads)
+        self.stalls = bool(stalls)
+        self.stall_budget = float(stall_budget)
         self.coverage_epochs = int(coverage_epochs or 0)
         size = self.n if epoch_size is None else int(epoch_size)
         if size < 1:
@@ -135,6 +161,14 @@ class ShadeSampler(Sampler):
         self._loss_sum = 0.0
         self._loss_cnt = 0
         self.last_epoch_stats = {}
+        self.repeats_history = []   # per epoch: accuracy_repeats, stall_deferrals, stall_repeats
+        self._source = data_source if hasattr(data_source, "loader_totals") else None
+        self._planner = (StallPlanner(self.batch_size, self.stall_budget, stall_speeds)
+                         if self.stalls else None)
+        self._planner_epoch = None  # the epoch the planner's state belongs to
+        self._view = None
+        self._counted_epoch = None  # the epoch whose accuracy repeats were counted
+        self._scored = False        # update() has given scores (has_scores)
         self._warned_unmerged = False
         self._push_scores(np.arange(self.n, dtype=np.int64), self.table.scores)
 
@@ -228,7 +262,8 @@ class ShadeSampler(Sampler):
         rng = self._rng(1 + self.rank)
         stats = {"substituted": 0, "planned_hits": 0}
         cached = None
-        if self.cache is None or not (self.pads or self.rep_factor > 0):
+        # no scores, no repeats: until update() has given scores the epoch is a plain permutation
+        if self.cache is None or not (self.pads or self.rep_factor > 0) or not self.has_scores():
             if self.importance:
                 rng.shuffle(share)   # forced ids were placed at random slots; keep order random
             order = share
@@ -347,7 +382,62 @@ class ShadeSampler(Sampler):
         start, self._start = self._start, 0
         if start == 0:
             self._consumed = 0
-        return published_iter(self, order, start)   # issue 10: publishes to the order board
+        plan = None
+        if self._planner is not None and self.cache is not None and self._source is not None:
+            if start == 0 or self._planner_epoch != self.epoch:
+                self._planner.start_epoch(self._rng(2 + self.num_replicas + self.rank))
+                self._planner_epoch = self.epoch
+            plan = self._plan_batch
+        if self._counted_epoch != self.epoch:   # once per epoch, when its order is first used
+            self._counted_epoch = self.epoch
+            self._note(accuracy_repeats=self.last_epoch_stats.get("substituted", 0))
+        return published_iter(self, order, start, plan)   # publishes to the order board
+
+    # ---- the stall budget ----------------------------------------------------------------------
+    def _plan_batch(self, k: int) -> None:
+        """Before the batch at position k is taken: the stall budget may defer or repeat misses
+        from k on (shadecache/sampling/stalls.py); the board shows the changed entries."""
+        p = self._planner
+        if self._view is None:
+            self._view = StallView(self, self._source)
+        self._view.refresh()
+        before = (p.deferrals, p.repeats)
+        changed = p.plan(self._order, k, self._view)
+        if changed.size:
+            board = board_for(self.cache)
+            if board is not None:
+                touched = board.rewrite(stream_of(self.rank, board.streams), changed,
+                                        self._order[changed], lo=max(0, k - self.batch_size))
+                _push_next_use(self.cache, board, touched)
+        if (p.deferrals, p.repeats) != before:
+            self._note(stall_deferrals=p.deferrals - before[0],
+                       stall_repeats=p.repeats - before[1])
+
+    def _note(self, **counts) -> None:
+        """This epoch's repeats and deferrals: the sampler's history, the data set's per-epoch
+        record (CachedDataset.note_epoch) and the order board's sampler row (node-wide)."""
+        while len(self.repeats_history) <= self.epoch:
+            self.repeats_history.append({"accuracy_repeats": 0, "stall_deferrals": 0,
+                                         "stall_repeats": 0})
+        row = self.repeats_history[self.epoch]
+        for k, v in counts.items():
+            row[k] += int(v)
+        if self._source is not None and hasattr(self._source, "note_epoch"):
+            self._source.note_epoch(self.epoch, **counts)   # zeros too: the epoch has a row
+        if any(counts.values()):
+            board = board_for(self.cache)
+            if board is not None:
+                board.count_sampler(self.epoch, **counts)
+
+    def has_scores(self) -> bool:
+        """Whether scores exist: update() has given some (this rank's since the last end_epoch,
+        or any rank's folded at one). Until then the epoch is a plain permutation: no cached-first
+        reordering and no repeats of either budget (a loop that never calls update() compares
+        loaders, not samplers)."""
+        if not self._scored:
+            t = self.table
+            self._scored = bool(t.obs_cnt.any()) or bool((t.base != t.prior).any())
+        return self._scored
 
     # ---- scores ------------------------------------------------------------------------------
     def update(self, idx, losses):
@@ -448,7 +538,10 @@ class ShadeSampler(Sampler):
                 "weights": None if self._weights is None else self._weights.copy(),
                 "consumed": self._consumed, "loss_sum": self._loss_sum,
                 "loss_cnt": self._loss_cnt, "rank": self.rank,
-                "num_replicas": self.num_replicas}
+                "num_replicas": self.num_replicas,
+                "repeats_history": [dict(r) for r in self.repeats_history],
+                "stalls": (None if self._planner is None or self._planner_epoch != self.epoch
+                           else self._planner.state())}
 
     def load_state_dict(self, state: dict):
         if int(state["n"]) != self.n:
@@ -472,4 +565,10 @@ class ShadeSampler(Sampler):
         self._start = self._consumed if self._order is not None else 0
         self._loss_sum = float(state["loss_sum"])
         self._loss_cnt = int(state["loss_cnt"])
+        self.repeats_history = [dict(r) for r in state.get("repeats_history", [])]
+        self._scored = False
+        self._planner_epoch = None
+        if self._planner is not None and state.get("stalls") is not None and self._order is not None:
+            self._planner.load(state["stalls"], self._rng(2 + self.num_replicas + self.rank))
+            self._planner_epoch = self.epoch
         self._push_scores(np.arange(self.n, dtype=np.int64), self.table.scores)

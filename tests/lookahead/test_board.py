@@ -353,6 +353,7 @@ def test_an_order_drawn_ahead_is_reported_and_saved_as_without_a_board(board_nam
     with sc.Cache.create(board_name, num_samples=n, capacity_bytes=1 << 20) as cache, \
             OrderBoard.create(board_name, n) as b:
         s = sc.ShadeSampler(n, cache=cache, batch_size=32, seed=2)
+        s.update([0, 1], [0.5, 1.0])     # scores exist: the order is drawn against the cache
         cache.put_many(np.arange(0, n, 3), [b"x" * 16] * len(range(0, n, 3)))
         s.set_epoch(0)
         list(iter(s))

@@ -23,6 +23,13 @@ def shade(*args, **kw):
     return sc.ShadeSampler(*args, **{**SHADE_DRAW, **kw})
 
 
+def scored(s):
+    """The sampler with scores (one update), so that it orders and repeats against the cache:
+    without scores an epoch is a plain permutation."""
+    s.update([0, 1], [0.5, 1.0])
+    return s
+
+
 def drain(sampler):
     return np.fromiter(iter(sampler), dtype=np.int64)
 
@@ -109,12 +116,12 @@ def test_pads_puts_cached_first_and_substitutes_misses(cache_factory):
     cache.put_many(cached, [b"x" * 8] * cached.size)
     mask = cache.cached_mask()
     assert mask.sum() == cached.size
-    plain = shade(n, cache=cache, seed=3, rep_factor=0.0, coverage_epochs=0)
+    plain = scored(shade(n, cache=cache, seed=3, rep_factor=0.0, coverage_epochs=0))
     o0 = drain(plain)
     hits0 = int(mask[o0].sum())
     assert mask[o0[:hits0]].all() and not mask[o0[hits0:]].any()   # hits first, then misses
     for rep in (1.0, 2.0, 0.5):
-        s = shade(n, cache=cache, seed=3, rep_factor=rep, coverage_epochs=0)
+        s = scored(shade(n, cache=cache, seed=3, rep_factor=rep, coverage_epochs=0))
         o = drain(s)
         assert o.size == n
         hits = int(mask[o].sum())
@@ -370,8 +377,8 @@ def test_substitution_budget_caps_the_repeats(cache_factory):
     cache.put_many(np.arange(0, n, 4), [b"x" * 8] * (n // 4))  # a quarter cached
     mask = cache.cached_mask()
     for budget in (0.0, 0.05, 0.1):
-        s = sc.ShadeSampler(n, cache=cache, seed=3, rep_factor=2.0, substitute=budget,
-                            importance=False, coverage_epochs=0)
+        s = scored(sc.ShadeSampler(n, cache=cache, seed=3, rep_factor=2.0, substitute=budget,
+                                   importance=False, coverage_epochs=0))
         o = drain(s)
         assert o.size == n
         assert s.last_epoch_stats["substituted"] == int(budget * n)
@@ -379,8 +386,8 @@ def test_substitution_budget_caps_the_repeats(cache_factory):
         hits = int(mask[o].sum())
         assert mask[o[:hits]].all() and hits == n // 4 + int(budget * n)
     # the per-cached-draw cap still applies below the budget
-    s = sc.ShadeSampler(n, cache=cache, seed=3, rep_factor=0.1, substitute=0.5,
-                        importance=False, coverage_epochs=0)
+    s = scored(sc.ShadeSampler(n, cache=cache, seed=3, rep_factor=0.1, substitute=0.5,
+                               importance=False, coverage_epochs=0))
     drain(s)
     assert abs(s.last_epoch_stats["substituted"] - 0.1 * n // 4) <= 1
 
@@ -405,8 +412,8 @@ def test_weights_are_one_over_n_p_f_and_average_one(cache_factory):
     cache = cache_factory(n)
     cached = np.arange(0, n, 5)
     cache.put_many(cached, [b"z" * 8] * cached.size)
-    c = sc.ShadeSampler(n, cache=cache, seed=1, importance=False, rep_factor=1.0,
-                        coverage_epochs=0)
+    c = scored(sc.ShadeSampler(n, cache=cache, seed=1, importance=False, rep_factor=1.0,
+                               coverage_epochs=0))
     o = drain(c)
     st = c.last_epoch_stats
     k, h, m = st["substituted"], st["cached_draws"], st["missed_draws"]
