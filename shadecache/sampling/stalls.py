@@ -2,33 +2,36 @@
 
 A miss stalls the training loop when it is not in the cache by the time its batch is assembled and
 the store, at its measured speed, cannot deliver it in time. ShadeSampler calls `StallPlanner.plan`
-before each batch's ids are taken (and, with a live prefetcher, for the batch LOOKAHEAD_BATCHES
-ahead of it); the planner changes the order from that position on, in place:
+before each batch's ids are taken; the planner changes the order from that position on, in place.
 
-1. defer: the miss moves later in the epoch, to the first position the store (the prefetcher,
-   reading the published order) reaches in time, and the cached sample that was there moves
-   forward into its slot. The epoch still holds every sample it held; only the order changes.
-   Only with a live prefetcher: nothing else reads ahead of the loader.
-2. repeat: when no position hides it, the miss is replaced by a cached sample chosen by importance
-   (probability proportional to its score), within the stall budget: at most `budget` x the
-   positions taken so far, so repeats spread over the epoch; never a sample the coverage floor
-   protects this epoch, and only once scores exist (no scores, no repeats).
-3. otherwise the loader reads it (a stall).
+When the store is too slow. Two speeds are measured (StallPace): step_s, the seconds of one
+training step outside the loader's waits, and miss_s, the seconds the tiers below the cache take
+per sample they serve. The store delivers step_s / miss_s samples during one step; when that is a
+batch or more, it keeps up with training and nothing is ever moved or repeated (a fast store; the
+stall budget does not replace overlapping reads with compute, as DataLoader workers or a prefetcher
+do: it acts where the store is too slow for any overlap to keep up).
 
-What "in time" means, from two speeds the planner measures (StallPace): step_s, the seconds of
-one training step outside the loader's waits, and miss_s, the seconds the loader waits per missed
-sample it reads. The store delivers step_s / miss_s samples during one step. At assembly, the
-misses of a batch beyond that many would make the loop wait longer than a step; ahead (with a
-prefetcher), a batch's misses beyond what the store can read before the loop gets there, after
-the misses ahead of them, would not arrive. A store faster than training delivers more than a
-batch per step, so nothing is ever moved or repeated on it. The stall budget does not replace
-overlapping reads with compute (DataLoader workers, a prefetcher): it acts where the store is too
-slow for any overlap to keep up.
+What the planner does with the batch's misses when the store is too slow:
+- with a live prefetcher (the order board's), every miss of the batch is one the prefetcher has not
+  brought yet, most likely one it is reading: a read by the loader now would read it twice. Each is
+  deferred: it trades places with the nearest cached sample after the batch (the loop trains that
+  one now, without waiting), or, when none is left, with a miss beyond the prefetcher's reach (half
+  the cache ahead of the loader) that nobody reads yet, the lowest-scored first: the loader reads
+  that one, once, while the prefetcher brings the first. The epoch keeps every sample it held;
+  only the order changes, and each sample is read once.
+- without one, the loader reads as many misses as the store delivers during one step; the rest
+  would make the loop wait longer than a step.
+- what still waits on the store (the far misses brought forward, the misses beyond a step's worth)
+  is replaced by cached samples chosen by importance (probability proportional to the score),
+  within the stall budget: at most `budget` x the positions planned so far, so repeats spread over
+  the epoch; the misses replaced are the lowest-scored (a sample the model already fits costs
+  least to leave out), never one the coverage floor protects this epoch, and only once scores
+  exist (no scores, no repeats). The rest is read: a stall.
 
 Reproducible: the planner's random choices come from its own stream of the sampler's seed (seed,
-epoch, rank); given the same sequence of stalls (which ids of which batch were not cached, at
-which measured speeds) the order is the same. state() / load() carry the position planned up to,
-the counts, the stream's state and the speeds, so a resumed epoch goes on exactly.
+epoch, rank); given the same sequence of stalls (which ids of which batch were not cached, at which
+measured speeds) the order is the same. state() / load() carry the position planned up to, the
+counts, the stream's state and the speeds, so a resumed epoch goes on exactly.
 """
 import math
 import time
@@ -36,7 +39,6 @@ from collections import deque
 
 import numpy as np
 
-LOOKAHEAD_BATCHES = 4     # with a prefetcher, batches are planned this far ahead of the loader
 DEFER_HORIZON_BATCHES = 64   # a miss is deferred at most this many batches
 
 
@@ -113,105 +115,93 @@ class StallPlanner:
         self.budget = float(budget)
         self.pace = StallPace(speeds)
         self.rng = None
-        self.planned = 0          # positions [0, planned) were planned at assembly
-        self.ahead = 0            # positions [0, ahead) were planned ahead (prefetcher)
+        self.planned = 0          # positions [0, planned) were planned
         self.deferrals = 0
         self.repeats = 0
 
     def start_epoch(self, rng) -> None:
         self.rng = rng
-        self.planned = self.ahead = self.deferrals = self.repeats = 0
+        self.planned = self.deferrals = self.repeats = 0
         self.pace.restart()
 
     # ---- one batch ----------------------------------------------------------------------------
     def plan(self, order, k, view) -> np.ndarray:
-        """Plans the batch at position k (and, with a prefetcher, the batches ahead of it) in
-        `order`, in place. view: what the planner reads of the world (StallView). Returns the
-        positions whose ids changed."""
+        """Plans the batch at position k of `order`, in place, before its ids are taken. view:
+        what the planner reads of the world (StallView). Returns the positions whose ids
+        changed."""
         b = self.batch_size
         if k < self.planned:
             return np.empty(0, dtype=np.int64)    # planned before a resume: taken as it stands
         self.pace.observe(time.perf_counter(), *view.loader_totals())
         per_step = self.pace.per_step()
-        self.planned = min(k + b, order.size)
+        end = self.planned = min(k + b, order.size)
         if per_step is None or per_step >= b:
             return np.empty(0, dtype=np.int64)    # not measured yet, or the store keeps up
-        changed = []
+        uncached = ~view.cached(order[k:end])
         prefetching = view.prefetching()
-        if prefetching:
-            # the batches up to LOOKAHEAD_BATCHES ahead: what the store can read before the loop
-            # gets there, after the misses in front of them
-            for a in range(max(self.ahead, k + b), min(k + (LOOKAHEAD_BATCHES + 1) * b,
-                                                       order.size), b):
-                cached = view.cached(order[k:a + b])
-                before = int((~cached[:a - k]).sum())
-                can = math.floor((a - k) / b * per_step) - before
-                changed += self._act(order, a, min(a + b, order.size), k,
-                                     ~cached[a - k:], max(can, 0), per_step, view, True)
-                self.ahead = a + b
-        # the batch being assembled: what the store delivers during one step
-        unc = ~view.cached(order[k:self.planned])
-        changed += self._act(order, k, self.planned, k, unc, math.floor(per_step), per_step,
-                             view, prefetching)
-        return np.asarray(sorted(set(changed)), dtype=np.int64)
-
-    def _act(self, order, a, end, k, uncached, allow, per_step, view, prefetching) -> list:
-        """Defers or repeats the misses of order[a:end] beyond `allow` (uncached: their mask)."""
-        excess = int(uncached.sum()) - int(allow)
-        if excess <= 0:
-            return []
-        pos = a + np.flatnonzero(uncached)
-        pos = np.sort(self.rng.choice(pos, size=excess, replace=False))
+        # With a prefetcher reading the published order, a miss here is one it has not brought
+        # yet: most likely in flight, so a read now would read it twice. Without one, the loader
+        # reads what the store delivers during one step without the store setting the pace.
+        allow = 0 if prefetching else math.floor(per_step)
+        pos = k + np.flatnonzero(uncached)
+        if pos.size <= allow:
+            return np.empty(0, dtype=np.int64)
         changed = []
-        left = []
         if prefetching:
-            for p in pos.tolist():
-                q = self._defer_to(order, p, end, k, per_step, view)
-                if q is None:
-                    left.append(p)
-                    continue
-                order[p], order[q] = order[q], order[p]
-                changed += [p, q]
-                self.deferrals += 1
+            # defer: each miss trades places with the nearest cached sample after this batch
+            # (the loop trains that one now, without a wait), else with a miss beyond the
+            # prefetcher's reach, the lowest scores first (nobody reads those yet: the loader
+            # does, once, while the prefetcher brings the first); the cache keeps the arrivals
+            # until their turn, which comes within about its own size
+            reach = max(b, view.cache_items() // 2)
+            stop = min(order.size, end + max(2 * reach, DEFER_HORIZON_BATCHES * b))
+            ahead = view.cached(order[end:stop])
+            targets = (end + np.flatnonzero(ahead))[:pos.size]
+            far = end + reach + np.flatnonzero(~ahead[reach:])
+            need = pos.size - targets.size
+            if need > 0 and far.size:
+                far = np.sort(far[self._easiest(view, order[far], need)])
+                targets = np.concatenate([targets, far])
+            m = targets.size
+            if m:
+                near = pos[:m]
+                order[near], order[targets] = order[targets], order[near].copy()
+                changed += near.tolist() + targets.tolist()
+                self.deferrals += m
+            # what still waits on the store: the far misses the loader reads now, or misses
+            # nothing could move
+            pos = pos[~view.cached(order[pos])]
         else:
-            left = pos.tolist()
-        if left and view.scored():
+            pos = pos[self._easiest(view, order[pos], pos.size - allow)]
+        if pos.size and view.scored():
             credit = math.floor(self.budget * end) - self.repeats   # paced over the epoch
             if credit > 0:
-                due = view.due(order[left])
-                take = [p for p, d in zip(left, due.tolist()) if not d][:credit]
-                got = view.pick_cached(self.rng, len(take)) if take else np.empty(0, np.int64)
-                take = take[:got.size]
-                if take:
-                    order[take] = got
-                    changed += take
-                    self.repeats += len(take)
-        return changed
+                left = pos[~view.due(order[pos])]
+                left = np.sort(left[self._easiest(view, order[left], credit)])
+                got = view.pick_cached(self.rng, left.size) if left.size else left
+                left = left[:got.size]
+                if left.size:
+                    order[left] = got
+                    changed += left.tolist()
+                    self.repeats += int(left.size)
+        return np.asarray(sorted(set(changed)), dtype=np.int64)
 
-    def _defer_to(self, order, p, end, k, per_step, view):
-        """The first position q >= end holding a cached id that the store reaches in time: every
-        miss in order[k:q + 1] read before the loop gets to q. None when there is none within
-        DEFER_HORIZON_BATCHES."""
-        b = self.batch_size
-        stop = min(order.size, end + DEFER_HORIZON_BATCHES * b)
-        if stop <= end:
-            return None
-        cached = view.cached(order[k:stop])
-        misses = np.cumsum(~cached)                     # misses in order[k:j + 1]
-        reach = np.floor((np.arange(k, stop) - k) / b * per_step)
-        ok = cached & (misses <= reach)
-        ok[:end - k] = False
-        hit = np.flatnonzero(ok)
-        return None if hit.size == 0 else int(k + hit[0])
+    def _easiest(self, view, ids, m: int) -> np.ndarray:
+        """Indices into `ids` of the m with the lowest scores (a sample the model already fits
+        costs least to leave out), ties in a random order from the planner's stream."""
+        if m >= ids.size:
+            return np.arange(ids.size)
+        tie = self.rng.permutation(ids.size)
+        return tie[np.argsort(view.scores(ids[tie]), kind="stable")[:m]]
 
     # ---- checkpoint ---------------------------------------------------------------------------
     def state(self) -> dict:
-        return {"planned": self.planned, "ahead": self.ahead, "deferrals": self.deferrals,
+        return {"planned": self.planned, "deferrals": self.deferrals,
                 "repeats": self.repeats, "pace": self.pace.state(),
                 "rng": None if self.rng is None else self.rng.bit_generator.state}
 
     def load(self, state: dict, rng) -> None:
-        self.planned, self.ahead = int(state["planned"]), int(state["ahead"])
+        self.planned = int(state["planned"])
         self.deferrals, self.repeats = int(state["deferrals"]), int(state["repeats"])
         self.pace.load(state["pace"])
         self.rng = rng
@@ -250,6 +240,9 @@ class StallView:
     def scored(self) -> bool:
         return self.sampler.has_scores()
 
+    def scores(self, ids) -> np.ndarray:
+        return self.sampler.table.scores[ids]
+
     def due(self, ids) -> np.ndarray:
         s = self.sampler
         if s.coverage_epochs <= 0:
@@ -267,3 +260,10 @@ class StallView:
         w = np.asarray(self.sampler.table.scores[cand], dtype=np.float64)
         w = w / w.sum() if w.sum() > 0 else None
         return rng.choice(cand, size=m, replace=m > cand.size, p=w).astype(np.int64)
+
+    def cache_items(self) -> int:
+        """About how many samples the cache holds when full (its bytes over the store's mean
+        sample size): the prefetcher reads at most half of that ahead of the loader."""
+        lengths = getattr(getattr(self.source, "store", None), "lengths", None)
+        mean = float(np.mean(lengths)) if lengths is not None and len(lengths) else 4096.0
+        return int(self.sampler.cache.capacity_bytes // max(mean, 1.0))
