@@ -47,13 +47,35 @@ def run_demo(args) -> int:
         print()
         print(f"{args.samples} samples, cache holds {args.cache_fraction:.0%} of them, "
               f"{args.epochs} epochs, batch {args.batch_size}, {args.workers} DataLoader workers")
-        print(format_table(runs))
+        where = _store_text(path)
+        print(format_table(runs, store=where))
+        stalls = sum(r["stall_repeats"] for r in runs)
+        print(f"wall clock: the training loops' time over the {args.epochs} epochs (evaluation "
+              f"excluded), reading a {where}; stall repeats: {stalls}"
+              + (" (the store kept up with training)" if stalls == 0 else ""))
         print(f"SHADE row: ShadeSampler's defaults ({sampler_defaults_text()}): each sample once "
               "per epoch, and at most the `substitute` fraction of an epoch repeats cached samples "
               "in place of misses (the measured trade-off: docs/importance.md)")
         plot_runs(runs, args.plot, title="shadecache demo: uniform + LRU vs SHADE")
         print(f"\nplot written to {args.plot}  ({time.perf_counter() - t0:.0f} s in all)")
     return 0
+
+
+def _store_text(path: str) -> str:
+    """'PackedStore on <mount> (<file system>)' for the store file at `path`: the store whose
+    speed the wall-clock column measures."""
+    real = os.path.realpath(path)
+    best, fstype = "/", "?"
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 3 and (real == parts[1] or real.startswith(parts[1].rstrip("/") + "/")) \
+                        and len(parts[1]) >= len(best):
+                    best, fstype = parts[1], parts[2]
+    except OSError:
+        pass
+    return f"PackedStore on {best} ({fstype})"
 
 
 def register(subparsers):
