@@ -97,9 +97,9 @@ class ShadeSampler(Sampler):
     """
 
     def __init__(self, data_source, cache=None, batch_size: int = 64, rep_factor: float = 1.0,
-                 seed: int = 0, importance: bool = True, pads: bool = True,
+                 seed: int = 0, importance: bool = True, pads: bool = False,
                  coverage_epochs=2, epoch_size=None, smoothing: float = 0.5,
-                 draw: str = "systematic", temper: float = 0.0, substitute=0.1,
+                 draw: str = "systematic", temper: float = 0.0, substitute=0.0,
                  stalls: bool = True, stall_budget: float = 0.1, stall_speeds=None,
                  num_replicas=None, rank=None):
         n = data_source if isinstance(data_source, (int, np.integer)) else len(data_source)
@@ -262,17 +262,21 @@ class ShadeSampler(Sampler):
         rng = self._rng(1 + self.rank)
         stats = {"substituted": 0, "planned_hits": 0}
         cached = None
-        # no scores, no repeats: until update() has given scores the epoch is a plain permutation
+        # no scores, no repeats: until update() has given scores the epoch is a plain permutation.
+        # The draw's own order is kept wherever nothing has to move (it is random already), so
+        # that a configuration differs from uniform sampling only by what it changes.
         if self.cache is None or not (self.pads or self.rep_factor > 0) or not self.has_scores():
-            if self.importance:
-                rng.shuffle(share)   # forced ids were placed at random slots; keep order random
             order = share
         else:
             cached = np.asarray(self.cache.cached_mask(), dtype=bool)
             hit = cached[share]
-            hits, misses = share[hit], share[~hit]
-            stats["cached_draws"], stats["missed_draws"] = int(hits.size), int(misses.size)
-            if self.rep_factor > 0 and hits.size and misses.size:
+            miss_at = np.flatnonzero(~hit)
+            stats["cached_draws"] = int(hit.sum())
+            stats["missed_draws"] = int(miss_at.size)
+            copies = np.empty(0, dtype=np.int64)
+            dropped = np.empty(0, dtype=np.int64)
+            if self.rep_factor > 0 and stats["cached_draws"] and miss_at.size:
+                misses = share[miss_at]
                 # the floor: one occurrence of every id due this epoch (not drawn in the last K-1
                 # epochs; the floor added those absent from the raw draw) must stay
                 protected = np.zeros(misses.size, dtype=bool)
@@ -281,24 +285,23 @@ class ShadeSampler(Sampler):
                     _, first = np.unique(misses, return_index=True)
                     protected[first] = due[first]
                 free = np.flatnonzero(~protected)
-                want = self.rep_factor * hits.size
+                want = self.rep_factor * stats["cached_draws"]
                 want = int(math.floor(want) + (rng.random() < want - math.floor(want)))
                 if self.substitute is not None:   # the budget: a fraction of the epoch, no more
                     want = min(want, int(self.substitute * share.size))
                 k = min(want, free.size)
                 if k:
-                    drop = rng.choice(free, size=k, replace=False)
-                    copies = np.tile(rng.permutation(hits), math.ceil(self.rep_factor))[:k]
-                    keep = np.ones(misses.size, dtype=bool)
-                    keep[drop] = False
-                    misses = misses[keep]
-                    hits = np.concatenate([hits, copies])
+                    dropped = np.sort(miss_at[rng.choice(free, size=k, replace=False)])
+                    copies = np.tile(rng.permutation(share[hit]), math.ceil(self.rep_factor))[:k]
                     stats["substituted"] = int(k)
-            stats["planned_hits"] = int(hits.size)
-            if self.pads:
-                order = np.concatenate([rng.permutation(hits), rng.permutation(misses)])
-            else:
-                order = rng.permutation(np.concatenate([hits, misses]))
+            stats["planned_hits"] = stats["cached_draws"] + int(copies.size)
+            if self.pads:   # cached first (in the draw's order, then the copies), then misses
+                keep = np.ones(share.size, dtype=bool)
+                keep[dropped] = False
+                order = np.concatenate([share[hit], copies, share[~hit & keep]])
+            else:           # each copy takes the place of the miss it replaces
+                order = share.copy()
+                order[dropped] = copies
         self._weights = self._unbiased_weights(cached, stats)
         return order.astype(np.int64), forced, stats
 
@@ -321,13 +324,15 @@ class ShadeSampler(Sampler):
         """The unbiased importance weight of each sample id in `idx` for this epoch's order, as a
         float32 torch tensor when idx is a tensor (same device), else a numpy array. Multiply it
         into the per-sample losses: `(losses * sampler.weights(idx)).mean()`. All ones for a
-        uniform epoch without substitution.
+        uniform epoch without substitution (the defaults: nothing to correct).
 
-        Unbiased (each sample's count x weight averages one uniform epoch's) at the defaults and
-        wherever every draw is random: the coverage floor's forced draws and a substitution that
-        takes every miss are not random, so with temper=1 and the floor on, low-score samples
-        average ~1.1, and with substitute=None and rep_factor large enough to replace every miss,
-        misses average ~0.5 (tests/sampling/test_sampler.py measures the defaults)."""
+        Unbiased (each sample's count x weight averages one uniform epoch's) with the accuracy
+        budget and wherever every draw is random: the coverage floor's forced draws and a
+        substitution that takes every miss are not random, so with temper=1 and the floor on,
+        low-score samples average ~1.1, and with substitute=None and rep_factor large enough to
+        replace every miss, misses average ~0.5 (tests/sampling/test_sampler_ranks.py measures a
+        10% budget). The stall budget's repeats are not corrected: they depend on the store's
+        speed, which the weights of the epoch, fixed when it is drawn, cannot know."""
         ids = self.table.check_ids(_as_numpy(idx, np.int64).reshape(-1))
         self.order()
         w = self._weights[ids]
@@ -362,12 +367,12 @@ class ShadeSampler(Sampler):
     def next_epoch_order(self):
         """This rank's order for the next epoch when it is fixed already, else None. It is fixed
         when the draw is uniform (importance=False or temper=0) and the cache does not reorder
-        it (pads=False and rep_factor=0, or no cache): the seed and the epoch number alone decide
-        it. The order board then shows the next epoch's first samples behind this one's, so the
+        it (pads=False and no accuracy budget, or no cache): the seed and the epoch number alone
+        decide it (the stall budget may still bend it while it runs; the board then shows that). The order board then shows the next epoch's first samples behind this one's, so the
         prefetcher reads across the epoch boundary (issue 10) instead of waiting for end_epoch.
         Drawing it changes nothing in the sampler."""
         if self.draw_probabilities() is not None or (
-                self.cache is not None and (self.pads or self.rep_factor > 0)):
+                self.cache is not None and (self.pads or self._substitutes())):
             return None
         saved = self.epoch, self._weights
         self.epoch += 1
@@ -376,6 +381,10 @@ class ShadeSampler(Sampler):
         finally:
             self.epoch, self._weights = saved
         return order
+
+    def _substitutes(self) -> bool:
+        """Whether the accuracy budget can replace misses at all."""
+        return self.rep_factor > 0 and (self.substitute is None or self.substitute > 0)
 
     def __iter__(self):
         order = self.order()

@@ -80,7 +80,8 @@ def test_without_scores_every_epoch_is_a_permutation(store_path, cache_factory, 
     cache2 = cache_factory(N, capacity=sc.Cache.capacity_for(120, store.lengths),
                            policy="importance", sizes=store.lengths)
     ds2 = sc.CachedDataset(store, cache2)
-    s2 = sc.ShadeSampler(ds2, cache=cache2, batch_size=B, seed=3, stall_speeds=SLOW)
+    s2 = sc.ShadeSampler(ds2, cache=cache2, batch_size=B, seed=3, stall_speeds=SLOW,
+                         substitute=0.1)
     run_epochs(make_loader(kind, ds2, s2), s2, 2)
     assert s2.repeats_history[0]["stall_repeats"] > 0
     assert s2.repeats_history[1]["accuracy_repeats"] > 0
@@ -191,7 +192,7 @@ def test_counts_per_epoch_in_stats_and_the_cli(store_path, cache_factory):
     cache = cache_factory(N, capacity=sc.Cache.capacity_for(120, store.lengths),
                           policy="importance", sizes=store.lengths)
     ds = sc.CachedDataset(store, cache)
-    s = sc.ShadeSampler(ds, cache=cache, batch_size=B, seed=1, stall_speeds=SLOW)
+    s = sc.ShadeSampler(ds, cache=cache, batch_size=B, seed=1, stall_speeds=SLOW, substitute=0.1)
     with sc.OrderBoard.create(cache.name, N):
         run_epochs(make_loader("CachedLoader", ds, s), s, 2)
         rows = {r["epoch"]: r for r in ds.stats()["per_epoch"]}
