@@ -6,10 +6,10 @@ before each batch's ids are taken; the planner changes the order from that posit
 
 When the store is too slow. Two speeds are measured (StallPace): step_s, the seconds of one
 training step outside the loader's waits, and miss_s, the seconds the tiers below the cache take
-per sample they serve. The store delivers step_s / miss_s samples during one step; when that is a
-batch or more, it keeps up with training and nothing is ever moved or repeated (a fast store; the
-stall budget does not replace overlapping reads with compute, as DataLoader workers or a prefetcher
-do: it acts where the store is too slow for any overlap to keep up).
+per sample they serve. The store delivers step_s / miss_s samples during one step; when that is
+half a batch or more (SLOW), nothing is ever moved or repeated: a store that fast keeps up with
+training once reads overlap compute, as DataLoader workers or a prefetcher make them (the stall
+budget does not replace them: it acts where the store is too slow for any overlap to keep up).
 
 What the planner does with the batch's misses when the store is too slow:
 - with a live prefetcher (the order board's), every miss of the batch is one the prefetcher has not
@@ -40,6 +40,12 @@ from collections import deque
 import numpy as np
 
 DEFER_HORIZON_BATCHES = 64   # a miss is deferred at most this many batches
+# The planner acts when the store delivers less than this fraction of a batch during one step. A
+# store within twice of training is left to the overlap of reads and compute (a prefetcher,
+# workers); and on a machine whose CPUs are shared, both speeds swing with the processes that run
+# meanwhile (a page-cache read measured 20 us to 2 ms a sample under a load of 13 on 2 cores), so
+# a store that keeps up can look as slow as training for a few batches, never twice as slow.
+SLOW = 0.5
 
 
 class StallPace:
@@ -135,7 +141,7 @@ class StallPlanner:
         self.pace.observe(time.perf_counter(), *view.loader_totals())
         per_step = self.pace.per_step()
         end = self.planned = min(k + b, order.size)
-        if per_step is None or per_step >= b:
+        if per_step is None or per_step >= SLOW * b:
             return np.empty(0, dtype=np.int64)    # not measured yet, or the store keeps up
         uncached = ~view.cached(order[k:end])
         prefetching = view.prefetching()
