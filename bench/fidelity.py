@@ -476,8 +476,11 @@ def slow(args):
     IOPS limit is set from this machine's measured compute time so that uniform training is
     about --io-bound times slower than the same run on a fast store (measured: the fast runs are
     in the log)."""
+    import signal
     import throttled_disk
     from tqdm import tqdm
+    # a SIGTERM unwinds (the disk's mount, loop device and cgroup are removed on the way out)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     why = throttled_disk.unavailable()
     if why:
         print(f"slow-store mode cannot run here: {why}")
