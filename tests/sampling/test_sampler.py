@@ -261,14 +261,10 @@ def test_bad_arguments():
 # ---- DDP: two real processes, gloo over loopback (a file rendezvous) ----------------------------
 def _ddp_worker(rank, world, init_file, out_dir, n, b, epochs, cache_name):
     import torch.distributed as dist
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                            world_size=world)
+    from node_ranks import join_node, leave_node
     # both ranks on this node share one cache: rank 0 creates it, rank 1 attaches
-    if rank == 0:
-        cache = sc.Cache.create(cache_name, num_samples=n, capacity_bytes=1 << 20, policy="lru")
-    dist.barrier()
-    if rank != 0:
-        cache = sc.Cache.attach(cache_name)
+    cache = join_node(rank, world, init_file, cache_name, num_samples=n,
+                      capacity_bytes=1 << 20, policy="lru")
     s = shade(n, cache=cache, batch_size=b, seed=21, coverage_epochs=2, rep_factor=0.0)
     assert (s.num_replicas, s.rank) == (world, rank)
     for epoch in range(epochs):
@@ -284,12 +280,7 @@ def _ddp_worker(rank, world, init_file, out_dir, n, b, epochs, cache_name):
         np.save(os.path.join(out_dir, f"scores-{rank}-{epoch}.npy"), s.scores)
     dist.barrier()
     np.save(os.path.join(out_dir, f"cache-scores-{rank}.npy"), cache.scores())
-    dist.barrier()
-    cache.close()
-    dist.barrier()
-    if rank == 0:
-        cache.unlink()
-    dist.destroy_process_group()
+    leave_node(rank, cache)
 
 
 def test_ddp_two_ranks_share_the_draw_and_merge_scores(tmp_path):

@@ -1,10 +1,9 @@
 """The stall budget (shadecache/sampling/stalls.py) through real loaders over a real cache and a store
-slower than training (slow_store.SlowStore): without scores an epoch stays a permutation;
+slower than training (bench/bench_prefetch.py's SlowStore): without scores an epoch stays a permutation;
 deferral never loses a sample from an epoch (a real prefetcher process reads ahead); a resumed
 epoch gives the same batches; CachedLoader and DataLoader give the same batches; two DDP ranks
 (real processes, gloo) stay in step; the counts reach ds.stats() and `shadecache stats`; a fast
 store is left alone."""
-import datetime
 import json
 import os
 import subprocess
@@ -19,10 +18,18 @@ from torch.utils.data import DataLoader
 
 import shadecache as sc
 from shadecache.sampling import stalls
-from slow_store import SlowStore
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+BENCH = os.path.join(ROOT, "bench")
+sys.path.insert(0, BENCH)
+from bench_prefetch import SlowStore  # noqa: E402  (the prefetcher process imports it too)
+
+
+def slow(path, per_sample_s):
+    """A store slower than training: the packed file (O_DIRECT) and `per_sample_s` a sample, as
+    storage bound by its requests per second."""
+    return SlowStore(path, per_sample_s, depth=1)
 N, B = 600, 20
 # The planner's speeds, fixed so that its decisions depend on the cache alone: a step of 1 ms, a
 # store taking 2 ms a sample: it delivers half a sample per step, so every miss of a batch stalls.
@@ -66,7 +73,7 @@ def run_epochs(loader, sampler, epochs, first=0, score=True, stop=None):
 
 @pytest.mark.parametrize("kind", ["CachedLoader", "DataLoader"])
 def test_without_scores_every_epoch_is_a_permutation(store_path, cache_factory, kind):
-    store = SlowStore(store_path, 0.0005)
+    store = slow(store_path, 0.0005)
     cache = cache_factory(N, capacity=sc.Cache.capacity_for(120, store.lengths),
                           policy="importance", sizes=store.lengths)
     ds = sc.CachedDataset(store, cache)
@@ -95,8 +102,8 @@ def test_deferral_never_loses_a_sample_from_an_epoch(store_path, cache_factory, 
     misses it has not brought to later positions (its speeds: the store delivers 8 samples per
     step of 20; half the samples are cached). Stall repeats off: every epoch holds exactly the ids
     it was drawn with, in another order."""
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([HERE, ROOT, os.environ.get("PYTHONPATH", "")]))
-    store = SlowStore(store_path, 0.001)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([BENCH, ROOT, os.environ.get("PYTHONPATH", "")]))
+    store = slow(store_path, 0.001)
     cache = cache_factory(N, capacity=sc.Cache.capacity_for(N // 2, store.lengths),
                           policy="importance", sizes=store.lengths)
     cache.put_many(np.arange(0, N, 2), store.read_many(list(range(0, N, 2))))
@@ -129,7 +136,7 @@ def test_deferral_never_loses_a_sample_from_an_epoch(store_path, cache_factory, 
 
 @pytest.mark.parametrize("kind", ["CachedLoader", "DataLoader"])
 def test_resume_mid_epoch_gives_the_same_batches(store_path, cache_factory, kind):
-    store = SlowStore(store_path, 0.0)
+    store = slow(store_path, 0.0)
     size = sc.Cache.capacity_for(120, store.lengths)
 
     def fresh():
@@ -156,7 +163,7 @@ def test_resume_mid_epoch_gives_the_same_batches(store_path, cache_factory, kind
 
 
 def test_both_loaders_give_the_same_batches(store_path, cache_factory):
-    store = SlowStore(store_path, 0.0)
+    store = slow(store_path, 0.0)
     got = {}
     for kind in ("CachedLoader", "DataLoader"):
         cache = cache_factory(N, capacity=sc.Cache.capacity_for(120, store.lengths),
@@ -189,7 +196,7 @@ def test_a_fast_store_is_left_alone(store_path, cache_factory):
 
 
 def test_counts_per_epoch_in_stats_and_the_cli(store_path, cache_factory):
-    store = SlowStore(store_path, 0.0)
+    store = slow(store_path, 0.0)
     cache = cache_factory(N, capacity=sc.Cache.capacity_for(120, store.lengths),
                           policy="importance", sizes=store.lengths)
     ds = sc.CachedDataset(store, cache)
@@ -217,16 +224,11 @@ def test_counts_per_epoch_in_stats_and_the_cli(store_path, cache_factory):
 # ---- DDP: two real processes, gloo over a file rendezvous ----------------------------------------
 def _ddp_rank(rank, world, init_file, out_dir, store_path, cache_name, epochs):
     import torch.distributed as dist
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=60))
-    store = SlowStore(store_path, 0.0005)
-    size = sc.Cache.capacity_for(120, store.lengths)
-    if rank == 0:
-        cache = sc.Cache.create(cache_name, num_samples=N, capacity_bytes=size,
-                                policy="importance", sizes=store.lengths)
-    dist.barrier()
-    if rank != 0:
-        cache = sc.Cache.attach(cache_name)
+    from node_ranks import join_node, leave_node
+    store = slow(store_path, 0.0005)
+    cache = join_node(rank, world, init_file, cache_name, num_samples=N, policy="importance",
+                      capacity_bytes=sc.Cache.capacity_for(120, store.lengths),
+                      sizes=store.lengths)
     ds = sc.CachedDataset(store, cache)
     s = sc.ShadeSampler(ds, cache=cache, batch_size=B, seed=9, stall_speeds=SLOW)
     loader = sc.CachedLoader(ds, batch_size=B, sampler=s, num_workers=0)
@@ -244,12 +246,7 @@ def _ddp_rank(rank, world, init_file, out_dir, store_path, cache_name, epochs):
         s.end_epoch()
     with open(os.path.join(out_dir, f"rank-{rank}.json"), "w") as f:
         json.dump({"steps": steps, "history": s.repeats_history}, f)
-    dist.barrier()
-    cache.close()
-    dist.barrier()
-    if rank == 0:
-        cache.unlink()
-    dist.destroy_process_group()
+    leave_node(rank, cache)
 
 
 def test_two_ddp_ranks_stay_in_step(tmp_path, store_path):
