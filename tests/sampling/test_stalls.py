@@ -1,9 +1,9 @@
-"""The stall budget (shadecache/sampling/stalls.py) through real loaders over a real cache and a store
-slower than training (bench/bench_prefetch.py's SlowStore): without scores an epoch stays a permutation;
-deferral never loses a sample from an epoch (a real prefetcher process reads ahead); a resumed
-epoch gives the same batches; CachedLoader and DataLoader give the same batches; two DDP ranks
-(real processes, gloo) stay in step; the counts reach ds.stats() and `shadecache stats`; a fast
-store is left alone."""
+"""The stall budget (shadecache/sampling/stalls.py) through real loaders over a real cache and a
+store slower than training (bench/bench_prefetch.py's SlowStore): without scores an epoch stays a
+permutation; deferral never loses a sample from an epoch (a real prefetcher process reads ahead); a
+resumed epoch gives the same batches; CachedLoader and DataLoader give the same batches; two DDP
+ranks (real processes, gloo) stay in step; the counts reach ds.stats() and `shadecache stats`; a
+fast store is left alone."""
 import json
 import os
 import subprocess
