@@ -41,7 +41,7 @@ import shadecache as sc  # noqa: E402
 import fidelity_datasets as fdata  # noqa: E402
 
 SECTION = "## Sampling fidelity"
-SLOW_SECTION = "### Repeats on a slow store"
+SLOW_SECTION = "## Repeats on a slow store"
 CACHE_FRACTION = 0.10
 LR = 0.05
 PAD = 2048      # bytes per stored sample: the engine hands out memory in slab pages, so a cache of

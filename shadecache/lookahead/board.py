@@ -25,7 +25,8 @@ minimum over streams of that stream's next position of i.
 Layout (little-endian; all offsets fixed by the header so attach checks them):
 
     header   4096 bytes   magic, version, streams, capacity, num_samples, creator pid,
-                          prefetcher pid + stop word, per-epoch prefetch counters
+                          prefetcher pid + stop word, per-epoch rows: the prefetcher's counters,
+                          the readers' (CachedDataset), the samplers' (repeats and deferrals)
     streams  S x 64 bytes seq, epoch, length, cursor (see the contract below)
     ids      S x capacity int64    the published order of each stream
     nxt      S x capacity int32    nxt[k]: the next k' > k with ids[k'] == ids[k] in the same stream
@@ -38,7 +39,8 @@ Layout (little-endian; all offsets fixed by the header so attach checks them):
 Concurrency contract (single writer per stream; any number of readers; no lock):
 - The writer of stream s is the training process of that rank (through ShadeSampler's hook).
   publish() is a seqlock write: seq += 1 (odd), a full fence, write ids/nxt/next_use/length/epoch,
-  a full fence, seq += 1 (even). A reader copies what it needs between two reads of seq and keeps
+  a full fence, seq += 1 (even); so is rewrite(), by which the sampler's stall budget changes
+  entries the loader has not taken yet (shadecache/sampling/stalls.py). A reader copies what it needs between two reads of seq and keeps
   the copy only when both are equal and even, with a fence after the first read and before the
   second (memory_fence(): std::atomic_thread_fence(seq_cst) in the native _io module), so the
   contract holds on weakly ordered CPUs too, not only on x86-TSO.
