@@ -140,7 +140,7 @@ class StallPlanner:
             return np.empty(0, dtype=np.int64)    # planned before a resume: taken as it stands
         self.pace.observe(time.perf_counter(), *view.loader_totals())
         per_step = self.pace.per_step()
-        end = self.planned = min(k + b, order.size)
+        end = self.planned = min((k // b + 1) * b, order.size)   # the batch that k is in
         if per_step is None or per_step >= SLOW * b:
             return np.empty(0, dtype=np.int64)    # not measured yet, or the store keeps up
         uncached = ~view.cached(order[k:end])
