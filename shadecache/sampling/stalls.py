@@ -4,10 +4,11 @@ A miss stalls the training loop when it is not in the cache by the time its batc
 the store, at its measured speed, cannot deliver it in time. ShadeSampler calls `StallPlanner.plan`
 before each batch's ids are taken; the planner changes the order from that position on, in place.
 
-When the store is too slow. Two speeds are measured (StallPace): step_s, the seconds of one
-training step outside the loader's waits, and miss_s, the seconds the tiers below the cache take
-per sample they serve. The store delivers step_s / miss_s samples during one step; when that is
-half a batch or more (SLOW), nothing is ever moved or repeated: a store that fast keeps up with
+When the store is too slow. Two speeds are measured in each batch (StallPace): step_s, the
+seconds of one training step outside the loader's waits, and miss_s, the seconds the tiers below
+the cache take per sample they serve. The store delivers step_s / miss_s samples during one step
+(the median over the last batches); when that is half a batch or more (SLOW), nothing is ever
+moved or repeated: a store that fast keeps up with
 training once reads overlap compute, as DataLoader workers or a prefetcher make them (the stall
 budget does not replace them: it acts where the store is too slow for any overlap to keep up).
 
@@ -49,16 +50,19 @@ SLOW = 0.5
 
 
 class StallPace:
-    """The two speeds the stall budget compares, each the median of its last WINDOW samples (one
-    per batch, at least MIN_SAMPLES before it counts), so that one read the machine delayed
-    (another process ran) moves nothing: step_s, the seconds between two batches minus what the
-    loader waited for misses, and miss_s, the seconds the tiers below the cache took per sample
-    they served (their own calls: the cache insert and the Python around them are the loader's
-    cost, not the store's), from batches that read at least MIN_MISSES samples (a few stragglers
-    measure a read's latency, not the store's pace). observe() takes the data set's running totals
-    (CachedDataset.loader_totals) at each batch boundary; restart() forgets the last boundary (an
-    epoch's end: the time until the next one is evaluation, not a step). fixed=(step_s, miss_s):
-    these speeds, nothing measured."""
+    """How many samples the store delivers during one training step (per_step), from the data
+    set's running totals (CachedDataset.loader_totals) at each batch boundary: the median over the
+    last WINDOW batches (at least MIN_SAMPLES) of step_i / miss_i, with step_i the seconds between
+    the two boundaries minus what the loader waited for misses, and miss_i the seconds the tiers
+    below the cache took per sample they served in that batch (their own calls: the cache insert
+    and the Python around them are the loader's cost, not the store's), from batches that read at
+    least MIN_MISSES samples (a few stragglers measure a read's latency, not the store's pace).
+    Both come from the same batch, so when other processes take the CPUs a read from the page
+    cache and a training step slow down together and the ratio stays; a store that waits on its
+    device does not. The median keeps one slow batch from moving anything. step_s and miss_s:
+    the medians of each, for reports. restart() forgets the last boundary (an epoch's end: the
+    time until the next one is evaluation, not a step). fixed=(step_s, miss_s): these speeds,
+    nothing measured."""
 
     WINDOW = 9
     MIN_SAMPLES = 3
@@ -67,7 +71,9 @@ class StallPace:
     def __init__(self, fixed=None):
         self.fixed = fixed is not None
         self.step_s, self.miss_s = (None, None) if fixed is None else map(float, fixed)
-        self._steps, self._misses = deque(maxlen=self.WINDOW), deque(maxlen=self.WINDOW)
+        self._steps = deque(maxlen=self.WINDOW)
+        self._misses = deque(maxlen=self.WINDOW)
+        self._ratios = deque(maxlen=self.WINDOW)
         self._last = None
 
     def restart(self):
@@ -80,31 +86,34 @@ class StallPace:
             t0, r0, s0, w0 = self._last
             dt, dr, ds, dw = now - t0, read - r0, tier_s - s0, max(wait_s - w0, 0.0)
             if dt > 0:
-                self._steps.append(max(dt - dw, 0.0))
-                if len(self._steps) >= self.MIN_SAMPLES:
-                    self.step_s = float(np.median(self._steps))
+                step = max(dt - dw, 0.0)
+                self._steps.append(step)
                 if dr >= self.MIN_MISSES and ds > 0:
                     self._misses.append(ds / dr)
-                    if len(self._misses) >= self.MIN_SAMPLES:
-                        self.miss_s = float(np.median(self._misses))
+                    self._ratios.append(step / (ds / dr))
+                if len(self._ratios) >= self.MIN_SAMPLES:
+                    self.step_s = float(np.median(self._steps))
+                    self.miss_s = float(np.median(self._misses))
         self._last = (now, read, tier_s, wait_s)
 
     def per_step(self):
-        """Samples the store delivers during one training step, or None before both speeds are
-        measured."""
+        """Samples the store delivers during one training step, or None before it is measured."""
         if self.step_s is None or self.miss_s is None:
             return None
-        return self.step_s / max(self.miss_s, 1e-12)
+        if self.fixed:
+            return self.step_s / max(self.miss_s, 1e-12)
+        return float(np.median(self._ratios))
 
     def state(self) -> dict:
         return {"step_s": self.step_s, "miss_s": self.miss_s, "steps": list(self._steps),
-                "misses": list(self._misses)}
+                "misses": list(self._misses), "ratios": list(self._ratios)}
 
     def load(self, state: dict) -> None:
         if not self.fixed:
             self.step_s, self.miss_s = state["step_s"], state["miss_s"]
             self._steps = deque(state.get("steps", []), maxlen=self.WINDOW)
             self._misses = deque(state.get("misses", []), maxlen=self.WINDOW)
+            self._ratios = deque(state.get("ratios", []), maxlen=self.WINDOW)
         self._last = None
 
 
