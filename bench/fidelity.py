@@ -284,7 +284,9 @@ def paired(deltas):
     if d.size < 2:
         return (float(d.mean()) if d.size else float("nan")), float("nan"), float("nan")
     se = float(d.std(ddof=1) / np.sqrt(d.size))
-    return float(d.mean()), se, (float(d.mean()) / se if se > 0 else float("inf") * np.sign(d.mean()))
+    if se == 0:   # the same difference in every seed (0: the same accuracy, seed for seed)
+        return float(d.mean()), 0.0, (0.0 if d.mean() == 0 else float("inf") * np.sign(d.mean()))
+    return float(d.mean()), se, float(d.mean()) / se
 
 
 class Results:
