@@ -65,7 +65,8 @@ class StallPace:
     nothing measured."""
 
     WINDOW = 9
-    MIN_SAMPLES = 3
+    MIN_SAMPLES = 9     # a full window: with 3, the first batches of a run under a loaded CPU
+    #                     made a page-cache store look too slow (3 of 47 fidelity runs, epoch 0)
     MIN_MISSES = 8
 
     def __init__(self, fixed=None):
