@@ -44,6 +44,10 @@ SECTION = "## Sampling fidelity"
 SLOW_SECTION = "## Repeats on a slow store"
 CACHE_FRACTION = 0.10
 LR = 0.05
+# The fast store lives in memory (tmpfs): a file in the page cache is not fast on a shared
+# machine, where another process's drop_caches sends its next reads to the disk (measured: the
+# first epoch of a run after a gap waited 3-6x longer on reads than the next run's)
+FAST_DIR = "/dev/shm"
 PAD = 2048      # bytes per stored sample: the engine hands out memory in slab pages, so a cache of
 #                 a tenth of 3,000 samples of 32 bytes could not be made that small
 
@@ -266,7 +270,8 @@ def run(args):
             if f"{dsn}|{sch}|{seed}|{label}" not in done]
     print(f"{len(todo)} runs to do ({len(done)} already in {args.json})", flush=True)
     prepared = {}
-    with tempfile.TemporaryDirectory(prefix="sc-fidelity-") as tmp, open(args.json, "a") as log:
+    with tempfile.TemporaryDirectory(prefix="sc-fidelity-", dir=FAST_DIR) as tmp, \
+            open(args.json, "a") as log:
         for k, (dsn, sch, seed, label) in enumerate(tqdm(todo, desc="fidelity runs", unit="run",
                                                          mininterval=10, file=sys.stdout)):
             if dsn not in prepared:
@@ -431,7 +436,8 @@ def report(args):
         seeds = sorted({r["seed"] for r in res.runs})
         body = [f"`nice -n 10 python bench/fidelity.py run` then `python bench/fidelity.py report "
                 f"--md BENCHMARKS.md` ({len(res.runs)} runs, seeds {seeds[0]}-{seeds[-1]}; "
-                f"{args.note}). Real training through a PackedStore, a shared-memory Cache "
+                f"{args.note}). Real training through a PackedStore (in tmpfs: the fast "
+                f"store), a shared-memory Cache "
                 f"({CACHE_FRACTION:.0%} of the samples), CachedLoader and ShadeSampler; the data "
                 f"sets are described in bench/fidelity_datasets.py. SGD with momentum 0.9, lr "
                 f"{LR}, {SCHEDULES['cosine']} epochs, at a constant rate or decaying to 0 along a "
@@ -490,7 +496,7 @@ def slow(args):
     done = {key(r) + f"|{r['store']}" for r in load(args.json)}
     with open(args.json, "a") as log:
         for dsn in args.datasets:
-            with tempfile.TemporaryDirectory(prefix="sc-fidelity-slow-") as tmp:
+            with tempfile.TemporaryDirectory(prefix="sc-fidelity-slow-", dir=FAST_DIR) as tmp:
                 fast = Prepared(dsn, tmp)
 
                 def one(data, label, seed, store, prefetch=None, on_epoch=None, extra=None,
@@ -510,7 +516,7 @@ def slow(args):
                     log.flush()
                     done.add(k)
                     return r
-                # compute alone: uniform from a fast store (the page cache), seed 0, sets the IOPS
+                # compute alone: uniform from the fast store (tmpfs), seed 0, sets the IOPS
                 one(fast, UNIFORM, 0, "fast")
                 ref = [r for r in load(args.json) if r["dataset"] == dsn and r["store"] == "fast"
                        and r["seed"] == 0][0]
@@ -637,7 +643,7 @@ def slow_report(args):
                 f"prefetcher reading the published order ahead, a cache of "
                 f"{CACHE_FRACTION:.0%} of the samples, CachedLoader, the {SLOW_SCHEDULE} schedule "
                 f"({SCHEDULES[SLOW_SCHEDULE]} epochs). The IOPS limit is set per data set from "
-                f"the compute time measured on this machine (uniform from the page cache, seed 0) "
+                f"the compute time measured on this machine (uniform from a store in tmpfs, seed 0) "
                 f"so that uniform sampling is about {_target(runs)}× I/O-bound; the column gives "
                 f"the ratio measured seed by seed. Wall: the training loops' time for the same "
                 f"epochs (evaluation excluded); ratios and Δ accuracy paired by seed (mean ± "

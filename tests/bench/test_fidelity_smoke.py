@@ -37,7 +37,7 @@ def test_fidelity_sweep_and_report(tmp_path, short):
     assert len(open(log).readlines()) == len(runs)
     for r in runs:
         assert 0.0 <= r["hit_ratio"] <= 1.0 and 10.0 <= r["test_acc"] <= 100.0
-        assert r["stall_repeats"] == 0            # a store in the page cache keeps up
+        assert r["stall_repeats"] == 0            # a store in tmpfs keeps up
         assert len(r["epoch_s"]) == fidelity.SCHEDULES[r["schedule"]]
     md = tmp_path / "B.md"
     md.write_text("# B\n\n## Other\n\nkeep me\n\n## Sampling fidelity\n\nold\n\n## After\n\nme too\n")
