@@ -7,8 +7,9 @@ before each batch's ids are taken; the planner changes the order from that posit
 When the store is too slow. Two speeds are measured in each batch (StallPace): step_s, the
 seconds of one training step outside the loader's waits, and miss_s, the seconds the tiers below
 the cache take per sample they serve. The store delivers step_s / miss_s samples during one step
-(the median over the last batches); when that is half a batch or more (SLOW), nothing is ever
-moved or repeated: a store that fast keeps up with
+(the median over the last batches); when that is half a batch or more (SLOW), or when the store
+serves a sample in under 200 us (STORAGE_S: memory, the page cache, a local NVMe drive), nothing is
+ever moved or repeated: a store that fast keeps up with
 training once reads overlap compute, as DataLoader workers or a prefetcher make them (the stall
 budget does not replace them: it acts where the store is too slow for any overlap to keep up).
 
@@ -47,6 +48,13 @@ DEFER_HORIZON_BATCHES = 64   # a miss is deferred at most this many batches
 # meanwhile (a page-cache read measured 20 us to 2 ms a sample under a load of 13 on 2 cores), so
 # a store that keeps up can look as slow as training for a few batches, never twice as slow.
 SLOW = 0.5
+# ... and only a store that takes at least this long a sample is storage the loop can stall on. A
+# store in memory, in the page cache or on a local NVMe drive serves a sample in microseconds to
+# tens of them: its reads cost the loop CPU, which more readers (workers, a prefetcher) take off
+# it, not waiting. Measured on this project's shared 2-vCPU machines: a store in tmpfs read by a
+# tiny model's loop, 3-86 us a sample (a read of 58 samples outlasted a 0.8 ms step); the
+# throttled disk of bench/fidelity.py, 0.3-2 ms a sample in most windows.
+STORAGE_S = 200e-6
 
 
 class StallPace:
@@ -151,7 +159,7 @@ class StallPlanner:
         self.pace.observe(time.perf_counter(), *view.loader_totals())
         per_step = self.pace.per_step()
         end = self.planned = min((k // b + 1) * b, order.size)   # the batch that k is in
-        if per_step is None or per_step >= SLOW * b:
+        if per_step is None or per_step >= SLOW * b or self.pace.miss_s < STORAGE_S:
             return np.empty(0, dtype=np.int64)    # not measured yet, or the store keeps up
         uncached = ~view.cached(order[k:end])
         prefetching = view.prefetching()
