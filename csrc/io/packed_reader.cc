@@ -6,12 +6,12 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <memory>
 
 #include "common/crc32c.h"
 #include "common/error.h"
+#include "io/checked_batch.h"
 #include "io/pread_backend.h"
 
 namespace shadecache {
@@ -22,12 +22,6 @@ bool pread_exact(int fd, void* buf, size_t n, uint64_t off, const std::string& p
   ssize_t r = pread_full(fd, static_cast<char*>(buf), n, off);
   if (r < 0) throw_errno("read " + path, static_cast<int>(-r));
   return static_cast<size_t>(r) == n;
-}
-
-std::string hex32(uint32_t v) {
-  char b[16];
-  std::snprintf(b, sizeof(b), "0x%08x", v);
-  return b;
 }
 
 // Opens `path` for reading, refusing anything but a regular file. O_NONBLOCK first: a plain open
@@ -257,42 +251,10 @@ const store::Entry& PackedReader::entry(int64_t id) const {
 void PackedReader::read_into(const int64_t* ids, size_t n, char* const* dests) {
   std::shared_lock<std::shared_mutex> lk(io_mu_);
   check_open();
-  std::vector<RangeRead> ops;
-  std::vector<size_t> pos;  // ops[j] is batch position pos[j]
-  ops.reserve(n);
-  pos.reserve(n);
-  for (size_t k = 0; k < n; ++k) {
-    const store::Entry& e = dir_[static_cast<size_t>(ids[k])];
-    if (e.length == 0) continue;  // nothing to read; crc32c of no bytes is 0 by construction
-    ops.push_back(RangeRead{e.offset, e.length, dests[k]});
-    pos.push_back(k);
-  }
-  std::mutex mu;
-  size_t bad = SIZE_MAX;  // lowest failing batch position
-  uint32_t bad_crc = 0;
-  RangeDone done = [&](size_t j) {
-    if (!verify_) return;
-    const RangeRead& op = ops[j];
-    uint32_t c = crc32c(op.dest, op.len);
-    if (c != dir_[static_cast<size_t>(ids[pos[j]])].crc) {
-      std::lock_guard<std::mutex> lk(mu);
-      if (pos[j] < bad) {
-        bad = pos[j];
-        bad_crc = c;
-      }
-    }
-  };
+  CheckedBatch batch(dir_, ids, n, dests, verify_);
   int fd = direct_ ? direct_fd_ : fd_;
-  slot_.with([&](IoBackend& b) { b.read_ranges(fd, direct_, ops.data(), ops.size(), done); });
-  if (bad != SIZE_MAX) {
-    int64_t id = ids[bad];
-    const store::Entry& e = dir_[static_cast<size_t>(id)];
-    throw CorruptSample(path_ + ": sample " + std::to_string(id) + " at file offset " +
-                            std::to_string(e.offset) + " (" + std::to_string(e.length) +
-                            " bytes) is corrupt: checksum " + hex32(bad_crc) + " != stored " +
-                            hex32(e.crc),
-                        static_cast<unsigned long long>(id), e.offset);
-  }
+  slot_.with([&](IoBackend& b) { b.read_ranges(fd, direct_, batch.ops(), batch.size(), batch.done()); });
+  batch.throw_if_corrupt(path_);
 }
 
 std::vector<int64_t> PackedReader::find_corrupt(int64_t first, int64_t count) {
@@ -309,31 +271,15 @@ std::vector<int64_t> PackedReader::find_corrupt(int64_t first, int64_t count) {
   }
   std::unique_ptr<char[]> buf(new char[std::max<size_t>(total, 1)]);
   std::vector<char*> dests(ids.size());
-  std::vector<RangeRead> ops;
-  std::vector<int64_t> op_id;  // ops[j] reads sample op_id[j] (0-byte samples have no op)
   size_t at = 0;
   for (size_t k = 0; k < ids.size(); ++k) {
-    const store::Entry& e = dir_[static_cast<size_t>(ids[k])];
     dests[k] = buf.get() + at;
-    at += e.length;
-    if (e.length > 0) {
-      ops.push_back(RangeRead{e.offset, e.length, dests[k]});
-      op_id.push_back(ids[k]);
-    }
+    at += dir_[static_cast<size_t>(ids[k])].length;
   }
-  std::mutex mu;
-  std::vector<int64_t> bad;
-  RangeDone done = [&](size_t j) {
-    const RangeRead& op = ops[j];
-    if (crc32c(op.dest, op.len) != dir_[static_cast<size_t>(op_id[j])].crc) {
-      std::lock_guard<std::mutex> lk(mu);
-      bad.push_back(op_id[j]);
-    }
-  };
+  CheckedBatch batch(dir_, ids.data(), ids.size(), dests.data(), true);
   int fd = direct_ ? direct_fd_ : fd_;
-  slot_.with([&](IoBackend& b) { b.read_ranges(fd, direct_, ops.data(), ops.size(), done); });
-  std::sort(bad.begin(), bad.end());
-  return bad;
+  slot_.with([&](IoBackend& b) { b.read_ranges(fd, direct_, batch.ops(), batch.size(), batch.done()); });
+  return batch.corrupt_ids();
 }
 
 }  // namespace shadecache

@@ -51,7 +51,7 @@ def cmd_stats(args) -> int:
     with Cache.attach(args.name) as c:
         d = c.stats()
         d["huge_pages"] = c.huge_pages()
-        from ..lookahead.board import board_for   # the prefetcher's per-epoch counters, if any
+        from ..lookahead.publish import board_for   # the prefetcher's per-epoch counters, if any
         board = board_for(c)
         if board is not None:
             d["prefetch"] = {"prefetcher_pid": board.prefetcher_pid, **board.totals(),
@@ -61,9 +61,17 @@ def cmd_stats(args) -> int:
 
 
 def cmd_rm(args) -> int:
+    """Removes every name it can; one it cannot (missing, another user's) is reported and the
+    rest are still removed. 1 when any name was not removed."""
     rc = 0
     for name in args.names:
-        if remove(name):
+        try:
+            gone = remove(name)
+        except OSError as e:   # another user's segment: PermissionError naming its owner
+            print(f"shadecache rm {name}: {e}", file=sys.stderr)
+            rc = 1
+            continue
+        if gone:
             print(f"removed {name}")
         else:
             print(f"shadecache: no cache named {name!r}", file=sys.stderr)

@@ -41,6 +41,9 @@ from collections import deque
 
 import numpy as np
 
+from ..lookahead.publish import prefetcher_live
+from ..store.protocol import lengths_of
+
 DEFER_HORIZON_BATCHES = 64   # a miss is deferred at most this many batches
 # The planner acts when the store delivers less than this fraction of a batch during one step. A
 # store within twice of training is left to the overlap of reads and compute (a prefetcher,
@@ -256,10 +259,7 @@ class StallView:
         return self._mask[ids]
 
     def prefetching(self) -> bool:
-        from ..lookahead.board import board_for
-        from ..lookahead.prefetcher import _process_alive
-        board = board_for(self.sampler.cache)
-        return board is not None and _process_alive(board.prefetcher_pid)
+        return prefetcher_live(self.sampler.cache)
 
     def scored(self) -> bool:
         return self.sampler.has_scores()
@@ -288,6 +288,6 @@ class StallView:
     def cache_items(self) -> int:
         """About how many samples the cache holds when full (its bytes over the store's mean
         sample size): the prefetcher reads at most half of that ahead of the loader."""
-        lengths = getattr(getattr(self.source, "store", None), "lengths", None)
-        mean = float(np.mean(lengths)) if lengths is not None and len(lengths) else 4096.0
+        lengths = lengths_of(getattr(self.source, "store", None))
+        mean = float(np.mean(lengths)) if lengths is not None and lengths.size else 4096.0
         return int(self.sampler.cache.capacity_bytes // max(mean, 1.0))

@@ -62,7 +62,8 @@ class SSDTier:
                  fingerprint=None):
         if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int) or capacity_bytes < 0:
             raise ValueError(f"capacity_bytes must be an int >= 0, got {capacity_bytes!r}")
-        self.path = os.fspath(path)
+        # "dir/" and "dir/." are "dir": a link there is refused, never followed (node_files).
+        self.path = node_files.directory_path(path, "SSD tier directory")
         # Made 0700 when missing; refused when another user owns it or may write it (node_files).
         os.close(node_files.own_directory(self.path, "SSD tier directory"))
         if not os.access(self.path, os.W_OK):
@@ -85,6 +86,7 @@ class SSDTier:
             self.bind(fingerprint)
 
     slot_bytes = staticmethod(slot_bytes)
+    lengths = None   # the tier protocol (store/protocol.py): no sample's length is known unread
 
     def _setup(self):
         if self._layout is not None:   # a forked child: the parent's descriptors are not ours
@@ -153,6 +155,19 @@ class SSDTier:
             self._layout.do_catch_up()
             return np.flatnonzero(self._layout.size >= 0)
 
+    def holds(self, ids) -> np.ndarray:
+        """Bool mask: which of `ids` the tier holds now, by its index (nothing is read or checked;
+        a held value may still turn out damaged when read)."""
+        self._mine()
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        with self._mu:
+            self._layout.do_catch_up()
+            size = self._layout.size
+            inside = (ids >= 0) & (ids < size.size)
+            out = np.zeros(ids.size, dtype=bool)
+            out[inside] = size[ids[inside]] >= 0
+            return out
+
     # ---- reads -------------------------------------------------------------------------------
     def get_many(self, ids) -> list:
         """bytes or None for every id; every hit verified (length and crc32c). The index gives
@@ -184,6 +199,8 @@ class SSDTier:
                     self._warn(f"cannot read sample {i} from {lay.file_of(int(lay.size[i]))}: "
                                f"{os.strerror(int(errs[k]))}")
         return values
+
+    read_many = get_many   # the tier protocol's batched read (shadecache/store/protocol.py)
 
     def _damaged(self, i: int):
         """Value i did not match its crc32c (or was short). Read again with the index held still

@@ -101,14 +101,14 @@ def test_redis_baseline_or_clear_skip(no_leaks):
 
 def test_cache_table_tiny_run_writes_section_and_png(tmp_path, no_leaks):
     md = tmp_path / "BENCHMARKS.md"
-    md.write_text("# Benchmarks\n\nintro\n\n## Shared-memory cache (issue 2)\n\n_pending_\n\n"
-                  "## Packed sample store (issue 3)\n\nkeep me\n")
+    md.write_text("# Benchmarks\n\nintro\n\n## Shared-memory cache\n\n_pending_\n\n"
+                  "## Packed sample store\n\nkeep me\n")
     png = tmp_path / "img" / "cache_bench.png"
     rc = ct.main(["--tiny", "--md", str(md), "--png", str(png)])
     text = md.read_text()
     assert rc in (0, 1)
     assert "_pending_" not in text and "keep me" in text and text.startswith("# Benchmarks\n\nintro")
-    section = text.split("## Shared-memory cache (issue 2)")[1].split("## Packed sample store")[0]
+    section = text.split("## Shared-memory cache")[1].split("## Packed sample store")[0]
     assert "python bench/cache_table.py --tiny" in section
     for what in ("`get` 3 KB", "`get_many(64)` 3 KB", "`put` 3 KB", "`update_scores`"):
         assert what in section
@@ -140,3 +140,19 @@ def test_pytest_benchmark_file_runs_tiny(no_leaks):
     tail = proc.stdout[-3000:] + proc.stderr[-2000:]
     assert proc.returncode == 0, tail
     assert " passed" in proc.stdout and "failed" not in proc.stdout and "error" not in proc.stdout, tail
+
+
+def test_efficiency_bench_tiny_rows(capsys):
+    """bench/bench_efficiency.py's row and hit-ratio code on tiny caches: the figures it prints
+    come from the bytes get returns and the file's blocks, and the row checks its own values."""
+    import numpy as np
+
+    import bench_efficiency as be
+
+    r = be.measure_row("3 KB", np.full(600, 3000, np.int64), 1 << 20, True, phases=((1, 0), (1, 1)))
+    assert 0.5 < r["values0"] <= 1.0 and 0.5 < r["values1"] <= 1.0, r
+    assert 1.0 <= r["ram1"] <= 1.0 + (1 << 20) / r["cap"], r
+    r = be.shifting_row(2 << 20, False)
+    assert r["values0"] > 0.5, r
+    be.hit_ratio(n=300, epochs=2)
+    assert "hit ratio" in capsys.readouterr().out
