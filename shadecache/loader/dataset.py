@@ -263,12 +263,13 @@ class CachedDataset(Dataset):
 
     def loader_totals(self):
         """(samples read from the tiers below the cache, seconds those tiers' calls took, seconds
-        the loaders waited on misses) summed over every process of this data set so far: what
-        ShadeSampler's stall budget measures the store's pace and the training step by."""
+        the loaders waited on misses, samples not cached when a loader asked for them) summed
+        over every process of this data set so far: what ShadeSampler's stall budget measures
+        the store's pace and the training step by."""
         c = self.counters.totals()
         read = sum(c[f"{t}_hits"] for t in _TIERS)
         tier_ns = sum(c[f"{t}_ns"] for t in _TIERS)
-        return read, tier_ns / 1e9, c["wait_ns"] / 1e9
+        return read, tier_ns / 1e9, c["wait_ns"] / 1e9, c["misses"]
 
     def note_epoch(self, epoch: int, **counts) -> None:
         """Adds a sampler's per-epoch counts (accuracy_repeats, stall_deferrals, stall_repeats)

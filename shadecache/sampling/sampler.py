@@ -100,7 +100,7 @@ class ShadeSampler(Sampler):
                  seed: int = 0, importance: bool = True, pads: bool = False,
                  coverage_epochs=2, epoch_size=None, smoothing: float = 0.5,
                  draw: str = "systematic", temper: float = 0.0, substitute=0.0,
-                 stalls: bool = True, stall_budget: float = 0.1, stall_speeds=None,
+                 stalls: bool = True, stall_budget: float = 0.3, stall_speeds=None,
                  num_replicas=None, rank=None):
         n = data_source if isinstance(data_source, (int, np.integer)) else len(data_source)
         if n < 1:

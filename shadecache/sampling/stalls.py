@@ -29,6 +29,14 @@ What the planner does with the batch's misses when the store is too slow:
   the epoch; the misses replaced are the lowest-scored (a sample the model already fits costs
   least to leave out), never one the coverage floor protects this epoch, and only once scores
   exist (no scores, no repeats). The rest is read: a stall.
+- with a prefetcher, what is left of the budget replaces upcoming misses that nobody reads yet
+  (neither cached nor on their way, within twice the prefetcher's reach), the lowest-scored
+  first: the prefetcher reads every miss of the order at the store's pace, so an epoch on a store
+  slower than training takes its misses / the store's rate whatever the order, and only a read
+  that never happens saves time. Measured on a throttled disk (bench/fidelity.py slow, tabular,
+  seed 0, a 10% budget): repeats made only at the batch being assembled replaced misses the
+  prefetcher was already reading (1,419 repeats, 35,323 device reads against uniform's 34,941,
+  1.02x its wall time); with this step, 3,252 repeats, 33,028 reads against 34,995 (0.96x).
 
 Reproducible: the planner's random choices come from its own stream of the sampler's seed (seed,
 epoch, rank); given the same sequence of stalls (which ids of which batch were not cached, at which
@@ -41,7 +49,7 @@ from collections import deque
 
 import numpy as np
 
-from ..lookahead.publish import prefetcher_live
+from ..lookahead.publish import board_for, prefetcher_live
 from ..store.protocol import lengths_of
 
 DEFER_HORIZON_BATCHES = 64   # a miss is deferred at most this many batches
@@ -60,6 +68,18 @@ SLOW = 0.5
 STORAGE_S = 200e-6
 
 
+def thread_runnable_s():
+    """Seconds the calling thread has run on a CPU plus waited on a run queue for one
+    (/proc/thread-self/schedstat: its first two fields, in ns), or None where the kernel does not
+    say. The rest of its wall time it slept: on storage, or on anything else it waits for."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            ran, queued = f.read().split()[:2]
+        return (int(ran) + int(queued)) / 1e9
+    except (OSError, ValueError):
+        return None
+
+
 class StallPace:
     """How many samples the store delivers during one training step (per_step), from the data
     set's running totals (CachedDataset.loader_totals) at each batch boundary: the median over the
@@ -70,7 +90,14 @@ class StallPace:
     least MIN_MISSES samples (a few stragglers measure a read's latency, not the store's pace).
     Both come from the same batch, so when other processes take the CPUs a read from the page
     cache and a training step slow down together and the ratio stays; a store that waits on its
-    device does not. The median keeps one slow batch from moving anything. step_s and miss_s:
+    device does not. With a prefetcher the loader reads little itself: it waits for the samples
+    the prefetcher is reading (CachedDataset.fetch_missing). A batch whose loader read fewer than
+    MIN_MISSES samples but waited at least as long as it computed, for at least MIN_MISSES
+    samples that were not cached when it asked, measures the store by that wait instead: those
+    samples took (step_i + wait_i) to come, miss_i = (step_i + wait_i) / missed. (Measured on a
+    throttled disk with the prefetcher: the loader read nothing itself in the whole first epoch
+    and waited a third of it, so the first epoch went unplanned.) The median keeps one slow batch
+    from moving anything. step_s and miss_s:
     the medians of each, for reports. restart() forgets the last boundary (an epoch's end: the
     time until the next one is evaluation, not a step). fixed=(step_s, miss_s): these speeds,
     nothing measured."""
@@ -91,22 +118,42 @@ class StallPace:
     def restart(self):
         self._last = None
 
-    def observe(self, now: float, read: int, tier_s: float, wait_s: float) -> None:
+    def observe(self, now: float, read: int, tier_s: float, wait_s: float, missed: int = 0,
+                runnable_s=None) -> None:
+        """One batch boundary: the data set's running totals (CachedDataset.loader_totals):
+        samples the loader read from the tiers below the cache, the seconds of those reads, the
+        seconds it waited on misses, the samples not cached when it asked for them; runnable_s:
+        the seconds this thread has run or waited for a CPU so far (thread_runnable_s), or None.
+
+        Only the time the thread slept in a batch (its wall time less what it ran and what it
+        waited for a CPU) can be the store's: a read from memory on a machine whose CPUs are
+        taken by other processes waits for a CPU, not for storage. Measured in the fidelity
+        sweep under a load of 13 on 2 vCPUs: without this bound a store in tmpfs looked slow in
+        12 of 16 runs (up to 4,748 stall repeats in one)."""
         if self.fixed:
             return
         if self._last is not None:
-            t0, r0, s0, w0 = self._last
+            t0, r0, s0, w0, m0, c0 = self._last
             dt, dr, ds, dw = now - t0, read - r0, tier_s - s0, max(wait_s - w0, 0.0)
+            dm = missed - m0
             if dt > 0:
                 step = max(dt - dw, 0.0)
                 self._steps.append(step)
+                if runnable_s is not None and c0 is not None:
+                    slept = max(dt - (runnable_s - c0), 0.0)
+                    ds, dw = min(ds, slept), min(dw, slept)
+                miss = None
                 if dr >= self.MIN_MISSES and ds > 0:
-                    self._misses.append(ds / dr)
-                    self._ratios.append(step / (ds / dr))
+                    miss = ds / dr
+                elif dm >= self.MIN_MISSES and dw >= step > 0:   # waited on the prefetcher
+                    miss = (step + dw) / dm
+                if miss is not None:
+                    self._misses.append(miss)
+                    self._ratios.append(step / miss)
                 if len(self._ratios) >= self.MIN_SAMPLES:
                     self.step_s = float(np.median(self._steps))
                     self.miss_s = float(np.median(self._misses))
-        self._last = (now, read, tier_s, wait_s)
+        self._last = (now, read, tier_s, wait_s, missed, runnable_s)
 
     def per_step(self):
         """Samples the store delivers during one training step, or None before it is measured."""
@@ -159,7 +206,7 @@ class StallPlanner:
         b = self.batch_size
         if k < self.planned:
             return np.empty(0, dtype=np.int64)    # planned before a resume: taken as it stands
-        self.pace.observe(time.perf_counter(), *view.loader_totals())
+        self.pace.observe(time.perf_counter(), *view.loader_totals(), runnable_s=thread_runnable_s())
         per_step = self.pace.per_step()
         end = self.planned = min((k // b + 1) * b, order.size)   # the batch that k is in
         if per_step is None or per_step >= SLOW * b or self.pace.miss_s < STORAGE_S:
@@ -200,18 +247,36 @@ class StallPlanner:
             pos = pos[~view.cached(order[pos])]
         else:
             pos = pos[self._easiest(view, order[pos], pos.size - allow)]
-        if pos.size and view.scored():
-            credit = math.floor(self.budget * end) - self.repeats   # paced over the epoch
-            if credit > 0:
-                left = pos[~view.due(order[pos])]
-                left = np.sort(left[self._easiest(view, order[left], credit)])
-                got = view.pick_cached(self.rng, left.size) if left.size else left
-                left = left[:got.size]
-                if left.size:
-                    order[left] = got
-                    changed += left.tolist()
-                    self.repeats += int(left.size)
+        if view.scored():
+            changed += self._repeat(order, pos, view)
+            if prefetching:
+                # The prefetcher reads every miss of the order at the store's pace, so the epoch
+                # takes (misses / the store's rate) whatever the order: time is saved only by
+                # reads that never happen. What is left of the budget replaces upcoming misses
+                # that nobody reads yet (neither cached nor on their way) within twice the
+                # prefetcher's reach, the lowest-scored of them (near: the cached samples put
+                # there are used before the prefetcher's room-making evicts them).
+                ahead = np.arange(end, min(stop, end + 2 * reach))
+                ahead = ahead[~view.cached(order[ahead]) & ~view.on_way(order[ahead])]
+                changed += self._repeat(order, ahead, view)
         return np.asarray(sorted(set(changed)), dtype=np.int64)
+
+    def _repeat(self, order, pos, view) -> list:
+        """Replaces the lowest-scored misses at positions `pos` (not due under the coverage floor)
+        by cached samples chosen by importance, within what the budget allows so far (paced over
+        the epoch: budget x the positions planned). Returns the positions changed."""
+        credit = math.floor(self.budget * self.planned) - self.repeats
+        if credit <= 0 or pos.size == 0:
+            return []
+        left = pos[~view.due(order[pos])]
+        left = np.sort(left[self._easiest(view, order[left], credit)])
+        got = view.pick_cached(self.rng, left.size) if left.size else left
+        left = left[:got.size]
+        if left.size == 0:
+            return []
+        order[left] = got
+        self.repeats += int(left.size)
+        return left.tolist()
 
     def _easiest(self, view, ids, m: int) -> np.ndarray:
         """Indices into `ids` of the m with the lowest scores (a sample the model already fits
@@ -260,6 +325,11 @@ class StallView:
 
     def prefetching(self) -> bool:
         return prefetcher_live(self.sampler.cache)
+
+    def on_way(self, ids) -> np.ndarray:
+        """Which ids the prefetcher is reading now (the board's ON_WAY flags)."""
+        board = board_for(self.sampler.cache)
+        return np.zeros(len(ids), dtype=bool) if board is None else board.on_way(ids)
 
     def scored(self) -> bool:
         return self.sampler.has_scores()

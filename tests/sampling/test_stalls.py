@@ -136,11 +136,16 @@ def test_deferral_never_loses_a_sample_from_an_epoch(store_path, cache_factory, 
 
 @pytest.mark.parametrize("kind", ["CachedLoader", "DataLoader"])
 def test_resume_mid_epoch_gives_the_same_batches(store_path, cache_factory, kind):
+    """The planner's state (position, counts, random stream) comes back with state_dict. The
+    cache is an input of the plan, not part of the checkpoint: a static cache keeps the same
+    samples however the scores are pushed (a resumed sampler pushes its whole table; under the
+    importance policy that rebuilds the engine's heap, and samples of equal score are then
+    evicted in another order, a different input)."""
     store = slow(store_path, 0.0)
     size = sc.Cache.capacity_for(120, store.lengths)
 
     def fresh():
-        cache = cache_factory(N, capacity=size, policy="importance", sizes=store.lengths)
+        cache = cache_factory(N, capacity=size, policy="static", sizes=store.lengths)
         ds = sc.CachedDataset(store, cache)
         return cache, ds, sc.ShadeSampler(ds, cache=cache, batch_size=B, seed=6,
                                           stall_speeds=SLOW)
