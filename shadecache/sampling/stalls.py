@@ -44,6 +44,7 @@ measured speeds) the order is the same. state() / load() carry the position plan
 counts, the stream's state and the speeds, so a resumed epoch goes on exactly.
 """
 import math
+import os
 import time
 from collections import deque
 
@@ -68,14 +69,26 @@ SLOW = 0.5
 STORAGE_S = 200e-6
 
 
-def thread_runnable_s():
-    """Seconds the calling thread has run on a CPU plus waited on a run queue for one
-    (/proc/thread-self/schedstat: its first two fields, in ns), or None where the kernel does not
-    say. The rest of its wall time it slept: on storage, or on anything else it waits for."""
+def thread_sched_s():
+    """(seconds the calling thread has run on a CPU, seconds it has waited on a run queue for
+    one, seconds the other threads of this process have waited on a run queue) from the
+    kernel's schedstat files (/proc/thread-self/schedstat, /proc/self/task/*/schedstat: the first
+    two fields, in ns), or None where the kernel does not say. The rest of the calling thread's
+    wall time it slept: on storage, on another thread of the process, or on anything else."""
     try:
-        with open("/proc/thread-self/schedstat", "rb") as f:
-            ran, queued = f.read().split()[:2]
-        return (int(ran) + int(queued)) / 1e9
+        me = os.path.basename(os.readlink("/proc/thread-self"))
+        ran = queued = others = 0
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/schedstat", "rb") as f:
+                    r, q = f.read().split()[:2]
+            except FileNotFoundError:     # the thread ended meanwhile
+                continue
+            if tid == me:
+                ran, queued = int(r), int(q)
+            else:
+                others += int(q)
+        return ran / 1e9, queued / 1e9, others / 1e9
     except (OSError, ValueError):
         return None
 
@@ -119,17 +132,20 @@ class StallPace:
         self._last = None
 
     def observe(self, now: float, read: int, tier_s: float, wait_s: float, missed: int = 0,
-                runnable_s=None) -> None:
+                sched=None) -> None:
         """One batch boundary: the data set's running totals (CachedDataset.loader_totals):
         samples the loader read from the tiers below the cache, the seconds of those reads, the
-        seconds it waited on misses, the samples not cached when it asked for them; runnable_s:
-        the seconds this thread has run or waited for a CPU so far (thread_runnable_s), or None.
+        seconds it waited on misses, the samples not cached when it asked for them; sched: this
+        thread's (ran, queued) seconds so far (thread_sched_s), or None.
 
-        Only the time the thread slept in a batch (its wall time less what it ran and what it
-        waited for a CPU) can be the store's: a read from memory on a machine whose CPUs are
-        taken by other processes waits for a CPU, not for storage. Measured in the fidelity
-        sweep under a load of 13 on 2 vCPUs: without this bound a store in tmpfs looked slow in
-        12 of 16 runs (up to 4,748 stall repeats in one)."""
+        What the CPUs' contention explains is not the store's. Only the time the thread slept in
+        a batch (its wall time less what it ran and what it waited for a CPU) can be the store's,
+        less what the process's other threads waited for a CPU meanwhile: a read from memory is
+        handed to other threads (io_uring's worker, a pread pool) that wait for a CPU while this
+        one sleeps. Measured in the fidelity sweep under a load of 13-18 on 2 vCPUs: without the
+        bound a store in tmpfs looked slow in 12 of 16 runs (up to 4,748 stall repeats in one);
+        the loop thread slept 14 ms of a 52 ms wait for 16 samples from tmpfs and waited for a
+        CPU most of the rest, while io_uring's worker thread waited for one."""
         if self.fixed:
             return
         if self._last is not None:
@@ -139,8 +155,9 @@ class StallPace:
             if dt > 0:
                 step = max(dt - dw, 0.0)
                 self._steps.append(step)
-                if runnable_s is not None and c0 is not None:
-                    slept = max(dt - (runnable_s - c0), 0.0)
+                if sched is not None and c0 is not None:
+                    ran, queued, others = (a - b for a, b in zip(sched, c0))
+                    slept = max(dt - ran - queued - others, 0.0)
                     ds, dw = min(ds, slept), min(dw, slept)
                 miss = None
                 if dr >= self.MIN_MISSES and ds > 0:
@@ -153,7 +170,7 @@ class StallPace:
                 if len(self._ratios) >= self.MIN_SAMPLES:
                     self.step_s = float(np.median(self._steps))
                     self.miss_s = float(np.median(self._misses))
-        self._last = (now, read, tier_s, wait_s, missed, runnable_s)
+        self._last = (now, read, tier_s, wait_s, missed, sched)
 
     def per_step(self):
         """Samples the store delivers during one training step, or None before it is measured."""
@@ -206,7 +223,7 @@ class StallPlanner:
         b = self.batch_size
         if k < self.planned:
             return np.empty(0, dtype=np.int64)    # planned before a resume: taken as it stands
-        self.pace.observe(time.perf_counter(), *view.loader_totals(), runnable_s=thread_runnable_s())
+        self.pace.observe(time.perf_counter(), *view.loader_totals(), sched=thread_sched_s())
         per_step = self.pace.per_step()
         end = self.planned = min((k // b + 1) * b, order.size)   # the batch that k is in
         if per_step is None or per_step >= SLOW * b or self.pace.miss_s < STORAGE_S:
