@@ -106,6 +106,7 @@ class CachedDataset(Dataset):
         self.counters = SharedCounters(_FIELDS)
         self._miss_lock = threading.Lock()
         self._lock_pid = os.getpid()
+        self._notes = {}      # epoch -> a sampler's counts (note_epoch), this process only
 
     def __len__(self):
         return self._n
@@ -253,9 +254,11 @@ class CachedDataset(Dataset):
         the tiers below the cache for misses), prefetch_hits (hits on samples the prefetcher
         brought); with an order board also prefetched, prefetch_wasted and `per_epoch` (alias
         `prefetch_per_epoch`): one row per epoch (the board keeps the last 32) with the
-        prefetcher's counters (prefetched, prefetch_wasted, prefetched_bytes, reads_issued) and
-        what the loaders of every process on the node read in it (samples, hits, prefetch_hits,
-        wait_s)."""
+        prefetcher's counters (prefetched, prefetch_wasted, prefetched_bytes, reads_issued), what
+        the loaders of every process on the node read in it (samples, hits, prefetch_hits,
+        wait_s) and what the samplers' orders held (accuracy_repeats, stall_deferrals,
+        stall_repeats: ShadeSampler). Without a board, `per_epoch` has the sampler's counts
+        alone, as noted in this process (note_epoch)."""
         c = self.counters.totals()
         d = {"hits": c["hits"], "misses": c["misses"], "bytes_read": c["store_bytes"],
              "samples": c["samples"], "store_reads": c["store_hits"],
@@ -271,7 +274,28 @@ class CachedDataset(Dataset):
                              "seconds": seconds, "mean_latency_s": seconds / calls if calls else 0.0}
         d["wait_s"] = c["wait_ns"] / 1e9
         d.update(_prefetch_stats(self.cache))
+        if "per_epoch" not in d and self._notes:
+            d["per_epoch"] = [{"epoch": e, "accuracy_repeats": 0, "stall_deferrals": 0,
+                               "stall_repeats": 0, **self._notes[e]} for e in sorted(self._notes)]
         return d
+
+    def loader_totals(self):
+        """(samples read from the tiers below the cache, seconds those tiers' calls took, seconds
+        the loaders waited on misses, samples not cached when a loader asked for them) summed
+        over every process of this data set so far: what ShadeSampler's stall budget measures
+        the store's pace and the training step by."""
+        c = self.counters.totals()
+        read = sum(c[f"{t}_hits"] for t in _TIERS)
+        tier_ns = sum(c[f"{t}_ns"] for t in _TIERS)
+        return read, tier_ns / 1e9, c["wait_ns"] / 1e9, c["misses"]
+
+    def note_epoch(self, epoch: int, **counts) -> None:
+        """Adds a sampler's per-epoch counts (accuracy_repeats, stall_deferrals, stall_repeats)
+        to this process's record, which stats()["per_epoch"] shows when there is no order board
+        (the board's rows hold them, node-wide, when there is one)."""
+        row = self._notes.setdefault(int(epoch), {})
+        for k, v in counts.items():
+            row[k] = row.get(k, 0) + int(v)
 
     def reset_stats(self):
         """Zero the counters (call it while no worker is fetching)."""
