@@ -569,6 +569,12 @@ def _time_to(r, target):
     return None
 
 
+def _target(runs) -> str:
+    """The I/O-bound factor the slow runs aimed at (--io-bound), as recorded with them."""
+    got = sorted({r["io_bound_target"] for r in runs if "io_bound_target" in r})
+    return "/".join(f"{v:g}" for v in got) or "?"
+
+
 def is_default(r) -> bool:
     """Whether run r was made with ShadeSampler's current defaults (its recorded options)."""
     d = sampler_defaults()

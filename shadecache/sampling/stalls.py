@@ -143,7 +143,7 @@ class StallPace:
         less what the process's other threads waited for a CPU meanwhile: a read from memory is
         handed to other threads (io_uring's worker, a pread pool) that wait for a CPU while this
         one sleeps. Measured in the fidelity sweep under a load of 13-18 on 2 vCPUs: without the
-        bound a store in tmpfs looked slow in 12 of 16 runs (up to 4,748 stall repeats in one);
+        bound a store in tmpfs looked slow in 9 of 16 runs (up to 4,748 stall repeats in one);
         the loop thread slept 14 ms of a 52 ms wait for 16 samples from tmpfs and waited for a
         CPU most of the rest, while io_uring's worker thread waited for one."""
         if self.fixed:
