@@ -24,6 +24,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 import uuid
 
 BLKIO = "/sys/fs/cgroup/blkio"
@@ -102,16 +103,25 @@ class ThrottledDisk:
     def close(self):
         """Undo what _make did, in reverse; each step tolerates the previous one not having run."""
         if self.cgroup and os.path.isdir(self.cgroup):
-            # A cgroup with members cannot be removed: move them back to the root group first.
-            for pid in self._members():
+            # A cgroup with members cannot be removed (EBUSY): move them back to the root group
+            # first. A member still exiting (a child killed just before) leaves it busy for a
+            # moment, so the removal is tried again for up to two seconds.
+            deadline = time.monotonic() + 2.0
+            while True:
+                for pid in self._members():
+                    try:
+                        self._write(BLKIO, "cgroup.procs", str(pid))
+                    except OSError:
+                        pass
                 try:
-                    self._write(BLKIO, "cgroup.procs", str(pid))
+                    os.rmdir(self.cgroup)
+                    break
+                except FileNotFoundError:
+                    break
                 except OSError:
-                    pass
-            try:
-                os.rmdir(self.cgroup)
-            except OSError:
-                pass
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(0.05)
         if self.mount and os.path.ismount(self.mount):
             subprocess.run(["umount", self.mount], capture_output=True)
         if self.mount and os.path.isdir(self.mount):

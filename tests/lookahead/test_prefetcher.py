@@ -18,6 +18,7 @@ import pytest
 import shadecache as sc
 from shadecache.lookahead.board import OrderBoard
 from planted_modules import run_among_planted_modules
+from prefetch_waits import wait_for_reads
 from values import make_value, verify_value
 
 N = 1200
@@ -262,10 +263,7 @@ def test_the_prefetcher_reads_the_ssd_tier_before_the_store(store_path, name, tm
         with sc.Prefetcher(c, store, ssd=ssd, lookahead_samples=200, batch=32):
             # with an SSD tier it holds what it read until a reader asks, and offers it all to
             # the cache when it stops
-            deadline = time.monotonic() + 60
-            while board.totals()["reads_issued"] < order.size:
-                assert time.monotonic() < deadline, "the prefetcher did not read the window"
-                time.sleep(0.05)
+            wait_for_reads(board, order.size)
         assert c.cached_mask()[order].all()
         got = c.get_many(order)
         assert [got[i] for i in marked] == [b"ssd:" + bytes(str(i), "ascii") for i in marked]

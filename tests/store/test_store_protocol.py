@@ -5,7 +5,6 @@ labels) as a PackedStore of the same samples."""
 import hashlib
 import json
 import os
-import time
 import uuid
 import zlib
 
@@ -15,6 +14,7 @@ import pytest
 import shadecache as sc
 from shadecache.lookahead.board import OrderBoard
 from shadecache.peer import PeerClient, new_secret
+from prefetch_waits import wait_for_reads
 from values import make_value
 
 N = 300
@@ -143,10 +143,7 @@ def test_prefetcher_reads_it_ahead(stores, cache_factory, tmp_path, importable):
         with sc.Prefetcher(cache, py, ssd=ssd, lookahead_samples=200, batch=32):
             # with an SSD tier it holds what it read until a reader asks, and offers it all to
             # the cache when it stops
-            deadline = time.monotonic() + 60
-            while board.totals()["reads_issued"] < order.size:
-                assert time.monotonic() < deadline, "the prefetcher did not read the window"
-                time.sleep(0.05)
+            wait_for_reads(board, order.size)
         assert cache.cached_mask()[order].all()
         assert cache.get_many(order) == packed.read_many(order)
         assert board.prefetched(order).all()
