@@ -42,7 +42,7 @@ import numpy as np
 from . import auth, identity, wire
 from . import secret as secrets_
 from . import status as tier_status
-from ..errors import FingerprintError, ValueTooLargeError
+from ..errors import FingerprintError
 from ..tiers import STORE, TierChain
 
 MAX_CONNECTIONS = 256            # authenticated connections
@@ -370,7 +370,9 @@ class PeerService:
             code, detail = self.cache.seal_reply(session, fd, ids[first:end], window, opaque, end < count,
                                                   CHUNK_BYTES, PIN_WAIT)
             if fresh is not None:    # the chunk's pins are released: nothing the cache does now hurts it
-                self._admit(fresh)
+                # the home node keeps its own samples: the cache by its policy, the SSD tier
+                # what the cache refused (a value too large for the cache counts as refused)
+                self.chain.admit(fresh)
             if code == 0:
                 code = session.flush(fd, IO_TIMEOUT)[0]
             if code != 0:            # the client stopped reading, or went away
@@ -410,25 +412,6 @@ class PeerService:
         out = [(k, got[ids[k]]) for k in missed if got[ids[k]] is not None]
         c["misses"] += len(missed) - len(out)
         return out, r
-
-    def _admit(self, r) -> None:
-        """Offers what was read below the cache to the cache (admitted by its policy) and what the
-        cache refused to the SSD tier (the chain's admit): the home node keeps its own samples. A
-        value this cache can never hold is not the client's error: the others are offered one by
-        one."""
-        try:
-            self.chain.admit(r)
-        except ValueTooLargeError:
-            self.chain.admit(r, insert=self._put_each)
-
-    def _put_each(self, ids, values):
-        admitted = []
-        for i, v in zip(ids.tolist(), values):
-            try:
-                admitted.append(self.cache.put(i, v))
-            except ValueTooLargeError:
-                admitted.append(False)
-        return admitted
 
 
 # ---- the server process ------------------------------------------------------------------------
