@@ -108,7 +108,16 @@ PYBIND11_MODULE(_io, m) {
 
   m.attr("FORMAT_VERSION") = store::kVersion;
   m.attr("ALIGN") = store::kAlign;
-  m.attr("ENTRY_BYTES") = sizeof(store::Entry);
+  m.def(
+      "placement_order",
+      [](uint64_t n, uint64_t seed) {
+        std::vector<uint64_t> order = store::placement_order(n, seed);
+        py::array_t<int64_t> a(static_cast<py::ssize_t>(order.size()));
+        std::memcpy(a.mutable_data(), order.data(), order.size() * sizeof(uint64_t));
+        return a;
+      },
+      py::arg("n"), py::arg("seed"),
+      "The ids in the order a store packed with shuffle=True, seed=`seed` lays out n samples.");
   m.def("built_with_uring", &built_with_uring, "True when this build links liburing.");
   m.def(
       "crc32c",
@@ -146,7 +155,8 @@ PYBIND11_MODULE(_io, m) {
       "(name, fallback_reason) of the backend this process would use.");
 
   py::class_<PackWriter>(m, "PackWriter")
-      .def(py::init<const std::string&>(), py::arg("path"))
+      .def(py::init<const std::string&, bool, uint64_t>(), py::arg("path"),
+           py::arg("shuffle") = false, py::arg("seed") = 0)
       .def(
           "add",
           [](PackWriter& w, py::buffer data, int64_t label) {
@@ -168,6 +178,8 @@ PYBIND11_MODULE(_io, m) {
       .def("abort", &PackWriter::abort)
       .def_property_readonly("num_samples", &PackWriter::num_samples)
       .def_property_readonly("is_open", &PackWriter::is_open)
+      .def_property_readonly("shuffle", &PackWriter::shuffle)
+      .def_property_readonly("seed", &PackWriter::seed)
       // bytes: a Linux path need not be UTF-8 (store.py fsdecodes them)
       .def_property_readonly("path", [](const PackWriter& w) { return py::bytes(w.path()); })
       .def_property_readonly("temp_path", [](const PackWriter& w) { return py::bytes(w.temp_path()); });
@@ -206,7 +218,23 @@ PYBIND11_MODULE(_io, m) {
           py::arg("first"), py::arg("count"))
       .def_property_readonly("meta",
                              [](const PackedReader& r) { return py::bytes(r.meta()); })
+      .def("disk_order",
+           [](const PackedReader& r) {
+             std::vector<uint64_t> order = r.disk_order();
+             py::array_t<int64_t> a(static_cast<py::ssize_t>(order.size()));
+             std::memcpy(a.mutable_data(), order.data(), order.size() * sizeof(uint64_t));
+             return a;
+           },
+           "The ids in the order their bytes lie in the file.")
       .def_property_readonly("version", [](const PackedReader& r) { return r.header().version; })
+      .def_property_readonly("placement",
+                             [](const PackedReader& r) {
+                               return r.header().placement == store::kShuffled ? "shuffled" : "as written";
+                             })
+      .def_property_readonly("placement_seed",
+                             [](const PackedReader& r) { return r.header().placement_seed; })
+      .def_property_readonly("data_bytes", [](const PackedReader& r) { return r.header().data_bytes; })
+      .def_property_readonly("dir_crc", [](const PackedReader& r) { return r.header().dir_crc; })
       .def_property_readonly("file_bytes",
                              [](const PackedReader& r) { return r.header().file_bytes; })
       .def_property_readonly("path", [](const PackedReader& r) { return py::bytes(r.path()); })

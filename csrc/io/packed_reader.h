@@ -1,6 +1,6 @@
 // Reads a packed sample store (store_format.h). The open validates the header and loads the
-// whole sample directory into memory (24 bytes per sample); every read then costs one I/O per
-// sample, issued in batches through the process's backend (io_backend.h).
+// whole sample directory into memory (24 bytes per sample, offsets derived from the placement);
+// reads are issued in batches through the process's backend (io_backend.h).
 //
 // Contract: methods that do I/O (read_into, find_corrupt) must be called WITHOUT the GIL and touch
 // no Python object; they are safe to call from several threads (the backend serialises them) and
@@ -33,6 +33,8 @@ class PackedReader {
   const std::vector<store::Entry>& directory() const { return dir_; }
   const store::Header& header() const { return header_; }
   const std::string& meta() const { return meta_; }
+  // The ids in the order their bytes lie in the file (store::placement_order, or 0..n-1).
+  std::vector<uint64_t> disk_order() const;
   const std::string& path() const { return path_; }
   bool direct() const { return direct_; }
   bool verify() const { return verify_; }
@@ -58,7 +60,8 @@ class PackedReader {
   void scan_metadata(int fd, char* dest, std::string* error) const;
   template <typename Each>
   uint32_t scan(int fd, uint64_t off, uint64_t bytes, char* dest, const char* what,
-                Each each) const;
+                Each each, uint32_t crc) const;
+  void place_samples();  // dir_[id].offset from the lengths in placement order
   [[noreturn]] void format_error(const std::string& why) const;
   void check_open() const;
 

@@ -147,8 +147,9 @@ class PackedStore(_StoreBase):
 
     backend: "auto" (io_uring, or the pread pool with a one-time warning when io_uring is
     refused), "io_uring" (refusal is an error) or "pread". direct: read with O_DIRECT (bypass the
-    page cache; samples are 4096-aligned for it). queue_depth: reads kept in flight per batch.
-    verify: check every sample's crc32c (a mismatch raises CorruptSampleError).
+    page cache; each read is widened to the 4096-byte blocks that cover it). queue_depth: reads kept in flight per batch.
+    verify: check every sample's crc32c (a mismatch raises CorruptSampleError). A store of an
+    older format version is refused (StoreFormatError) with the command that converts it.
 
     Fork-safe: a forked DataLoader worker builds its own ring on first use; spawned workers get
     the store by pickling, which reopens it by path with the same options.
@@ -183,6 +184,31 @@ class PackedStore(_StoreBase):
     @property
     def version(self) -> int:
         return self._r.version
+
+    @property
+    def placement(self) -> str:
+        """How samples lie in the file: "shuffled" (a seeded shuffle of the ids, pack's default)
+        or "as written" (id order)."""
+        return self._r.placement
+
+    @property
+    def placement_seed(self) -> int:
+        return self._r.placement_seed
+
+    @property
+    def _placement_bytes(self) -> bytes:
+        import struct
+        return struct.pack("<IIQ", 1 if self.placement == "shuffled" else 0, 0, self.placement_seed)
+
+    def disk_order(self) -> np.ndarray:
+        """The ids in the order their bytes lie in the file (int64): neighbours in this array are
+        neighbours on disk, which a read of one extent gets together."""
+        return self._r.disk_order()
+
+    @property
+    def data_bytes(self) -> int:
+        """Bytes of sample data (the sum of all lengths)."""
+        return self._r.data_bytes
 
     @property
     def file_bytes(self) -> int:
@@ -266,7 +292,6 @@ class PackedStore(_StoreBase):
                 f"direct={self.direct}, queue_depth={self.queue_depth})")
 
 
-_ENTRY = np.dtype([("offset", "<u8"), ("length", "<u4"), ("crc", "<u4"), ("label", "<i8")])
 _HEADER_SUMMED = 124          # header bytes [0, 124): everything but the header's own crc
 _FINGERPRINT_CHUNK = 16 << 20
 
@@ -274,8 +299,10 @@ _FINGERPRINT_CHUNK = 16 << 20
 def _fingerprint_of(path: str, identity: tuple, store: "PackedStore") -> str:
     """sha256 of a packed store's header, directory and metadata (the layout of
     docs/store_format.md), read again from `path`. What is read must be what `store` validated at
-    open: the same file (device and inode), the same size, sample count, lengths, labels and
-    metadata; a file replaced or rewritten in place since (`cp other.shc path`) is refused."""
+    open: the same file (device and inode), the same size and sample count, a directory with the
+    checksum it had (it holds every sample's length, checksum and label, and the header its
+    placement) and the same metadata; a file replaced or rewritten in place since
+    (`cp other.shc path`) is refused."""
     import hashlib
     import struct
 
@@ -290,10 +317,12 @@ def _fingerprint_of(path: str, identity: tuple, store: "PackedStore") -> str:
         if len(header) != _HEADER_SUMMED:
             raise StoreFormatError(f"{path}: truncated header while taking the fingerprint")
         h.update(header)
-        num_samples, dir_offset, dir_bytes = struct.unpack_from("<QQQ", header, 24)
-        meta_offset, meta_bytes, file_bytes = struct.unpack_from("<QQQ", header, 56)
+        (num_samples,) = struct.unpack_from("<Q", header, 24)
+        dir_offset, dir_bytes = struct.unpack_from("<QQ", header, 48)
+        (dir_crc,) = struct.unpack_from("<I", header, 64)
+        meta_offset, meta_bytes, file_bytes = struct.unpack_from("<QQQ", header, 72)
         changed = (num_samples != len(store) or file_bytes != store.file_bytes
-                   or dir_bytes != num_samples * _ENTRY.itemsize)
+                   or dir_crc != store._r.dir_crc or header[96:112] != store._placement_bytes)
         parts = {}
         for part, start, size in (("dir", dir_offset, dir_bytes), ("meta", meta_offset, meta_bytes)):
             if changed:
@@ -308,9 +337,7 @@ def _fingerprint_of(path: str, identity: tuple, store: "PackedStore") -> str:
             h.update(buf)
             parts[part] = buf
         if not changed:
-            entries = np.frombuffer(parts["dir"], dtype=_ENTRY)
-            changed = (not np.array_equal(entries["length"], store.lengths)
-                       or not np.array_equal(entries["label"], store.labels)
+            changed = (_io.crc32c(bytes(parts["dir"])) != store._r.dir_crc
                        or bytes(parts["meta"]) != store._r.meta)
         if changed:
             raise StoreFormatError(f"{path} was rewritten since the store was opened; reopen it "
