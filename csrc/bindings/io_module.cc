@@ -20,6 +20,7 @@
 #include "bindings/ids.h"
 #include "common/crc32c.h"
 #include "common/error.h"
+#include "io/device_probe.h"
 #include "io/folder_reader.h"
 #include "io/pack_writer.h"
 #include "io/packed_reader.h"
@@ -226,6 +227,48 @@ PYBIND11_MODULE(_io, m) {
              return a;
            },
            "The ids in the order their bytes lie in the file.")
+      .def(
+          "set_shape",
+          [](PackedReader& r, uint64_t gap_bytes, uint64_t max_extent_bytes) {
+            if (max_extent_bytes < 4096 || max_extent_bytes > (uint64_t{1} << 31))
+              throw Error(ErrorKind::kInvalidArgument,
+                          "max_extent_bytes must be in [4096, 2 GiB], not " +
+                              std::to_string(max_extent_bytes));
+            r.set_shape(ReadShape{gap_bytes, max_extent_bytes});
+          },
+          py::arg("gap_bytes"), py::arg("max_extent_bytes"),
+          "Coalesce reads into extents: neighbours at most gap_bytes apart are read together.")
+      .def_property_readonly("shape",
+                             [](const PackedReader& r) {
+                               return py::make_tuple(r.shape().gap_bytes, r.shape().max_extent_bytes);
+                             })
+      .def(
+          "counters",
+          [](PackedReader& r) {
+            py::dict d;
+            d["samples"] = r.counters().samples.load();
+            d["requests"] = r.counters().requests.load();
+            d["bytes"] = r.counters().bytes.load();
+            return d;
+          },
+          "Samples read, read requests issued (extents) and bytes asked of the device.")
+      .def(
+          "probe_device",
+          [](PackedReader& r, unsigned small, unsigned large, uint64_t seed) {
+            DeviceProbe p;
+            {
+              py::gil_scoped_release nogil;
+              if (r.closed()) throw Error(ErrorKind::kClosed, "PackedStore " + r.path() + " is closed");
+              const store::Header& h = r.header();
+              r.backend().with([&](IoBackend& b) {
+                p = probe_device(r.path(), r.buffered_fd(), h.data_offset,
+                                 h.data_offset + h.data_bytes, b, small, large, seed);
+              });
+            }
+            return py::make_tuple(p.iops, p.bandwidth, p.direct);
+          },
+          py::arg("small") = 128, py::arg("large") = 8, py::arg("seed") = 1,
+          "(4 KiB reads/s, bytes/s of 1 MiB reads, measured with O_DIRECT) over the data region.")
       .def_property_readonly("version", [](const PackedReader& r) { return r.header().version; })
       .def_property_readonly("placement",
                              [](const PackedReader& r) {

@@ -89,6 +89,9 @@ PackedReader::PackedReader(const std::string& path, BackendKind kind, bool direc
     ::close(fd);
     throw;
   }
+  // The kernel reads nothing nobody asked for: no read-ahead around these reads, which are
+  // random by sample (or whole extents chosen by the reader). A dup (the read stream's) shares it.
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
   fd_ = fd;
 }
 
@@ -328,42 +331,21 @@ const store::Entry& PackedReader::entry(int64_t id) const {
 void PackedReader::read_into(const int64_t* ids, size_t n, char* const* dests) {
   std::shared_lock<std::shared_mutex> lk(io_mu_);
   check_open();
-  std::vector<RangeRead> ops;
-  std::vector<size_t> pos;  // ops[j] is batch position pos[j]
-  ops.reserve(n);
-  pos.reserve(n);
-  for (size_t k = 0; k < n; ++k) {
-    const store::Entry& e = dir_[static_cast<size_t>(ids[k])];
-    if (e.length == 0) continue;  // nothing to read; crc32c of no bytes is 0 by construction
-    ops.push_back(RangeRead{e.offset, e.length, dests[k]});
-    pos.push_back(k);
-  }
-  std::mutex mu;
-  size_t bad = SIZE_MAX;  // lowest failing batch position
-  uint32_t bad_crc = 0;
-  RangeDone done = [&](size_t j) {
-    if (!verify_) return;
-    const RangeRead& op = ops[j];
-    uint32_t c = crc32c(op.dest, op.len);
-    if (c != dir_[static_cast<size_t>(ids[pos[j]])].crc) {
-      std::lock_guard<std::mutex> lk(mu);
-      if (pos[j] < bad) {
-        bad = pos[j];
-        bad_crc = c;
-      }
-    }
-  };
+  std::vector<size_t> bad;
   int fd = direct_ ? direct_fd_ : fd_;
-  slot_.with([&](IoBackend& b) { b.read_ranges(fd, direct_, ops.data(), ops.size(), done); });
-  if (bad != SIZE_MAX) {
-    int64_t id = ids[bad];
-    const store::Entry& e = dir_[static_cast<size_t>(id)];
-    throw CorruptSample(path_ + ": sample " + std::to_string(id) + " at file offset " +
-                            std::to_string(e.offset) + " (" + std::to_string(e.length) +
-                            " bytes) is corrupt: checksum " + hex32(bad_crc) + " != stored " +
-                            hex32(e.crc),
-                        static_cast<unsigned long long>(id), e.offset);
-  }
+  slot_.with([&](IoBackend& b) {
+    bad = read_samples(b, fd, direct_, dir_.data(), ids, n, dests, verify_, shape_, &counters_);
+  });
+  if (!bad.empty()) throw_corrupt(ids[bad.front()], dests[bad.front()]);
+}
+
+void PackedReader::throw_corrupt(int64_t id, const char* bytes) const {
+  const store::Entry& e = dir_[static_cast<size_t>(id)];
+  throw CorruptSample(path_ + ": sample " + std::to_string(id) + " at file offset " +
+                          std::to_string(e.offset) + " (" + std::to_string(e.length) +
+                          " bytes) is corrupt: checksum " + hex32(crc32c(bytes, e.length)) +
+                          " != stored " + hex32(e.crc),
+                      static_cast<unsigned long long>(id), e.offset);
 }
 
 std::vector<int64_t> PackedReader::find_corrupt(int64_t first, int64_t count) {
@@ -380,30 +362,19 @@ std::vector<int64_t> PackedReader::find_corrupt(int64_t first, int64_t count) {
   }
   std::unique_ptr<char[]> buf(new char[std::max<size_t>(total, 1)]);
   std::vector<char*> dests(ids.size());
-  std::vector<RangeRead> ops;
-  std::vector<int64_t> op_id;  // ops[j] reads sample op_id[j] (0-byte samples have no op)
   size_t at = 0;
   for (size_t k = 0; k < ids.size(); ++k) {
-    const store::Entry& e = dir_[static_cast<size_t>(ids[k])];
     dests[k] = buf.get() + at;
-    at += e.length;
-    if (e.length > 0) {
-      ops.push_back(RangeRead{e.offset, e.length, dests[k]});
-      op_id.push_back(ids[k]);
-    }
+    at += dir_[static_cast<size_t>(ids[k])].length;
   }
-  std::mutex mu;
-  std::vector<int64_t> bad;
-  RangeDone done = [&](size_t j) {
-    const RangeRead& op = ops[j];
-    if (crc32c(op.dest, op.len) != dir_[static_cast<size_t>(op_id[j])].crc) {
-      std::lock_guard<std::mutex> lk(mu);
-      bad.push_back(op_id[j]);
-    }
-  };
+  std::vector<size_t> bad_pos;
   int fd = direct_ ? direct_fd_ : fd_;
-  slot_.with([&](IoBackend& b) { b.read_ranges(fd, direct_, ops.data(), ops.size(), done); });
-  std::sort(bad.begin(), bad.end());
+  slot_.with([&](IoBackend& b) {
+    bad_pos = read_samples(b, fd, direct_, dir_.data(), ids.data(), ids.size(), dests.data(),
+                           /*verify=*/true, shape_, &counters_);
+  });
+  std::vector<int64_t> bad;
+  for (size_t k : bad_pos) bad.push_back(ids[k]);
   return bad;
 }
 

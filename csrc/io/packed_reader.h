@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "io/extent_read.h"
 #include "io/io_backend.h"
 #include "io/store_format.h"
 
@@ -40,10 +41,20 @@ class PackedReader {
   bool verify() const { return verify_; }
   BackendSlot& backend() { return slot_; }
 
-  // Reads sample ids[k] into dests[k] (entry(ids[k]).length bytes each; ids already checked).
+  // How batches are coalesced into extents (extent_read.h). Set it before reads start, or
+  // between them: not while a read of this store is running.
+  void set_shape(const ReadShape& shape) { shape_ = shape; }
+  const ReadShape& shape() const { return shape_; }
+  ReadCounters& counters() { return counters_; }
+
+  // Reads sample ids[k] into dests[k] (entry(ids[k]).length bytes each; ids already checked),
+  // coalesced into extents by shape().
   // With verify, a checksum mismatch throws CorruptSample naming the id and its file offset
   // (the lowest position k in the batch that failed).
   void read_into(const int64_t* ids, size_t n, char* const* dests);
+  // Throws CorruptSample for sample `id` whose `length` bytes read are at `bytes`, naming the id,
+  // its file offset and both checksums.
+  [[noreturn]] void throw_corrupt(int64_t id, const char* bytes) const;
   // Reads samples [first, first + count) and returns the ids whose checksum does not match.
   std::vector<int64_t> find_corrupt(int64_t first, int64_t count);
 
@@ -51,6 +62,7 @@ class PackedReader {
   bool closed() const { return fd_ < 0; }
   // The descriptor reads go through (O_DIRECT when direct()), for a ReadStream to dup.
   int read_fd() const { return direct_ ? direct_fd_ : fd_; }
+  int buffered_fd() const { return fd_; }
 
  private:
   void load(int fd);  // validates header, directory and metadata
@@ -73,6 +85,8 @@ class PackedReader {
   std::vector<store::Entry> dir_;
   std::string meta_;
   BackendSlot slot_;
+  ReadShape shape_;
+  ReadCounters counters_;
   std::shared_mutex io_mu_;  // reads hold it shared, close() exclusive
 };
 

@@ -15,15 +15,6 @@
 
 namespace shadecache {
 
-namespace {
-
-std::string hex32(uint32_t v) {
-  char buf[16];
-  std::snprintf(buf, sizeof(buf), "%08x", v);
-  return buf;
-}
-
-}  // namespace
 
 ReadStream::ReadStream(PackedReader& reader, BackendKind kind, unsigned queue_depth,
                        unsigned lanes)
@@ -127,42 +118,10 @@ void ReadStream::lane_main() {
 
 void ReadStream::run(Batch& b, IoBackend& backend) {
   const auto& dir = reader_.directory();
-  std::vector<RangeRead> ops;
-  std::vector<size_t> pos;  // ops[j] is batch position pos[j]
-  ops.reserve(b.ids.size());
-  pos.reserve(b.ids.size());
-  for (size_t k = 0; k < b.ids.size(); ++k) {
-    const store::Entry& e = dir[static_cast<size_t>(b.ids[k])];
-    if (e.length == 0) continue;
-    ops.push_back(RangeRead{e.offset, e.length, b.dests[k]});
-    pos.push_back(k);
-  }
-  const bool verify = reader_.verify();
-  std::mutex mu;
-  size_t bad = SIZE_MAX;  // lowest failing batch position
-  uint32_t bad_crc = 0;
-  RangeDone done = [&](size_t j) {
-    if (!verify) return;
-    const RangeRead& op = ops[j];
-    uint32_t c = crc32c(op.dest, op.len);
-    if (c != dir[static_cast<size_t>(b.ids[pos[j]])].crc) {
-      std::lock_guard<std::mutex> lk(mu);
-      if (pos[j] < bad) {
-        bad = pos[j];
-        bad_crc = c;
-      }
-    }
-  };
-  backend.read_ranges(fd_, reader_.direct(), ops.data(), ops.size(), done);
-  if (bad != SIZE_MAX) {
-    int64_t id = b.ids[bad];
-    const store::Entry& e = dir[static_cast<size_t>(id)];
-    throw CorruptSample(reader_.path() + ": sample " + std::to_string(id) + " at file offset " +
-                            std::to_string(e.offset) + " (" + std::to_string(e.length) +
-                            " bytes) is corrupt: checksum " + hex32(bad_crc) + " != stored " +
-                            hex32(e.crc),
-                        static_cast<unsigned long long>(id), e.offset);
-  }
+  std::vector<size_t> bad =
+      read_samples(backend, fd_, reader_.direct(), dir.data(), b.ids.data(), b.ids.size(),
+                   b.dests.data(), reader_.verify(), reader_.shape(), &reader_.counters());
+  if (!bad.empty()) reader_.throw_corrupt(b.ids[bad.front()], b.dests[bad.front()]);
 }
 
 uint64_t ReadStream::submit(std::vector<int64_t> ids, std::vector<char*> dests) {

@@ -25,6 +25,7 @@ from ..errors import StoreFormatError
 __all__ = ["PackedStore", "FolderStore", "scan_image_folder", "FORMAT_VERSION"]
 
 FORMAT_VERSION = _io.FORMAT_VERSION
+DEFAULT_MAX_EXTENT = 8 << 20   # bytes of one read request at most (unless one sample is larger)
 _BACKENDS = ("auto", "io_uring", "pread")
 _warned: set = set()  # fallback reasons already reported in this process
 
@@ -151,12 +152,18 @@ class PackedStore(_StoreBase):
     verify: check every sample's crc32c (a mismatch raises CorruptSampleError). A store of an
     older format version is refused (StoreFormatError) with the command that converts it.
 
+    Reads of a batch are coalesced into extents (csrc/io/extent_read.h): samples whose bytes lie
+    at most `gap_bytes` apart are read in one request. gap_bytes=None: from the device, measured
+    at open (`device`: a few ms of reads; not for stores under 16 MiB, where it is 0), or from
+    `device={"iops": ..., "bandwidth": ...}` when given. max_extent_bytes caps one request.
+
     Fork-safe: a forked DataLoader worker builds its own ring on first use; spawned workers get
     the store by pickling, which reopens it by path with the same options.
     """
 
     def __init__(self, path: str | os.PathLike, backend: str = "auto", direct: bool = False,
-                 queue_depth: int = 64, verify: bool = True):
+                 queue_depth: int = 64, verify: bool = True, *, gap_bytes: int | None = None,
+                 max_extent_bytes: int = DEFAULT_MAX_EXTENT, device: dict | None = None):
         _check_backend_args(backend, queue_depth)
         self.path = os.fspath(path)
         self._options = (backend, bool(direct), int(queue_depth), bool(verify))
@@ -166,6 +173,14 @@ class PackedStore(_StoreBase):
                                    bool(verify))
         _tune_malloc_once()
         _warn_fallback(self._r.fallback_reason)
+        self.device = _device_profile(self, device)
+        if gap_bytes is None:
+            gap_bytes = self.device["gap_bytes"]
+        elif not isinstance(gap_bytes, (int, np.integer)) or gap_bytes < 0:
+            raise ValueError(f"gap_bytes must be None or an integer >= 0, not {gap_bytes!r}")
+        self._r.set_shape(int(gap_bytes), int(max_extent_bytes))
+        self._shape_options = {"gap_bytes": int(gap_bytes), "max_extent_bytes": int(max_extent_bytes),
+                               "device": self.device}
         self._labels = self._r.labels()
         self._labels.flags.writeable = False
         self._lengths = None
@@ -281,15 +296,68 @@ class PackedStore(_StoreBase):
                 bar.update(count)
         return bad
 
+    @property
+    def gap_bytes(self) -> int:
+        """Neighbours on disk at most this many bytes apart are read in one request (an
+        extent). From the device's measured cost of a request unless given at open."""
+        return self._r.shape[0]
+
+    @property
+    def iops_bound(self) -> bool:
+        """Whether a read of one sample costs the device more in requests than in bytes (the
+        mean sample is smaller than what the device transfers in the time of one request): then
+        reads of extents, and an order that reads them (ShadeSampler's extent order), pay off."""
+        n = len(self)
+        return bool(n) and self.data_bytes / n < self.device["gap_bytes"]
+
+    def io_counters(self) -> dict:
+        """What this process's reads of the store asked of the device: samples handed out, read
+        requests issued (extents) and bytes requested (gaps and O_DIRECT widening included)."""
+        return self._r.counters()
+
     def close(self) -> None:
         self._r.close()
 
     def __reduce__(self):
-        return (PackedStore, (self.path,) + self._options)
+        return (_reopen, (self.path, self._options, self._shape_options))
 
     def __repr__(self) -> str:
         return (f"PackedStore({self.path!r}, {len(self)} samples, backend={self.backend!r}, "
                 f"direct={self.direct}, queue_depth={self.queue_depth})")
+
+
+def _reopen(path, options, shape_options):
+    return PackedStore(path, *options, **shape_options)
+
+
+# A store smaller than this is not probed (its reads are few, and the page cache holds it soon):
+# extents then merge touching samples only.
+_PROBE_MIN_BYTES = 16 << 20
+_GAP_CAP = 1 << 20
+
+
+def _device_profile(store: "PackedStore", given: dict | None) -> dict:
+    """What a read request costs on the store's device: {iops, bandwidth, gap_bytes, source}.
+    gap_bytes = bandwidth / iops, the bytes the device transfers in the time of one request, so
+    reading a gap up to it never costs more than one more request would (capped at 1 MiB)."""
+    if given is not None and given.get("iops") is None and given.get("gap_bytes") == 0:
+        return dict(given)     # "not measured" carried over by pickling
+    if given is not None:
+        try:
+            iops, bw = float(given["iops"]), float(given["bandwidth"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError("device must be a dict with 'iops' and 'bandwidth' (numbers > 0), "
+                             f"not {given!r}") from None
+        if not (iops > 0 and bw > 0):
+            raise ValueError(f"device iops and bandwidth must be > 0, not {given!r}")
+        source = given.get("source", "given")
+    elif store.data_bytes < _PROBE_MIN_BYTES:
+        return {"iops": None, "bandwidth": None, "gap_bytes": 0, "source": "not measured (small store)"}
+    else:
+        iops, bw, direct = store._r.probe_device()
+        source = "measured" + (" (O_DIRECT)" if direct else " (buffered)")
+    gap = int(min(_GAP_CAP, bw / iops))
+    return {"iops": iops, "bandwidth": bw, "gap_bytes": gap, "source": source}
 
 
 _HEADER_SUMMED = 124          # header bytes [0, 124): everything but the header's own crc

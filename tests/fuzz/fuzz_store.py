@@ -3,7 +3,8 @@
 Input: one mode byte + the bytes of a store file. Mode bit 0: O_DIRECT; bit 1: the io_uring
 backend ("auto"), else the pread pool; bit 2: verify=False; bit 3: the file is extended with a
 hole to the size its header claims (up to 8 GiB), as a sparse file that claims gigabytes of
-directory it never wrote. Files come from the seed corpus
+directory it never wrote; bit 4: reads coalesced over gaps up to 64 KiB (else touching samples
+only), bit 5: extents capped at one block (4 KiB). Files come from the seed corpus
 (corpus/store/*.shc, written by the real PackWriter, shuffled and in id order) with
 structure-aware mutations: header fields set to edge values with the header checksum recomputed,
 directory entries edited (lengths, checksums, labels; lengths moved between samples so that they
@@ -321,7 +322,7 @@ def generate(rng) -> bytes:
     f = _File(rng.choice(seeds()))
     for _ in range(rng.choice([0, 1, 1, 1, 2, 2, 3, 5])):
         _mutate(rng, f)
-    mode = rng.randrange(8) | (8 if rng.random() < 0.125 else 0)
+    mode = rng.randrange(8) | (8 if rng.random() < 0.125 else 0) | (rng.randrange(4) << 4)
     return bytes([mode]) + bytes(f.b[:MAX_FILE])
 
 
@@ -360,7 +361,9 @@ def run(state, data: bytes) -> None:
     f = Sparse(raw, size)
     reason, entries, meta = ref_parse(f)
     try:
-        s = sc.PackedStore(path, backend=backend, direct=direct, queue_depth=8, verify=verify)
+        s = sc.PackedStore(path, backend=backend, direct=direct, queue_depth=8, verify=verify,
+                           gap_bytes=65536 if mode & 16 else 0,
+                           max_extent_bytes=4096 if mode & 32 else 8 << 20)
     except Exception as e:
         allowed(e, (sc.StoreFormatError,), "PackedStore()")
         if reason is None:

@@ -431,10 +431,14 @@ def test_pickle_reopens_by_path_with_options(packed):
     import pickle
 
     path, data, _ = packed
-    s = sc.PackedStore(path, backend="pread", direct=True, queue_depth=7, verify=False)
+    s = sc.PackedStore(path, backend="pread", direct=True, queue_depth=7, verify=False,
+                       gap_bytes=5000, device={"iops": 3000, "bandwidth": 200 << 20})
     t = pickle.loads(pickle.dumps(s))
     assert (t.backend, t.direct, t.queue_depth, t.path) == ("pread", True, 7, s.path)
     assert t.read_many(range(len(data))) == data
+    # the device's profile travels with the store: a worker does not measure it again
+    assert t.gap_bytes == 5000 and t.device == s.device
+    assert s.device["gap_bytes"] == (200 << 20) // 3000 and s.device["source"] == "given"
 
 
 def test_interleaved_crc32c_matches_the_serial_one():

@@ -1,0 +1,76 @@
+#include "io/device_probe.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <vector>
+
+#include "io/store_format.h"
+
+namespace shadecache {
+namespace {
+
+double timed_reads(IoBackend& backend, int fd, bool direct, std::vector<RangeRead>& ops) {
+  if (!direct)
+    for (const RangeRead& op : ops) ::posix_fadvise(fd, op.offset, op.len, POSIX_FADV_DONTNEED);
+  auto t0 = std::chrono::steady_clock::now();
+  backend.read_ranges(fd, direct, ops.data(), ops.size(), [](size_t) {});
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+DeviceProbe probe_device(const std::string& path, int buffered_fd, uint64_t lo, uint64_t hi,
+                         IoBackend& backend, unsigned small, unsigned large, uint64_t seed) {
+  DeviceProbe out;
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+  struct stat a, b;
+  if (fd >= 0 && (::fstat(fd, &a) != 0 || ::fstat(buffered_fd, &b) != 0 || a.st_dev != b.st_dev ||
+                  a.st_ino != b.st_ino)) {
+    ::close(fd);  // not the file the store opened (renamed over since): measure buffered
+    fd = -1;
+  }
+  out.direct = fd >= 0;
+  int use = out.direct ? fd : buffered_fd;
+  lo = store::align_down(lo);
+  uint64_t span = hi > lo ? hi - lo : 0;
+  uint64_t state = seed;
+  auto place = [&](uint64_t bytes) {  // a random aligned offset with `bytes` inside [lo, hi)
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    uint64_t room = span > bytes ? (span - bytes) / store::kAlign : 0;
+    return lo + (room ? (state >> 11) % (room + 1) : 0) * store::kAlign;
+  };
+  constexpr uint32_t kSmall = 4096, kLarge = 1u << 20;
+  uint32_t large_bytes = static_cast<uint32_t>(std::min<uint64_t>(kLarge, std::max<uint64_t>(span, kSmall)));
+  std::unique_ptr<char[]> buf(new char[std::max<size_t>(size_t{small} * kSmall, size_t{large} * large_bytes) + large_bytes]);
+  try {
+    // One untimed read of each size first: the backend sizes (and registers) its O_DIRECT
+    // buffers for the largest read, which must not be part of what is timed. Then two rounds,
+    // the best of each kind kept (a slow spell of a shared machine only lowers a rate).
+    std::vector<RangeRead> ops{RangeRead{place(large_bytes), large_bytes, buf.get()},
+                               RangeRead{place(kSmall), kSmall, buf.get() + large_bytes}};
+    timed_reads(backend, use, out.direct, ops);
+    for (int round = 0; round < 2; ++round) {
+      ops.clear();
+      for (unsigned i = 0; i < small; ++i)
+        ops.push_back(RangeRead{place(kSmall), kSmall, buf.get() + size_t{i} * kSmall});
+      out.iops = std::max(out.iops, small / std::max(timed_reads(backend, use, out.direct, ops), 1e-9));
+      ops.clear();
+      for (unsigned i = 0; i < large; ++i)
+        ops.push_back(RangeRead{place(large_bytes), large_bytes, buf.get() + size_t{i} * large_bytes});
+      double t = timed_reads(backend, use, out.direct, ops);
+      out.bandwidth = std::max(out.bandwidth, double(large) * large_bytes / std::max(t, 1e-9));
+    }
+  } catch (...) {
+    if (fd >= 0) ::close(fd);
+    throw;
+  }
+  if (fd >= 0) ::close(fd);
+  return out;
+}
+
+}  // namespace shadecache
