@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Sampler
 
+from .extents import DEFAULT_WINDOW, ExtentLayout, arrange, store_of
 from .importance import ImportanceTable
 from ..lookahead.board import publish_ahead, published_iter
 
@@ -77,13 +78,25 @@ class ShadeSampler(Sampler):
     epoch_size       samples per epoch over all ranks (default N)
     smoothing        the floor of the loss-trend blend (see ImportanceTable)
     num_replicas/rank  default: from torch.distributed when initialized, else 1/0
+    order            "uniform": the sequence is a shuffle of the draw; "extents": the draw arranged
+                     as a shuffle of the store's extents, samples shuffled within each window of
+                     `extent_window` extents (shadecache/sampling/extents.py; with a cache, the
+                     cached samples still go first and the misses follow in extent order);
+                     "auto" (default): "extents" when the packed store behind the data source (or
+                     `store`) is IOPS-bound (store.iops_bound: its samples are smaller than what
+                     the device transfers in the time of one request, measured at open), else
+                     "uniform". The draw itself (which ids, how often) is the same in both.
+    extent_window    extents whose samples are shuffled together (default 16)
+    extent_bytes     bytes of one extent (default: 16 x the store's gap threshold, 64 KiB-8 MiB)
+    store            the packed store (default: data_source, or data_source.store)
     """
 
     def __init__(self, data_source, cache=None, batch_size: int = 64, rep_factor: float = 1.0,
                  seed: int = 0, importance: bool = True, pads: bool = True,
                  coverage_epochs=2, epoch_size=None, smoothing: float = 0.5,
                  draw: str = "systematic", temper: float = 0.0, substitute=0.1,
-                 num_replicas=None, rank=None):
+                 num_replicas=None, rank=None, order: str = "auto",
+                 extent_window: int = DEFAULT_WINDOW, extent_bytes=None, store=None):
         n = data_source if isinstance(data_source, (int, np.integer)) else len(data_source)
         if n < 1:
             raise ValueError(f"ShadeSampler needs at least one sample, got {n}")
@@ -121,6 +134,12 @@ class ShadeSampler(Sampler):
             raise ValueError(f"epoch_size must be at least 1, got {epoch_size!r}")
         self.num_samples = math.ceil(size / self.num_replicas)     # this rank's share
         self.total_size = self.num_samples * self.num_replicas
+        self.extents = self._extent_layout(order, store if store is not None else store_of(data_source),
+                                           extent_bytes)
+        self.order_kind = "uniform" if self.extents is None else "extents"
+        if int(extent_window) < 1:
+            raise ValueError(f"extent_window must be >= 1, got {extent_window}")
+        self.extent_window = int(extent_window)
         self.table = ImportanceTable(self.n, self.batch_size, smoothing)
         self.last_drawn = np.full(self.n, -1, dtype=np.int64)   # last epoch each id was trained
         self.coverage_history = []                              # distinct ids trained / N, per epoch
@@ -137,6 +156,18 @@ class ShadeSampler(Sampler):
         self.last_epoch_stats = {}
         self._warned_unmerged = False
         self._push_scores(np.arange(self.n, dtype=np.int64), self.table.scores)
+
+    def _extent_layout(self, order, store, extent_bytes):
+        if order not in ("auto", "uniform", "extents"):
+            raise ValueError(f"order must be 'auto', 'uniform' or 'extents', got {order!r}")
+        if order == "uniform" or (order == "auto" and (store is None or not store.iops_bound)):
+            return None
+        if store is None:
+            raise ValueError("order='extents' needs the packed store: pass store=, or a data "
+                             "source over one (a PackedStore, a CachedDataset of one)")
+        if len(store) != self.n:
+            raise ValueError(f"the store has {len(store)} samples, the data set {self.n}")
+        return ExtentLayout.of_store(store, extent_bytes)
 
     @classmethod
     def defaults(cls) -> dict:
@@ -224,12 +255,14 @@ class ShadeSampler(Sampler):
 
     def _draw_share(self):
         g, forced = self.global_draw()
+        if self.extents is not None:   # the same arrangement on every rank (one rng stream)
+            g = arrange(g, self.extents, self.extent_window, self._rng(7))
         share = g[self.rank::self.num_replicas].copy()
         rng = self._rng(1 + self.rank)
         stats = {"substituted": 0, "planned_hits": 0}
         cached = None
         if self.cache is None or not (self.pads or self.rep_factor > 0):
-            if self.importance:
+            if self.importance and self.extents is None:
                 rng.shuffle(share)   # forced ids were placed at random slots; keep order random
             order = share
         else:
@@ -260,7 +293,9 @@ class ShadeSampler(Sampler):
                     hits = np.concatenate([hits, copies])
                     stats["substituted"] = int(k)
             stats["planned_hits"] = int(hits.size)
-            if self.pads:
+            if self.extents is not None:   # cached first; the misses keep their extent order
+                order = np.concatenate([rng.permutation(hits), misses])
+            elif self.pads:
                 order = np.concatenate([rng.permutation(hits), rng.permutation(misses)])
             else:
                 order = rng.permutation(np.concatenate([hits, misses]))
