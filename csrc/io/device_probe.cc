@@ -14,6 +14,9 @@
 namespace shadecache {
 namespace {
 
+constexpr double kPhaseS = 0.15;     // seconds of each kind of read
+constexpr unsigned kMaxBatches = 64;  // a fast device is measured in fewer seconds
+
 double timed_reads(IoBackend& backend, int fd, bool direct, std::vector<RangeRead>& ops) {
   if (!direct)
     for (const RangeRead& op : ops) ::posix_fadvise(fd, op.offset, op.len, POSIX_FADV_DONTNEED);
@@ -49,22 +52,30 @@ DeviceProbe probe_device(const std::string& path, int buffered_fd, uint64_t lo, 
   std::unique_ptr<char[]> buf(new char[std::max<size_t>(size_t{small} * kSmall, size_t{large} * large_bytes) + large_bytes]);
   try {
     // One untimed read of each size first: the backend sizes (and registers) its O_DIRECT
-    // buffers for the largest read, which must not be part of what is timed. Then two rounds,
-    // the best of each kind kept (a slow spell of a shared machine only lowers a rate).
+    // buffers for the largest read, which must not be part of what is timed. Then batches of
+    // each kind for kPhaseS seconds each, the rate taken over the batches after the first third
+    // of the phase: a throttled or cloud disk serves a first burst at full speed (the cgroup
+    // blkio throttle grants a slice's budget at once), and what is wanted is the steady rate.
     std::vector<RangeRead> ops{RangeRead{place(large_bytes), large_bytes, buf.get()},
                                RangeRead{place(kSmall), kSmall, buf.get() + large_bytes}};
     timed_reads(backend, use, out.direct, ops);
-    for (int round = 0; round < 2; ++round) {
-      ops.clear();
-      for (unsigned i = 0; i < small; ++i)
-        ops.push_back(RangeRead{place(kSmall), kSmall, buf.get() + size_t{i} * kSmall});
-      out.iops = std::max(out.iops, small / std::max(timed_reads(backend, use, out.direct, ops), 1e-9));
-      ops.clear();
-      for (unsigned i = 0; i < large; ++i)
-        ops.push_back(RangeRead{place(large_bytes), large_bytes, buf.get() + size_t{i} * large_bytes});
-      double t = timed_reads(backend, use, out.direct, ops);
-      out.bandwidth = std::max(out.bandwidth, double(large) * large_bytes / std::max(t, 1e-9));
-    }
+    auto phase = [&](unsigned count, uint32_t bytes) {
+      double elapsed = 0, steady_t = 0, steady_n = 0;
+      for (unsigned b = 0; b < kMaxBatches && elapsed < kPhaseS; ++b) {
+        ops.clear();
+        for (unsigned i = 0; i < count; ++i)
+          ops.push_back(RangeRead{place(bytes), bytes, buf.get() + size_t{i} * bytes});
+        double t = timed_reads(backend, use, out.direct, ops);
+        if (elapsed >= kPhaseS / 3) {
+          steady_t += t;
+          steady_n += count;
+        }
+        elapsed += t;
+      }
+      return steady_n > 0 ? steady_n / std::max(steady_t, 1e-9) : 0.0;
+    };
+    out.iops = phase(small, kSmall);
+    out.bandwidth = phase(large, large_bytes) * large_bytes;
   } catch (...) {
     if (fd >= 0) ::close(fd);
     throw;

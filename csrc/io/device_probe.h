@@ -1,9 +1,10 @@
 // Measures what one more read request costs on the device under a store file, in the bytes it
 // could have transferred instead: the gap threshold of extent_read.h (bandwidth / IOPS).
 //
-// Timed batches over random aligned places of [lo, hi): `small` reads of 4 KiB at the backend's
-// queue depth (requests per second) and `large` reads of 1 MiB (bytes per second), twice each,
-// the best kept.
+// Timed batches over random aligned places of [lo, hi): batches of `small` reads of 4 KiB at the
+// backend's queue depth (requests per second), then of `large` reads of 1 MiB (bytes per second),
+// each kind for 0.15 s, its rate taken after the first third (a throttled or cloud disk serves a
+// first burst faster than it sustains).
 // Read with O_DIRECT where the file system allows it, so the page cache answers nothing; else
 // buffered, after POSIX_FADV_DONTNEED of the places read (a file system without a device, such
 // as tmpfs, then measures memory). Call without the GIL.

@@ -52,6 +52,20 @@ class ExtentLayout:
         self.extent_of = np.empty(n, dtype=np.int64)
         self.extent_of[disk_order] = starts // self.extent_bytes
         self.extents = int(self.extent_of.max()) + 1 if n else 0
+        # the members of extent e are by_extent[first[e]:first[e + 1]] (disk order is extent order)
+        self.by_extent = disk_order
+        self.first = np.searchsorted(self.extent_of[disk_order], np.arange(self.extents + 1))
+
+    def widen(self, ids) -> np.ndarray:
+        """Every id of the extents that `ids` touch (distinct, in disk order): what one read of
+        those extents brings."""
+        ext = np.unique(self.extent_of[np.asarray(ids, dtype=np.int64)])
+        if ext.size == 0:
+            return np.empty(0, dtype=np.int64)
+        lo, hi = self.first[ext], self.first[ext + 1]
+        counts = hi - lo
+        starts = np.repeat(lo - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts)
+        return self.by_extent[starts + np.arange(int(counts.sum()))]
 
     @classmethod
     def of_store(cls, store, extent_bytes: int | None = None) -> "ExtentLayout":
