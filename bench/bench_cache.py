@@ -1,4 +1,4 @@
-"""pytest-benchmark view of issue 2's speed targets: the Cache next to each alternative, one
+"""pytest-benchmark view of the cache's speed targets: the Cache next to each alternative, one
 benchmark group per comparison.
 
     python -m pytest bench/bench_cache.py --benchmark-only

@@ -1,4 +1,4 @@
-"""How much of a cache's byte budget holds sample bytes (issue 8, acceptance item 2).
+"""How much of a cache's byte budget holds sample bytes.
 
     python bench/bench_efficiency.py            # ~5 minutes; prints the table
     python bench/bench_efficiency.py --quick    # 8 and 64 MiB caches only

@@ -1,5 +1,5 @@
-"""End to end: CachedDataset with every sample cached vs an in-memory list, same DataLoader (issue 4,
-acceptance 3: at least 90% of the in-memory samples/s with num_workers=2).
+"""End to end: CachedDataset with every sample cached vs an in-memory list, same DataLoader (the target:
+at least 90% of the in-memory samples/s with num_workers=2).
 
 Both data sets hand the DataLoader the same items, (decode(bytes), label, index), from the same
 bytes, through the same batched `__getitems__`, with the same sampler order, batch size, workers

@@ -1,4 +1,4 @@
-"""The batch path of CachedLoader against np.take, by CPU time (issue 12, acceptance 2).
+"""The batch path of CachedLoader against np.take, by CPU time.
 
 Wall-clock rates on this shared machine swing with the other sessions' load; the CPU time of one
 thread (time.process_time, torch.set_num_threads(1)) much less. For each sample size, --mib MiB of

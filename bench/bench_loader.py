@@ -1,4 +1,4 @@
-"""CachedLoader against the loaders a user would otherwise run (issue 12, acceptance 2).
+"""CachedLoader against the loaders a user would otherwise run.
 
 For each sample size (256 B and 3 KB by default), a data set of --mib MiB (larger than the CPU
 caches) is packed into a store on local disk (the temporary directory) and loaded into a

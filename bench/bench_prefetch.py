@@ -1,4 +1,4 @@
-"""Stall time with and without the prefetcher, on slow storage (issue 10, acceptance 3).
+"""Stall time with and without the prefetcher, on slow storage.
 
     python bench/bench_prefetch.py            # ~2 minutes; prints a table, writes bench/prefetch_stall.png
 

@@ -1,4 +1,4 @@
-"""Packed sample store: random reads against what a user would use instead (issue 3).
+"""Packed sample store: random reads against what a user would use instead.
 
     python bench/bench_store.py            # ~3 minutes; prints a table, writes bench/out/bench_store.json
 
@@ -15,9 +15,9 @@ rounds of 1 s runs):
 3. 128 KB samples, O_DIRECT, QD 32: read_many(256) bandwidth vs fio --bs=128k.
 4. One file per sample (an ImageFolder tree of small files): FolderStore.read_many(256) vs a loop
    of open(path, 'rb').read(), with a cold page cache (dropped before each side) and warm.
-5. (issue 10) The same 4 KB and 128 KB O_DIRECT ids through the prefetch path: a stream of
-   256-id batches into the prefetcher's ReadStream (shadecache/lookahead/prefetcher.py `_NextTier`, 2 lanes,
-   QD 32 in all, 4 batches queued) vs fio in the same rounds (fio, stream, stream, fio).
+5. The same 4 KB and 128 KB O_DIRECT ids through the prefetch path: a stream of
+   256-id batches through the prefetcher's reads (the tier chain's pipeline, shadecache/tiers.py:
+   the PackedStore's stream, 2 lanes, QD 32 in all, 4 batches queued) vs fio in the same rounds (fio, stream, stream, fio).
    `--stream-only` runs just these rows.
 
 Checksums are verified by read_many in every row (the default); the alternatives check nothing.
@@ -136,8 +136,8 @@ def read_many_for(store, ids: np.ndarray, secs: float) -> dict:
 def stream_for(store, ids: np.ndarray, secs: float, ahead: int = 4) -> dict:
     """The prefetch path: BATCH-id batches submitted to the prefetcher's reader `ahead` at a time
     (the next one goes in as soon as the oldest is taken), for about `secs` seconds."""
-    from shadecache.lookahead.prefetcher import _NextTier
-    tier = _NextTier(store, QD, 2)
+    from shadecache.tiers import TierChain
+    tier = TierChain((), store).reader(ahead, QD, 2)   # the prefetcher's reads: the chain's pipeline
     done = nbytes = k = 0
     t0 = time.perf_counter()
     try:
@@ -145,7 +145,7 @@ def stream_for(store, ids: np.ndarray, secs: float, ahead: int = 4) -> dict:
             tier.submit(ids[k:k + BATCH])
             k = (k + BATCH) % (len(ids) - BATCH)
         while True:
-            out = tier.take()
+            out = tier.take().values
             done += len(out)
             nbytes += sum(map(len, out))
             el = time.perf_counter() - t0
@@ -300,7 +300,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test, not a result")
     ap.add_argument("--no-fio", action="store_true", help="skip the fio rows")
     ap.add_argument("--stream-only", action="store_true",
-                    help="only the prefetch-path rows against fio (issue 10)")
+                    help="only the prefetch-path rows against fio")
     ap.add_argument("--json", default=os.path.join(OUT, "bench_store.json"),
                     help="where the results go")
     args = ap.parse_args(argv)

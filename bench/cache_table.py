@@ -1,4 +1,4 @@
-"""Every speed target of the shared-memory Cache (issue 2), measured against its alternatives in one run.
+"""Every speed target of the shared-memory Cache, measured against its alternatives in one run.
 
     python bench/cache_table.py            # ~2-3 minutes; prints the table, writes BENCHMARKS.md
                                            # and docs/img/cache_bench.png
@@ -10,7 +10,7 @@ the timed region that the cache returned the right bytes, missed nothing and is 
 (`check()`). Every cache, shared-memory block,
 server and temporary directory is removed in a `finally`, whatever fails.
 
-Targets (issue 2, acceptance item 5):
+Targets:
 - get 3 KB:            >= 1.25x a tight loop over multiprocessing.shared_memory + a dict index
                        >= 2x    LMDB, one read transaction per get
 - get_many(64) 3 KB:   >= 4x    Redis MGET x64 (hiredis parser, unix socket)
@@ -43,7 +43,7 @@ if REPO not in sys.path:
 import baselines  # noqa: E402
 from workload import ValueSet, access_order, batches_of, random_offsets, run_interleaved, timed  # noqa: E402
 
-SECTION = "## Shared-memory cache (issue 2)"
+SECTION = "## Shared-memory cache"
 DEFAULT_MD = os.path.join(REPO, "BENCHMARKS.md")
 DEFAULT_PNG = os.path.join(REPO, "docs", "img", "cache_bench.png")
 KB = 1024
@@ -647,7 +647,7 @@ def plot(rows, path):
     ax.set_yticks(y)
     ax.set_yticklabels(labels, fontsize=8)
     ax.set_xlabel("measured ÷ target, log scale  (right of 1: the target holds)")
-    ax.set_title("shadecache Cache vs alternatives, same run (issue 2)")
+    ax.set_title("shadecache Cache vs alternatives, same run")
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -660,7 +660,7 @@ def main(argv=None):
                     help="bytes of values per store for the get comparisons (default 2)")
     ap.add_argument("--reps", type=int, default=None, help="repetitions per contender (default 21)")
     ap.add_argument("--tiny", action="store_true", help="seconds-long run with tiny sizes")
-    ap.add_argument("--md", default=DEFAULT_MD, help="Markdown file whose issue-2 section is rewritten")
+    ap.add_argument("--md", default=DEFAULT_MD, help="Markdown file whose shared-memory cache section is rewritten")
     ap.add_argument("--png", default=DEFAULT_PNG, help="where the bar chart goes")
     ap.add_argument("--no-write", action="store_true", help="print only; write neither file")
     args = ap.parse_args(argv)

@@ -1,4 +1,4 @@
-"""Sampling fidelity (issue 11): what SHADE's biases cost in accuracy, per data set, and what buys
+"""Sampling fidelity: what SHADE's biases cost in accuracy, per data set, and what buys
 the hit ratio back safely.
 
 Every run is real training through the real parts: the training set is packed into a PackedStore,
@@ -40,7 +40,7 @@ from shadecache.demo import synthetic  # noqa: E402
 from shadecache.demo.experiment import Augment  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SECTION = "## Sampling fidelity (issue 11)"
+SECTION = "## Sampling fidelity"
 
 # ---- data sets ---------------------------------------------------------------------------------
 
@@ -518,7 +518,7 @@ def main(argv=None):
     q = sub.add_parser("report", help="tables, targets and the Pareto plot of a finished sweep")
     q.add_argument("--json", default=os.path.join(HERE, "fidelity.jsonl"))
     q.add_argument("--png", default=os.path.join(HERE, "fidelity.png"))
-    q.add_argument("--md", default=None, help="write the table into this file's issue-11 section")
+    q.add_argument("--md", default=None, help="write the table into this file's sampling fidelity section")
     q.add_argument("--datasets", type=lambda s: s.split(","), default=list(MEASURED))
     q.add_argument("--note", default="", help="a line for the Markdown (e.g. how long it took)")
     q.set_defaults(func=report)

@@ -1,4 +1,4 @@
-"""Hit ratio, store traffic, coverage and accuracy of real training through the cache (issue 4).
+"""Hit ratio, store traffic, coverage and accuracy of real training through the cache.
 
 A closed loop: a real network (shadecache.demo.experiment.make_model) learns a real image data set made
 locally (shadecache.demo.synthetic), packed into a PackedStore and read through a real shared-memory
@@ -9,7 +9,7 @@ optimizer steps from the same initial weights per seed, so accuracies compare at
 Training uses augmentation applied after the cache (the cache holds raw bytes), as real training
 does; a few rows are repeated without it (see NO_AUG_ROWS).
 
-Rows: uniform + LRU, ShadeSampler's defaults (issue 11) + importance eviction, uniform + static,
+Rows: uniform + LRU, ShadeSampler's defaults + importance eviction, uniform + static,
 SHADE rep_factor 1/2/3 + importance eviction (SHADE's draw, no substitution budget), SHADE rep 1 +
 LRU, all with the coverage floor (K=2, the default), and SHADE rep 3 + importance with the floor
 off (to show what it guards against). Columns: hit ratio, MB read from the store, coverage (lowest
@@ -43,7 +43,7 @@ ROWS = [  # (label, sampler, policy, rep_factor, coverage_epochs)
     ("SHADE rep 1 + LRU", "shade", "lru", 1.0, 2),
     ("SHADE rep 3 + importance, floor off", "shade", "importance", 3.0, 0),
 ]
-# Issue 10: the clairvoyant policy (evict by next use, then importance), once the engine has it.
+# The clairvoyant policy (evict by next use, then importance), once the engine has it.
 if "clairvoyant" in sc.POLICIES:
     ROWS += [("uniform + clairvoyant", "uniform", "clairvoyant", 0.0, 2),
              ("SHADE rep 1 + clairvoyant", "shade", "clairvoyant", 1.0, 2),
@@ -51,7 +51,7 @@ if "clairvoyant" in sc.POLICIES:
     # SHADE's draw (by importance, with replacement: multinomial, as SHADE's torch.multinomial)
     # in an order that ignores the cache (pads=False: no cached-first ordering). "rep 1" keeps
     # SHADE's substitution (a cached draw may replace one miss: the draw still sees the cache);
-    # "rep 0" is fully cache-blind. The issue's 17.9 % vs 43 % premise is about such orders.
+    # "rep 0" is fully cache-blind. SHADE's 17.9 % vs 43 % premise is about such orders.
     ROWS += [(f"SHADE rep {r} cache-blind order + {pol}", "shade", pol, float(r), 2)
              for r in (1, 0) for pol in ("importance", "clairvoyant")]
 BASE_ROWS = ("uniform + LRU", "uniform + static")   # every table compares with these
@@ -74,7 +74,7 @@ def sampler_options(label: str) -> dict:
 
 def sampler_defaults():
     return sc.ShadeSampler.defaults()
-SECTION = "## Importance-aware caching in training (issue 4)"
+SECTION = "## Importance-aware caching in training"
 
 
 def belady_epoch_horizon(trace, capacity: int, epoch_len: int) -> int:
@@ -135,7 +135,7 @@ def run_all(args):
                             augment={} if aug else None, extra=extra)
             r = train_run(store, cfg, (tx, ty), f"sc-hit-ratio-{os.getpid()}-{k}")
             # Belady (offline MIN) on the exact reads of this run, for a cache of as many items
-            # as this run's cache held at most (issue 10)
+            # as this run's cache held at most
             r["belady_hit_ratio"] = (sc.belady_hits(r["trace"], r["max_items"])
                                      / max(1, len(r["trace"])))
             if args.horizon and policy == "clairvoyant":
@@ -304,7 +304,7 @@ def write_md(table, checks, args, png, elapsed):
 
 
 def write_block(md: str, key: str, content: str):
-    """Replace the block `key` inside this issue's section of BENCHMARKS.md (marked by HTML
+    """Replace the block `key` inside its section of BENCHMARKS.md (marked by HTML
     comments), or add it at the end of the section; nothing outside the section is touched."""
     with open(md) as f:
         text = f.read()
@@ -343,7 +343,7 @@ def main(argv=None):
     p.add_argument("--json", default=None, help="also dump every run's measurements here")
     p.add_argument("--no-md", action="store_true", help="do not update BENCHMARKS.md")
     p.add_argument("--md", default=os.path.join(os.path.dirname(os.path.dirname(
-        os.path.abspath(__file__))), "BENCHMARKS.md"), help="the file whose issue-4 section to write")
+        os.path.abspath(__file__))), "BENCHMARKS.md"), help="the file whose training section to write")
     p.add_argument("--from-json", default=None, help="render the table of a saved --json run")
     p.add_argument("--elapsed", type=float, default=0.0, help="with --from-json: its minutes")
     p.add_argument("--rows", type=lambda s: [x.strip() for x in s.split(",")], default=None,

@@ -1,6 +1,6 @@
-"""Large values (issue 8, item 3): a 16 MiB `get` against a plain 16 MiB bytes copy.
+"""Large values: a 16 MiB `get` against a plain 16 MiB bytes copy.
 
-    python bench/large_values.py             # ~1 minute; prints the table (BENCHMARKS.md, issue 8)
+    python bench/large_values.py             # ~1 minute; prints the table (BENCHMARKS.md, "Large values")
     python bench/large_values.py --tiny      # the smoke run
 
 A value larger than a slab page lives in a run of whole pages and is copied out with one memcpy

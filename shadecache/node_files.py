@@ -34,23 +34,47 @@ def user(uid: int) -> str:
         return f"uid {uid}"
 
 
-def _foreign(what: str, path: str, uid: int, advice: str) -> PermissionError:
+def _kind(st: os.stat_result) -> str:
+    """'a regular file', 'a directory', 'a FIFO', ... for messages."""
+    kinds = ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link"),
+             (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"))
+    return next((name for test, name in kinds if test(st.st_mode)), "an unknown kind of file")
+
+
+def _foreign(what: str, path: str, st: os.stat_result, advice: str) -> PermissionError:
+    kind = "" if stat.S_ISREG(st.st_mode) else f" ({_kind(st)})"
     return PermissionError(errno.EACCES,
-                           f"{what} {path} belongs to {user(uid)}, not to this user ({user(os.geteuid())}): "
-                           f"refused, never read or written. {advice}".rstrip())
+                           f"{what} {path}{kind} belongs to {user(st.st_uid)}, not to this user "
+                           f"({user(os.geteuid())}): refused, never read or written. {advice}".rstrip())
+
+
+def _not_a_file(what: str, path: str, st: os.stat_result, outcome: str) -> PermissionError:
+    """The refusal of this user's own entry that is not a regular file (a directory, a FIFO)."""
+    return PermissionError(errno.EACCES, f"{what} {path} is {_kind(st)} of this user ({user(st.st_uid)}), "
+                                         f"not a regular file (mode {stat.filemode(st.st_mode)}): "
+                                         f"{outcome}; remove it")
+
+
+def _a_link(what: str, path: str, st: os.stat_result, outcome: str, advice: str) -> PermissionError:
+    """The refusal of a symbolic link (anyone's) where a file of ours belongs."""
+    return PermissionError(errno.EACCES, f"{what} {path} is a symbolic link ({user(st.st_uid)}'s): "
+                                         f"{outcome}. {advice}".rstrip())
 
 
 def check(fd: int, path: str, what: str, tighten: bool = False,
           advice: str = "Another user made it: use another name, or have it removed.") -> os.stat_result:
     """The stat of `fd` (opened from `path`, a `what` for messages) when it is a regular file of
-    this user closed to group and others; PermissionError otherwise. tighten: a file of this user
-    that group or others may only read (an older shadecache made it 0644) is made 0600 instead."""
+    this user closed to group and others; PermissionError otherwise, naming the owner. tighten: a
+    file of this user that group or others may only read (an older shadecache made it 0644) is
+    made 0600 instead."""
     st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        raise PermissionError(errno.EACCES, f"{what} {path} is not a regular file (mode "
-                                            f"{stat.filemode(st.st_mode)}): refused")
+    # The owner first: whatever another user planted (a file, a directory, a FIFO) is refused
+    # as theirs, so the message says whom to ask.
     if st.st_uid != os.geteuid():
-        raise _foreign(what, path, st.st_uid, advice)
+        raise _foreign(what, path, st, advice)
+    if not stat.S_ISREG(st.st_mode):
+        raise _not_a_file(what, path, st, "refused")
     mode = stat.S_IMODE(st.st_mode)
     if mode & 0o077:
         if tighten and not mode & 0o022:
@@ -63,19 +87,20 @@ def check(fd: int, path: str, what: str, tighten: bool = False,
 
 
 def _refusal(e: OSError, path: str, what: str, advice: str, dir_fd: Optional[int]) -> OSError:
-    """The error for an open of `path` that failed with `e`: a link or another user's file is
-    named as such (lstat, for the message only: the kernel refused already)."""
-    if e.errno not in (errno.ELOOP, errno.EACCES, errno.EPERM, errno.ENOTDIR):
+    """The error for an open of `path` that failed with `e`: a link or another user's entry
+    (whatever the kernel said: EACCES, ELOOP, EISDIR, ENXIO, ...) is named as such, with its
+    owner (lstat, for the message only: the kernel refused already). A missing path stays
+    FileNotFoundError; a failure on this user's own entry stays `e`."""
+    if isinstance(e, FileNotFoundError):
         return e
     try:
         st = os.lstat(path, dir_fd=dir_fd)
     except OSError:
         return e
     if stat.S_ISLNK(st.st_mode):
-        return PermissionError(errno.EACCES, f"{what} {path} is a symbolic link ({user(st.st_uid)}'s): "
-                                             f"refused, links are never followed. {advice}".rstrip())
+        return _a_link(what, path, st, "refused, links are never followed", advice)
     if st.st_uid != os.geteuid():
-        return _foreign(what, path, st.st_uid, advice)
+        return _foreign(what, path, st, advice)
     return e
 
 
@@ -127,9 +152,11 @@ def temporary(directory: str, prefix: str, dir_fd: Optional[int] = None) -> Tupl
 
 def replace(directory: str, name: str, data: bytes, what: str, dir_fd: Optional[int] = None,
             temp_prefix: Optional[str] = None, sync: bool = False) -> None:
-    """Writes `data` to a temporary file (temporary()) and renames it over `name`: readers see the
-    old file or the new one, whole. A file another user owns at `name` cannot be replaced in a
-    sticky directory: PermissionError naming its owner. No temporary file is left behind."""
+    """Writes `data` to a temporary file (temporary()) and puts it in place as `name`: readers see
+    the old file or the new one, whole. Only this user's own regular file at `name` is replaced;
+    another user's entry, or anything but a regular file, is refused with PermissionError naming
+    its owner. That holds for root too: the sticky /dev/shm lets root rename over anyone's file,
+    so the kernel alone would not stop it. No temporary file is left behind."""
     fd, tmp = temporary(directory, temp_prefix or f"{name}.{os.getpid()}.", dir_fd)
     target = name if dir_fd is not None else os.path.join(directory, name)
     try:
@@ -138,12 +165,8 @@ def replace(directory: str, name: str, data: bytes, what: str, dir_fd: Optional[
             if sync:
                 f.flush()
                 os.fsync(f.fileno())
-        try:
-            os.rename(tmp, target, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        except PermissionError as e:
-            raise _refusal(e, target, what, "Another user made it first: it stays until they (or root) "
-                                            "remove it.", dir_fd) from None
-        tmp = None
+        if _put_in_place(tmp, target, what, dir_fd):
+            tmp = None
     finally:
         if tmp is not None:
             try:
@@ -152,11 +175,70 @@ def replace(directory: str, name: str, data: bytes, what: str, dir_fd: Optional[
                 pass
 
 
+# link() errors that mean "no hard links on this file system" (vfat, some FUSE file systems).
+_NO_HARD_LINKS = (errno.EPERM, errno.EOPNOTSUPP, errno.EMLINK)
+
+
+def _put_in_place(tmp: str, target: str, what: str, dir_fd: Optional[int]) -> bool:
+    """Makes the file `tmp` the file at `target` (both relative to dir_fd when given). True when
+    it was renamed (tmp is gone), False when it was linked (the caller removes tmp).
+
+    A missing target is taken with link(), which fails when the name was made meanwhile, where
+    rename() would replace whatever another user put there between our look and our move. An
+    existing target is renamed over only when its lstat says it is this user's regular file: in a
+    sticky directory (/dev/shm, /tmp) nobody else can replace a file of ours between that look and
+    the rename, and in the SSD tier's own 0700 directory nobody else can write at all."""
+    advice = "Another user made it first: it stays until they (or root) remove it."
+    for _ in range(100):
+        try:
+            st = os.lstat(target, dir_fd=dir_fd)
+        except FileNotFoundError:
+            try:
+                os.link(tmp, target, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+                return False
+            except FileExistsError:
+                continue   # made between the lstat and the link: look again at whose it is
+            except OSError as e:
+                if e.errno not in _NO_HARD_LINKS:
+                    raise
+            st = None      # no hard links here: rename, as on any file system
+        if st is not None and stat.S_ISLNK(st.st_mode):
+            raise _a_link(what, target, st, "refused, never replaced", advice)
+        if st is not None and st.st_uid != os.geteuid():
+            raise _foreign(what, target, st, advice)
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            raise _not_a_file(what, target, st, "refused, never replaced")
+        try:
+            os.rename(tmp, target, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except PermissionError as e:
+            raise _refusal(e, target, what, advice, dir_fd) from None
+        return True
+    raise FileExistsError(errno.EEXIST, f"{what} {target} kept appearing and vanishing: not replaced")
+
+
+def directory_path(path: str, what: str) -> str:
+    """`path` with its empty and "." components dropped ("/scratch/tier/" and "/scratch/tier/."
+    are "/scratch/tier"), so that its last component names the directory itself. The kernel
+    follows a link at "tier" in "tier/" or "tier/." as it does at any component but the last,
+    where O_NOFOLLOW would refuse it. A path ending in ".." (the parent of whatever its last
+    component names, a link's target included) is refused with ValueError: name the directory."""
+    path = os.fspath(path)
+    if not isinstance(path, str):
+        raise TypeError(f"{what} must be a str path, got {type(path).__name__}")
+    parts = [c for c in path.split("/") if c not in ("", ".")]
+    if parts and parts[-1] == "..":
+        raise ValueError(f"{what} {path!r} ends in '..': give the directory by its own name")
+    lead = "/" if path.startswith("/") else ""
+    return lead + "/".join(parts) if parts else (lead or ".")
+
+
 def own_directory(path: str, what: str) -> int:
-    """A descriptor (O_DIRECTORY, O_NOFOLLOW) of directory `path`, made 0700 when missing (its
-    parents as os.makedirs makes them). Refused with PermissionError when it is a link, belongs
-    to another user, or group or others may write it: whoever can write a directory can plant
-    files and links in it."""
+    """A descriptor (O_DIRECTORY, O_NOFOLLOW) of directory `path` (as directory_path() gives
+    it), made 0700 when missing (its parents as os.makedirs makes them). Refused with
+    PermissionError when it is a link, belongs to another user, or group or others may write
+    it: whoever can write a directory can plant files and links in it. The directories above it
+    are not checked."""
+    path = directory_path(path, what)
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
     try:
@@ -171,7 +253,7 @@ def own_directory(path: str, what: str) -> int:
     try:
         st = os.fstat(fd)
         if st.st_uid != os.geteuid():
-            raise _foreign(what, path, st.st_uid, advice)
+            raise _foreign(what, path, st, advice)
         mode = stat.S_IMODE(st.st_mode)
         if mode & 0o022:
             raise PermissionError(errno.EACCES, f"{what} {path} is writable by group or others (mode "

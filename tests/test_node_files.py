@@ -136,6 +136,116 @@ def test_rm_and_gc_leave_another_users_files_alone(name):
         unlink_quietly(link)
 
 
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+@needs_root
+def test_a_directory_or_fifo_planted_at_the_node_files_names_is_refused_naming_its_owner(name, kind):
+    """Another user plants a directory or a FIFO (not a file) at the segment's, the board's and
+    the tier status file's names: every refusal names the owner and what was found, whichever
+    check (the kernel's open, or the regular-file check on the descriptor) catches it."""
+    paths = (_seg_path(name), order.board_path(name), tier_status.path_of(name))
+
+    def plant():
+        for p in paths:
+            os.mkdir(p, 0o777) if kind == "directory" else os.mkfifo(p, 0o666)
+
+    found = "a directory" if kind == "directory" else "a FIFO"
+    run_as(ATTACKER, plant)
+    try:
+        for call in (lambda: sc.Cache.create_or_attach(name, 8, 1 << 20),
+                     lambda: sc.Cache.attach(name),
+                     lambda: order.OrderBoard.attach(name),
+                     lambda: tier_status.write(name, {"pid": os.getpid(), "address": "127.0.0.1:1"})):
+            with pytest.raises(PermissionError, match=OWNER) as refused:
+                call()
+            assert found in str(refused.value)
+        with pytest.raises(FileExistsError, match=OWNER):
+            sc.Cache.create(name, 8, 1 << 20)
+        with pytest.warns(RuntimeWarning, match=OWNER):
+            assert tier_status.read(name) is None
+        assert all(os.lstat(p).st_uid == ATTACKER for p in paths)
+    finally:
+        for p in paths:
+            if os.path.isdir(p) and not os.path.islink(p):
+                os.rmdir(p)
+            else:
+                unlink_quietly(p)
+
+
+def test_own_non_file_at_a_board_or_status_name_is_refused_saying_what_it_is(name):
+    """This user's own directory where a board or a status file belongs: refused (never replaced
+    by the status write), the message saying what is there."""
+    os.mkdir(tier_status.path_of(name), 0o700)
+    os.mkfifo(order.board_path(name), 0o600)
+    try:
+        with pytest.raises(PermissionError, match="a directory of this user"):
+            tier_status.write(name, {"pid": os.getpid()})
+        assert os.path.isdir(tier_status.path_of(name))
+        with pytest.raises(PermissionError, match="a FIFO of this user"):
+            order.OrderBoard.attach(name)
+    finally:
+        os.rmdir(tier_status.path_of(name))
+
+
+@needs_root
+def test_rm_of_several_names_reports_another_users_and_removes_the_rest(name, capsys):
+    """`shadecache rm THEIRS MINE`: THEIRS is reported with its owner and left, MINE is still
+    removed, and the exit status says not everything was."""
+    from shadecache.cli import main
+
+    mine = name + "-mine"
+    run_as(ATTACKER, lambda: sc.Cache.create(name, 8, 1 << 20, persist=True).close())
+    sc.Cache.create(mine, 8, 1 << 20, persist=True).close()
+    try:
+        assert main(["rm", name, mine]) == 1
+        out, err = capsys.readouterr()
+        assert f"removed {mine}" in out and "uid 65534 (nobody)" in err and name in err
+        assert not os.path.exists(_seg_path(mine))
+        assert os.lstat(_seg_path(name)).st_uid == ATTACKER
+    finally:
+        unlink_quietly(_seg_path(mine))
+
+
+def _dead_segment(name):
+    """A segment of this user whose creator is gone: made in a child that exits at once
+    (os._exit: its exit handler would remove it)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            sc.Cache.create(name, 8, 1 << 20).close()
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.path.exists(_seg_path(name))
+
+
+@needs_root
+def test_gc_skips_a_name_that_changes_owner_mid_sweep_and_goes_on(name, monkeypatch):
+    """Between gc's look at a dead segment of ours and its remove, the name changes hands
+    (another gc of ours removes it, another user makes a segment under it). gc leaves theirs and
+    still removes the later dead segment. The interleaving is forced by running those two real
+    steps inside describe(), which gc calls between the look and the remove."""
+    later = name + "-z"   # sorts after `name`
+    for n in (name, later):
+        _dead_segment(n)
+    real_describe = cache_mod.describe
+
+    def describe_then_name_changes_hands(n):
+        d = real_describe(n)
+        if n == name:
+            _core.CacheCore.unlink(n)
+            run_as(ATTACKER, lambda: sc.Cache.create(n, 8, 1 << 20, persist=True).close())
+        return d
+
+    monkeypatch.setattr(cache_mod, "describe", describe_then_name_changes_hands)
+    try:
+        removed = cache_mod.gc()
+        assert later in removed and name not in removed
+        assert not os.path.exists(_seg_path(later))
+        assert os.lstat(_seg_path(name)).st_uid == ATTACKER
+    finally:
+        unlink_quietly(_seg_path(later))
+
+
 # ---- the order board ------------------------------------------------------------------------------
 @needs_root
 def test_order_board_made_first_by_another_user_is_refused(name):
@@ -242,6 +352,53 @@ def test_tier_status_write_over_another_users_file_is_refused_cleanly(name):
     assert msg is not None and "uid 65534 (nobody)" in msg
     left = [e for e in os.listdir(tier_status.DIR) if e.startswith(tier_status.PREFIX + name)]
     assert left == [os.path.basename(tier_status.path_of(name))], left
+
+
+@needs_root
+def test_root_status_write_leaves_another_users_file_and_the_publisher_goes_on(name):
+    """Root passes the sticky /dev/shm's check, so the kernel lets a root server rename over a
+    status file another user planted: the write refuses instead, naming the owner, and leaves
+    their file as it is (same inode, same bytes) with no temporary file. The server's publishing
+    thread goes on, and publishes its own status once the name is free."""
+    import threading
+    import time
+
+    from shadecache.peer.server import PeerService
+
+    run_as(ATTACKER, _attacker_plants_status, name)
+    planted = os.lstat(tier_status.path_of(name))
+    with open(tier_status.path_of(name), "rb") as f:
+        planted_bytes = f.read()
+    with pytest.raises(PermissionError, match=OWNER):
+        tier_status.write(name, {"pid": os.getpid(), "address": "127.0.0.1:1"})
+    now = os.lstat(tier_status.path_of(name))
+    assert (now.st_ino, now.st_uid) == (planted.st_ino, ATTACKER)
+    with open(tier_status.path_of(name), "rb") as f:
+        assert f.read() == planted_bytes
+    assert [e for e in os.listdir(tier_status.DIR) if e.startswith(tier_status.PREFIX + name)] == \
+        [os.path.basename(tier_status.path_of(name))]
+
+    c = sc.Cache.create(name, 8, 1 << 20)
+    service = PeerService(c)
+    publisher = threading.Thread(target=service.publish_forever, args=(0.02,), daemon=True)
+    try:
+        publisher.start()
+        time.sleep(0.2)
+        assert publisher.is_alive() and os.lstat(tier_status.path_of(name)).st_ino == planted.st_ino
+        unlink_quietly(tier_status.path_of(name))   # the other user (or root) removes their file
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            mine = tier_status.read(name)
+            if mine is not None:
+                break
+            time.sleep(0.02)
+        assert mine is not None and mine["address"] == service.address and mine["pid"] == os.getpid()
+        assert os.lstat(tier_status.path_of(name)).st_uid == os.geteuid()
+    finally:
+        service.close()
+        publisher.join(5)
+        c.close()
+        c.unlink()
 
 
 # ---- the SSD tier ---------------------------------------------------------------------------------
@@ -366,3 +523,58 @@ def test_ssd_tier_of_an_older_version_keeps_its_samples_and_is_closed(tmp_path):
     os.chmod(path / "index", 0o666)
     with pytest.raises(PermissionError, match="open to group or others"):
         sc.SSDTier(path, 1 << 20, fingerprint="a-data-set").get_many([0])
+
+
+@pytest.mark.parametrize("suffix", ["/", "/.", "//./"])
+@needs_root
+def test_ssd_tier_path_ending_in_slash_or_dot_never_follows_a_link(suffix):
+    """In a shared scratch directory (world-writable, not sticky: the kernel's protected_symlinks
+    does not apply) another user links "tier" to a directory of the victim holding an `index`.
+    "scratch/tier" was refused, but "scratch/tier/" and "scratch/tier/." made the kernel follow
+    the link, and the tier replaced the victim's index. Every form is refused, naming the link's
+    owner, and the victim's directory is untouched."""
+    scratch = PrivateDir(0, prefix="shadecache-scratch-")
+    os.chmod(scratch.path, 0o777)
+    home = PrivateDir(VICTIM)
+    theirs = os.path.join(home.path, "git")
+    link = os.path.join(scratch.path, "tier")
+    try:
+        def victim_setup():
+            os.mkdir(theirs, 0o700)
+            with open(os.path.join(theirs, "index"), "wb") as f:
+                f.write(b"DIRC the victim's own index")
+
+        run_as(VICTIM, victim_setup)
+        run_as(ATTACKER, lambda: os.symlink(theirs, link))
+
+        def victim(p):
+            try:
+                t = sc.SSDTier(p, 1 << 20)
+            except PermissionError as e:
+                return ("refused", str(e))
+            t.put_many([0], [b"x" * 100])
+            t.flush()
+            t.close()
+            return ("used", None)
+
+        outcome, detail = run_as(VICTIM, victim, link + suffix)
+        assert outcome == "refused" and "symbolic link" in detail and "uid 65534 (nobody)" in detail, detail
+        assert os.listdir(theirs) == ["index"]
+        with open(os.path.join(theirs, "index"), "rb") as f:
+            assert f.read() == b"DIRC the victim's own index"
+    finally:
+        scratch.cleanup()
+        home.cleanup()
+
+
+def test_ssd_tier_path_with_trailing_slash_or_dot_is_the_directory_itself(tmp_path):
+    """"dir/" and "dir/." name the directory "dir" (the tier reports and pickles that path); a
+    path ending in ".." is refused as bad input, nothing made."""
+    for given in (f"{tmp_path}/tier/", f"{tmp_path}/./tier/.", f"{tmp_path}//tier//"):
+        t = sc.SSDTier(given, 1 << 20)
+        assert t.path == f"{tmp_path}/tier"
+        t.close()
+    assert stat.S_IMODE(os.stat(tmp_path / "tier").st_mode) == 0o700
+    with pytest.raises(ValueError, match=r"ends in '\.\.'"):
+        sc.SSDTier(f"{tmp_path}/other/..", 1 << 20)
+    assert not (tmp_path / "other").exists()

@@ -31,7 +31,7 @@ using namespace shadecache;
 namespace shadecache {
 void register_tier_reader(py::module_& m);  // bindings/tier_io.cc
 }
-void register_read_stream(py::module_& m);  // read_stream_bindings.cc (issue 10)
+void register_read_stream(py::module_& m);  // read_stream_bindings.cc
 
 namespace {
 

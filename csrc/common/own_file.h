@@ -16,12 +16,14 @@ std::string user_name(uid_t uid);
 
 // The stat of `fd` (opened from `path`; `what` names it in messages, e.g. "cache 'x'") when it is
 // a regular file owned by this process's effective uid with no permission for group or others.
-// Otherwise throws PermissionError (kOs, EACCES) naming the owner or the mode, and `advice`.
+// Otherwise throws PermissionError (kOs, EACCES) naming the owner (whatever kind of file another
+// user's is), or the kind or the mode of this user's, and `advice`.
 struct stat check_own_file(int fd, const std::string& path, const std::string& what,
                            const std::string& advice);
 
-// Throws for an open of `path` that failed with `err`: when another user owns the file (lstat,
-// for the message only: the kernel refused already) the PermissionError names them.
+// Throws for an open of `path` that failed with `err`: when another user owns the entry (lstat,
+// for the message only: the kernel refused already), whatever `err` is but ENOENT, the
+// PermissionError names them; otherwise the error of `err`.
 [[noreturn]] void throw_open_failed(const std::string& call, const std::string& path,
                                     const std::string& what, const std::string& advice, int err);
 

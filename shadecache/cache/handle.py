@@ -408,7 +408,8 @@ def gc(persisted: bool = False, keep_for: Optional[float] = None) -> List[str]:
     """Removes every segment of this user whose creator is gone; returns the names removed. A
     persisted cache is kept unless `persisted` is True, or `keep_for` (seconds) is given and it
     was last attached longer ago than that. Another user's files are never removed (their
-    segments cannot be attached, so their creators are never known to be gone)."""
+    segments cannot be attached, so their creators are never known to be gone; a name that
+    becomes theirs while gc runs is skipped)."""
     removed = []
     now = time.time()
     for name in list_caches():
@@ -420,8 +421,13 @@ def gc(persisted: bool = False, keep_for: Optional[float] = None) -> List[str]:
             info = {"persist": False}
         if info["persist"] and not persisted and not (keep_for is not None and now - info["last_attach"] > keep_for):
             continue
-        if remove(name):
-            removed.append(name)
+        try:
+            if remove(name):
+                removed.append(name)
+        except PermissionError:
+            # The name changed hands since the look above (another gc of ours removed it, then
+            # another user made a segment under it): theirs now, left alone; the sweep goes on.
+            continue
     # What a killed job leaves beside its segments: order boards of caches that no longer exist
     # and the tier status files of peer servers that are gone; this user's only.
     from .. import node_files

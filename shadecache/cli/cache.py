@@ -61,9 +61,17 @@ def cmd_stats(args) -> int:
 
 
 def cmd_rm(args) -> int:
+    """Removes every name it can; one it cannot (missing, another user's) is reported and the
+    rest are still removed. 1 when any name was not removed."""
     rc = 0
     for name in args.names:
-        if remove(name):
+        try:
+            gone = remove(name)
+        except OSError as e:   # another user's segment: PermissionError naming its owner
+            print(f"shadecache rm {name}: {e}", file=sys.stderr)
+            rc = 1
+            continue
+        if gone:
             print(f"removed {name}")
         else:
             print(f"shadecache: no cache named {name!r}", file=sys.stderr)

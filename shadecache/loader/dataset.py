@@ -3,59 +3,46 @@
 A DataLoader worker fetches a whole batch in one call (`__getitems__`, used by torch's fetcher
 when the data set defines it):
 
-  1. `cache.get_many(ids)`                   hits are copied out of shared memory, no lock;
-  2. `fetch_missing(unique missed ids)`      the tiers, each batched: the peer node that is home
-                                             to an id (cluster=), the local SSD tier (ssd=), then
-                                             one store.read_many for what is left;
-  3. `cache.put_many(ids, values)`           one lock; the engine admits each sample by its current
-                                             importance score in the shared table, so admission
-                                             compares like with like.
+  1. `cache.get_many(ids)`        hits are copied out of shared memory, no lock;
+  2. `fetch_missing(missed ids)`  the tier chain (shadecache/tiers.py), each tier batched: the
+                                  peer node that is home to an id (cluster=), the local SSD tier
+                                  (ssd=), then one store.read_many for what is left; then
+                                  admission: the cache's put_many (one lock; the engine admits
+                                  each sample by its importance score in the shared table), and
+                                  what it refused to the SSD tier.
 
 Items are (sample, target, index): the index travels with the batch so that the training loop can
 give each loss to the sample that produced it (ShadeSampler.update).
 
-Hits, misses, bytes read from the store and samples served are counted in a small shared array
-(multiprocessing.RawArray, which travels to fork and spawn workers alike), one row per process:
-row 0 for the main process and 1 + worker id for a DataLoader worker, so no process ever writes
-another's row and no lock between processes is needed (no lock object could be shared between a
-fork-context parent and spawn-context workers anyway). Threads of one process (sc.CachedLoader's)
-share its row: the hit counts are bumped under one threading lock (count()), the tier counts under
-another (fetch_missing), so each field has one lock. `stats()` sums the rows. Two DataLoaders
-iterating the SAME CachedDataset object at the same time would share worker rows; give each its
-own object.
+Counters (hits, misses, samples, prefetch hits, the wait on the tiers, and per tier its calls,
+hits, bytes and time) are named fields that every process reading this data set adds to
+atomically (loader/counters.py): the main process, any number of DataLoader workers and the
+threads of sc.CachedLoader. `stats()` reads them. The order board's per-epoch rows count the same
+reads per epoch for the node (lookahead/board.py).
 """
-import multiprocessing as mp
-import os
 import threading
 import time
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, get_worker_info
+from torch.utils.data import Dataset
 
 from ..lookahead.board import board_for
+from ..peer.tier import HomePeerTier
+from ..store.protocol import check_store
+from ..tiers import STORE, TierChain
+from .counters import SharedCounters
 
-_FIELDS = ("hits", "misses", "bytes_read", "samples", "store_reads",
-           "peer_hits", "peer_bytes", "peer_ns", "ssd_hits", "ssd_bytes", "ssd_ns", "store_ns",
-           "prefetch_hits", "wait_ns", "peer_calls", "ssd_calls", "store_calls")
-_ROWS = 65   # row 0: the main process; rows 1..64: DataLoader workers by worker id (mod 64)
+_TIERS = ("peer", "ssd", STORE)   # the tiers below the cache, as CachedDataset composes its chain
+_FIELDS = (("hits", "misses", "samples", "prefetch_hits", "wait_ns")
+           + tuple(f"{t}_{c}" for t in _TIERS for c in ("calls", "hits", "bytes", "ns")))
 
 
-def _default_decode(data):
+def raw_bytes(data) -> torch.Tensor:
+    """The default decode: the sample's bytes as a uint8 tensor (a copy)."""
     if not data:  # torch.frombuffer refuses an empty buffer; the format allows 0-byte samples
         return torch.empty(0, dtype=torch.uint8)
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
-
-
-def _prefetch_hits(board, ids, hit) -> int:
-    """Hits on samples the prefetcher brought and no read had used yet (their board flag is
-    cleared here: shadecache/lookahead/board.py). hit(): the batch's bool mask of cache hits."""
-    flags = board.flags[ids]
-    if not flags.any():
-        return 0
-    used = ids[(flags != 0) & hit()]
-    board.flags[used] = 0
-    return int(np.unique(used).size)
 
 
 def _prefetch_stats(cache) -> dict:
@@ -71,10 +58,10 @@ def _prefetch_stats(cache) -> dict:
 class CachedDataset(Dataset):
     """Items (decode(bytes) -> transform, target, index) of a store, read through a cache.
 
-    store      anything with len(), read_many(ids) -> list of bytes, label(i) (sc.PackedStore,
-               sc.FolderStore)
+    store      a store (shadecache/store/protocol.py: len(), read_many(ids), labels or label(i);
+               sc.PackedStore, sc.FolderStore, or one of your own)
     cache      a sc.Cache with num_samples == len(store), or None (every read goes to the store)
-    decode     bytes -> sample (default: a uint8 tensor of the bytes)
+    decode     bytes -> sample (default: a uint8 tensor of the bytes, raw_bytes)
     transform  sample -> sample, applied after decode (augmentation: the cache holds raw bytes)
     admit      insert missed samples into the cache (False: read-through only)
     cluster    a sc.Cluster: a miss whose home is another node is asked of that node first
@@ -83,19 +70,24 @@ class CachedDataset(Dataset):
     keep_remote  also offer samples whose home is another node to this node's cache and SSD
                tier (default: a node keeps what it is home to, so the cluster caches the sum)
 
+    `raw` is True when items are the stored bytes as they are (no decode or transform given):
+    sc.CachedLoader then assembles whole batches without a Python object per sample.
+
     Picklable: a spawned DataLoader worker re-attaches the cache by name and reopens the store
     (both pickle that way); the shared counters travel with the worker when it is started.
     """
 
     def __init__(self, store, cache=None, decode=None, transform=None, admit: bool = True,
                  cluster=None, ssd=None, keep_remote: bool = False):
+        check_store(store)
         self.store = store
         self.cache = cache
         n = len(store)
         if cache is not None and cache.num_samples != n:
             raise ValueError(f"cache {cache.name!r} holds {cache.num_samples} sample ids but the "
                              f"store has {n} samples")
-        self.decode = decode or _default_decode
+        self.raw = decode in (None, raw_bytes) and transform is None
+        self.decode = decode or raw_bytes
         self.transform = transform
         self.admit = bool(admit)
         self.cluster = cluster
@@ -103,26 +95,26 @@ class CachedDataset(Dataset):
         if ssd is not None:   # the tier must hold this store's samples, not another's by the same ids
             ssd.bind_store(store)
         self.keep_remote = bool(keep_remote)
+        self.chain = TierChain.for_node(store, cache, peer=None if cluster is None else HomePeerTier(cluster),
+                                        ssd=ssd, admit=self.admit, keep_remote=self.keep_remote)
         self._n = n
-        self._counters = mp.RawArray("q", _ROWS * len(_FIELDS))
-        self._view = None
-        self._row_view = None
-        self._row_pid = None
-        self._count_lock = threading.Lock()
+        self.counters = SharedCounters(_FIELDS)
         self._miss_lock = threading.Lock()
 
     def __len__(self):
         return self._n
 
     def label(self, i: int) -> int:
-        return int(self.store.label(i))
+        if callable(getattr(self.store, "label", None)):
+            return int(self.store.label(i))
+        return int(self.store.labels[i])
 
     def labels_of(self, ids: np.ndarray) -> np.ndarray:
         """Labels of checked ids, as an int64 array (one gather from the store's label array)."""
         labels = getattr(self.store, "labels", None)   # the store's in-memory label array
         if isinstance(labels, np.ndarray) and labels.shape == (self._n,):
             return labels.take(ids).astype(np.int64, copy=False)
-        return np.array([int(self.store.label(i)) for i in ids.tolist()], dtype=np.int64)
+        return np.array([self.label(i) for i in ids.tolist()], dtype=np.int64)
 
     # ---- the batched path --------------------------------------------------------------------
     def check_ids(self, ids) -> np.ndarray:
@@ -142,7 +134,7 @@ class CachedDataset(Dataset):
         return a
 
     def fetch_bytes(self, ids):
-        """Raw bytes of each id, in order: cache first, then one store read for the misses."""
+        """Raw bytes of each id, in order: cache first, then the tier chain for the misses."""
         a = ids if isinstance(ids, np.ndarray) and ids.dtype == np.int64 else self.check_ids(ids)
         if self.cache is not None:
             values = self.cache.get_many(a)
@@ -170,112 +162,31 @@ class CachedDataset(Dataset):
 
     def count_batch(self, ids: np.ndarray, hits: int, hit, wait_ns: int = 0) -> None:
         """Counts one batch (ids: int64) of which `hits` were cache hits, `hit()` their bool mask
-        (called only when some id carries a prefetched flag), wait_ns the time spent on the tiers
-        below: hits, misses, samples, prefetch hits (their board flags cleared) and the wait, with
-        one look-up of the order board (it stats the board's file). Every reader counts here:
-        fetch_bytes per batch, sc.CachedLoader per native call."""
+        (called only when the batch holds a sample the prefetcher brought), wait_ns the time spent
+        on the tiers below: hits, misses, samples, prefetch hits (claimed on the order board) and
+        the wait, with one look-up of the board (it stats the board's file). Every reader counts
+        here: fetch_bytes per batch, sc.CachedLoader per native call."""
         board = board_for(self.cache)
-        pf = _prefetch_hits(board, ids, hit) if board is not None and hits else 0
-        self._count(board, hits, ids.size - hits, ids.size, pf, wait_ns)
-
-    def _count(self, board, hits, misses, samples, prefetch_hits, wait_ns) -> None:
-        row = self._row()
-        with self._count_lock:
-            row[0] += hits
-            row[1] += misses
-            row[3] += samples
-            row[12] += prefetch_hits
-            row[13] += wait_ns
+        pf = board.claim_prefetched(ids, hit) if board is not None and hits else 0
+        self.counters.add(hits=hits, misses=ids.size - hits, samples=ids.size, prefetch_hits=pf,
+                          wait_ns=wait_ns)
         if board is not None:   # per epoch, for ds.stats() and `shadecache stats`
-            board.count_reads(samples, hits, prefetch_hits, wait_ns)
+            board.count_reads(ids.size, hits, pf, wait_ns)
 
     def fetch_missing(self, ids: list) -> list:
-        """The bytes of every id (distinct, in range) that the node cache missed, through the tiers
-        (see _fetch_missing_locked). The one miss path of every reader (fetch_bytes,
-        sc.CachedLoader). One caller at a time per process: the tier counters are bumped under
-        this lock, and the store serialises its callers anyway."""
-        self._row()   # first, so a forked child takes its own lock, never one inherited held
+        """The bytes of every id (distinct, in range) that the node cache missed, through the tier
+        chain: the peer node that is home to the id (cluster=), the local SSD tier (ssd=), the
+        store; what this node keeps is offered to the cache (admitted by its policy) and what the
+        cache refused to the SSD tier (written behind, off this path). The one miss path of every
+        reader (fetch_bytes, sc.CachedLoader). One caller at a time per process: the Cluster's
+        connections (one per peer per process) take one request at a time."""
         with self._miss_lock:
-            return self._fetch_missing_locked(ids)
-
-    def _fetch_missing_locked(self, ids: list) -> list:
-        """The bytes of every id (distinct, in range) that the node cache missed, through the
-        tiers in order: the peer node that is home to the id (cluster=), the local SSD tier
-        (ssd=), the store. What this node is home to is offered to the cache (admitted by its
-        policy) and what the cache refused to the SSD tier (written behind, off this path); what another node is home
-        to is kept only with keep_remote=True. Counts go to this process's counter row."""
-        n = len(ids)
-        values = [None] * n
-        row = self._row()
-        a = np.asarray(ids, dtype=np.int64)
-        own = np.ones(n, dtype=bool)
-        cluster = self.cluster
-        if cluster is not None and cluster.num_nodes > 1:
-            home = cluster.home_of(a)
-            own = home == cluster.node
-            remote = np.flatnonzero(~own)
-            if remote.size:
-                t0 = time.perf_counter_ns()
-                got = cluster.fetch(a[remote], home[remote])
-                hits = 0
-                for k, v in zip(remote.tolist(), got):
-                    if v is not None:
-                        values[k] = v
-                        hits += 1
-                        row[6] += len(v)
-                row[5] += hits
-                row[7] += time.perf_counter_ns() - t0
-                row[14] += 1
-        from_ssd = []
-        if self.ssd is not None:
-            pending = [k for k in range(n) if values[k] is None]
-            if pending:
-                t0 = time.perf_counter_ns()
-                got = self.ssd.get_many([ids[k] for k in pending])
-                for k, v in zip(pending, got):
-                    if v is not None:
-                        values[k] = v
-                        from_ssd.append(k)
-                        row[9] += len(v)
-                row[8] += len(from_ssd)
-                row[10] += time.perf_counter_ns() - t0
-                row[15] += 1
-        pending = [k for k in range(n) if values[k] is None]
-        if pending:
-            t0 = time.perf_counter_ns()
-            data = self.store.read_many([ids[k] for k in pending])
-            row[11] += time.perf_counter_ns() - t0
-            row[16] += 1
-            for k, v in zip(pending, data):
-                values[k] = v
-            row[2] += sum(len(d) for d in data)
-            row[4] += len(pending)
-        admitted = None
-        if self.cache is not None and self.admit:
-            keep = np.flatnonzero(own) if not self.keep_remote else np.arange(n)
-            if keep.size:
-                # No scores passed: the engine admits each sample by its current score in the
-                # shared table (importance policy), so nothing is copied out of the table here.
-                admitted = dict(zip(keep.tolist(), self.cache.put_many(a[keep], [values[k] for k in keep.tolist()]).tolist()))
-        if self.ssd is not None and pending:
-            # The SSD tier keeps what the RAM cache refused (exclusive tiers: together they hold
-            # RAM + SSD worth of samples, not the larger of the two).
-            keep = [k for k in pending if (own[k] or self.keep_remote) and not (admitted or {}).get(k, False)]
-            if keep:
-                self.ssd.put_many([ids[k] for k in keep], [values[k] for k in keep])
-        return values
-
-    def _row(self):
-        """This process's counter row, as a memoryview of int64 (cheaper to bump than numpy)."""
-        if self._row_view is None or self._row_pid != os.getpid():
-            info = get_worker_info()
-            r = 0 if info is None else 1 + info.id % (_ROWS - 1)
-            self._row_view = memoryview(self._counters).cast("B").cast("q")[r * len(_FIELDS):(r + 1) * len(_FIELDS)]
-            self._row_pid = os.getpid()
-            # a forked child must not inherit a lock held by a thread that did not come along
-            self._count_lock = threading.Lock()
-            self._miss_lock = threading.Lock()
-        return self._row_view
+            r = self.chain.read(ids)
+            self.chain.admit(r)
+        self.counters.add(**{f"{name}_{field}": v for name, c in r.counts.items()
+                             for field, v in (("calls", 1), ("hits", c.hits), ("bytes", c.bytes),
+                                              ("ns", c.ns))})
+        return r.values
 
     def __getitems__(self, ids):
         a = self.check_ids(ids)
@@ -290,52 +201,45 @@ class CachedDataset(Dataset):
     def __getitem__(self, i):
         return self.__getitems__([i])[0]
 
-    # ---- counters ----------------------------------------------------------------------------
-    def _table(self) -> np.ndarray:
-        if self._view is None:
-            self._view = np.frombuffer(self._counters, dtype=np.int64).reshape(_ROWS, len(_FIELDS))
-        return self._view
-
+    # ---- pickling: a lock is per process ----------------------------------------------------
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_view"] = None      # rebuilt over the shared array in the receiving process
-        state["_row_view"] = None
-        state["_row_pid"] = None
-        del state["_count_lock"], state["_miss_lock"]   # locks do not pickle; each process its own
+        del state["_miss_lock"]
         return state
 
     def __setstate__(self, state):
         self.__dict__.update(state)
-        self._count_lock = threading.Lock()
         self._miss_lock = threading.Lock()
 
+    # ---- counters ----------------------------------------------------------------------------
     def stats(self) -> dict:
         """Counts over every process that used this data set: hits, misses, bytes_read (from the
         store), samples, store_reads (distinct ids read), hit_ratio; per tier below the cache
         (`tiers`: peer, ssd, store): samples served, bytes, seconds spent in that tier's batched
-        calls, the number of those calls and their mean latency; wait_s (time the loop waited on the tiers below the cache for misses),
-        prefetch_hits (hits on samples the prefetcher brought); with an order board also
-        prefetched, prefetch_wasted and `per_epoch` (alias `prefetch_per_epoch`): one row per
-        epoch (the board keeps the last 32) with the prefetcher's counters (prefetched,
-        prefetch_wasted, prefetched_bytes, reads_issued) and what the loaders of every process on
-        the node read in it (samples, hits, prefetch_hits, wait_s)."""
-        d = dict(zip(_FIELDS, (int(v) for v in self._table().sum(axis=0))))
+        calls, the number of those calls and their mean latency; wait_s (time the loop waited on
+        the tiers below the cache for misses), prefetch_hits (hits on samples the prefetcher
+        brought); with an order board also prefetched, prefetch_wasted and `per_epoch` (alias
+        `prefetch_per_epoch`): one row per epoch (the board keeps the last 32) with the
+        prefetcher's counters (prefetched, prefetch_wasted, prefetched_bytes, reads_issued) and
+        what the loaders of every process on the node read in it (samples, hits, prefetch_hits,
+        wait_s)."""
+        c = self.counters.totals()
+        d = {"hits": c["hits"], "misses": c["misses"], "bytes_read": c["store_bytes"],
+             "samples": c["samples"], "store_reads": c["store_hits"],
+             "peer_hits": c["peer_hits"], "peer_bytes": c["peer_bytes"],
+             "ssd_hits": c["ssd_hits"], "ssd_bytes": c["ssd_bytes"],
+             "prefetch_hits": c["prefetch_hits"]}
         d["hit_ratio"] = d["hits"] / d["samples"] if d["samples"] else 0.0
-        d["tiers"] = {
-            "peer": {"hits": d["peer_hits"], "bytes": d["peer_bytes"], "ns": d.pop("peer_ns"),
-                     "calls": d.pop("peer_calls")},
-            "ssd": {"hits": d["ssd_hits"], "bytes": d["ssd_bytes"], "ns": d.pop("ssd_ns"),
-                    "calls": d.pop("ssd_calls")},
-            "store": {"hits": d["store_reads"], "bytes": d["bytes_read"], "ns": d.pop("store_ns"),
-                      "calls": d.pop("store_calls")},
-        }
-        for tier in d["tiers"].values():
-            tier["seconds"] = tier.pop("ns") / 1e9
-            tier["mean_latency_s"] = tier["seconds"] / tier["calls"] if tier["calls"] else 0.0
-        d["wait_s"] = d.pop("wait_ns") / 1e9
+        d["tiers"] = {}
+        for t in _TIERS:
+            seconds = c[f"{t}_ns"] / 1e9
+            calls = c[f"{t}_calls"]
+            d["tiers"][t] = {"hits": c[f"{t}_hits"], "bytes": c[f"{t}_bytes"], "calls": calls,
+                             "seconds": seconds, "mean_latency_s": seconds / calls if calls else 0.0}
+        d["wait_s"] = c["wait_ns"] / 1e9
         d.update(_prefetch_stats(self.cache))
         return d
 
     def reset_stats(self):
         """Zero the counters (call it while no worker is fetching)."""
-        self._table()[:] = 0
+        self.counters.reset()

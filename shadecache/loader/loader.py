@@ -50,7 +50,7 @@ from torch.utils.data import DistributedSampler, RandomSampler, SequentialSample
 from torch.utils.data._utils.collate import default_collate
 
 from .. import _core
-from .dataset import CachedDataset, _default_decode
+from .dataset import CachedDataset
 
 _THREAD_PREFIX = "shadecache-loader"
 _STOP = None  # the job that tells an assembly thread to end
@@ -169,8 +169,7 @@ class CachedLoader:
         self.pin_memory = bool(pin_memory)
         self.drop_last = bool(drop_last)
         # Raw batches (bytes straight into a tensor) when nothing per sample has to run.
-        self._raw = (collate is None and dataset.transform is None
-                     and dataset.decode is _default_decode)
+        self._raw = collate is None and dataset.raw
         self._row_bytes = self._fixed_size(dataset.store)
         self._len_hint = self._row_bytes or 0
         self._labels = self._labels_of = None
@@ -259,7 +258,6 @@ class CachedLoader:
                 return
 
     def __iter__(self):
-        self.dataset._row()   # the counter row (and its lock) exist before any thread counts
         if self.process_workers and not self._raw:
             yield from self._iter_processes()
             return

@@ -180,7 +180,7 @@ class OrderBoard:
                                   offset=off_nxt).reshape(self.streams, self.capacity)
         self._next = np.frombuffer(self._mm, dtype=np.int32, count=self.streams * self.num_samples,
                                    offset=off_next).reshape(self.streams, self.num_samples)
-        self.flags = np.frombuffer(self._mm, dtype=np.uint8, count=self.num_samples, offset=off_flags)
+        self._flags = np.frombuffer(self._mm, dtype=np.uint8, count=self.num_samples, offset=off_flags)
         self._counters = np.frombuffer(self._mm, dtype=np.int64, count=EPOCH_SLOTS * len(COUNTERS),
                                        offset=_COUNTER_OFF).reshape(EPOCH_SLOTS, len(COUNTERS))
         self._readers = np.frombuffer(self._mm, dtype=np.int64,
@@ -241,7 +241,7 @@ class OrderBoard:
     def close(self):
         if self._mm is None:
             return
-        for a in ("_header", "_srec", "_ids", "_nxt", "_next", "flags", "_counters", "_readers"):
+        for a in ("_header", "_srec", "_ids", "_nxt", "_next", "_flags", "_counters", "_readers"):
             setattr(self, a, None)
         try:
             self._mm.close()
@@ -391,6 +391,31 @@ class OrderBoard:
         rec = self._srec[self._check_stream(stream)]
         return {"seq": int(rec[_S_SEQ]), "epoch": int(rec[_S_EPOCH]), "length": int(rec[_S_LENGTH]),
                 "cursor": int(rec[_S_CURSOR])}
+
+    # ---- the "prefetched" flags: set by the prefetcher, claimed by the readers ---------------
+    def mark_prefetched(self, ids) -> None:
+        """The prefetcher brought these ids into the cache; no read has used them yet."""
+        self._flags[ids] = 1
+
+    def unmark_prefetched(self, ids) -> None:
+        """The prefetcher found these flagged ids evicted before any read used them (wasted)."""
+        self._flags[ids] = 0
+
+    def prefetched(self, ids) -> np.ndarray:
+        """Bool mask: which ids still carry the flag (brought, and not used by a read yet)."""
+        return self._flags[ids] != 0
+
+    def claim_prefetched(self, ids, hit) -> int:
+        """A reader's batch: clears the flags of the flagged ids it found in the cache (hit():
+        the batch's bool mask of cache hits, asked for only when some id is flagged) and returns
+        how many distinct ids that was: the batch's prefetch hits. A byte store per id: two
+        readers claiming one id at once may both count it (a rare overcount)."""
+        flags = self._flags[ids]
+        if not flags.any():
+            return 0
+        used = ids[(flags != 0) & hit()]
+        self._flags[used] = 0
+        return int(np.unique(used).size)
 
     # ---- prefetcher registration and counters ------------------------------------------------
     @property

@@ -1,7 +1,7 @@
 """The node's prefetcher: reads the upcoming misses of every rank into the cache ahead of the loader.
 
     board = sc.OrderBoard.create(cache.name, len(store), streams=ranks_on_this_node)
-    with sc.Prefetcher(cache, store, lookahead_samples=4096, lookahead_bytes=256 << 20):
+    with sc.Prefetcher(cache, store, ssd=ssd, lookahead_samples=4096, lookahead_bytes=256 << 20):
         ...train: ShadeSampler publishes each epoch's order on the board as the loader iterates...
 
 One per node (start() refuses while another one registered on the board lives), a background
@@ -21,12 +21,15 @@ The loop, in one pass:
    removed, farthest first, the unknown ones lowest score first, until the batch fits in the free
    bytes; if they do not suffice the batch is cut to what fits. (Under the clairvoyant policy the
    engine's own eviction order is the same one.)
-3. read: batches go to the next tier through one function (`_next_tier`): a ReadStream
-   (csrc/io/read_stream.h) for a PackedStore, which keeps `queue_depth` reads in flight across batch
-   boundaries; any other store's read_many otherwise. Up to `max_batches` are in flight.
-4. insert: each finished batch goes in with put_many (admission as the policy says); the admitted
-   ids get their "prefetched" flag; counters per epoch: prefetched, prefetched_bytes, reads_issued,
-   and prefetch_wasted (a flagged sample found evicted before any read used it).
+3. read: batches go through the node's tier chain (shadecache/tiers.py), as the loader's misses
+   do: the home peer (cluster=), the SSD tier (ssd=), then the store, whose reads stay in flight
+   across batch boundaries (a PackedStore's stream: `queue_depth` reads per lane; any other
+   store's read_many on a thread per batch). Up to `max_batches` batches are in flight. With a
+   cluster, only the ids this node keeps are read ahead (those it is home to, unless keep_remote).
+4. insert: each finished batch goes in with put_many (admission as the policy says; room made as
+   in 2.); what the cache refused goes to the SSD tier, as the chain admits a loader's misses. The
+   admitted ids get their "prefetched" flag; counters per epoch: prefetched, prefetched_bytes,
+   reads_issued, and prefetch_wasted (a flagged sample found evicted before any read used it).
 It exits when the board's stop word is set (stop()), when its parent dies (PR_SET_PDEATHSIG, and
 a check of the parent pid), or on SIGTERM.
 """
@@ -43,6 +46,9 @@ from collections import deque
 import numpy as np
 
 from ..cache.handle import DEFAULT_MAX_ITEM_BYTES
+from ..peer.tier import HomePeerTier
+from ..store.protocol import check_store, lengths_of
+from ..tiers import TierChain
 from .board import OrderBoard
 
 DEFAULTS = dict(lookahead_samples=None, lookahead_bytes=256 << 20, batch=256, queue_depth=32,
@@ -67,10 +73,14 @@ def _process_alive(pid: int) -> bool:
 
 class Prefetcher:
     """Starts and stops the node's prefetcher process for `cache` (which must have an order board,
-    OrderBoard.create(cache.name, ...)) reading from `store` (anything picklable with read_many;
-    a PackedStore gets the streaming reader). Options: see DEFAULTS and the module docstring."""
+    OrderBoard.create(cache.name, ...)), reading through the tiers its loaders read: `store` (a
+    picklable store, shadecache/store/protocol.py; a PackedStore keeps reads in flight across
+    batches), and, as CachedDataset takes them, `ssd` (an SSDTier, read before the store and given
+    what the cache refuses), `cluster` (a Cluster: ids homed on other nodes are asked of them, and
+    only those this node keeps are read ahead) and `keep_remote`. Options: see DEFAULTS and the
+    module docstring."""
 
-    def __init__(self, cache, store, **options):
+    def __init__(self, cache, store, ssd=None, cluster=None, keep_remote: bool = False, **options):
         unknown = set(options) - set(DEFAULTS)
         if unknown:
             raise TypeError(f"Prefetcher got unknown options {sorted(unknown)}; it takes "
@@ -84,12 +94,17 @@ class Prefetcher:
                 pass   # automatic: see _Pace
             elif isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise ValueError(f"{k} must be an int >= 1, got {v!r}")
+        check_store(store)
         if len(store) != cache.num_samples:
             raise ValueError(f"store has {len(store)} samples, cache {cache.name!r} holds "
                              f"{cache.num_samples} ids")
+        if ssd is not None:   # the tier must hold this store's samples, as CachedDataset checks
+            ssd.bind_store(store)
         self.cache_name = cache.name
         self.board = OrderBoard.attach(cache.name)   # FileNotFoundError: no board for this cache
         self.store = store
+        self.chain = TierChain.for_node(store, cache, peer=None if cluster is None else HomePeerTier(cluster),
+                                        ssd=ssd, keep_remote=keep_remote)
         self.options = opts
         self.proc = None
 
@@ -99,7 +114,7 @@ class Prefetcher:
             raise RuntimeError(f"cache {self.cache_name!r} already has a prefetcher (pid {other}); "
                                "one per node")
         self.board.request_stop(False)
-        payload = pickle.dumps((self.cache_name, self.store, self.options, os.getpid()))
+        payload = pickle.dumps((self.cache_name, self.chain, self.options, os.getpid()))
         self.proc = subprocess.Popen([sys.executable, "-m", "shadecache.lookahead.prefetcher"],
                                      stdin=subprocess.PIPE, env=dict(os.environ))
         self.proc.stdin.write(payload)
@@ -145,41 +160,6 @@ class Prefetcher:
 
 
 # ---- the prefetcher process ------------------------------------------------------------------
-class _NextTier:
-    """The one door to the next tier: submit(ids) and take() -> the batch's bytes, in order.
-    A PackedStore is read through a ReadStream (reads stay in flight across batches); anything
-    else (FolderStore, a tiered store) through its read_many on `batches` threads, so that several
-    batches wait on it at once (read_many releases the GIL while it waits)."""
-
-    def __init__(self, store, queue_depth, lanes, batches: int = 4):
-        from .. import _io
-        self.store = store
-        reader = getattr(store, "_r", None)
-        self.stream = self.pool = None
-        if isinstance(reader, _io.PackedReader):
-            self.stream = _io.ReadStream(reader, "auto", queue_depth, lanes)
-            self.reader = reader
-        else:
-            from concurrent.futures import ThreadPoolExecutor
-            self.pool = ThreadPoolExecutor(max_workers=batches, thread_name_prefix="sc-tier")
-        self.done = deque()
-
-    def submit(self, ids):
-        if self.stream is not None:
-            self.stream.submit(self.reader, ids)
-        else:
-            self.done.append(self.pool.submit(self.store.read_many, ids))
-
-    def take(self):
-        return self.stream.take() if self.stream is not None else self.done.popleft().result()
-
-    def close(self):
-        if self.stream is not None:
-            self.stream.close()
-        if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
-
-
 class _Pace:
     """The automatic lookahead (lookahead_samples=None): how far ahead of the cursors the
     prefetcher must read so that a miss is in the cache when the loader gets to it.
@@ -293,13 +273,15 @@ def _insert(cache, board, ids, data, rounds: int = 4):
     return admitted
 
 
-def run(cache_name, store, options, parent_pid):
-    import shadecache as sc
-    cache = sc.Cache.attach(cache_name)
+def run(cache_name, chain, options, parent_pid):
+    cache = chain.cache      # attached by name when the chain was unpickled
     board = OrderBoard.attach(cache_name)
     board.set_prefetcher(os.getpid())
-    lengths = np.asarray(store.lengths, dtype=np.int64) if hasattr(store, "lengths") else None
-    tier = _NextTier(store, options["queue_depth"], options["lanes"], options["max_batches"])
+    lengths = lengths_of(chain.store)
+    tier = chain.reader(options["max_batches"], options["queue_depth"], options["lanes"])
+
+    def insert(ids, data):
+        return _insert(cache, board, ids, data)
     L, B = options["lookahead_samples"], options["batch"]
     pace = None
     if L is None:   # automatic: from the loaders' pace and the reads' latency (_Pace)
@@ -332,14 +314,16 @@ def run(cache_name, store, options, parent_pid):
             # flags cleared by readers are used prefetches; flagged and gone are wasted ones
             if flagged:
                 f = np.fromiter(flagged, dtype=np.int64, count=len(flagged))
-                used = board.flags[f] == 0
+                used = ~board.prefetched(f)
                 wasted = f[~used & ~cached[f]]
                 if wasted.size:
-                    board.flags[wasted] = 0
+                    board.unmark_prefetched(wasted)
                     board.count(max(epoch, 0), prefetch_wasted=int(wasted.size))
                 flagged.difference_update(f[used].tolist())
                 flagged.difference_update(wasted.tolist())
             cand = window[~cached[window]] if window.size else window
+            if cand.size:
+                cand = cand[chain.keeps(cand)]   # never what another node keeps for this one
             skip = on_way | refused
             if skip and cand.size:
                 cand = cand[~np.isin(cand, np.fromiter(skip, np.int64, len(skip)))]
@@ -368,15 +352,16 @@ def run(cache_name, store, options, parent_pid):
                     submitted = True
             if inflight and (not submitted or len(inflight) >= max_batches):
                 ids, ep, nb, t_sub = inflight.popleft()
-                data = tier.take()
+                read = tier.take()
+                data = read.values
                 if pace is not None:
                     pace.saw_batch(time.monotonic() - t_sub)
-                admitted = _insert(cache, board, ids, data)
+                admitted = chain.admit(read, insert)
                 on_way.difference_update(ids.tolist())
                 full = full or not admitted.all()   # the cache only shrinks by removals
                 refused.update(ids[~admitted].tolist())
                 got = ids[admitted]
-                board.flags[got] = 1
+                board.mark_prefetched(got)
                 flagged.update(got.tolist())
                 board.count(ep, prefetched=int(got.size),
                             prefetched_bytes=int(sum(len(d) for d, a in zip(data, admitted) if a)))
@@ -385,14 +370,15 @@ def run(cache_name, store, options, parent_pid):
         # a clean stop: finish (and insert) what is in flight, so no read is left to die with us
         while inflight:
             ids, ep, *_ = inflight.popleft()
-            data = tier.take()
-            admitted = _insert(cache, board, ids, data)
-            board.flags[ids[admitted]] = 1
+            admitted = chain.admit(tier.take(), insert)
+            board.mark_prefetched(ids[admitted])
             board.count(ep, prefetched=int(admitted.sum()))
     finally:
         tier.close()
         if board.prefetcher_pid == os.getpid():
             board.set_prefetcher(0)
+        for _, t in chain.tiers:   # this process's copies: the SSD tier writes what it queued
+            t.close()
         cache.close()
         board.close()
 
@@ -403,10 +389,10 @@ def _main():
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
-    cache_name, store, options, parent_pid = pickle.loads(sys.stdin.buffer.read())
+    cache_name, chain, options, parent_pid = pickle.loads(sys.stdin.buffer.read())
     if os.getppid() != parent_pid:
         return 0
-    run(cache_name, store, options, parent_pid)
+    run(cache_name, chain, options, parent_pid)
     return 0
 
 

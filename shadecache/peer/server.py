@@ -11,8 +11,9 @@ that at most CHUNK_ITEMS samples of one request are pinned at a time: the values
 pinned cache views (Cache.view), handed to sendmsg as a scatter/gather list (no copy in Python)
 and released when the chunk is sent. A sample the cache does not hold comes from the SSD tier,
 then, when the server has a store (read-through: the home node reads its own samples from
-shared storage and caches them, so the cluster reads each sample once), from the store; the
-cache admits it by its policy. Every value carries its crc32c.
+shared storage and caches them, so the cluster reads each sample once), from the store: the
+node's tier chain (shadecache/tiers.py), which offers what it read to the cache (admitted by its
+policy) and what the cache refused to the SSD tier. Every value carries its crc32c.
 
 A client that breaks the protocol gets an ERROR reply and a closed connection; the server goes on
 serving everyone else. A client that stops reading is dropped after IO_TIMEOUT seconds (its pins
@@ -33,6 +34,7 @@ import numpy as np
 from . import auth, wire
 from . import status as tier_status
 from .. import _core
+from ..tiers import STORE, TierChain
 
 MAX_CONNECTIONS = 256
 CHUNK_ITEMS = 256         # samples pinned at once per request
@@ -103,6 +105,8 @@ class PeerService:
         self.cache, self.ssd, self.store = cache, ssd, store
         if ssd is not None:   # the tier it serves must hold this store's samples
             ssd.bind_store(store)
+        # A miss goes to the SSD tier, then (read-through) the store: the node's tier chain.
+        self.chain = TierChain([("ssd", ssd)] if ssd is not None else [], store, cache=cache)
         self.num_samples = cache.num_samples
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.sock = socket.socket(family, socket.SOCK_STREAM)
@@ -254,32 +258,20 @@ class PeerService:
             first += k
 
     def _fill_misses(self, ids, missed) -> list:
-        """(position, bytes) for the positions in `missed` that the SSD tier, then (read-through)
-        the store, hold."""
+        """(position, bytes) for the positions in `missed` that the tiers below the cache hold:
+        the SSD tier, then, read-through, the store, through the tier chain (shadecache/tiers.py),
+        which offers what it read to the cache (admitted by its score) and what the cache refused
+        to the SSD tier."""
         c = self.counters
-        out = []
-        if self.ssd is not None:
-            got = self.ssd.get_many([ids[k] for k in missed])
-            still = []
-            for k, g in zip(missed, got):
-                if g is None:
-                    still.append(k)
-                else:
-                    out.append((k, g))
-                    c["ssd_hits"] += 1
-            missed = still
-        if missed and self.store is not None:
-            want = list(dict.fromkeys(ids[k] for k in missed))
-            data = self.store.read_many(want)
-            c["store_reads"] += len(want)
-            got = dict(zip(want, data))
-            out.extend((k, got[ids[k]]) for k in missed)
-            admitted = self.cache.put_many(np.asarray(want, dtype=np.int64), data)   # by its score
-            if self.ssd is not None:   # the SSD tier keeps what the cache refused
-                refused = np.flatnonzero(~np.asarray(admitted, dtype=bool)).tolist()
-                self.ssd.put_many([want[k] for k in refused], [data[k] for k in refused])
-            missed = []
-        c["misses"] += len(missed)
+        want = list(dict.fromkeys(ids[k] for k in missed))
+        r = self.chain.read(want)
+        self.chain.admit(r)
+        got = dict(zip(want, r.values))
+        for name, key in (("ssd", "ssd_hits"), (STORE, "store_reads")):
+            if name in r.counts:
+                c[key] += r.counts[name].hits
+        out = [(k, got[ids[k]]) for k in missed if got[ids[k]] is not None]
+        c["misses"] += len(missed) - len(out)
         return out
 
 

@@ -27,8 +27,9 @@ _MAX_BYTES = 1 << 20   # far more than any status; a larger file is not one
 
 
 def write(cache_name: str, status: dict) -> None:
-    """Publishes `status`. PermissionError naming the owner when another user's file holds the
-    name (in the sticky /dev/shm only its owner can replace it)."""
+    """Publishes `status`. PermissionError naming the owner when another user's file (or
+    anything but a regular file) holds the name: it is left as it is, for a root server too
+    (node_files.replace; the server goes on without a status file)."""
     # The server writes from its publishing thread and from its main thread (new peers): each
     # write has its own random temporary name, or one rename takes the other's file away.
     data = json.dumps(status, default=str).encode()

@@ -145,7 +145,7 @@ class ShadeSampler(Sampler):
         self.coverage_history = []                              # distinct ids trained / N, per epoch
         self.epoch = 0
         self._order = None          # this rank's order for self.epoch, once drawn
-        self._ahead = None          # (issue 10) while self._order was drawn only for the order
+        self._ahead = None          # while self._order was drawn only for the order
         #                             board and nothing used it yet: the previous draw's stats
         self._forced = None         # ids the coverage floor added this epoch (global)
         self._weights = None        # per-id unbiased weight for self.epoch's order (see weights())
@@ -196,7 +196,7 @@ class ShadeSampler(Sampler):
             self._weights = None
             self._consumed = 0
             self._start = 0
-        publish_ahead(self, self._draw_ahead)   # issue 10: a board's prefetcher starts now
+        publish_ahead(self, self._draw_ahead)   # a board's prefetcher starts now
 
     def _rng(self, stream: int):
         # one independent stream per (seed, epoch, purpose); rank only where it must differ
@@ -349,7 +349,7 @@ class ShadeSampler(Sampler):
         return self._order
 
     def _draw_ahead(self) -> np.ndarray:
-        """The order publish_ahead puts on the board (issue 10), the very order order() returns
+        """The order publish_ahead puts on the board, the very order order() returns
         later. Until __iter__, order() or weights() uses it, the sampler behaves as if it were
         not drawn, as without a board: end_epoch does not count it as trained, state_dict does
         not save it, last_epoch_stats keeps the previous draw's."""
@@ -364,7 +364,7 @@ class ShadeSampler(Sampler):
         when the draw is uniform (importance=False or temper=0) and the cache does not reorder
         it (pads=False and rep_factor=0, or no cache): the seed and the epoch number alone decide
         it. The order board then shows the next epoch's first samples behind this one's, so the
-        prefetcher reads across the epoch boundary (issue 10) instead of waiting for end_epoch.
+        prefetcher reads across the epoch boundary instead of waiting for end_epoch.
         Drawing it changes nothing in the sampler."""
         if self.draw_probabilities() is not None or (
                 self.cache is not None and (self.pads or self.rep_factor > 0)):
@@ -382,7 +382,7 @@ class ShadeSampler(Sampler):
         start, self._start = self._start, 0
         if start == 0:
             self._consumed = 0
-        return published_iter(self, order, start)   # issue 10: publishes to the order board
+        return published_iter(self, order, start)   # publishes to the order board
 
     # ---- scores ------------------------------------------------------------------------------
     def update(self, idx, losses):
@@ -450,7 +450,7 @@ class ShadeSampler(Sampler):
         self._weights = None
         self._consumed = 0
         self._start = 0
-        # issue 10: with an order board, the next epoch's order is drawn and published now (its
+        # With an order board, the next epoch's order is drawn and published now (its
         # draw uses the scores just folded and the cache as it is), so the prefetcher reads its
         # first batches before the loader asks for them; without a board it is drawn at __iter__
         publish_ahead(self, self._draw_ahead)

@@ -62,7 +62,8 @@ class SSDTier:
                  fingerprint=None):
         if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int) or capacity_bytes < 0:
             raise ValueError(f"capacity_bytes must be an int >= 0, got {capacity_bytes!r}")
-        self.path = os.fspath(path)
+        # "dir/" and "dir/." are "dir": a link there is refused, never followed (node_files).
+        self.path = node_files.directory_path(path, "SSD tier directory")
         # Made 0700 when missing; refused when another user owns it or may write it (node_files).
         os.close(node_files.own_directory(self.path, "SSD tier directory"))
         if not os.access(self.path, os.W_OK):
@@ -85,6 +86,7 @@ class SSDTier:
             self.bind(fingerprint)
 
     slot_bytes = staticmethod(slot_bytes)
+    lengths = None   # the tier protocol (store/protocol.py): no sample's length is known unread
 
     def _setup(self):
         if self._layout is not None:   # a forked child: the parent's descriptors are not ours
@@ -184,6 +186,8 @@ class SSDTier:
                     self._warn(f"cannot read sample {i} from {lay.file_of(int(lay.size[i]))}: "
                                f"{os.strerror(int(errs[k]))}")
         return values
+
+    read_many = get_many   # the tier protocol's batched read (shadecache/store/protocol.py)
 
     def _damaged(self, i: int):
         """Value i did not match its crc32c (or was short). Read again with the index held still

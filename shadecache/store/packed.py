@@ -276,6 +276,12 @@ class PackedStore(_StoreBase):
         """File offset of sample ``i`` (what CorruptSampleError reports)."""
         return self._r.offset(i)
 
+    def stream(self, queue_depth: int = 32, lanes: int = 2) -> "PackedStream":
+        """Batches of reads kept in flight across batch boundaries (the prefetcher's pipeline):
+        ``queue_depth`` reads in flight per lane, on ``lanes`` threads of their own (io_uring,
+        or the pread pool). See PackedStream."""
+        return PackedStream(self, queue_depth, lanes)
+
     def verify(self, progress: bool = False, batch_bytes: int = 64 << 20) -> list:
         """Reads every sample and returns the ids whose checksum does not match (sorted)."""
         from tqdm import tqdm
@@ -358,6 +364,39 @@ def _device_profile(store: "PackedStore", given: dict | None) -> dict:
         source = "measured" + (" (O_DIRECT)" if direct else " (buffered)")
     gap = int(min(_GAP_CAP, bw / iops))
     return {"iops": iops, "bandwidth": bw, "gap_bytes": gap, "source": source}
+
+
+class PackedStream:
+    """A PackedStore's reads in flight across batches (csrc/io/read_stream.h): submit(ids) queues a
+    batch and returns at once; take() waits for the oldest batch and returns its bytes in id order
+    (checksums verified as the store's read_many does; a corrupt sample or I/O error of a batch is
+    raised by its take()); close() stops the lanes (batches not taken are dropped). One thread
+    submits and takes."""
+
+    def __init__(self, store: "PackedStore", queue_depth: int = 32, lanes: int = 2):
+        _check_backend_args("auto", queue_depth)
+        self._reader = store._r
+        self._stream = _io.ReadStream(self._reader, "auto", int(queue_depth), int(lanes))
+
+    def submit(self, ids) -> None:
+        self._stream.submit(self._reader, ids)
+
+    def take(self) -> list:
+        return self._stream.take()
+
+    @property
+    def pending(self) -> int:
+        """Batches submitted and not yet taken."""
+        return self._stream.pending
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 _HEADER_SUMMED = 124          # header bytes [0, 124): everything but the header's own crc

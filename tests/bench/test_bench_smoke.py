@@ -101,14 +101,14 @@ def test_redis_baseline_or_clear_skip(no_leaks):
 
 def test_cache_table_tiny_run_writes_section_and_png(tmp_path, no_leaks):
     md = tmp_path / "BENCHMARKS.md"
-    md.write_text("# Benchmarks\n\nintro\n\n## Shared-memory cache (issue 2)\n\n_pending_\n\n"
-                  "## Packed sample store (issue 3)\n\nkeep me\n")
+    md.write_text("# Benchmarks\n\nintro\n\n## Shared-memory cache\n\n_pending_\n\n"
+                  "## Packed sample store\n\nkeep me\n")
     png = tmp_path / "img" / "cache_bench.png"
     rc = ct.main(["--tiny", "--md", str(md), "--png", str(png)])
     text = md.read_text()
     assert rc in (0, 1)
     assert "_pending_" not in text and "keep me" in text and text.startswith("# Benchmarks\n\nintro")
-    section = text.split("## Shared-memory cache (issue 2)")[1].split("## Packed sample store")[0]
+    section = text.split("## Shared-memory cache")[1].split("## Packed sample store")[0]
     assert "python bench/cache_table.py --tiny" in section
     for what in ("`get` 3 KB", "`get_many(64)` 3 KB", "`put` 3 KB", "`update_scores`"):
         assert what in section

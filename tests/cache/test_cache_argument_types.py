@@ -1,4 +1,4 @@
-"""Issue 13, defect 2: put's score and the id of every single-id call, held to docs/errors.md.
+"""Put's score and the id of every single-id call, held to docs/errors.md.
 
 A score that is not a real number was pybind11's bare RuntimeError ("Unable to cast Python
 instance...") in put, but TypeError in put_many and update_scores; an id beyond int64 was

@@ -1,4 +1,5 @@
-"""Defects found by the review of issue 8 (engine second pass), each failing before its fix."""
+"""The value budget with large values next to small ones, and what a fingerprint may hold; each failed
+before its fix."""
 import pytest
 
 import shadecache as sc

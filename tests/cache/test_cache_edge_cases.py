@@ -1,6 +1,7 @@
-"""Regression tests for the engine defects found by the review of issue 8. Each test is the
-reproducer from the issue, made into an assertion on what a user is promised; each failed on the
-engine before the fix (commit history of this file shows which fix goes with which test)."""
+"""Engine edge cases: empty pages of one class serving another, a forked view, the fifo tick of a
+refused re-put, pinned values set aside, pins of a zombie, attach during a create, ids beyond
+int64, the score of put. Each is an assertion on what a user is promised, and each failed on the
+engine before its fix."""
 import multiprocessing as mp
 import os
 import signal

@@ -1,4 +1,4 @@
-"""A byte budget that holds what it says (issue 8): size classes fitted to the sample sizes given
+"""A byte budget that holds what it says: size classes fitted to the sample sizes given
 at create, learned from the values otherwise; capacity_bytes a budget of value bytes when sizes
 are given; stats() value_bytes / efficiency; Cache.capacity_for. The full table (sizes x cache
 sizes, through CachedDataset) is bench/bench_efficiency.py."""

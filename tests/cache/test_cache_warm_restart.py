@@ -1,4 +1,4 @@
-"""Warm restart (issue 8, acceptance item 4), with real processes: a job creates a persisted cache,
+"""Warm restart, with real processes: a job creates a persisted cache,
 trains, is SIGKILLed; a new job attaches and its first epoch hits as the old job's last did; the
 scores survived; a store of another data set is refused; check() passes; `shadecache ls` shows
 the cache and `gc` keeps it unless asked."""

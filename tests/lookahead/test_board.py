@@ -431,7 +431,7 @@ def test_ids_that_drop_out_of_the_board_lose_their_next_use_in_the_cache(board_n
     """An epoch that is not the one the board showed behind the last (set_epoch jumps, a
     checkpoint is loaded; epoch_size < N, so ids leave the published orders): their next use in
     the clairvoyant cache goes back to what the board says (none), so they are not kept as if
-    needed soonest and the next real read is admitted (review of the next-epoch head)."""
+    needed soonest and the next real read is admitted (a head that did not come)."""
     n = 300
     with sc.Cache.create(board_name, num_samples=n, capacity_bytes=20 * 1000, policy="clairvoyant",
                          sizes=[1000] * n) as cache, OrderBoard.create(board_name, n) as b:

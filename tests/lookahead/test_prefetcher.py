@@ -344,7 +344,7 @@ def test_the_prefetcher_reads_the_next_epochs_first_misses_before_the_epoch_ends
                 time.sleep(0.01)
             assert c.cached_mask()[head].all()
             assert board.stream_state(0)["epoch"] == 0     # epoch 1 is not published yet
-            assert board.flags[head].all()                 # brought by the prefetcher
+            assert board.prefetched(head).all()                 # brought by the prefetcher
             sampler.end_epoch(0.0)
             assert sampler.order()[:32].tolist() == head.tolist()
             for i, x in zip(head.tolist(), c.get_many(head.tolist())):

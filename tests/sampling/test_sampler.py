@@ -15,7 +15,7 @@ from shadecache.sampling.importance import rank_weights
 
 
 # SHADE's draw by scores without a substitution budget (ShadeSampler's defaults draw a permutation
-# and cap substitution at 10% of the epoch since issue 11): the tests of the draw use it by name
+# and cap substitution at 10% of the epoch by measurement): the tests of the draw use it by name
 SHADE_DRAW = dict(temper=1.0, substitute=None)
 
 
@@ -343,7 +343,7 @@ def test_ranks_draw_the_same_global_order_even_without_end_epoch():
     assert np.array_equal(np.sort(np.concatenate([a, b])), np.sort(g))
 
 
-# ---- issue 11: tempering, the substitution budget, unbiased weights ----------------------------
+# ---- tempering, the substitution budget, unbiased weights ----------------------------
 def test_temper_mixes_the_scores_toward_uniform():
     n, total = 40, 4000
     scores = np.linspace(1.0, 5.0, n)
@@ -448,7 +448,7 @@ def test_weights_deterministic_rank_consistent_and_resume_safe(cache_factory):
 
 def test_next_epoch_order_is_the_next_epochs_draw_when_nothing_learned_can_change_it(cache_factory):
     """A uniform draw the cache does not rearrange is known an epoch ahead (the order board shows
-    it to the prefetcher, issue 10); any draw that depends on the scores or on what is cached is
+    it to the prefetcher); any draw that depends on the scores or on what is cached is
     not, and asking changes nothing in the sampler."""
     n = 300
     cache = cache_factory(n)

@@ -214,7 +214,7 @@ def _pack(path, vals):
 
 def test_a_tier_of_another_data_set_is_refused(tmp_path):
     """Two data sets on one tier directory: the second job must never read the first job's bytes
-    by id (review of issue 9: job B read store A's bytes for 50 of 50 samples)."""
+    by id (without it, job B read store A's bytes for 50 of 50 samples)."""
     a = _pack(tmp_path / "a.shc", _values(50, seed=3))
     b_vals = _values(50, seed=4)
     b = _pack(tmp_path / "b.shc", b_vals)

@@ -1,4 +1,4 @@
-"""Regression tests for the store defects the fuzzing of issue 13 found: each file here was built
+"""Regression tests for the store defects the store fuzzer found: each file here was built
 the way a hostile (or unlucky) user builds it, and each failed on the code before the fix.
 
 1. a named pipe given as a store blocked forever (open, verify, info);
@@ -266,7 +266,7 @@ def test_paths_that_are_not_utf8(tmp_path):
 
 
 def test_single_ids_beyond_int64_are_index_errors(small_store):
-    """As in the cache (issue 13, defect 2): an id beyond int64 is out of range, not a type."""
+    """As in the cache: an id beyond int64 is out of range, not a type."""
     with sc.PackedStore(small_store) as s:
         for big in (2**63, 2**64, -2**63 - 1):
             for call in (s.read, s.label, s.offset, lambda i: s.read_many([i])):

@@ -1,4 +1,4 @@
-"""Review of issue 13 (fuzz harness, shared pread pool, store hardening): reproducers.
+"""The fuzz harness, the shared pread pool and store hardening: reproducers.
 
 Each test fails on 0ce1b4d (main after the merge). Crashes, hangs and heap corruption are
 run in a child process so that the suite reports them as failures instead of dying.
@@ -46,7 +46,7 @@ def big_store(tmp_path):
 def test_close_while_another_thread_reads_is_an_error_not_a_crash(big_store, backend):
     """close() now frees the backend (the ring, the share of the pool) while a read of the same
     store is still inside it: io_uring segfaults, pread hangs (the last close joins the pool the
-    reader is waiting on). Before issue 13 this was an OSError (EBADF)."""
+    reader is waiting on). It used to be an OSError (EBADF)."""
     if backend == "io_uring" and probe_backend("io_uring")[0] != "io_uring":
         pytest.skip("no io_uring here")
     r = run_py(f"""
@@ -104,7 +104,7 @@ def slow_pread(tmp_path):
 
 def test_pread_reads_of_two_stores_in_two_threads_overlap(tmp_path, slow_pread):
     """Every pread read of the process goes through one pool whose run() holds job_mu_ for the
-    whole batch: two stores read from two threads (or the lanes of a ReadStream, or _NextTier's
+    whole batch: two stores read from two threads (or the lanes of a ReadStream, or the prefetcher's
     read_many threads) take turns. With each pread taking 50 ms, 2 x 10 reads take ~1.0 s
     instead of ~0.5 s (on cfcfd78, per-store threads: 0.62 s)."""
     p = make_store(tmp_path / "s.shc", 16, 100)

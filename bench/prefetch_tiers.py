@@ -1,0 +1,211 @@
+"""The prefetcher through the tier chain, on throttled shared storage: RAM 20% + SSD tier 30%.
+
+    sudo python bench/prefetch_tiers.py            # root: a loop device, mkfs, mount, a cgroup
+    python bench/prefetch_tiers.py --sizes 3072 --warm 2    # a shorter run
+
+Shared storage, made here: a loop device with ext4, throttled by the cgroup v1 blkio controller to
+--iops reads/s and --mibps MiB/s (this process and every process it starts, the prefetcher
+included, are moved into the cgroup); the packed store lives on it and is read with O_DIRECT, so
+every read reaches the device (no page cache between the job and its storage). What the job reads
+from shared storage is the device's own count (/sys/block/loopN/stat, sectors read).
+
+The node: a cache of 20% of the samples (importance policy, Cache.for_store) and an SSD tier of 30%
+of the data on the machine's own disk, both fresh for each run. The job is the README's: a
+CachedDataset over the store, the cache and the SSD tier, ShadeSampler at its defaults, a
+CachedLoader (batch 256, 2 threads), a training step of --step-ms per batch that releases the GIL
+(time.sleep), per-sample losses (a fixed function of the id) reported with sampler.update. Each
+sample size runs three ways, epoch 0 cold and --warm warm epochs each:
+  none           no prefetcher
+  chain          OrderBoard.create + Prefetcher(cache, store, ssd=ssd, lookahead_samples=4096,
+                 lookahead_bytes=64 MiB): the prefetcher reads through the node's tier chain
+  store only     the same prefetcher given no ssd=: it reads the store past the SSD tier, as it did
+                 before the chain (the row is there to show what the chain changes)
+Printed per warm epoch: samples/s and the data read from shared storage as a multiple of the data
+set's size. The target: with the prefetcher (chain) every warm epoch reads no more than without
+one and is at least as fast.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import shadecache as sc  # noqa: E402
+
+CGROUP_ROOT = "/sys/fs/cgroup/blkio"
+MODES = ("none", "chain", "store only")
+
+
+def _run(*cmd) -> str:
+    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip()
+
+
+@contextlib.contextmanager
+def throttled_storage(image_bytes: int, iops: int, mibps: int, workdir: str):
+    """A mounted ext4 on a loop device whose reads this process tree may issue at most `iops` a
+    second and `mibps` MiB a second (cgroup v1 blkio). Yields (mount point, loop device name)."""
+    if os.geteuid() != 0:
+        sys.exit("prefetch_tiers.py makes a loop device, a file system and a cgroup: run it as root")
+    if not os.path.isdir(CGROUP_ROOT):
+        sys.exit(f"no cgroup v1 blkio controller at {CGROUP_ROOT}")
+    image = os.path.join(workdir, "shared.img")
+    mnt = os.path.join(workdir, "shared")
+    group = os.path.join(CGROUP_ROOT, f"shadecache-bench-{os.getpid()}")
+    dev = None
+    with open(image, "wb") as f:
+        f.truncate(image_bytes)
+    try:
+        dev = _run("losetup", "--find", "--show", image)
+        _run("mkfs.ext4", "-q", "-F", dev)
+        os.makedirs(mnt, exist_ok=True)
+        _run("mount", dev, mnt)
+        major_minor = _run("lsblk", "-dno", "MAJ:MIN", dev).strip()
+        os.makedirs(group, exist_ok=True)
+        with open(os.path.join(group, "blkio.throttle.read_iops_device"), "w") as f:
+            f.write(f"{major_minor} {iops}")
+        with open(os.path.join(group, "blkio.throttle.read_bps_device"), "w") as f:
+            f.write(f"{major_minor} {mibps << 20}")
+        with open(os.path.join(group, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))            # children (the prefetcher) inherit the group
+        yield mnt, os.path.basename(dev)
+    finally:
+        try:
+            with open(os.path.join(CGROUP_ROOT, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+            os.rmdir(group)
+        except OSError:
+            pass
+        if dev is not None:
+            subprocess.run(["umount", mnt], capture_output=True)
+            subprocess.run(["losetup", "-d", dev], capture_output=True)
+        with contextlib.suppress(OSError):
+            os.unlink(image)
+
+
+def device_bytes_read(dev: str) -> int:
+    with open(f"/sys/block/{dev}/stat") as f:
+        return int(f.read().split()[2]) * 512      # field 3: sectors read
+
+
+def pack(path: str, n: int, size: int) -> None:
+    rng = np.random.default_rng(size)
+    with sc.PackWriter(path) as w:
+        for i in range(n):
+            w.add(rng.bytes(size), i % 10)
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def losses_of(ids: np.ndarray, epoch: int) -> np.ndarray:
+    """Per-sample losses, a fixed function of the id and the epoch (what a model's would be)."""
+    x = (ids.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)
+    return (x % np.uint64(1000)).astype(np.float64) / 1000.0 + 0.01 * epoch
+
+
+def run_mode(mode, store_path, dev, ssd_dir, args):
+    """[(samples/s, bytes read from the device) per epoch] of one fresh node."""
+    store = sc.PackedStore(store_path, direct=True)
+    n = len(store)
+    name = f"sc-tiers-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    shutil.rmtree(ssd_dir, ignore_errors=True)
+    ssd_bytes = int(0.30 * sum(sc.SSDTier.slot_bytes(int(v)) for v in store.lengths))
+    cap = sc.Cache.capacity_for(round(0.20 * n), store.lengths)
+    out = []
+    with sc.Cache.for_store(name, store, capacity_bytes=cap, policy="importance", attach=False) as cache, \
+            sc.OrderBoard.create(name, n) as board:
+        ssd = sc.SSDTier(ssd_dir, capacity_bytes=ssd_bytes, cache=cache)
+        ds = sc.CachedDataset(store, cache, ssd=ssd)
+        sampler = sc.ShadeSampler(ds, cache=cache, batch_size=args.batch, seed=0)
+        loader = sc.CachedLoader(ds, batch_size=args.batch, sampler=sampler, num_workers=2)
+        pf = None
+        if mode != "none":
+            pf = sc.Prefetcher(cache, store, ssd=ssd if mode == "chain" else None,
+                               lookahead_samples=4096, lookahead_bytes=64 << 20).start()
+        try:
+            for epoch in range(1 + args.warm):
+                sampler.set_epoch(epoch)
+                r0, t0 = device_bytes_read(dev), time.perf_counter()
+                seen, total = 0, 0.0
+                for x, y, idx in loader:
+                    loss = losses_of(idx.numpy(), epoch)
+                    sampler.update(idx, loss)
+                    total += float(loss.sum())
+                    seen += idx.numel()
+                    if args.step_ms:
+                        time.sleep(args.step_ms / 1000)
+                sampler.end_epoch(total / max(seen, 1))
+                dt = time.perf_counter() - t0
+                out.append((seen / dt, device_bytes_read(dev) - r0))
+        finally:
+            if pf is not None:
+                pf.stop()
+            ssd.close()
+        board.unlink()
+        cache.check()
+    store.close()
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="3072,102400", help="sample sizes in bytes")
+    ap.add_argument("--data-mib", type=int, default=180, help="3 KB samples: this many MiB of data")
+    ap.add_argument("--large-mib", type=int, default=400, help="samples >= 64 KB: this many MiB")
+    ap.add_argument("--warm", type=int, default=3, help="warm epochs after the cold one")
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--step-ms", type=float, default=10.0, help="training step per batch")
+    ap.add_argument("--iops", type=int, default=3000)
+    ap.add_argument("--mibps", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=1, help="repeat the three modes this often")
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--workdir", default="/var/tmp")
+    args = ap.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    modes = args.modes.split(",")
+    work = tempfile.mkdtemp(prefix="sc-tiers-", dir=args.workdir)
+    rows = []
+    try:
+        image = max((args.large_mib if s >= 65536 else args.data_mib) for s in sizes) * 3 << 20
+        with throttled_storage(max(image, 1 << 30), args.iops, args.mibps, work) as (mnt, dev):
+            for size in sizes:
+                data_mib = args.large_mib if size >= 65536 else args.data_mib
+                n = (data_mib << 20) // size
+                store_path = os.path.join(mnt, f"s{size}.shc")
+                pack(store_path, n, size)
+                for rnd in range(args.rounds):
+                    for mode in modes:
+                        per = run_mode(mode, store_path, dev, os.path.join(work, "ssd"), args)
+                        data = n * size
+                        for e, (rate, nbytes) in enumerate(per):
+                            rows.append((size, n, rnd, mode, e, rate, nbytes / data))
+                        warm = per[1:]
+                        print(f"{size} B x {n}, round {rnd}, {mode:>10}: warm epochs "
+                              + ", ".join(f"{r:,.0f}/s {b / data:.2f}x" for r, b in warm), flush=True)
+                os.unlink(store_path)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print("\n| sample | round | prefetcher | warm epochs: samples/s | warm epochs: data read / data set |")
+    print("|---|---|---|---|---|")
+    for size in sizes:
+        for rnd in range(args.rounds):
+            for mode in modes:
+                rs = [r for r in rows if r[0] == size and r[2] == rnd and r[3] == mode and r[4] > 0]
+                print(f"| {size // 1024} KB x {rs[0][1]:,} | {rnd} | {mode} | "
+                      + ", ".join(f"{r[5]:,.0f}" for r in rs) + " | "
+                      + ", ".join(f"{r[6]:.2f}x" for r in rs) + " |")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

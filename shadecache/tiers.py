@@ -1,0 +1,245 @@
+"""The tier chain: the one path of a node-cache miss, through the tiers below the cache.
+
+    chain = TierChain([("peer", HomePeerTier(cluster)), ("ssd", ssd)], store, cache=cache)
+    values = chain.fetch(ids)          # distinct ids the cache missed: their bytes, in order
+
+Every tier answers the protocol of shadecache/store/protocol.py (a batched read_many, lengths,
+fingerprint, close). The chain knows nothing else of them: whoever composes it passes the tiers
+in, in the order they are read. CachedDataset: the home peer, the SSD tier, the store; the peer
+server: the SSD tier, the store; the Prefetcher: what its data set reads. So this module imports
+none of the tiers, and no tier (the peer layer included) imports it.
+
+One batch, fetch(ids) = read(ids), then admit(read):
+  read    each tier in order is asked, in one batched call, for the ids no tier above it had and
+          that it serves (a tier with serves(ids), the home peer, is asked only for the ids whose
+          home is another node); then the store for every id still missing. Each value comes
+          back checked against the checksum recorded with it (protocol.py).
+  admit   the values of the ids this node keeps are offered to the cache, which admits each by its
+          policy (no scores are passed: the importance policy compares the sample's score in the
+          shared table). A node keeps every id, or, when a tier partitions the ids (serves) and
+          keep_remote is False, only the ids no such tier serves: each node keeps what it is home
+          to, so the cluster caches the sum of its nodes. What the cache refused goes to each tier
+          that keeps copies (put_many) and lies above the tier it came from (exclusive tiers: RAM
+          and SSD together hold RAM + SSD worth of samples, not the larger of the two).
+reader() runs the same read for a pipeline of batches (the prefetcher): the tiers above the store
+at submit, the store's share in flight until take().
+
+Counts: each Read carries, per tier asked, a TierCount of its batch; the composer adds them to its
+own counters (CachedDataset's, the peer server's published status).
+
+Threads: a chain holds no lock. fetch() may run in several threads at once only when its tiers
+may (the Cluster's connections may not: CachedDataset serialises its misses per process).
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import NamedTuple, Sequence
+
+import numpy as np
+
+STORE = "store"   # the store's name in a Read's counts
+
+
+class TierCount(NamedTuple):
+    """One tier's share of one batch: ids asked, values it had, their bytes, ns in its call."""
+    asked: int
+    hits: int
+    bytes: int
+    ns: int
+
+
+class Read:
+    """One batch read through a chain. values[k]: the bytes of ids[k], or None when no tier had
+    it; source[k]: the index of the tier it came from (len(tiers) for the store, -1 for none);
+    keep[k]: whether this node keeps ids[k]; counts: {tier name: TierCount} of the tiers asked."""
+
+    __slots__ = ("ids", "values", "source", "keep", "counts")
+
+    def __init__(self, ids: np.ndarray, keep: np.ndarray):
+        self.ids = ids
+        self.values = [None] * ids.size
+        self.source = np.full(ids.size, -1, dtype=np.int16)
+        self.keep = keep
+        self.counts = {}
+
+    def missing(self) -> np.ndarray:
+        """Positions no tier had (so far)."""
+        return np.flatnonzero(self.source < 0)
+
+
+class TierChain:
+    """The tiers below a node cache, read in order, and the admission of what they return.
+
+    tiers        [(name, tier), ...] read in this order before the store (protocol.py's Tier)
+    store        the last tier, which holds every id (protocol.py's Store), or None: what no tier
+                 holds stays None (a peer server without a store)
+    cache        the node cache values are offered to (an sc.Cache), or None
+    admit        offer values to the cache (False: read-through; the tiers that keep copies still
+                 get what was read below them)
+    keep_remote  also keep the ids that a partitioning tier serves (another node is their home)
+
+    Picklable when its tiers are (a DataLoader worker, the prefetcher's process).
+    """
+
+    def __init__(self, tiers: Sequence = (), store=None, cache=None, admit: bool = True,
+                 keep_remote: bool = False):
+        self.tiers = [(str(name), tier) for name, tier in tiers]
+        self.store = store
+        self.cache = cache
+        self.admit_to_cache = bool(admit)
+        self.keep_remote = bool(keep_remote)
+
+    @classmethod
+    def for_node(cls, store, cache=None, peer=None, ssd=None, admit: bool = True,
+                 keep_remote: bool = False) -> "TierChain":
+        """The chain of a node's readers: the home peer (a tier that partitions the ids, e.g.
+        peer/tier.py's HomePeerTier), the SSD tier, then the store; any of the first two may be
+        None. CachedDataset and the Prefetcher compose theirs with it."""
+        tiers = [(name, t) for name, t in (("peer", peer), ("ssd", ssd)) if t is not None]
+        return cls(tiers, store, cache=cache, admit=admit, keep_remote=keep_remote)
+
+    def _copying(self) -> list:
+        return [j for j, (_, t) in enumerate(self.tiers) if callable(getattr(t, "put_many", None))]
+
+    def keeps(self, ids) -> np.ndarray:
+        """Bool mask of the ids this node keeps (offers to its cache and its copying tiers)."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        keep = np.ones(ids.size, dtype=bool)
+        if not self.keep_remote:
+            for _, served in self._served(ids):
+                keep &= ~served
+        return keep
+
+    def _served(self, ids: np.ndarray) -> list:
+        """[(tier index, bool mask of the ids it serves)] of the tiers that partition the ids."""
+        out = []
+        for j, (_, tier) in enumerate(self.tiers):
+            serves = getattr(tier, "serves", None)
+            if serves is not None:
+                out.append((j, np.asarray(serves(ids), dtype=bool)))
+        return out
+
+    # ---- one batch --------------------------------------------------------------------------
+    def read(self, ids) -> Read:
+        """Reads distinct ids through the tiers, then the store (no admission)."""
+        r = self.read_tiers(ids)
+        rest = r.missing()
+        if rest.size and self.store is not None:
+            t0 = time.perf_counter_ns()
+            got = self.store.read_many(r.ids[rest])
+            self.took_from_store(r, rest, got, time.perf_counter_ns() - t0)
+        return r
+
+    def admit(self, r: Read, insert=None) -> np.ndarray:
+        """Offers the values of the ids this node keeps to the cache (insert(ids, values) -> bool
+        mask; default cache.put_many: the engine admits each by its policy), then gives what it
+        refused to the copying tiers above the tier it came from. Returns the admitted mask."""
+        admitted = np.zeros(r.ids.size, dtype=bool)
+        have = r.keep & (r.source >= 0)
+        if self.cache is not None and self.admit_to_cache and have.any():
+            pos = np.flatnonzero(have)
+            put = self.cache.put_many if insert is None else insert
+            admitted[pos] = np.asarray(put(r.ids[pos], [r.values[k] for k in pos.tolist()]), dtype=bool)
+        for j in self._copying():
+            below = np.flatnonzero(have & ~admitted & (r.source > j))
+            if below.size:
+                self.tiers[j][1].put_many(r.ids[below].tolist(), [r.values[k] for k in below.tolist()])
+        return admitted
+
+    def fetch(self, ids) -> list:
+        """The bytes of every id (distinct; None where nothing holds it and there is no store),
+        read through the tiers and admitted: the miss path of every reader."""
+        r = self.read(ids)
+        self.admit(r)
+        return r.values
+
+    def reader(self, batches: int = 4, queue_depth: int = 32, lanes: int = 2) -> "ChainReader":
+        """A pipeline of up to `batches` batches in flight (see ChainReader)."""
+        return ChainReader(self, batches, queue_depth, lanes)
+
+    # ---- the two halves of a read (ChainReader runs them apart) ----------------------------
+    def read_tiers(self, ids) -> Read:
+        """A Read of distinct ids with what the tiers above the store hold."""
+        a = np.asarray(ids, dtype=np.int64).reshape(-1)
+        served = dict(self._served(a)) if a.size else {}
+        keep = np.ones(a.size, dtype=bool)
+        if not self.keep_remote:
+            for mask in served.values():
+                keep &= ~mask
+        r = Read(a, keep)
+        for j, (name, tier) in enumerate(self.tiers):
+            pending = r.missing()
+            if j in served:
+                pending = pending[served[j][pending]]
+            if not pending.size:
+                continue
+            t0 = time.perf_counter_ns()
+            got = tier.read_many(a[pending])
+            ns = time.perf_counter_ns() - t0
+            hits = nbytes = 0
+            for k, v in zip(pending.tolist(), got):
+                if v is not None:
+                    r.values[k] = v
+                    r.source[k] = j
+                    hits += 1
+                    nbytes += len(v)
+            r.counts[name] = TierCount(int(pending.size), hits, nbytes, ns)
+        return r
+
+    def took_from_store(self, r: Read, rest: np.ndarray, got: list, ns: int) -> None:
+        """Records the store's values `got` for positions `rest` of `r`."""
+        nbytes = 0
+        for k, v in zip(rest.tolist(), got):
+            r.values[k] = v
+            nbytes += len(v)
+        r.source[rest] = len(self.tiers)
+        r.counts[STORE] = TierCount(int(rest.size), int(rest.size), nbytes, ns)
+
+
+class ChainReader:
+    """Batches in flight through a chain: submit(ids) reads the tiers above the store now and
+    starts the store's share; take() -> the oldest batch's Read, once its store share is in (ns
+    in its count: from submit to take). The store's share goes to its stream(queue_depth, lanes)
+    when it has one (a PackedStore: reads stay in flight across batch boundaries), else to its
+    read_many on one of `batches` threads (read_many releases the GIL while it waits)."""
+
+    def __init__(self, chain: TierChain, batches: int, queue_depth: int, lanes: int):
+        self.chain = chain
+        self._stream = self._pool = None
+        store = chain.store
+        stream = getattr(store, "stream", None)
+        if callable(stream):
+            self._stream = stream(queue_depth, lanes)
+        elif store is not None:
+            from concurrent.futures import ThreadPoolExecutor
+            self._pool = ThreadPoolExecutor(max_workers=batches, thread_name_prefix="sc-tier")
+        self._inflight = deque()     # (Read, store positions, ns at submit, future or None)
+
+    def submit(self, ids) -> None:
+        r = self.chain.read_tiers(ids)
+        rest = r.missing() if self.chain.store is not None else np.empty(0, np.int64)
+        fut = None
+        if rest.size:
+            if self._stream is not None:
+                self._stream.submit(r.ids[rest])
+            else:
+                fut = self._pool.submit(self.chain.store.read_many, r.ids[rest])
+        self._inflight.append((r, rest, time.perf_counter_ns(), fut))
+
+    def take(self) -> Read:
+        r, rest, t0, fut = self._inflight.popleft()
+        if rest.size:
+            got = self._stream.take() if fut is None else fut.result()
+            self.chain.took_from_store(r, rest, got, time.perf_counter_ns() - t0)
+        return r
+
+    def __len__(self) -> int:
+        return len(self._inflight)
+
+    def close(self) -> None:
+        """Stops the store's share of the batches not taken (their values are dropped)."""
+        if self._stream is not None:
+            self._stream.close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)

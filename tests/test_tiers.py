@@ -1,0 +1,123 @@
+"""The tier chain (shadecache/tiers.py) on real tiers: the order it reads them in, what it keeps,
+what the SSD tier gets, and the prefetcher's pipeline through a PackedStore's stream or threads."""
+import numpy as np
+import pytest
+
+import shadecache as sc
+from shadecache.tiers import STORE, TierChain
+from values import make_value
+
+N = 64
+
+
+@pytest.fixture
+def store(tmp_path):
+    with sc.PackWriter(tmp_path / "s.shc") as w:
+        for i in range(N):
+            w.add(make_value(i, 0, 300 + 10 * i), i % 3)
+    return sc.PackedStore(tmp_path / "s.shc")
+
+
+class EvenPeer:
+    """A partitioning tier written here: it serves the even ids (their home is elsewhere) and
+    holds those below 20; it records what it was asked."""
+    lengths = fingerprint = None
+
+    def __init__(self, store):
+        self.store, self.asked = store, []
+
+    def serves(self, ids):
+        return np.asarray(ids) % 2 == 0
+
+    def read_many(self, ids):
+        self.asked.append(list(ids))
+        return [self.store.read_many([i])[0] if i < 20 else None for i in ids]
+
+    def close(self):
+        pass
+
+
+def test_tiers_are_read_in_order_and_counted(store, tmp_path):
+    ssd = sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20, fingerprint=store.fingerprint)
+    ssd.put_many([1, 3, 4], store.read_many([1, 3, 4]))
+    ssd.flush()
+    peer = EvenPeer(store)
+    chain = TierChain.for_node(store, peer=peer, ssd=ssd)
+    ids = [0, 1, 2, 3, 4, 30, 31]
+    r = chain.read(ids)
+    assert r.values == store.read_many(ids)
+    assert peer.asked == [[0, 2, 4, 30]]                      # only the ids it serves
+    assert r.source.tolist() == [0, 1, 0, 1, 0, 2, 2]         # peer, ssd, peer, ssd, peer, store
+    assert r.counts["peer"].hits == 3 and r.counts["ssd"].asked == 4 and r.counts["ssd"].hits == 2
+    assert r.counts[STORE] == (2, 2, len(r.values[5]) + len(r.values[6]), r.counts[STORE].ns)
+    assert r.keep.tolist() == [False, True, False, True, False, False, True]   # the odd ones: ours
+    assert TierChain.for_node(store, peer=peer, keep_remote=True).keeps(ids).all()
+    ssd.close()
+
+
+def test_admission_keeps_ours_and_the_ssd_tier_gets_what_the_cache_refused(store, tmp_path, cache_factory):
+    ssd = sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20, fingerprint=store.fingerprint)
+    cache = cache_factory(N, capacity=1 << 20, policy="static", sizes=store.lengths)
+    cache.put_many(list(range(40, 64)), store.read_many(range(40, 64)))
+    chain = TierChain.for_node(store, cache, peer=EvenPeer(store), ssd=ssd)
+    chain.fetch([5, 7, 30, 33])
+    ssd.flush()
+    # 5, 7 and 33 are ours (odd) and the static cache (never evicts) admitted them while it had
+    # room; 30 is another node's: neither cached nor written
+    assert cache.cached_mask()[[5, 7, 33]].all() and not cache.contains(30)
+    assert ssd.ids().tolist() == []
+    # read-through (admit=False): nothing is offered to the cache, so the SSD tier keeps it all
+    TierChain.for_node(store, cache, ssd=ssd, admit=False).fetch([9, 11])
+    ssd.flush()
+    assert ssd.ids().tolist() == [9, 11] and not cache.contains(9) and not cache.contains(11)
+    assert ssd.get_many([9, 11]) == store.read_many([9, 11])
+    ssd.close()
+
+
+def test_without_a_store_what_no_tier_holds_stays_none(store, tmp_path):
+    ssd = sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20, fingerprint=store.fingerprint)
+    ssd.put_many([2], store.read_many([2]))
+    ssd.flush()
+    r = TierChain([("ssd", ssd)]).read([2, 3])
+    assert r.values == [store.read_many([2])[0], None] and r.source.tolist() == [0, -1]
+    ssd.close()
+
+
+class ThreadedStore:
+    """The packed store without its stream: the pipeline reads it on threads."""
+
+    def __init__(self, store):
+        self.store = store
+        self.labels = store.labels
+        self.lengths = store.lengths
+
+    def __len__(self):
+        return len(self.store)
+
+    def read_many(self, ids):
+        return self.store.read_many(ids)
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+def test_the_pipeline_gives_each_batch_in_order(store, tmp_path, streamed):
+    ssd = sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20, fingerprint=store.fingerprint)
+    ssd.put_many(range(0, N, 5), store.read_many(range(0, N, 5)))
+    ssd.flush()
+    chain = TierChain([("ssd", ssd)], store if streamed else ThreadedStore(store))
+    reader = chain.reader(batches=3, queue_depth=8, lanes=2)
+    batches = [np.arange(k, k + 16) for k in range(0, N, 16)] + [np.array([0, 5, 10])]
+    try:
+        got = []
+        for b in batches:
+            reader.submit(b)
+            if len(reader) == 3:
+                got.append(reader.take())
+        while len(reader):
+            got.append(reader.take())
+    finally:
+        reader.close()
+    assert [r.ids.tolist() for r in got] == [b.tolist() for b in batches]
+    for r in got:
+        assert r.values == store.read_many(r.ids)
+    assert STORE not in got[-1].counts and got[-1].counts["ssd"].hits == 3   # all on the SSD tier
+    ssd.close()
