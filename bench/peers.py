@@ -11,8 +11,8 @@ cgroup, and the bytes read are what the block device itself served (/sys/block/<
 
 - shadecache: the store packed on the throttled disk (dense, shuffled placement), a Cache of 20%
   in /dev/shm, an SSD tier of 30% on local disk, a CachedDataset, ShadeSampler with its default
-  order (the extent order where the store is IOPS-bound, measured at open), a DataLoader with 2
-  workers. rep_factor=0: no cached sample is repeated in place of a miss, so every epoch trains
+  order (the extent order where the store is IOPS-bound, measured at open), sc.CachedLoader with
+  2 assembly threads (--loader dataloader: a DataLoader with 2 worker processes). rep_factor=0: no cached sample is repeated in place of a miss, so every epoch trains
   every sample once, as the others do.
 - Mosaic Streaming (mosaicml-streaming): MDS shards of 8 MiB on the throttled disk as its
   `remote`, `local` on local disk with cache_limit = the whole local budget (50% of the data), its
@@ -124,7 +124,16 @@ WRITERS = {"shadecache": write_shadecache, "streaming": write_streaming, "litdat
 # ---- one system, in a throttled child process ----------------------------------------------------
 
 def _collate(batch):
-    return batch
+    """(bytes, label) per sample, made in the worker: LitData hands out memoryviews of its chunk
+    buffers, which cannot cross to the main process (its workers died pickling them, and the
+    loop waited forever); bytes(b) of a bytes object is that object, no copy."""
+    out = []
+    for item in batch:
+        if isinstance(item, dict):
+            out.append((bytes(item["x"]), int(item["y"])))
+        else:
+            out.append((bytes(item[0]), int(item[1])))
+    return out
 
 
 class _Epochs:
@@ -169,9 +178,15 @@ def run_shadecache(cfg, epochs, report):
     ssd = sc.SSDTier(cfg["ssd_dir"], capacity_bytes=int(SSD_SHARE * data_bytes))
     ds = sc.CachedDataset(store, cache, ssd=ssd, decode=bytes)
     sampler = sc.ShadeSampler(ds, cache=cache, batch_size=BATCH, rep_factor=0, seed=0)
-    loader = torch.utils.data.DataLoader(ds, batch_size=BATCH, sampler=sampler,
-                                         num_workers=WORKERS, collate_fn=_collate,
-                                         persistent_workers=True)
+    if cfg.get("loader") == "dataloader":
+        loader = torch.utils.data.DataLoader(ds, batch_size=BATCH, sampler=sampler,
+                                             num_workers=WORKERS, collate_fn=_collate,
+                                             persistent_workers=True)
+        described = f"torch DataLoader, batch {BATCH}, {WORKERS} worker processes (persistent)"
+    else:   # one process: its assembly threads share the extent mates staged for their turn
+        loader = sc.CachedLoader(ds, batch_size=BATCH, sampler=sampler, num_workers=WORKERS,
+                                 collate=_collate)
+        described = f"sc.CachedLoader, batch {BATCH}, {WORKERS} assembly threads"
     report({"config": {
         "store": f"{cfg['path']} (format {store.version}, placement {store.placement})",
         "device": {k: (round(v) if isinstance(v, float) else v) for k, v in store.device.items()},
@@ -181,7 +196,7 @@ def run_shadecache(cfg, epochs, report):
         "sampler": {"order": sampler.order_kind, "extent_window": sampler.extent_window,
                     "extent_bytes": None if sampler.extents is None else sampler.extents.extent_bytes,
                     "rep_factor": 0, "pads": True, "temper": sampler.temper},
-        "loader": f"torch DataLoader, batch {BATCH}, {WORKERS} workers (persistent), samples as bytes"}})
+        "loader": described + ", samples as bytes"}})
 
     def one_epoch(e):
         sampler.set_epoch(e)
@@ -227,7 +242,9 @@ def run_litdata(cfg, epochs, report):
     from litdata.streaming.resolver import Dir
 
     budget = int((RAM_SHARE + SSD_SHARE) * cfg["data_bytes"])
-    budget = max(budget, 2 * SHARD_BYTES + (1 << 20))
+    # its cache must hold what every worker pre-downloads (workers x max_pre_download chunks) and
+    # the chunk being read, or the workers wait for room forever
+    budget = max(budget, (2 * WORKERS + 1) * SHARD_BYTES)
     ds = litdata.StreamingDataset(input_dir=Dir(path=cfg["local_dir"], url="local:" + cfg["remote"]),
                                   shuffle=True, seed=0, max_cache_size=budget)
     loader = litdata.StreamingDataLoader(ds, batch_size=BATCH, num_workers=WORKERS,
@@ -267,22 +284,52 @@ def available(system) -> str | None:
     return None
 
 
-def run_system(disk, system, cfg, epochs, timeout):
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "_child", system,
-                           json.dumps(cfg), str(epochs)], capture_output=True, text=True,
-                          preexec_fn=disk.enter_in_child, timeout=timeout,
-                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(
-                              [REPO, os.environ.get("PYTHONPATH", "")])))
-    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0:
-        raise RuntimeError(f"{system} failed (status {proc.returncode}): {proc.stderr[-3000:]}")
+def run_system(disk, system, cfg, epochs, timeout, data_bytes):
+    """The child's report lines, printed as they come; a child past `timeout` is killed and what
+    it reported is kept (with a "failed" row)."""
+    import threading
+
+    err = tempfile.TemporaryFile(mode="w+")
+    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "_child", system,
+                             json.dumps(cfg), str(epochs)], stdout=subprocess.PIPE, stderr=err,
+                            text=True, preexec_fn=disk.enter_in_child,
+                            env=dict(os.environ, PYTHONPATH=os.pathsep.join(
+                                [REPO, os.environ.get("PYTHONPATH", "")])))
+    timer = threading.Timer(timeout, proc.kill)
+    timer.start()
+    rows = []
+    try:
+        for line in proc.stdout:
+            if not line.startswith("{"):
+                continue
+            row = json.loads(line)
+            rows.append(row)
+            if "config" in row:
+                print(f"  {system} configuration: {json.dumps(row['config'])}", flush=True)
+            if "epoch" in row:
+                print(f"    epoch {row['epoch']}: {row['samples'] / row['seconds']:9,.0f} samples/s, "
+                      f"read {row['bytes'] / data_bytes:5.2f}x the data in "
+                      f"{row['requests']:,} requests ({row['seconds']:.1f} s)", flush=True)
+        rc = proc.wait()
+    finally:
+        timer.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if rc != 0:
+        err.seek(0)
+        why = "killed after the time limit" if rc == -9 else f"status {rc}"
+        tail = err.read()[-2000:]
+        print(f"  {system} FAILED ({why}): {tail}", flush=True)
+        rows.append({"failed": f"{why}: {tail[-300:]}"})
     return rows
 
 
 def summarize(rows, data_bytes):
     epochs = [r for r in rows if "epoch" in r]
     out = {"config": next((r["config"] for r in rows if "config" in r), {}),
-           "epochs": epochs, "tiers": next((r["tiers"] for r in rows if "tiers" in r), None)}
+           "epochs": epochs, "tiers": next((r["tiers"] for r in rows if "tiers" in r), None),
+           "failed": next((r["failed"] for r in rows if "failed" in r), None)}
     if epochs:
         cold, warm = epochs[0], epochs[1:]
         out["cold"] = {"samples_per_s": cold["samples"] / cold["seconds"],
@@ -307,6 +354,8 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per system and data set")
     ap.add_argument("--out", default=os.path.join(HERE, "out", "peers.json"))
     ap.add_argument("--workdir", default="/var/tmp", help="local disk: image, caches, SSD tier")
+    ap.add_argument("--loader", choices=("cachedloader", "dataloader"), default="cachedloader",
+                    help="shadecache's loader (the peers use their own)")
     args = ap.parse_args(argv)
     why = throttled_disk.unavailable()
     if why:
@@ -340,18 +389,12 @@ def main(argv=None) -> int:
                     t = time.perf_counter()
                     cfg = WRITERS[system](root, n, size)
                     os.sync()
-                    cfg.update(device=disk.name, data_bytes=data_bytes,
+                    cfg.update(device=disk.name, data_bytes=data_bytes, loader=args.loader,
                                local_dir=os.path.join(local, system + "-cache"),
                                ssd_dir=os.path.join(local, system + "-ssd"))
                     print(f"  {system}: written in {time.perf_counter() - t:.0f} s", flush=True)
-                    rows = run_system(disk, system, cfg, args.epochs, args.timeout)
-                    summary = summarize(rows, data_bytes)
-                    row["systems"][system] = summary
-                    print(f"  {system} configuration: {json.dumps(summary['config'])}", flush=True)
-                    for ep in summary["epochs"]:
-                        print(f"    epoch {ep['epoch']}: {ep['samples'] / ep['seconds']:9,.0f} samples/s, "
-                              f"read {ep['bytes'] / data_bytes:5.2f}x the data in "
-                              f"{ep['requests']:,} requests ({ep['seconds']:.1f} s)", flush=True)
+                    rows = run_system(disk, system, cfg, args.epochs, args.timeout, data_bytes)
+                    row["systems"][system] = summarize(rows, data_bytes)
                     shutil.rmtree(root, ignore_errors=True)
         finally:
             shutil.rmtree(local, ignore_errors=True)

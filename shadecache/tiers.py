@@ -52,9 +52,12 @@ class TierCount(NamedTuple):
 class Read:
     """One batch read through a chain. values[k]: the bytes of ids[k], or None when no tier had
     it; source[k]: the index of the tier it came from (len(tiers) for the store, -1 for none);
-    keep[k]: whether this node keeps ids[k]; counts: {tier name: TierCount} of the tiers asked."""
+    keep[k]: whether this node keeps ids[k]; counts: {tier name: TierCount} of the tiers asked.
+    The first `asked` positions are the ids asked for; positions after them are extent mates:
+    samples the store read along with the extents of the asked ones (store.extent_mates), which
+    admit() offers like the others so that they are not read again when their turn comes."""
 
-    __slots__ = ("ids", "values", "source", "keep", "counts")
+    __slots__ = ("ids", "values", "source", "keep", "counts", "asked")
 
     def __init__(self, ids: np.ndarray, keep: np.ndarray):
         self.ids = ids
@@ -62,10 +65,60 @@ class Read:
         self.source = np.full(ids.size, -1, dtype=np.int16)
         self.keep = keep
         self.counts = {}
+        self.asked = ids.size
+
+    @property
+    def asked_values(self) -> list:
+        """The values of the ids asked for, in their order (the mates left out)."""
+        return self.values if len(self.values) == self.asked else self.values[:self.asked]
+
+    def add_mates(self, ids: np.ndarray, values: list, keep: np.ndarray, source: int) -> None:
+        self.ids = np.concatenate([self.ids, ids])
+        self.values = self.values + list(values)
+        self.source = np.concatenate([self.source, np.full(ids.size, source, dtype=np.int16)])
+        self.keep = np.concatenate([self.keep, keep])
 
     def missing(self) -> np.ndarray:
         """Positions no tier had (so far)."""
         return np.flatnonzero(self.source < 0)
+
+
+class MateStage:
+    """Extent mates the cache refused, kept in this process until their turn (first in, first
+    out, within `capacity` bytes): the extent order asks for them within its window, so a full
+    cache that admits by score (equal scores: nothing new) does not make them be read again."""
+
+    def __init__(self, capacity: int):
+        from collections import OrderedDict
+        self.capacity = int(capacity)
+        self._d = OrderedDict()
+        self._bytes = 0
+
+    def put(self, ids, values) -> None:
+        for i, v in zip(ids, values):
+            if i in self._d or v is None:
+                continue
+            self._d[i] = v
+            self._bytes += len(v)
+        while self._bytes > self.capacity and self._d:
+            _, v = self._d.popitem(last=False)
+            self._bytes -= len(v)
+
+    def take(self, ids) -> list:
+        """The staged value of each id (None where there is none), removed from the stage."""
+        out = []
+        for i in ids:
+            v = self._d.pop(i, None)
+            if v is not None:
+                self._bytes -= len(v)
+            out.append(v)
+        return out
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def __contains__(self, i) -> bool:
+        return i in self._d
 
 
 class TierChain:
@@ -89,6 +142,23 @@ class TierChain:
         self.cache = cache
         self.admit_to_cache = bool(admit)
         self.keep_remote = bool(keep_remote)
+        self._stage = None   # (pid, MateStage): per process, made on the first extent mates
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_stage"] = None   # a stage belongs to the process that read its values
+        return state
+
+    def stage(self) -> MateStage | None:
+        """This process's stage of extent mates (None while the store reads no whole extents):
+        room for 32 extents, the sampler's default window twice."""
+        layout = getattr(self.store, "extent_layout", None)
+        if layout is None:
+            return None
+        import os
+        if self._stage is None or self._stage[0] != os.getpid():
+            self._stage = (os.getpid(), MateStage(min(256 << 20, 32 * layout.extent_bytes)))
+        return self._stage[1]
 
     @classmethod
     def for_node(cls, store, cache=None, peer=None, ssd=None, admit: bool = True,
@@ -122,14 +192,45 @@ class TierChain:
 
     # ---- one batch --------------------------------------------------------------------------
     def read(self, ids) -> Read:
-        """Reads distinct ids through the tiers, then the store (no admission)."""
+        """Reads distinct ids through the tiers, then the store (no admission); with a store that
+        reads whole extents, their other samples come along as mates (Read)."""
         r = self.read_tiers(ids)
+        self.take_staged(r)
         rest = r.missing()
         if rest.size and self.store is not None:
+            mates = self.extent_mates(r.ids[rest])
             t0 = time.perf_counter_ns()
-            got = self.store.read_many(r.ids[rest])
-            self.took_from_store(r, rest, got, time.perf_counter_ns() - t0)
+            got = self.store.read_many(np.concatenate([r.ids[rest], mates]) if mates.size else r.ids[rest])
+            self.took_from_store(r, rest, got, time.perf_counter_ns() - t0, mates)
         return r
+
+    def take_staged(self, r: Read) -> None:
+        """Fills the positions no tier had from this process's stage of extent mates (counted as
+        the store's: it read them)."""
+        stage = self.stage()
+        rest = r.missing()
+        if stage is None or not len(stage) or not rest.size:
+            return
+        got = stage.take(r.ids[rest].tolist())
+        hit = np.array([v is not None for v in got], dtype=bool)
+        for k, v in zip(rest[hit].tolist(), (v for v in got if v is not None)):
+            r.values[k] = v
+        r.source[rest[hit]] = len(self.tiers)
+
+    def extent_mates(self, ids: np.ndarray) -> np.ndarray:
+        """The samples a read of `ids`' extents brings besides them (store.extent_mates: empty
+        unless the store reads whole extents, for the sampler's extent order) that this node would
+        keep and its cache does not hold yet."""
+        mates_of = getattr(self.store, "extent_mates", None)
+        mates = np.empty(0, np.int64) if mates_of is None else np.asarray(mates_of(ids), np.int64)
+        if mates.size and self.cache is not None and self.admit_to_cache:
+            mates = mates[~np.asarray(self.cache.cached_mask(), dtype=bool)[mates]]
+        if mates.size:
+            mates = mates[self.keeps(mates)]
+        stage = self.stage() if mates.size else None
+        if stage is not None and len(stage):
+            mates = mates[[i not in stage for i in mates.tolist()]]
+        return mates
 
     def admit(self, r: Read, insert=None) -> np.ndarray:
         """Offers the values of the ids this node keeps to the cache (insert(ids, values) -> bool
@@ -145,6 +246,11 @@ class TierChain:
             below = np.flatnonzero(have & ~admitted & (r.source > j))
             if below.size:
                 self.tiers[j][1].put_many(r.ids[below].tolist(), [r.values[k] for k in below.tolist()])
+        if r.ids.size > r.asked:   # mates the cache refused wait in this process for their turn
+            refused = np.flatnonzero(~admitted[r.asked:] & have[r.asked:]) + r.asked
+            stage = self.stage()
+            if stage is not None and refused.size:
+                stage.put(r.ids[refused].tolist(), [r.values[k] for k in refused.tolist()])
         return admitted
 
     def fetch(self, ids) -> list:
@@ -152,7 +258,7 @@ class TierChain:
         read through the tiers and admitted: the miss path of every reader."""
         r = self.read(ids)
         self.admit(r)
-        return r.values
+        return r.asked_values
 
     def reader(self, batches: int = 4, queue_depth: int = 32, lanes: int = 2) -> "ChainReader":
         """A pipeline of up to `batches` batches in flight (see ChainReader)."""
@@ -187,13 +293,19 @@ class TierChain:
             r.counts[name] = TierCount(int(pending.size), hits, nbytes, ns)
         return r
 
-    def took_from_store(self, r: Read, rest: np.ndarray, got: list, ns: int) -> None:
-        """Records the store's values `got` for positions `rest` of `r`."""
+    def took_from_store(self, r: Read, rest: np.ndarray, got: list, ns: int,
+                        mates: np.ndarray | None = None) -> None:
+        """Records the store's values `got` for positions `rest` of `r`, then those of the extent
+        mates read with them (the values after rest's, in the order of `mates`)."""
         nbytes = 0
         for k, v in zip(rest.tolist(), got):
             r.values[k] = v
             nbytes += len(v)
         r.source[rest] = len(self.tiers)
+        if mates is not None and mates.size:
+            extra = got[rest.size:]
+            nbytes += sum(len(v) for v in extra)
+            r.add_mates(mates, extra, np.ones(mates.size, dtype=bool), len(self.tiers))
         r.counts[STORE] = TierCount(int(rest.size), int(rest.size), nbytes, ns)
 
 
@@ -219,19 +331,21 @@ class ChainReader:
     def submit(self, ids) -> None:
         r = self.chain.read_tiers(ids)
         rest = r.missing() if self.chain.store is not None else np.empty(0, np.int64)
+        mates = self.chain.extent_mates(r.ids[rest]) if rest.size else np.empty(0, np.int64)
+        wanted = np.concatenate([r.ids[rest], mates]) if mates.size else r.ids[rest]
         fut = None
         if rest.size:
             if self._stream is not None:
-                self._stream.submit(r.ids[rest])
+                self._stream.submit(wanted)
             else:
-                fut = self._pool.submit(self.chain.store.read_many, r.ids[rest])
-        self._inflight.append((r, rest, time.perf_counter_ns(), fut))
+                fut = self._pool.submit(self.chain.store.read_many, wanted)
+        self._inflight.append((r, rest, mates, time.perf_counter_ns(), fut))
 
     def take(self) -> Read:
-        r, rest, t0, fut = self._inflight.popleft()
+        r, rest, mates, t0, fut = self._inflight.popleft()
         if rest.size:
             got = self._stream.take() if fut is None else fut.result()
-            self.chain.took_from_store(r, rest, got, time.perf_counter_ns() - t0)
+            self.chain.took_from_store(r, rest, got, time.perf_counter_ns() - t0, mates)
         return r
 
     def __len__(self) -> int:

@@ -186,7 +186,7 @@ class CachedDataset(Dataset):
         self.counters.add(**{f"{name}_{field}": v for name, c in r.counts.items()
                              for field, v in (("calls", 1), ("hits", c.hits), ("bytes", c.bytes),
                                               ("ns", c.ns))})
-        return r.values
+        return r.asked_values
 
     def __getitems__(self, ids):
         a = self.check_ids(ids)

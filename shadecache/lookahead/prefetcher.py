@@ -356,11 +356,12 @@ def run(cache_name, chain, options, parent_pid):
                 data = read.values
                 if pace is not None:
                     pace.saw_batch(time.monotonic() - t_sub)
+                # the batch's ids, then the extent mates read with them (tiers.Read)
                 admitted = chain.admit(read, insert)
                 on_way.difference_update(ids.tolist())
-                full = full or not admitted.all()   # the cache only shrinks by removals
-                refused.update(ids[~admitted].tolist())
-                got = ids[admitted]
+                full = full or not admitted[:read.asked].all()   # the cache only shrinks by removals
+                refused.update(ids[~admitted[:read.asked]].tolist())
+                got = read.ids[admitted]
                 board.mark_prefetched(got)
                 flagged.update(got.tolist())
                 board.count(ep, prefetched=int(got.size),
@@ -370,8 +371,9 @@ def run(cache_name, chain, options, parent_pid):
         # a clean stop: finish (and insert) what is in flight, so no read is left to die with us
         while inflight:
             ids, ep, *_ = inflight.popleft()
-            admitted = chain.admit(tier.take(), insert)
-            board.mark_prefetched(ids[admitted])
+            read = tier.take()
+            admitted = chain.admit(read, insert)
+            board.mark_prefetched(read.ids[admitted])
             board.count(ep, prefetched=int(admitted.sum()))
     finally:
         tier.close()

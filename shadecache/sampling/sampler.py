@@ -167,7 +167,11 @@ class ShadeSampler(Sampler):
                              "source over one (a PackedStore, a CachedDataset of one)")
         if len(store) != self.n:
             raise ValueError(f"the store has {len(store)} samples, the data set {self.n}")
-        return ExtentLayout.of_store(store, extent_bytes)
+        layout = ExtentLayout.of_store(store, extent_bytes)
+        # misses now come an extent at a time: the miss path reads whole extents and keeps the
+        # samples due later in the window (tiers.py, extent mates)
+        store.read_whole_extents(layout)
+        return layout
 
     @classmethod
     def defaults(cls) -> dict:

@@ -163,7 +163,8 @@ class PackedStore(_StoreBase):
 
     def __init__(self, path: str | os.PathLike, backend: str = "auto", direct: bool = False,
                  queue_depth: int = 64, verify: bool = True, *, gap_bytes: int | None = None,
-                 max_extent_bytes: int = DEFAULT_MAX_EXTENT, device: dict | None = None):
+                 max_extent_bytes: int = DEFAULT_MAX_EXTENT, device: dict | None = None,
+                 extent_layout=None):
         _check_backend_args(backend, queue_depth)
         self.path = os.fspath(path)
         self._options = (backend, bool(direct), int(queue_depth), bool(verify))
@@ -181,6 +182,7 @@ class PackedStore(_StoreBase):
         self._r.set_shape(int(gap_bytes), int(max_extent_bytes))
         self._shape_options = {"gap_bytes": int(gap_bytes), "max_extent_bytes": int(max_extent_bytes),
                                "device": self.device}
+        self.extent_layout = extent_layout
         self._labels = self._r.labels()
         self._labels.flags.writeable = False
         self._lengths = None
@@ -316,6 +318,22 @@ class PackedStore(_StoreBase):
         n = len(self)
         return bool(n) and self.data_bytes / n < self.device["gap_bytes"]
 
+    def read_whole_extents(self, layout) -> None:
+        """From now on the tier chain reads the whole extents (shadecache/sampling/extents.py's
+        ExtentLayout) that the ids it misses touch, and offers their other samples to the cache
+        and the SSD tier (tiers.Read's mates) instead of reading them again when their turn comes.
+        ShadeSampler sets this when it draws the extent order; None stops it. Travels with a
+        pickled store (spawned workers)."""
+        self.extent_layout = layout
+
+    def extent_mates(self, ids) -> np.ndarray:
+        """The ids a read of the extents of `ids` brings besides them (empty unless
+        read_whole_extents was given a layout)."""
+        if self.extent_layout is None:
+            return np.empty(0, dtype=np.int64)
+        wide = self.extent_layout.widen(ids)
+        return wide[~np.isin(wide, np.asarray(ids, dtype=np.int64))]
+
     def io_counters(self) -> dict:
         """What this process's reads of the store asked of the device: samples handed out, read
         requests issued (extents) and bytes requested (gaps and O_DIRECT widening included)."""
@@ -325,7 +343,8 @@ class PackedStore(_StoreBase):
         self._r.close()
 
     def __reduce__(self):
-        return (_reopen, (self.path, self._options, self._shape_options))
+        return (_reopen, (self.path, self._options,
+                          {**self._shape_options, "extent_layout": self.extent_layout}))
 
     def __repr__(self) -> str:
         return (f"PackedStore({self.path!r}, {len(self)} samples, backend={self.backend!r}, "

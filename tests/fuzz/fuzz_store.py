@@ -109,8 +109,6 @@ def ref_parse(f: Sparse):
     trailer = f.get(d_off + d_bytes - 16, 16)
     if trailer != DIR_MAGIC + struct.pack("<Q", n):
         return "trailer", None, None
-    if d_off + d_bytes > len(f.raw):   # the directory reaches into the hole: never valid whole
-        return "dir in hole", None, None
     d = f.get(d_off, d_bytes)
     lengths = _column(d[:n * lw], lw, False)
     crcs = _column(d[n * lw:n * (lw + 4)], 4, False)
@@ -203,8 +201,9 @@ class _File:
     def columns(self, h):
         """(lengths, crcs, labels) as the directory holds them, or None when it lies outside."""
         n, lw, bw, at = h[F_N], h[F_LW], h[F_BW], h[F_DIR_OFF]
-        if lw not in (1, 2, 4) or bw not in (1, 2, 4, 8) or n > MAX_FILE or at + n * (lw + 4 + bw) > len(self.b):
-            return None
+        if (lw not in (1, 2, 4) or bw not in (1, 2, 4, 8) or n > MAX_FILE or at < _HDR.size
+                or at + n * (lw + 4 + bw) > len(self.b)):
+            return None   # nowhere to re-encode a directory (it would overwrite the header)
         d = bytes(self.b[at:at + n * (lw + 4 + bw)])
         return (_column(d[:n * lw], lw, False), _column(d[n * lw:n * (lw + 4)], 4, False),
                 _column(d[n * (lw + 4):], bw, True))
