@@ -242,8 +242,13 @@ class TierChain:
             pos = np.flatnonzero(have)
             put = self.cache.put_many if insert is None else insert
             admitted[pos] = np.asarray(put(r.ids[pos], [r.values[k] for k in pos.tolist()]), dtype=bool)
+        asked = np.zeros(r.ids.size, dtype=bool)
+        asked[:r.asked] = True
         for j in self._copying():
-            below = np.flatnonzero(have & ~admitted & (r.source > j))
+            # extent mates are not offered here: they wait in the stage for a turn that comes
+            # within the window, and a full SSD tier offered every one of them each epoch spent
+            # the loop's time writing (measured: 256 B samples, warm epochs 5x slower)
+            below = np.flatnonzero(have & asked & ~admitted & (r.source > j))
             if below.size:
                 self.tiers[j][1].put_many(r.ids[below].tolist(), [r.values[k] for k in below.tolist()])
         if r.ids.size > r.asked:   # mates the cache refused wait in this process for their turn

@@ -83,8 +83,8 @@ class ShadeSampler(Sampler):
                      `extent_window` extents (shadecache/sampling/extents.py; with a cache, the
                      cached samples still go first and the misses follow in extent order);
                      "auto" (default): "extents" when the packed store behind the data source (or
-                     `store`) is IOPS-bound (store.iops_bound: its samples are smaller than what
-                     the device transfers in the time of one request, measured at open), else
+                     `store`) is IOPS-bound (store.iops_bound: its samples are under a quarter of
+                     what the device transfers in the time of one request, measured at open), else
                      "uniform". The draw itself (which ids, how often) is the same in both.
     extent_window    extents whose samples are shuffled together (default 16)
     extent_bytes     bytes of one extent (default: 16 x the store's gap threshold, 64 KiB-8 MiB)

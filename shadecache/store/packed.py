@@ -26,6 +26,7 @@ __all__ = ["PackedStore", "FolderStore", "scan_image_folder", "FORMAT_VERSION"]
 
 FORMAT_VERSION = _io.FORMAT_VERSION
 DEFAULT_MAX_EXTENT = 8 << 20   # bytes of one read request at most (unless one sample is larger)
+IOPS_BOUND_FACTOR = 4          # see PackedStore.iops_bound
 _BACKENDS = ("auto", "io_uring", "pread")
 _warned: set = set()  # fallback reasons already reported in this process
 
@@ -312,16 +313,20 @@ class PackedStore(_StoreBase):
 
     @property
     def iops_bound(self) -> bool:
-        """Whether a read of one sample costs the device more in requests than in bytes (the
-        mean sample is smaller than what the device transfers in the time of one request): then
-        reads of extents, and an order that reads them (ShadeSampler's extent order), pay off."""
+        """Whether a read of one sample costs the device at least IOPS_BOUND_FACTOR (4) times
+        more in its request than in its bytes (the mean sample is under a quarter of what the
+        device transfers in the time of one request): then reads of whole extents, and the order
+        that reads them (ShadeSampler's extent order), pay off. Below that factor they do not:
+        an extent's read also carries the samples the cache holds inside it (measured:
+        BENCHMARKS.md, "Reads shaped for the device", 100 KB samples)."""
         n = len(self)
-        return bool(n) and self.data_bytes / n < self.device["gap_bytes"]
+        return bool(n) and IOPS_BOUND_FACTOR * self.data_bytes / n < self.device["gap_bytes"]
 
     def read_whole_extents(self, layout) -> None:
         """From now on the tier chain reads the whole extents (shadecache/sampling/extents.py's
-        ExtentLayout) that the ids it misses touch, and offers their other samples to the cache
-        and the SSD tier (tiers.Read's mates) instead of reading them again when their turn comes.
+        ExtentLayout) that the ids it misses touch, and keeps their other samples (tiers.Read's
+        mates: the cache by its policy, else the process's stage) instead of reading them again
+        when their turn comes.
         ShadeSampler sets this when it draws the extent order; None stops it. Travels with a
         pickled store (spawned workers)."""
         self.extent_layout = layout

@@ -1,6 +1,6 @@
 """The miss path under the extent order (shadecache/tiers.py, extent mates): a miss reads its
-whole extent, the extent's other samples are offered to the cache (admitted by its policy) and
-to the SSD tier, and what they refuse waits in the process's stage, instead of being read again
+whole extent, the extent's other samples are offered to the cache (admitted by its policy), and
+what it refuses waits in the process's stage, instead of being read again
 when its turn comes; so an epoch reads each sample it does not hold once, in about one request
 per extent."""
 import numpy as np

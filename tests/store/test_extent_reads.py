@@ -155,3 +155,15 @@ def test_the_device_profile_sets_the_gap(tmp_path):
         sc.PackedStore(p, gap_bytes=-1, device=cloud)
     with pytest.raises(ValueError, match="device"):
         sc.PackedStore(p, device={"iops": 0, "bandwidth": 1})
+
+
+def test_iops_bound_means_a_request_costs_four_times_the_bytes(tmp_path):
+    rng = np.random.default_rng(3)
+    cloud = {"iops": 3000, "bandwidth": 200 << 20}     # gap 69,905 bytes
+    for size, bound in ((17_000, True), (18_000, False)):
+        p = tmp_path / f"s{size}.shc"
+        with sc.PackWriter(p) as w:
+            for _ in range(50):
+                w.add(rng.bytes(size), 0)
+        with sc.PackedStore(p, device=cloud) as s:
+            assert s.iops_bound is bound, size
