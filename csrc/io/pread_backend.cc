@@ -21,24 +21,11 @@
 
 namespace shadecache {
 
-ssize_t pread_full(int fd, char* buf, size_t n, uint64_t off) {
-  size_t got = 0;
-  while (got < n) {
-    ssize_t r = ::pread(fd, buf + got, n - got, static_cast<off_t>(off + got));
-    if (r < 0) {
-      if (errno == EINTR || errno == EAGAIN) continue;
-      return -errno;
-    }
-    if (r == 0) break;
-    got += static_cast<size_t>(r);
-  }
-  return static_cast<ssize_t>(got);
-}
-
 namespace {
 
-// pread_full for O_DIRECT: stops once `need` bytes are in, since the read of the last aligned
-// blocks ends early at end of file (and a retry at the unaligned end would be EINVAL).
+// Reads up to `want` bytes at off, retrying EINTR/EAGAIN and short reads until `need` bytes are
+// in or end of file. For O_DIRECT need < want: the read of the last aligned blocks ends early at
+// end of file (and a retry at the unaligned end would be EINVAL).
 ssize_t pread_direct(int fd, char* buf, size_t want, uint64_t off, size_t need) {
   size_t got = 0;
   while (got < need) {
@@ -52,6 +39,12 @@ ssize_t pread_direct(int fd, char* buf, size_t want, uint64_t off, size_t need) 
   }
   return static_cast<ssize_t>(got);
 }
+
+}  // namespace
+
+ssize_t pread_full(int fd, char* buf, size_t n, uint64_t off) { return pread_direct(fd, buf, n, off, n); }
+
+namespace {
 
 // An aligned buffer per thread for O_DIRECT reads, grown on demand.
 struct Bounce {

@@ -9,18 +9,12 @@ import torch
 
 import shadecache as sc
 
-CLOUD = {"iops": 3000, "bandwidth": 200 << 20}
+from conftest import CLOUD_DEVICE as CLOUD  # noqa: E402
 
 
 @pytest.fixture
-def store(tmp_path):
-    rng = np.random.default_rng(0)
-    p = tmp_path / "s.shc"
-    with sc.PackWriter(p, seed=4) as w:
-        for i in range(3000):
-            w.add(rng.bytes(int(rng.integers(2000, 4000))), i % 10)
-    with sc.PackedStore(p, device=CLOUD) as s:
-        yield s
+def store(cloud_store):
+    return cloud_store
 
 
 def _epochs(store, cache, order, epochs=1, loader="cachedloader"):

@@ -7,18 +7,12 @@ import pytest
 import shadecache as sc
 from shadecache.sampling.extents import ExtentLayout, arrange
 
-CLOUD = {"iops": 3000, "bandwidth": 200 << 20}        # 3 KB samples: a request costs more than its bytes
+from conftest import CLOUD_DEVICE as CLOUD  # noqa: E402
 
 
 @pytest.fixture
-def store(tmp_path):
-    rng = np.random.default_rng(0)
-    p = tmp_path / "s.shc"
-    with sc.PackWriter(p, seed=9) as w:
-        for i in range(3000):
-            w.add(rng.bytes(int(rng.integers(2000, 4000))), i % 10)
-    with sc.PackedStore(p, device=CLOUD) as s:
-        yield s
+def store(cloud_store):
+    return cloud_store
 
 
 def _runs(ids, layout):
