@@ -175,7 +175,8 @@ def run_shadecache(cfg, epochs, report):
     name = f"peers-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     cache = sc.Cache.create(name, num_samples=len(store), capacity_bytes=int(RAM_SHARE * data_bytes),
                             policy="importance")
-    ssd = sc.SSDTier(cfg["ssd_dir"], capacity_bytes=int(SSD_SHARE * data_bytes))
+    ssd_share = cfg.get("ssd_share", SSD_SHARE)
+    ssd = sc.SSDTier(cfg["ssd_dir"], capacity_bytes=int(ssd_share * data_bytes)) if ssd_share else None
     ds = sc.CachedDataset(store, cache, ssd=ssd, decode=bytes)
     sampler = sc.ShadeSampler(ds, cache=cache, batch_size=BATCH, rep_factor=0, seed=0)
     if cfg.get("loader") == "dataloader":
@@ -192,7 +193,8 @@ def run_shadecache(cfg, epochs, report):
         "device": {k: (round(v) if isinstance(v, float) else v) for k, v in store.device.items()},
         "gap_bytes": store.gap_bytes, "iops_bound": store.iops_bound,
         "cache": f"{cache.capacity_bytes} bytes in /dev/shm (RAM {RAM_SHARE:.0%}), policy importance",
-        "ssd_tier": f"{ssd.capacity_bytes} bytes at {cfg['ssd_dir']} (SSD {SSD_SHARE:.0%})",
+        "ssd_tier": (f"{ssd.capacity_bytes} bytes at {cfg['ssd_dir']} (SSD {ssd_share:.0%})"
+                     if ssd is not None else "none (--ssd-share 0)"),
         "sampler": {"order": sampler.order_kind, "extent_window": sampler.extent_window,
                     "extent_bytes": None if sampler.extents is None else sampler.extents.extent_bytes,
                     "rep_factor": 0, "pads": True, "temper": sampler.temper},
@@ -208,7 +210,8 @@ def run_shadecache(cfg, epochs, report):
         report({"tiers": {k: v for k, v in ds.stats().items() if isinstance(v, (int, float))}})
     finally:
         del loader
-        ssd.close()
+        if ssd is not None:
+            ssd.close()
         cache.close()
         cache.unlink()
 
@@ -356,6 +359,8 @@ def main(argv=None) -> int:
     ap.add_argument("--workdir", default="/var/tmp", help="local disk: image, caches, SSD tier")
     ap.add_argument("--loader", choices=("cachedloader", "dataloader"), default="cachedloader",
                     help="shadecache's loader (the peers use their own)")
+    ap.add_argument("--ssd-share", type=float, default=SSD_SHARE,
+                    help="shadecache's SSD tier, a share of the data (0: none)")
     args = ap.parse_args(argv)
     why = throttled_disk.unavailable()
     if why:
@@ -390,6 +395,7 @@ def main(argv=None) -> int:
                     cfg = WRITERS[system](root, n, size)
                     os.sync()
                     cfg.update(device=disk.name, data_bytes=data_bytes, loader=args.loader,
+                               ssd_share=args.ssd_share,
                                local_dir=os.path.join(local, system + "-cache"),
                                ssd_dir=os.path.join(local, system + "-ssd"))
                     print(f"  {system}: written in {time.perf_counter() - t:.0f} s", flush=True)
