@@ -1,6 +1,7 @@
 """Builds the two native modules.
 
-shadecache._core  the shared-memory cache engine (csrc/cache, csrc/common)
+shadecache._core  the shared-memory cache engine (csrc/cache, csrc/common) and the peer layer's
+                  frames (csrc/net; links OpenSSL's libcrypto, from libssl-dev)
 shadecache._io    the packed-store batch reader (csrc/io, csrc/common); uses liburing when found
 
 SHADECACHE_BUILD_ONLY=_io (or _core) builds one of them: a development convenience so that work on
@@ -43,20 +44,21 @@ def sources(*patterns):
     return out
 
 
-common = sources("csrc/common/*.cc", "csrc/bindings/errors.cc", "csrc/bindings/ids.cc")
+common = sources("csrc/common/*.cc", "csrc/bindings/errors.cc", "csrc/bindings/ids.cc", "csrc/bindings/convert.cc")
 # Every header: setuptools rebuilds an extension only when a listed file is newer than it, and a
 # change to an inline function in a header (the cache's read path lives in cache.h) must rebuild.
 headers = sources("csrc/*/*.h", "csrc/*/*/*.h")
 core = Pybind11Extension(
     "shadecache._core",
     common + sources("csrc/cache/*.cc", "csrc/cache/policies/*.cc", "csrc/net/*.cc", "csrc/bindings/core_module.cc",
-                     "csrc/bindings/sample_view.cc", "csrc/bindings/test_hooks.cc", "csrc/bindings/next_use_bindings.cc",
+                     "csrc/bindings/cache_reads.cc", "csrc/bindings/sample_view.cc", "csrc/bindings/test_hooks.cc", "csrc/bindings/next_use_bindings.cc",
                      "csrc/bindings/batch_gather.cc", "csrc/bindings/peer_io.cc"),
     depends=headers,
     include_dirs=["csrc"],
     cxx_std=17,
     extra_compile_args=CXXFLAGS,
-    libraries=["rt", "pthread"],
+    # libcrypto (OpenSSL): the peer layer's AES-256-GCM frames and HKDF (csrc/net/aead.h)
+    libraries=["rt", "pthread", "crypto"],
 )
 io_macros, io_libs = [], ["pthread"]
 if have_liburing():

@@ -50,7 +50,7 @@ def main(node, nodes, host, store_addr, workdir, epochs, capacity, mode):
             _wait(os.path.join(workdir, f"addr.{k}"))
             addrs.append(open(os.path.join(workdir, f"addr.{k}")).read())
         cluster = sc.Cluster(addrs, node, secret=secret, timeout=30.0)
-        client = PeerClient(server.address, secret)
+        client = PeerClient(server.address, secret, store)
     ds = sc.CachedDataset(store, cache, cluster=cluster)
     _publish(os.path.join(workdir, f"ready.{node}"), "")
     try:

@@ -3,8 +3,9 @@
     python bench/large_values.py             # ~1 minute; prints the table (BENCHMARKS.md, "Large values")
     python bench/large_values.py --tiny      # the smoke run
 
-A value larger than a slab page lives in a run of whole pages and is copied out with one memcpy
-under the seqlock, so a get should run at the copy's bandwidth. The contenders read the same
+A value larger than a chunk is whole chunks plus a tail slot; a get copies the chunks out (those
+side by side, as a value written into free pages has them, in one memcpy) under the head's seqlock,
+so it should run at the copy's bandwidth. The contenders read the same
 amount from working sets of the same size (larger than the L3), round-robin, medians of
 per-repetition ratios (workload.run_interleaved):
 - cache.get(i) of 16 MiB values (ids in a random order);

@@ -191,7 +191,7 @@ def main(argv=None):
                             rows.append((size, n, rnd, mode, e, rate, nbytes / data))
                         warm = per[1:]
                         print(f"{size} B x {n}, round {rnd}, {mode:>10}: warm epochs "
-                              + ", ".join(f"{r:,.0f}/s {b / data:.2f}x" for r, b in warm), flush=True)
+                              + ", ".join(f"{r:,.0f}/s {b / data:.3f}x" for r, b in warm), flush=True)
                 os.unlink(store_path)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -203,7 +203,7 @@ def main(argv=None):
                 rs = [r for r in rows if r[0] == size and r[2] == rnd and r[3] == mode and r[4] > 0]
                 print(f"| {size // 1024} KB x {rs[0][1]:,} | {rnd} | {mode} | "
                       + ", ".join(f"{r[5]:,.0f}" for r in rs) + " | "
-                      + ", ".join(f"{r[6]:.2f}x" for r in rs) + " |")
+                      + ", ".join(f"{r[6]:.3f}x" for r in rs) + " |")
     return rows
 
 

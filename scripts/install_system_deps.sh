@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # System packages the tests and benchmarks use, from Debian's archive:
+#   libssl-dev    OpenSSL's libcrypto: the peer layer's encrypted frames (the build needs it)
 #   liburing-dev  the io_uring backend of the packed store (without it _io builds with pread only)
 #   redis-server  the Redis baseline in bench/ (its tests skip with a message when absent)
 #   fio           the physical-limit baseline of the store benchmark
 # Best effort: without root or without the archive the build still works, on the fallbacks.
 set -u
-pkgs="liburing-dev redis-server fio"
+pkgs="libssl-dev liburing-dev redis-server fio"
 missing=""
 for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -z "$missing" ]; then

@@ -190,6 +190,21 @@ class TierChain:
                 out.append((j, np.asarray(serves(ids), dtype=bool)))
         return out
 
+    def held(self, ids) -> np.ndarray:
+        """Bool mask: the ids a tier that keeps copies (the SSD tier) holds now, by its index."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        out = np.zeros(ids.size, dtype=bool)
+        for j in self._copying():
+            holds = getattr(self.tiers[j][1], "holds", None)
+            if holds is not None:
+                out |= np.asarray(holds(ids), dtype=bool)
+        return out
+
+    @property
+    def keeps_copies(self) -> bool:
+        """Whether a tier below the cache keeps copies (an SSD tier)."""
+        return bool(self._copying())
+
     # ---- one batch --------------------------------------------------------------------------
     def read(self, ids) -> Read:
         """Reads distinct ids through the tiers, then the store (no admission); with a store that

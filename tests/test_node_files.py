@@ -11,8 +11,10 @@ import pytest
 
 import shadecache as sc
 from shadecache import _core
-from shadecache.cache import handle as cache_mod
+from shadecache import shm
+from shadecache.cache import node as cache_mod
 from shadecache.lookahead import board as order
+from shadecache.lookahead import publish
 from shadecache.peer import status as tier_status
 from shadecache.ssd.layout import slot_bytes
 
@@ -34,7 +36,7 @@ def name():
     """A unique cache name; everything any user made under it in /dev/shm is removed after."""
     n = _name()
     yield n
-    for p in (_seg_path(n), order.board_path(n), tier_status.path_of(n)):
+    for p in (_seg_path(n), shm.board_path(n), tier_status.path_of(n)):
         unlink_quietly(p)
 
 
@@ -122,7 +124,7 @@ def test_rm_and_gc_leave_another_users_files_alone(name):
         os.symlink("/etc/passwd", tier_status.path_of(name + "-link"))
 
     run_as(ATTACKER, attacker)
-    board, link = order.board_path(name + "-noboard"), tier_status.path_of(name + "-link")
+    board, link = shm.board_path(name + "-noboard"), tier_status.path_of(name + "-link")
     try:
         removed = cache_mod.gc()
         assert name not in removed and os.path.exists(_seg_path(name))
@@ -142,7 +144,7 @@ def test_a_directory_or_fifo_planted_at_the_node_files_names_is_refused_naming_i
     """Another user plants a directory or a FIFO (not a file) at the segment's, the board's and
     the tier status file's names: every refusal names the owner and what was found, whichever
     check (the kernel's open, or the regular-file check on the descriptor) catches it."""
-    paths = (_seg_path(name), order.board_path(name), tier_status.path_of(name))
+    paths = (_seg_path(name), shm.board_path(name), tier_status.path_of(name))
 
     def plant():
         for p in paths:
@@ -175,7 +177,7 @@ def test_own_non_file_at_a_board_or_status_name_is_refused_saying_what_it_is(nam
     """This user's own directory where a board or a status file belongs: refused (never replaced
     by the status write), the message saying what is there."""
     os.mkdir(tier_status.path_of(name), 0o700)
-    os.mkfifo(order.board_path(name), 0o600)
+    os.mkfifo(shm.board_path(name), 0o600)
     try:
         with pytest.raises(PermissionError, match="a directory of this user"):
             tier_status.write(name, {"pid": os.getpid()})
@@ -261,7 +263,7 @@ def test_order_board_made_first_by_another_user_is_refused(name):
     c = sc.Cache.create(name, 16, 1 << 20, policy="clairvoyant")
     try:
         with pytest.raises(PermissionError, match=OWNER):
-            order.board_for(c)
+            publish.board_for(c)
         with pytest.raises(PermissionError, match=OWNER):
             order.OrderBoard.attach(name)
         with pytest.raises(FileExistsError, match=OWNER):
@@ -331,7 +333,7 @@ def test_tier_status_file_is_made_0600_and_leaves_no_temporary_file(name):
     st = os.lstat(tier_status.path_of(name))
     assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == os.geteuid()
     assert tier_status.read(name)["address"] == "127.0.0.1:1"
-    assert [e for e in os.listdir(tier_status.DIR) if e.startswith(tier_status.PREFIX + name)] == \
+    assert [e for e in os.listdir(shm.SHM_DIR) if e.startswith(shm.STATUS_PREFIX + name)] == \
         [os.path.basename(tier_status.path_of(name))]
 
 
@@ -350,7 +352,7 @@ def test_tier_status_write_over_another_users_file_is_refused_cleanly(name):
 
     msg = run_as(VICTIM, victim)
     assert msg is not None and "uid 65534 (nobody)" in msg
-    left = [e for e in os.listdir(tier_status.DIR) if e.startswith(tier_status.PREFIX + name)]
+    left = [e for e in os.listdir(shm.SHM_DIR) if e.startswith(shm.STATUS_PREFIX + name)]
     assert left == [os.path.basename(tier_status.path_of(name))], left
 
 
@@ -363,6 +365,7 @@ def test_root_status_write_leaves_another_users_file_and_the_publisher_goes_on(n
     import threading
     import time
 
+    from shadecache.peer import new_secret
     from shadecache.peer.server import PeerService
 
     run_as(ATTACKER, _attacker_plants_status, name)
@@ -375,11 +378,11 @@ def test_root_status_write_leaves_another_users_file_and_the_publisher_goes_on(n
     assert (now.st_ino, now.st_uid) == (planted.st_ino, ATTACKER)
     with open(tier_status.path_of(name), "rb") as f:
         assert f.read() == planted_bytes
-    assert [e for e in os.listdir(tier_status.DIR) if e.startswith(tier_status.PREFIX + name)] == \
+    assert [e for e in os.listdir(shm.SHM_DIR) if e.startswith(shm.STATUS_PREFIX + name)] == \
         [os.path.basename(tier_status.path_of(name))]
 
     c = sc.Cache.create(name, 8, 1 << 20)
-    service = PeerService(c)
+    service = PeerService(c, secret=new_secret())
     publisher = threading.Thread(target=service.publish_forever, args=(0.02,), daemon=True)
     try:
         publisher.start()

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "bindings/convert.h"
 #include "bindings/ids.h"
 #include "cache/cache.h"
 
@@ -176,18 +177,10 @@ py::object gather_rows(Cache& c, py::handle ids, py::handle out, py::handle labe
                        size_t block, bool none_if_all_rows) {
   std::vector<uint64_t> v = checked_ids(c, ids);
   auto [lab, lab_out] = label_arrays(c, labels, labels_out, v.size());
-  Py_buffer view;
-  if (PyObject_GetBuffer(out.ptr(), &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0) {
-    PyErr_Clear();
-    throw py::type_error("gather_rows needs a writable C-contiguous buffer (numpy array, bytearray), got " +
-                         std::string(Py_TYPE(out.ptr())->tp_name));
-  }
-  struct Release {
-    Py_buffer* v;
-    ~Release() { PyBuffer_Release(v); }
-  } release{&view};
+  WritableBuffer view(out, PyBUF_C_CONTIGUOUS,
+                      "gather_rows needs a writable C-contiguous buffer (numpy array, bytearray)");
   const size_t n = v.size();
-  const uint64_t total = static_cast<uint64_t>(view.len);
+  const uint64_t total = view.size();
   if (n == 0) {
     if (total != 0) throw py::value_error("gather_rows: no ids but a buffer of " + std::to_string(total) + " bytes");
     if (none_if_all_rows) return py::none();
@@ -197,7 +190,7 @@ py::object gather_rows(Cache& c, py::handle ids, py::handle out, py::handle labe
     throw py::value_error("gather_rows: a buffer of " + std::to_string(total) + " bytes is not " + std::to_string(n) +
                           " equal rows");
   const uint64_t row = total / n;
-  char* dst = static_cast<char*>(view.buf);
+  char* dst = view.data();
   py::array_t<int64_t> lengths(static_cast<py::ssize_t>(n));
   int64_t* lens = lengths.mutable_data();
   uint32_t guess = static_cast<uint32_t>(std::min<uint64_t>(row, Cache::kPrefetchMaxBytes));

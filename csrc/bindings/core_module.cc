@@ -1,183 +1,38 @@
-// Python bindings of the cache engine: shadecache._core.CacheCore.
+// Python bindings of the cache engine: shadecache._core. This file is the binding table of
+// CacheCore and the module's constants; argument conversion is bindings/convert.h (shared with
+// the _io module), get and view as hand-written CPython calls bindings/cache_reads.h, and the
+// rest registers from its own file (views, batch gathers, peer replies, next uses, test hooks).
 //
 // GIL contract: reads (get, get_many, get_into, contains, snapshots) never wait, so they keep the
 // GIL; every call that may wait for the cache mutex (put, put_many, remove, update_scores, stats,
 // check) releases it first, after the arguments have been turned into native values. The one
 // exception is put of a small value: it tries the mutex with the GIL held and releases the GIL
 // only if the mutex is busy (then waits without it), because a GIL round trip costs more than the
-// put itself. Values are only
-// borrowed (Py_buffer) while the GIL is released; the caller's references keep them alive.
+// put itself. Values are only borrowed (Py_buffer) while the GIL is released; the caller's
+// references keep them alive.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <atomic>
-#include <cstring>
-#include <new>
 #include <vector>
 
 #include "bindings/batch_gather.h"
-#include "bindings/peer_io.h"
+#include "bindings/cache_reads.h"
+#include "bindings/convert.h"
 #include "bindings/errors.h"
 #include "bindings/ids.h"
+#include "bindings/peer_io.h"
 #include "bindings/next_use_bindings.h"
 #include "bindings/sample_view.h"
 #include "bindings/test_hooks.h"
 #include "cache/cache.h"
 #include "cache/segment.h"
+#include "net/peer_wire.h"
 
 namespace py = pybind11;
 using namespace shadecache;
 
 namespace {
-
-// True when a struct-module format string holds an 'O' (a Python object pointer) code. Field
-// names of a structured array stand between colons ("T{i:Offset:f:x:}") and are skipped: a name
-// holding the letter O is not an object field.
-bool format_has_objects(const char* f) {
-  for (; *f; ++f) {
-    if (*f == ':') {
-      while (*++f && *f != ':') {
-      }
-      if (!*f) return false;
-    } else if (*f == 'O') {
-      return true;
-    }
-  }
-  return false;
-}
-
-// A borrowed, read-only view of any bytes-like object, released when it goes out of scope.
-class Borrowed {
- public:
-  explicit Borrowed(PyObject* o) {
-    // With strides and format (one request): contiguity is checked here, and the format tells an
-    // object array (its bytes are pointers into this process: garbage in every other one).
-    if (PyObject_GetBuffer(o, &view_, PyBUF_RECORDS_RO) != 0) {
-      PyErr_Clear();
-      throw py::type_error(std::string("cache values must be bytes-like (bytes, bytearray, memoryview, "
-                                       "contiguous numpy array), got ") + Py_TYPE(o)->tp_name);
-    }
-    std::string bad;
-    if (!PyBuffer_IsContiguous(&view_, 'C'))
-      bad = std::string("cache values must be contiguous, got a strided ") + Py_TYPE(o)->tp_name;
-    else if (view_.format && format_has_objects(view_.format))
-      bad = "cache values must hold plain bytes, got a buffer of Python objects (format '" + std::string(view_.format) + "')";
-    if (!bad.empty()) {
-      PyBuffer_Release(&view_);  // a constructor that throws runs no destructor
-      throw py::type_error(bad);
-    }
-    held_ = true;
-  }
-  Borrowed(Borrowed&& o) noexcept : view_(o.view_), held_(o.held_) { o.held_ = false; }
-  Borrowed(const Borrowed&) = delete;
-  ~Borrowed() {
-    if (held_) PyBuffer_Release(&view_);
-  }
-  const char* data() const { return static_cast<const char*>(view_.buf); }
-  uint64_t size() const { return static_cast<uint64_t>(view_.len); }
-
- private:
-  Py_buffer view_{};
-  bool held_ = false;
-};
-
-// The checks Cache::read leaves to its caller: the cache is open and the id in range.
-uint64_t checked_id(Cache& c, int64_t id) {
-  c.check_open();
-  c.check_id_signed(id);
-  return static_cast<uint64_t>(id);
-}
-
-// Receives a value from Cache::read as a bytes object. It reuses the object it holds when the
-// length matches (a guess made before the read, or the previous attempt when a writer raced the
-// copy) and releases whatever it still holds when it goes out of scope.
-class BytesSink {
- public:
-  explicit BytesSink(uint32_t guess = 0) {
-    if (guess && !(obj_ = PyBytes_FromStringAndSize(nullptr, guess))) PyErr_Clear();  // a hint only
-  }
-  BytesSink(const BytesSink&) = delete;
-  BytesSink& operator=(const BytesSink&) = delete;
-  ~BytesSink() { Py_XDECREF(obj_); }
-  char* operator()(uint32_t n) {
-    if (obj_ && PyBytes_GET_SIZE(obj_) == static_cast<Py_ssize_t>(n)) return PyBytes_AS_STRING(obj_);
-    Py_XDECREF(obj_);
-    obj_ = PyBytes_FromStringAndSize(nullptr, n);
-    if (!obj_) throw std::bad_alloc();
-    return PyBytes_AS_STRING(obj_);
-  }
-  PyObject* take() {
-    PyObject* o = obj_;
-    obj_ = nullptr;
-    return o;
-  }
-
- private:
-  PyObject* obj_ = nullptr;
-};
-
-// Copies the value of `id` (already checked) into a new bytes object; None on a miss.
-py::object get_bytes(Cache& c, uint64_t id) {
-  BytesSink sink;
-  if (c.read(id, sink) < 0) return py::none();
-  return py::reinterpret_steal<py::object>(sink.take());
-}
-
-// Ids from a list/tuple of ints (fast path) or anything numpy turns into int64.
-std::vector<int64_t> ids_of(py::handle ids) {
-  std::vector<int64_t> out;
-  PyObject* o = ids.ptr();
-  if (PyList_Check(o) || PyTuple_Check(o)) {
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
-    PyObject** items = PySequence_Fast_ITEMS(o);
-    out.resize(n);
-    for (Py_ssize_t i = 0; i < n; ++i) out[i] = as_id(items[i]);  // as single ids are
-    return out;
-  }
-  IdArray arr = integer_ids(ids);
-  out.assign(arr.data(), arr.data() + arr.size());  // a copy: the caller's array may change later
-  return out;
-}
-
-PyObject* const* fast_items(py::handle seq, Py_ssize_t* n, py::object* keep) {
-  *keep = py::reinterpret_steal<py::object>(PySequence_Fast(seq.ptr(), "values must be a sequence"));
-  if (!*keep) throw py::error_already_set();
-  *n = PySequence_Fast_GET_SIZE(keep->ptr());
-  return PySequence_Fast_ITEMS(keep->ptr());
-}
-
-// One score, by the rule scores_of applies to each: a number (float() of it), else TypeError; the
-// engine then refuses NaN and values beyond float32 (ValueError).
-float score_of(py::handle s) {
-  double d = PyFloat_AsDouble(s.ptr());
-  if (d == -1.0 && PyErr_Occurred()) {
-    PyErr_Clear();
-    throw py::type_error(std::string("score must be a real number, got ") + Py_TYPE(s.ptr())->tp_name);
-  }
-  return static_cast<float>(d);
-}
-
-// A copy, not a view of the caller's array: the scores are checked, then used with the GIL
-// released, when another thread could change that array.
-std::vector<float> scores_of(py::handle s, size_t n, const char* what) {
-  // Numbers only: a cast would turn strings ("0.5") into scores where put refuses them.
-  py::array any = py::array::ensure(s);
-  char kind = any ? any.dtype().kind() : 'O';
-  if (!any || (any.size() > 0 && kind != 'f' && kind != 'i' && kind != 'u' && kind != 'b')) {
-    PyErr_Clear();
-    throw py::type_error(std::string(what) + " must be an array or sequence of numbers");
-  }
-  auto arr = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(any);
-  if (!arr) {
-    PyErr_Clear();
-    throw py::type_error(std::string(what) + " must be an array or sequence of numbers");
-  }
-  if (arr.ndim() != 1 || static_cast<size_t>(arr.size()) != n)
-    throw py::value_error(std::string(what) + " must be one-dimensional with one entry per id (" + std::to_string(n) +
-                          "), got shape of size " + std::to_string(arr.size()));
-  return std::vector<float>(arr.data(), arr.data() + arr.size());
-}
 
 const char* policy_name(Policy p) {
   const EvictionPolicy* e = policy_by_id(static_cast<uint32_t>(p));
@@ -208,6 +63,7 @@ py::dict stats_dict(const CacheStats& s) {
   d["evictions"] = s.evictions;
   d["rejected"] = s.rejected;
   d["page_moves"] = s.page_moves;
+  d["relocations"] = s.relocations;
   d["recoveries"] = s.recoveries;
   d["score_updates"] = s.score_updates;
   d["items"] = s.items;
@@ -218,6 +74,8 @@ py::dict stats_dict(const CacheStats& s) {
   d["data_bytes"] = s.data_bytes;
   d["num_samples"] = s.num_samples;
   d["page_size"] = s.page_size;
+  d["chunk_size"] = s.chunk_size;
+  d["heap_pages"] = s.heap_pages;
   d["num_pages"] = s.num_pages;
   d["free_pages"] = s.free_pages;
   d["segment_bytes"] = s.segment_bytes;
@@ -229,99 +87,6 @@ py::dict stats_dict(const CacheStats& s) {
   uint64_t lookups = s.hits + s.misses;
   d["hit_ratio"] = lookups ? static_cast<double>(s.hits) / lookups : 0.0;
   return d;
-}
-
-// ---- the raw get: `cache.get(i)` is the hottest call there is ---------------------------------
-//
-// pybind11's dispatcher (argument casters, overload resolution) costs about as much as copying a
-// 3 KB value. get() is therefore also offered as a plain METH_O CPython function whose `self` is a
-// small object holding the Cache and a reference to its pybind11 owner (so the engine cannot be
-// freed while the function lives). Same semantics and errors as CacheCore.get.
-
-struct FastGetSelf {
-  PyObject_HEAD
-  Cache* cache;
-  PyObject* owner;  // the CacheCore object; keeps `cache` alive
-  // Length of the value the previous get of this cache returned: the guess for the next one.
-  // Atomic only because threads may share the function; relaxed, it is a hint.
-  std::atomic<uint32_t> last_len;
-};
-
-void fast_get_dealloc(PyObject* o) {
-  Py_XDECREF(reinterpret_cast<FastGetSelf*>(o)->owner);
-  Py_TYPE(o)->tp_free(o);
-}
-
-PyTypeObject FastGetSelfType;  // zero-initialized (static storage); filled in by ready_fast_get_type
-
-void ready_fast_get_type() {
-  FastGetSelfType.tp_name = "shadecache._core._FastGetSelf";
-  FastGetSelfType.tp_basicsize = sizeof(FastGetSelf);
-  FastGetSelfType.tp_dealloc = fast_get_dealloc;
-  FastGetSelfType.tp_flags = Py_TPFLAGS_DEFAULT;
-  if (PyType_Ready(&FastGetSelfType) < 0) throw py::error_already_set();
-}
-
-PyObject* fast_get(PyObject* self, PyObject* arg) {
-  auto* me = reinterpret_cast<FastGetSelf*>(self);
-  Cache& c = *me->cache;
-  long long id;
-  if (!parse_id(arg, &id)) return nullptr;
-  try {
-    uint64_t i = checked_id(c, id);
-    // Start the two dependent cache misses (the index entry, then the slot and every line of a
-    // value of the length the previous get returned) and allocate the result while they are in
-    // flight. With the fixed-size samples most data sets have the guess is right, so neither the
-    // allocation nor the copy's first lines cost latency of their own.
-    uint32_t guess = me->last_len.load(std::memory_order_relaxed);
-    if (guess) c.prefetch_value(i, guess); else c.prefetch_value(i);
-    BytesSink sink(guess);
-    int64_t len = c.read(i, sink);
-    if (len < 0) Py_RETURN_NONE;
-    if (static_cast<uint32_t>(len) != guess) me->last_len.store(static_cast<uint32_t>(len), std::memory_order_relaxed);
-    return sink.take();
-  } catch (const Error& e) {
-    set_python_error(e);
-  } catch (const std::bad_alloc&) {
-    if (!PyErr_Occurred()) PyErr_NoMemory();
-  }
-  return nullptr;
-}
-
-PyMethodDef fast_get_def = {"get", fast_get, METH_O,
-                            "get(id) -> bytes | None: a copy of sample `id`, None on a miss."};
-
-PyObject* fast_view(PyObject* self, PyObject* arg) {
-  auto* me = reinterpret_cast<FastGetSelf*>(self);
-  long long id;
-  if (!parse_id(arg, &id)) return nullptr;
-  try {
-    return make_sample_view(me->owner, *me->cache, checked_id(*me->cache, id)).release().ptr();
-  } catch (const Error& e) {
-    set_python_error(e);
-  } catch (py::error_already_set& e) {
-    e.restore();
-  } catch (const std::bad_alloc&) {
-    if (!PyErr_Occurred()) PyErr_NoMemory();
-  }
-  return nullptr;
-}
-
-PyMethodDef fast_view_def = {"view", fast_view, METH_O,
-                             "view(id) -> SampleView | None: a pinned zero-copy view of sample `id`, "
-                             "None on a miss."};
-
-// A plain CPython function bound to `core` (METH_O: no pybind11 dispatch on the hot path).
-py::object make_fast(py::object core, PyMethodDef* def) {
-  auto* self = PyObject_New(FastGetSelf, &FastGetSelfType);
-  if (!self) throw py::error_already_set();
-  self->cache = &core.cast<Cache&>();
-  self->owner = core.release().ptr();
-  new (&self->last_len) std::atomic<uint32_t>(0);  // PyObject_New leaves the fields uninitialized
-  PyObject* fn = PyCFunction_New(def, reinterpret_cast<PyObject*>(self));
-  Py_DECREF(self);
-  if (!fn) throw py::error_already_set();
-  return py::reinterpret_steal<py::object>(fn);
 }
 
 }  // namespace
@@ -358,6 +123,13 @@ PYBIND11_MODULE(_core, m) {
              const SizesArray& sizes) {
             return Cache::segment_bytes(options(num_samples, capacity_bytes, max_item_bytes, policy, sizes));
           })
+      .def_static(
+          "capacity_for",
+          [](uint64_t items, const SizesArray& sizes, uint64_t num_samples, uint32_t policy) {
+            CacheOptions o = options(num_samples, 1, 1, policy, sizes);
+            return capacity_for(items, o.sizes, num_samples, o.policy);
+          },
+          py::arg("items"), py::arg("sizes"), py::arg("num_samples"), py::arg("policy"))
       .def_static("read_creator",
                   [](const std::string& name) -> py::object {
                     int64_t pid;
@@ -408,20 +180,9 @@ PYBIND11_MODULE(_core, m) {
       .def("get_into",
            [](Cache& c, py::handle id_arg, py::handle buf) {
              int64_t id = as_id(id_arg);
-             // PyObject_GetBuffer directly: py::buffer::request builds a buffer_info (shape and
-             // stride vectors) that costs more than a 3 KB copy.
-             Py_buffer view;
-             if (PyObject_GetBuffer(buf.ptr(), &view, PyBUF_WRITABLE) != 0) {
-               PyErr_Clear();
-               throw py::type_error("get_into needs a writable buffer (bytearray, numpy array, ...), got " +
-                                    std::string(Py_TYPE(buf.ptr())->tp_name));
-             }
-             struct Release {
-               Py_buffer* v;
-               ~Release() { PyBuffer_Release(v); }
-             } release{&view};
-             uint64_t cap = static_cast<uint64_t>(view.len);
-             char* dst = static_cast<char*>(view.buf);
+             WritableBuffer out(buf, 0, "get_into needs a writable buffer (bytearray, numpy array, ...)");
+             uint64_t cap = out.size();
+             char* dst = out.data();
              // A length offered before the read is validated may belong to a racing writer's value:
              // copy an oversize one aside and judge the buffer on the length the read confirms.
              std::vector<char> aside;
@@ -537,17 +298,29 @@ PYBIND11_MODULE(_core, m) {
   register_batch_gather(m);
   m.attr("MAX_VIEWS_PER_PROCESS") = kPinsPerOwner;
   m.attr("MAX_VIEW_PROCESSES") = kPinOwners;
-  ready_fast_get_type();
-  m.def("fast_view", [](py::object core) { return make_fast(core, &fast_view_def); }, py::arg("core"),
-        "A plain CPython function equivalent to core.view, without pybind11's dispatch cost.");
-  m.def("fast_get", [](py::object core) { return make_fast(core, &fast_get_def); }, py::arg("core"),
-        "A plain CPython function equivalent to core.get, without pybind11's dispatch cost.");
+  register_fast_calls(m);  // bindings/cache_reads.cc
 
   register_test_hooks(m);
   m.attr("LAYOUT_VERSION") = kLayoutVersion;
   // Defined once here for Python: policy names by number, and the bytes a slot adds to a value.
   m.attr("POLICIES") = policy_names();
   m.attr("SLOT_HEADER_SIZE") = sizeof(SlotHeader);
+  // The peer protocol's constants as the native reply framing (net/peer_wire.h) has them, for the
+  // test that holds shadecache/peer/wire.py to the same values.
+  py::dict wire;
+  wire["MAGIC"] = py::bytes("SHCP", 4);
+  wire["VERSION"] = net::kVersion;
+  wire["GET_REPLY"] = net::kGetReply;
+  wire["ERROR"] = net::kError;
+  wire["MORE"] = net::kMore;
+  wire["MAX_BATCH"] = net::kMaxBatch;
+  wire["MAX_VALUE"] = net::kMaxValue;
+  wire["MAX_REPLY"] = net::kMaxReply;
+  wire["MAX_ERROR"] = net::kMaxError;
+  wire["MISS"] = net::kMiss;
+  wire["HEADER_BYTES"] = sizeof(net::Header);
+  wire["ENTRY_BYTES"] = sizeof(net::Entry);
+  m.attr("WIRE") = wire;
   m.def("process_start_time", &process_start_time, py::arg("pid"),
         "Start time of process `pid` in clock ticks since boot, 0 if there is no such process.");
   m.def("process_gone", &process_gone, py::arg("pid"), py::arg("start_time"),

@@ -1,38 +1,62 @@
-// shadecache._core.PinnedReply and recv_get_reply: the peer protocol's GET reply, built and read
-// a batch at a time in C++, so that neither end does per-sample work in Python.
+// shadecache._core.PeerSession: the frames of one authenticated peer connection, sealed and opened
+// in C++ with the session's keys (net/aead.h: AES-256-GCM, a sequence number per direction), so
+// that neither end does per-byte or per-sample work in Python.
 //
-// Server (PinnedReply): pins the values of a chunk of ids in the cache (Cache::pin: no writer
-// frees, rewrites or moves them until release), takes the bytes of the misses the Python side
-// filled from the SSD tier or the store, then without the GIL sends header + entry table + values
-// with sendmsg straight from shared memory (no copy). A cached value travels with the crc32c the
-// cache recorded when it was put (CachedDataset puts bytes it has just checked against the store's
-// directory, so this is the store's checksum of the sample), not one computed from the bytes
-// now: a value damaged in shared memory since is caught by the client. Values filled from the SSD
-// tier or the store (each checked against its own crc32c when read) get theirs computed here.
-// Client (recv_get_reply): without the GIL reads the header and entry table, checks them against
-// the request, then (GIL taken once to allocate the result bytes objects) reads the values
-// straight into those objects and verifies every crc32c, without the GIL again. A value that
-// fails its crc32c is refused (None: the caller reads it from the next tier) and counted; the
-// stream stays in step (the lengths framed it). The objects are private to this call until it
-// returns, as in os.read().
+// Every message after the handshake is a 24-byte header in clear text, authenticated as the
+// additional data of the record that follows it, then the sealed body (ciphertext || 16-byte tag).
+// A GET reply chunk has two records: the entry table, then the values. The table is opened (its
+// tag checked) before a byte is allocated for the values it announces, and no value is handed out
+// before the values' tag AND its own crc32c (the store's checksum, carried end to end) check out.
 //
-// Errors are returned as (code, detail) rather than raised, so that shadecache/peer/client.py
-// keeps the one mapping to its exceptions: 0 ok, 1 timeout, 2 peer closed, 3 OS error (errno),
-// 4 protocol error (message), 5 the peer's ERROR reply ((status, message)).
+// Server (seal_get_reply, then flush): answers a chunk of a GET as GET_REPLY messages of at most
+// kMessageItems ids. For each message it takes pins from the process's pin pool (waiting at most
+// `pin_wait`), pins the message's cached values (Cache::pin: no writer frees, rewrites or moves
+// them until unpinned), takes the bytes of the misses the Python side filled from the SSD tier
+// or the store, cuts at the byte bounds (filled values included), then, without the GIL, seals
+// the table and the values straight from shared memory into the connection's buffer, unpinning
+// each value as soon as it is sealed and handing the kernel what is ready as it goes (never
+// waiting for it). Only when every pin is released does flush() wait for the client to take the
+// rest, under the send deadline: a slow client holds its own buffer, nothing another client
+// needs.
+// A cached value travels with the crc32c the cache recorded when it was put (CachedDataset puts
+// bytes it has just checked against the store's directory, so this is the store's checksum): a
+// value damaged in shared memory since is caught by the client. Filled values (each checked
+// against its own crc32c when read) get theirs computed here.
+// Client (recv_get_reply): reads and opens each chunk's header and table, checks them against the
+// request, allocates the result bytes (the only GIL hold), then receives the values straight into
+// them, decrypting in place piece by piece as they arrive, checks the tag, then every crc32c. A
+// value that fails its crc32c is refused (None: the caller reads it from the next tier) and
+// counted; a tag that fails drops the whole reply and the connection.
+//
+// Errors are returned as (code, detail) rather than raised, so that shadecache/peer keeps the one
+// mapping to its exceptions: 0 ok, 1 timeout, 2 peer closed, 3 OS error (errno), 4 protocol error
+// ((ERROR status to send, message)), 5 the peer's ERROR message ((status, message)), 6 a record
+// failed its authentication tag (altered, forged, replayed or out of order on the way).
+// After any result but 0 that direction of the session is broken: its stream is out of step and
+// every later call in that direction returns 4 without touching the socket (the other direction
+// still works: a server answers a malformed request with a sealed ERROR); the caller closes the
+// connection.
 #include "bindings/peer_io.h"
 
 #include <pybind11/numpy.h>
+#include <pybind11/stl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
-#include <cmath>
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "cache/cache.h"
 #include "common/crc32c.h"
 #include "common/error.h"
+#include "net/aead.h"
 #include "net/peer_wire.h"
+#include "net/session_keys.h"
 #include "net/socket_io.h"
 
 namespace py = pybind11;
@@ -40,7 +64,21 @@ namespace py = pybind11;
 namespace shadecache {
 namespace {
 
+using net::Aead;
 using U64Array = py::array_t<uint64_t, py::array::c_style | py::array::forcecast>;
+
+constexpr size_t kTag = Aead::kTagBytes;
+constexpr size_t kHead = sizeof(net::Header);
+// Bytes encrypted (or received and decrypted) between two looks at the socket: small enough that
+// the other end works on one piece while this end works on the next, large enough that the
+// per-call costs vanish.
+constexpr size_t kPiece = 128 << 10;
+// A GET reply message: at most this many ids and (one larger value aside) value bytes, so that
+// the first message of a reply leaves early and the client opens it while the next is sealed.
+constexpr size_t kMessageItems = 64;
+constexpr size_t kMessageBytes = 512 << 10;
+// The largest body send_message seals (GET ids, STATS and ERROR texts): requests are small.
+constexpr size_t kMaxMessage = 1 << 20;
 
 int64_t deadline_after(double seconds) {
   if (!(seconds > 0)) seconds = 0;
@@ -53,193 +91,588 @@ py::tuple io_failure(int r) {
   return py::make_tuple(3, errno);
 }
 
-class PinnedReply {
+py::tuple protocol(uint16_t code, const std::string& why) { return py::make_tuple(4, py::make_tuple(code, why)); }
+py::tuple forged() { return py::make_tuple(6, py::none()); }
+
+const uint8_t* key_of(const py::bytes& key) {
+  if (PyBytes_GET_SIZE(key.ptr()) != static_cast<Py_ssize_t>(Aead::kKeyBytes))
+    throw Error(ErrorKind::kInvalidArgument, "a session key is 32 bytes");
+  return reinterpret_cast<const uint8_t*>(PyBytes_AS_STRING(key.ptr()));
+}
+
+// Pins the server's connections hold at once, all together, kept below the engine's per-process
+// limit so that Cache::pin never fails for lack of entries. A connection takes what one chunk
+// needs, holds it while it encrypts that chunk (CPU work, never a wait on a client) and waits at
+// most its pin_wait for it.
+class PinPool {
  public:
-  PinnedReply(py::object core, const U64Array& ids, uint64_t max_bytes)
-      : owner_(core), cache_(&core.cast<Cache&>()), pid_(getpid()) {
-    cache_->check_open();
-    size_t n = static_cast<size_t>(ids.size());
-    const uint64_t* p = ids.data();
-    slots_.reserve(n);
-    uint64_t bytes = 0;
-    try {
-      for (size_t k = 0; k < n && bytes < max_bytes; ++k) {
-        cache_->check_id(p[k]);
-        Slot s{p[k], nullptr, net::kMiss, 0, 0, false, py::object()};
-        Cache::Pinned pin;
-        if (cache_->pin(p[k], &pin)) {
-          s = Slot{p[k], pin.data, pin.len, pin.crc, pin.token, true, py::object()};
-          bytes += pin.len;
-        }
-        slots_.push_back(std::move(s));
-      }
-    } catch (...) {
-      release();
-      throw;
+  bool acquire(uint32_t n, int64_t deadline_ns) {
+    std::unique_lock<std::mutex> lock(mu_);
+    auto until = std::chrono::steady_clock::time_point(std::chrono::nanoseconds(deadline_ns));
+    while (free_ < n) {
+      if (cv_.wait_until(lock, until) == std::cv_status::timeout && free_ < n) return false;
     }
+    free_ -= n;
+    return true;
   }
-  ~PinnedReply() { release(); }
-
-  size_t count() const { return slots_.size(); }
-  py::list missed() const {
-    py::list out;
-    for (size_t k = 0; k < slots_.size(); ++k)
-      if (!slots_[k].pinned && !slots_[k].held) out.append(k);
-    return out;
-  }
-  void fill(size_t k, py::bytes value) {
-    if (k >= slots_.size() || slots_[k].pinned) throw py::index_error("fill: no missed entry " + std::to_string(k));
-    Py_ssize_t len = PyBytes_GET_SIZE(value.ptr());
-    if (static_cast<uint64_t>(len) > net::kMaxValue) throw Error(ErrorKind::kTooLarge, "value larger than the wire's bound");
-    slots_[k].data = PyBytes_AS_STRING(value.ptr());
-    slots_[k].len = static_cast<uint32_t>(len);
-    slots_[k].held = value;
-  }
-
-  // (code, detail); detail = bytes of values sent when code is 0.
-  py::tuple send(int fd, uint64_t opaque, bool more, double timeout) {
-    if (released_) throw Error(ErrorKind::kInvalidArgument, "send after release");
-    size_t n = slots_.size();
-    std::vector<net::Entry> table(n);
-    std::vector<iovec> iov;
-    iov.reserve(n + 2);
-    net::Header head;
-    uint64_t total = 0;
-    int r;
+  void release(uint32_t n) {
+    if (!n) return;
     {
-      py::gil_scoped_release nogil;
-      for (size_t k = 0; k < n; ++k) {
-        const Slot& s = slots_[k];
-        bool hit = s.pinned || s.held;
-        uint32_t crc = s.pinned ? s.crc : s.held ? crc32c(s.data, s.len, 0) : 0;
-        table[k] = net::Entry{s.id, hit ? s.len : net::kMiss, crc};
-        if (hit && s.len) iov.push_back(iovec{const_cast<char*>(s.data), s.len});
-        if (hit) total += s.len;
-      }
-      head = net::make_header(net::kGetReply, static_cast<uint32_t>(n),
-                              static_cast<uint32_t>(n * sizeof(net::Entry) + total), opaque, more ? net::kMore : 0);
-      iov.insert(iov.begin(), {iovec{&head, sizeof head}, iovec{table.data(), n * sizeof(net::Entry)}});
-      r = net::send_all(fd, iov.data(), iov.size(), deadline_after(timeout));
+      std::lock_guard<std::mutex> lock(mu_);
+      free_ += n;
     }
-    if (r != net::kOk) return io_failure(r);
-    return py::make_tuple(0, total);
+    cv_.notify_all();
   }
+  static constexpr uint32_t kCapacity = kPinsPerOwner - 16;
 
-  void release() {
-    if (released_) return;
-    released_ = true;
-    for (Slot& s : slots_)
-      if (s.pinned) cache_->unpin(s.token, pid_);
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint32_t free_ = kCapacity;
+};
+
+// Leaked on purpose: a connection thread may still release into it while the process exits.
+PinPool& pin_pool() {
+  static PinPool* pool = new PinPool;
+  return *pool;
+}
+
+// One value of a reply chunk being built.
+struct Slot {
+  const char* data = nullptr;
+  uint32_t len = 0;
+  uint32_t crc = 0;
+  uint32_t token = 0;
+  enum Kind : uint8_t { kMissed, kPinned, kFilled } kind = kMissed;
+};
+
+// The pins of a chunk and its share of the pool, released on every way out.
+class ChunkPins {
+ public:
+  ChunkPins(Cache* cache, std::vector<Slot>* slots) : cache_(cache), slots_(slots), pid_(getpid()) {}
+  ~ChunkPins() { release_all(); }
+  bool take_pool(uint32_t n, int64_t deadline_ns) {
+    if (!n || !pin_pool().acquire(n, deadline_ns)) return false;
+    pooled_ = n;
+    return true;
+  }
+  void unpin(Slot& s) {
+    if (s.kind != Slot::kPinned) return;
+    cache_->unpin(s.token, pid_);
+    s.kind = Slot::kMissed;
+  }
+  void release_all() {
+    for (Slot& s : *slots_) unpin(s);
+    pin_pool().release(pooled_);
+    pooled_ = 0;
   }
 
  private:
-  struct Slot {
-    uint64_t id;
-    const char* data;
-    uint32_t len;
-    uint32_t crc;     // pinned: the crc32c the cache recorded at put
-    uint32_t token;
-    bool pinned;
-    py::object held;  // the bytes a miss was filled with (kept alive while we send from it)
-  };
-  py::object owner_;  // the CacheCore: keeps the mapping alive while pins exist
   Cache* cache_;
+  std::vector<Slot>* slots_;
   int64_t pid_;
-  std::vector<Slot> slots_;
-  bool released_ = false;
+  uint32_t pooled_ = 0;
 };
 
-py::tuple protocol(const std::string& why) { return py::make_tuple(4, why); }
+class PeerSession {
+ public:
+  PeerSession(const py::bytes& send_key, const py::bytes& recv_key)
+      : tx_(key_of(send_key), true), rx_(key_of(recv_key), false) {}
 
-py::tuple recv_get_reply(int fd, const U64Array& ids_arr, uint64_t opaque, double timeout) {
-  const uint64_t* ids = ids_arr.data();
-  size_t n = static_cast<size_t>(ids_arr.size());
-  int64_t deadline = deadline_after(timeout);
-  py::list out(n);
-  for (size_t k = 0; k < n; ++k) PyList_SET_ITEM(out.ptr(), k, Py_NewRef(Py_None));
-  size_t got = 0, refused = 0;
-  for (;;) {
+  bool broken() const { return rx_broken_ || tx_broken_; }
+  uint64_t send_seq() const { return tx_.seq(); }
+  uint64_t recv_seq() const { return rx_.seq(); }
+
+  // Seals and sends one message (not a GET reply). (0, body bytes) or a failure.
+  py::tuple send_message(int fd, int opcode, uint32_t count, uint64_t opaque, int status, const py::buffer& body,
+                         double timeout) {
+    Turn turn(this);
+    if (tx_broken_) return unusable();
+    py::buffer_info bi = body.request();
+    size_t n = static_cast<size_t>(bi.size) * static_cast<size_t>(bi.itemsize);
+    if (n > kMaxMessage) throw Error(ErrorKind::kInvalidArgument, "message body larger than 1 MiB");
+    net::Header h = net::make_header(static_cast<uint8_t>(opcode), count, static_cast<uint32_t>(n), opaque,
+                                     static_cast<uint16_t>(status));
+    std::vector<uint8_t> buf(kHead + n + kTag);
+    bool sealed;
+    int r = net::kOk;
+    {
+      py::gil_scoped_release nogil;
+      std::memcpy(buf.data(), &h, kHead);
+      sealed = tx_.begin(&h, kHead) && tx_.update(bi.ptr, buf.data() + kHead, n) && tx_.seal_end(buf.data() + kHead + n);
+      if (sealed) {
+        iovec v{buf.data(), buf.size()};
+        r = net::send_all(fd, &v, 1, deadline_after(timeout));
+      }
+    }
+    if (!sealed) return fail_tx(protocol(net::kEInternal, "libcrypto failed to seal a message"));
+    if (r != net::kOk) return fail_tx(io_failure(r));
+    return py::make_tuple(0, n);
+  }
+
+  // Receives one message whose opcode is one of `allowed` (never a GET reply: recv_get_reply),
+  // waiting up to `idle` for its first byte, then up to `timeout` for the rest; its body is
+  // opened before it is returned: (0, (opcode, status, count, opaque, body)) or a failure.
+  py::tuple recv_message(int fd, const std::vector<int>& allowed, double idle, double timeout) {
+    Turn turn(this);
+    if (rx_broken_) return unusable();
     net::Header h;
-    std::vector<net::Entry> table;
     int r;
     {
       py::gil_scoped_release nogil;
-      r = net::recv_exact(fd, &h, sizeof h, deadline);
+      r = net::wait_readable(fd, deadline_after(idle));
+      if (r == net::kOk) r = net::recv_exact(fd, &h, kHead, deadline_after(timeout));
     }
-    if (r != net::kOk) return io_failure(r);
-    if (std::memcmp(h.magic, "SHCP", 4) != 0) return protocol("bad magic in reply");
-    if (h.version != net::kVersion) return protocol("reply of protocol version " + std::to_string(h.version));
-    if (h.opcode == net::kError) {
-      if (h.body_len > net::kMaxError) return protocol("ERROR reply body too large");
-      std::string msg(h.body_len, '\0');
+    if (r != net::kOk) return fail_rx(io_failure(r));
+    uint16_t code = 0;
+    std::string why = check_header(h, allowed, &code);
+    if (!why.empty()) return fail_rx(protocol(code, why));
+    size_t n = h.body_len;
+    std::vector<uint8_t> buf(n + kTag);  // bounded by check_header: at most 32 KiB + the tag
+    bool opened = false;
+    {
+      py::gil_scoped_release nogil;
+      r = net::recv_exact(fd, buf.data(), buf.size(), deadline_after(timeout));
+      opened = r == net::kOk && rx_.begin(&h, kHead) && rx_.update(buf.data(), buf.data(), n) &&
+               rx_.open_end(buf.data() + n);
+    }
+    if (r != net::kOk) return fail_rx(io_failure(r));
+    if (!opened) return fail_rx(forged());
+    py::bytes body(reinterpret_cast<const char*>(buf.data()), n);
+    if (h.opcode == net::kError) rx_broken_ = true;  // the sender closes after an ERROR
+    return py::make_tuple(0, py::make_tuple(h.opcode, h.status, h.count, h.opaque, body));
+  }
+
+  // Seals the reply to a GET for the ids of `ids`, from its first on: the values cached here or
+  // given in `fills` ({position: bytes}), cut where the values would pass `max_bytes` (one value
+  // always goes). They go as GET_REPLY messages of at most kMessageItems ids and kMessageBytes of
+  // values each, so that the first leaves early and the client opens one while the next is
+  // sealed. `more_after`: ids of the request follow `ids`, so the last message says MORE too.
+  // What the kernel takes at once is sent as it is sealed; flush() sends the rest (the caller
+  // may do other work, pins released, in between). (0, (ids answered, cache hits, value bytes,
+  // busy)) where busy means pins could not be had within pin_wait and cached values went as
+  // misses.
+  py::tuple seal_get_reply(int fd, py::object core, const U64Array& ids, const py::dict& fills, uint64_t opaque,
+                           bool more_after, uint64_t max_bytes, double pin_wait) {
+    Turn turn(this);
+    if (tx_broken_) return unusable();
+    if (pending_.second > pending_.first) throw Error(ErrorKind::kInvalidArgument, "seal_get_reply before flush");
+    Cache* cache = &core.cast<Cache&>();
+    cache->check_open();
+    size_t n = static_cast<size_t>(ids.size());
+    if (n == 0 || n > net::kMaxBatch) throw Error(ErrorKind::kInvalidArgument, "a reply chunk answers 1..4096 ids");
+    max_bytes = std::min<uint64_t>(max_bytes, net::kMaxValue);
+    const uint64_t* p = ids.data();
+    for (size_t k = 0; k < n; ++k) cache->check_id(p[k]);
+    std::vector<Slot> slots(n);
+    std::vector<py::object> held;  // the filled values, alive while we read them without the GIL
+    for (auto item : fills) {
+      size_t k = item.first.cast<size_t>();
+      if (k >= n) throw py::index_error("fill position " + std::to_string(k) + " outside the chunk");
+      PyObject* v = item.second.ptr();
+      if (!PyBytes_Check(v)) throw py::type_error("a filled value must be bytes");
+      Py_ssize_t len = PyBytes_GET_SIZE(v);
+      if (static_cast<uint64_t>(len) > net::kMaxValue)
+        throw Error(ErrorKind::kTooLarge, "value larger than the wire's bound (64 MiB)");
+      slots[k].data = PyBytes_AS_STRING(v);
+      slots[k].len = static_cast<uint32_t>(len);
+      slots[k].kind = Slot::kFilled;
+      held.push_back(py::reinterpret_borrow<py::object>(item.second));
+    }
+    size_t pos = 0, hits = 0;
+    uint64_t total = 0;
+    bool busy = false, sealed = true, cut = false;
+    int r = net::kOk;
+    {
+      py::gil_scoped_release nogil;
+      Cache::Use use(*cache);
+      size_t made = 0, sent = 0;
+      while (sealed && r == net::kOk && pos < n && !cut) {
+        // One message: ids [pos, end), pinned only while it is sealed.
+        size_t lim = std::min(n, pos + kMessageItems), end = lim;
+        uint32_t want = 0;
+        for (size_t k = pos; k < lim; ++k) want += slots[k].kind != Slot::kFilled;
+        ChunkPins pins(cache, &slots);
+        bool no_pins = want && !pins.take_pool(want, deadline_after(pin_wait));
+        busy |= no_pins;
+        uint64_t bytes = 0;
+        for (size_t k = pos; k < lim; ++k) {
+          Slot& s = slots[k];
+          if (s.kind == Slot::kMissed && !no_pins) {
+            Cache::Pinned pin;
+            if (cache->pin(p[k], &pin)) {
+              s.data = pin.data;
+              s.len = pin.len;
+              s.crc = pin.crc;
+              s.token = pin.token;
+              s.kind = Slot::kPinned;
+              if (s.len > net::kMaxValue) pins.unpin(s);  // larger than any peer accepts: a miss
+            }
+          }
+          uint64_t len = s.kind == Slot::kMissed ? 0 : s.len;
+          bool first_of_call = k == 0;
+          if (!first_of_call && total + bytes + len > max_bytes) cut = true;  // the call's bound
+          if (cut || (k > pos && bytes + len > kMessageBytes)) {
+            pins.unpin(s);
+            end = k;
+            break;
+          }
+          bytes += len;
+        }
+        if (end == pos) break;  // the call's bound falls on this message's first id: it waits for the next call
+        for (size_t k = pos; k < end; ++k) {
+          if (slots[k].kind == Slot::kFilled) slots[k].crc = crc32c(slots[k].data, slots[k].len, 0);
+          hits += slots[k].kind == Slot::kPinned;
+        }
+        size_t count = end - pos;
+        uint64_t table_len = uint64_t{count} * net::kEntryBytes;
+        uint64_t body = table_len + bytes;  // <= 64 MiB + 64 KiB: no 32-bit wrap
+        if (body > net::kMaxReply) {
+          sealed = false;
+          break;
+        }
+        bool last = end == n && !more_after;
+        net::Header h = net::make_header(net::kGetReply, static_cast<uint32_t>(count), static_cast<uint32_t>(body),
+                                         opaque, last ? 0 : net::kMore);
+        out_.keep(made, made + kHead + table_len + kTag + bytes + kTag);  // keeps out_[0, made)
+        char* o = out_.data();
+        std::memcpy(o + made, &h, kHead);
+        char* tbl = o + made + kHead;
+        for (size_t k = pos; k < end; ++k) {
+          const Slot& s = slots[k];
+          net::Entry e{p[k], s.kind == Slot::kMissed ? net::kMiss : s.len, s.kind == Slot::kMissed ? 0 : s.crc};
+          std::memcpy(tbl + (k - pos) * net::kEntryBytes, &e, sizeof e);
+        }
+        sealed = tx_.begin(&h, kHead) && tx_.update(tbl, tbl, table_len) &&
+                 tx_.seal_end(reinterpret_cast<uint8_t*>(tbl + table_len)) && tx_.begin(nullptr, 0);
+        made += kHead + table_len + kTag;
+        for (size_t k = pos; sealed && k < end; ++k) {
+          Slot& s = slots[k];
+          if (s.kind == Slot::kMissed) continue;
+          for (size_t off = 0; sealed && off < s.len; off += kPiece) {
+            size_t step = std::min<size_t>(kPiece, s.len - off);
+            sealed = tx_.update(s.data + off, o + made, step);
+            made += step;
+            if (r == net::kOk && made - sent >= kPiece) r = send_ready(fd, o, &sent, made);
+          }
+          pins.unpin(s);
+        }
+        sealed = sealed && tx_.seal_end(reinterpret_cast<uint8_t*>(o + made));
+        made += kTag;
+        pins.release_all();
+        total += bytes;
+        pos = end;
+        // This message, if the kernel takes it; the call's last one waits for flush(), so that
+        // what the caller does in between (the server offers what it read to its cache) is done
+        // before the client can have the whole reply.
+        if (sealed && r == net::kOk && pos < n && !cut) r = send_ready(fd, o, &sent, made);
+      }
+      pending_ = {sent, made};  // nothing pinned while we wait for the client (flush)
+    }
+    if (!sealed) return fail_tx(protocol(net::kEInternal, "could not seal a reply chunk"));
+    if (r != net::kOk) return fail_tx(io_failure(r));
+    return py::make_tuple(0, py::make_tuple(pos, hits, total, busy));
+  }
+
+  // Sends what seal_get_reply left for the client to take, by the deadline: (0, None) or a failure.
+  py::tuple flush(int fd, double timeout) {
+    Turn turn(this);
+    if (tx_broken_) return unusable();
+    int r = net::kOk;
+    if (pending_.second > pending_.first) {
+      py::gil_scoped_release nogil;
+      iovec v{out_.data() + pending_.first, pending_.second - pending_.first};
+      r = net::send_all(fd, &v, 1, deadline_after(timeout));
+    }
+    pending_ = {0, 0};
+    if (r != net::kOk) return fail_tx(io_failure(r));
+    return py::make_tuple(0, py::none());
+  }
+
+  // The reply to the GET sent for `ids` with `opaque`: (0, (values, refused)), values[k] bytes or
+  // None, or a failure. See the file comment.
+  py::tuple recv_get_reply(int fd, const U64Array& ids_arr, uint64_t opaque, double timeout) {
+    Turn turn(this);
+    if (rx_broken_) return unusable();
+    const uint64_t* ids = ids_arr.data();
+    size_t n = static_cast<size_t>(ids_arr.size());
+    int64_t deadline = deadline_after(timeout);
+    py::list out(n);
+    for (size_t k = 0; k < n; ++k) PyList_SET_ITEM(out.ptr(), k, Py_NewRef(Py_None));
+    size_t got = 0, refused = 0;
+    for (;;) {
+      net::Header h;
+      int r;
       {
         py::gil_scoped_release nogil;
-        r = net::recv_exact(fd, msg.data(), msg.size(), deadline);
+        r = net::recv_exact(fd, &h, kHead, deadline);
       }
-      if (r != net::kOk) return io_failure(r);
-      return py::make_tuple(5, py::make_tuple(h.status, py::bytes(msg)));
+      if (r != net::kOk) return fail_rx(io_failure(r));
+      if (std::memcmp(h.magic, "SHCP", 4) != 0) return fail_rx(protocol(net::kEBadMagic, "bad magic in reply"));
+      if (h.version != net::kVersion)
+        return fail_rx(protocol(net::kEBadVersion, "reply of protocol version " + std::to_string(h.version)));
+      if (h.opcode == net::kError) return error_reply(fd, h, deadline);
+      if (h.opcode != net::kGetReply || h.opaque != opaque)
+        return fail_rx(protocol(net::kEBadOpcode, "reply opcode " + std::to_string(h.opcode) + " opaque " +
+                                                   std::to_string(h.opaque) + " does not answer GET " +
+                                                   std::to_string(opaque)));
+      uint64_t table_len = uint64_t{h.count} * net::kEntryBytes;
+      if (h.count == 0 || h.count > net::kMaxBatch || got + h.count > n || h.body_len > net::kMaxReply ||
+          h.body_len < table_len)
+        return fail_rx(protocol(net::kEBadLength, "malformed GET reply header"));
+      // The table, opened before anything it announces is allocated.
+      std::vector<net::Entry> table(h.count);
+      uint8_t tag[kTag];
+      bool opened;
+      {
+        py::gil_scoped_release nogil;
+        iovec v[2] = {{table.data(), table_len}, {tag, kTag}};
+        r = net::recv_all(fd, v, 2, deadline);
+        opened = r == net::kOk && rx_.begin(&h, kHead) && rx_.update(table.data(), table.data(), table_len) &&
+                 rx_.open_end(tag);
+      }
+      if (r != net::kOk) return fail_rx(io_failure(r));
+      if (!opened) return fail_rx(forged());
+      uint64_t sum = 0;
+      for (uint32_t k = 0; k < h.count; ++k) {
+        if (table[k].id != ids[got + k]) return fail_rx(protocol(net::kEBadId, "reply ids do not match the request"));
+        if (table[k].length == net::kMiss) continue;
+        if (table[k].length > net::kMaxValue) return fail_rx(protocol(net::kETooLarge, "reply value exceeds the bound"));
+        sum += table[k].length;
+      }
+      if (sum + table_len != h.body_len) return fail_rx(protocol(net::kEBadLength, "reply lengths do not add up"));
+      // The values: allocated as the authenticated table says, received straight into the result
+      // bytes and decrypted in place a piece at a time.
+      std::vector<char*> dest(h.count, nullptr);
+      std::vector<iovec> pieces;
+      std::vector<uint32_t> owner;  // pieces[q] is part of entry owner[q]
+      for (uint32_t k = 0; k < h.count; ++k) {
+        if (table[k].length == net::kMiss) continue;
+        PyObject* b = PyBytes_FromStringAndSize(nullptr, table[k].length);
+        if (!b) throw py::error_already_set();
+        PyList_SetItem(out.ptr(), got + k, b);  // steals b; drops the None
+        dest[k] = PyBytes_AS_STRING(b);
+        for (size_t off = 0; off < table[k].length; off += kPiece) {
+          pieces.push_back(iovec{dest[k] + off, std::min<size_t>(kPiece, table[k].length - off)});
+          owner.push_back(k);
+        }
+      }
+      std::vector<uint32_t> bad;
+      std::vector<uint32_t> crc(h.count, 0);
+      {
+        py::gil_scoped_release nogil;
+        opened = rx_.begin(nullptr, 0);
+        std::vector<iovec> window;
+        for (size_t i = 0; opened && r == net::kOk && i < pieces.size();) {
+          size_t j = i, bytes = 0;
+          while (j < pieces.size() && (j == i || bytes + pieces[j].iov_len <= kPiece)) bytes += pieces[j++].iov_len;
+          window.assign(pieces.begin() + i, pieces.begin() + j);  // recv_all consumes its iovecs
+          r = net::recv_all(fd, window.data(), window.size(), deadline);
+          // Decrypted in place, and checksummed while the bytes are in cache; neither result is
+          // used before the tag has been checked below.
+          for (size_t q = i; r == net::kOk && opened && q < j; ++q) {
+            opened = rx_.update(pieces[q].iov_base, pieces[q].iov_base, pieces[q].iov_len);
+            crc[owner[q]] = crc32c(pieces[q].iov_base, pieces[q].iov_len, crc[owner[q]]);
+          }
+          i = j;
+        }
+        if (r == net::kOk && opened) r = net::recv_exact(fd, tag, kTag, deadline);
+        opened = opened && r == net::kOk && rx_.open_end(tag);
+        for (uint32_t k = 0; opened && k < h.count; ++k)  // the tag first, then the store's checksum
+          if (dest[k] && crc[k] != table[k].crc) bad.push_back(k);
+      }
+      if (r != net::kOk) return fail_rx(io_failure(r));
+      if (!opened) return fail_rx(forged());
+      for (uint32_t k : bad) PyList_SetItem(out.ptr(), got + k, Py_NewRef(Py_None));  // refused
+      refused += bad.size();
+      got += h.count;
+      if (!(h.status & net::kMore)) break;
     }
-    if (h.opcode != net::kGetReply || h.opaque != opaque)
-      return protocol("reply opcode " + std::to_string(h.opcode) + " opaque " + std::to_string(h.opaque) +
-                      " does not answer GET " + std::to_string(opaque));
-    uint64_t table_len = uint64_t{h.count} * sizeof(net::Entry);
-    if (h.count > net::kMaxBatch || got + h.count > n || h.body_len > net::kMaxReply || h.body_len < table_len)
-      return protocol("malformed GET reply");
-    table.resize(h.count);
-    {
-      py::gil_scoped_release nogil;
-      r = net::recv_exact(fd, table.data(), table_len, deadline);
-    }
-    if (r != net::kOk) return io_failure(r);
-    uint64_t sum = 0;
-    for (uint32_t k = 0; k < h.count; ++k) {
-      if (table[k].id != ids[got + k]) return protocol("reply ids do not match the request");
-      if (table[k].length == net::kMiss) continue;
-      if (table[k].length > net::kMaxValue) return protocol("reply value exceeds the bound");
-      sum += table[k].length;
-    }
-    if (sum + table_len != h.body_len) return protocol("reply lengths do not add up");
-    std::vector<iovec> iov;
-    std::vector<char*> dest(h.count, nullptr);
-    for (uint32_t k = 0; k < h.count; ++k) {
-      if (table[k].length == net::kMiss) continue;
-      PyObject* b = PyBytes_FromStringAndSize(nullptr, table[k].length);
-      if (!b) throw py::error_already_set();
-      PyList_SetItem(out.ptr(), got + k, b);  // steals b; drops the None
-      dest[k] = PyBytes_AS_STRING(b);
-      if (table[k].length) iov.push_back(iovec{dest[k], table[k].length});
-    }
-    std::vector<uint32_t> bad;
-    {
-      py::gil_scoped_release nogil;
-      r = net::recv_all(fd, iov.data(), iov.size(), deadline);
-      for (uint32_t k = 0; r == net::kOk && k < h.count; ++k)
-        if (dest[k] && crc32c(dest[k], table[k].length, 0) != table[k].crc) bad.push_back(k);
-    }
-    if (r != net::kOk) return io_failure(r);
-    for (uint32_t k : bad) PyList_SetItem(out.ptr(), got + k, Py_NewRef(Py_None));  // refused
-    refused += bad.size();
-    got += h.count;
-    if (!(h.status & net::kMore)) break;
+    if (got != n)
+      return fail_rx(protocol(net::kEBadLength, "reply has " + std::to_string(got) + " of " + std::to_string(n) + " entries"));
+    return py::make_tuple(0, py::make_tuple(out, refused));
   }
-  if (got != n) return protocol("reply has " + std::to_string(got) + " of " + std::to_string(n) + " entries");
-  return py::make_tuple(0, py::make_tuple(out, refused));
+
+  // For tests and fuzzers that play a peer by hand: the next sealed record (ciphertext || tag)
+  // of `body` with `aad`, and the opening of one (None when its tag fails). Each takes the next
+  // sequence number of its direction, as a frame would.
+  py::bytes seal(const py::bytes& aad, const py::bytes& body) {
+    Turn turn(this);
+    std::string a = aad, b = body;
+    std::string o(b.size() + kTag, '\0');
+    if (!(tx_.begin(a.data(), a.size()) && tx_.update(b.data(), o.data(), b.size()) &&
+          tx_.seal_end(reinterpret_cast<uint8_t*>(o.data() + b.size()))))
+      throw Error(ErrorKind::kInvalidArgument, "libcrypto failed to seal");
+    return py::bytes(o);
+  }
+  py::object open(const py::bytes& aad, const py::bytes& sealed) {
+    Turn turn(this);
+    std::string a = aad, s = sealed;
+    if (s.size() < kTag) return py::none();
+    size_t n = s.size() - kTag;
+    if (!(rx_.begin(a.data(), a.size()) && rx_.update(s.data(), s.data(), n) &&
+          rx_.open_end(reinterpret_cast<const uint8_t*>(s.data() + n))))
+      return py::none();
+    return py::bytes(s.data(), n);
+  }
+
+ private:
+  // One call at a time: the sequence numbers and the buffer are the connection's.
+  class Turn {
+   public:
+    explicit Turn(PeerSession* s) : s_(s) {
+      if (!s_->turn_.try_lock()) throw Error(ErrorKind::kInvalidArgument, "a PeerSession used by two threads at once");
+    }
+    ~Turn() { s_->turn_.unlock(); }
+
+   private:
+    PeerSession* s_;
+  };
+
+  // A byte buffer that grows without zeroing (what is kept is copied; the rest is written over).
+  class Buffer {
+   public:
+    char* data() { return p_.get(); }
+    // Makes room for `need` bytes, keeping the first `keep`.
+    void keep(size_t keep, size_t need) {
+      if (need <= size_) return;
+      size_t grown = std::max(need, size_ + size_ / 2);
+      std::unique_ptr<char[]> q(new char[grown]);
+      if (keep) std::memcpy(q.get(), p_.get(), keep);
+      p_ = std::move(q);
+      size_ = grown;
+    }
+
+   private:
+    std::unique_ptr<char[]> p_;
+    size_t size_ = 0;
+  };
+
+  // Hands the kernel what it takes now of o[*sent, made), never waiting.
+  static int send_ready(int fd, const char* o, size_t* sent, size_t made) {
+    int64_t k = net::send_some(fd, o + *sent, made - *sent);
+    if (k < 0) return net::kFailed;
+    *sent += static_cast<size_t>(k);
+    return net::kOk;
+  }
+
+  // A failed receive leaves the incoming stream out of step, a failed send the outgoing one;
+  // the other direction still works (a server answers a malformed request with an ERROR).
+  py::tuple fail_rx(py::tuple result) {
+    rx_broken_ = true;
+    return result;
+  }
+  py::tuple fail_tx(py::tuple result) {
+    tx_broken_ = true;
+    return result;
+  }
+  static py::tuple unusable() {
+    return protocol(net::kEInternal, "the connection is out of step after an earlier failure");
+  }
+
+  // "" when `h` may start a message here: magic, version, an opcode of `allowed`, a body within
+  // that opcode's bound. Otherwise why not, with the ERROR status in *code.
+  static std::string check_header(const net::Header& h, const std::vector<int>& allowed, uint16_t* code) {
+    auto refuse = [code](uint16_t c, const std::string& why) {
+      *code = c;
+      return why;
+    };
+    if (std::memcmp(h.magic, "SHCP", 4) != 0) return refuse(net::kEBadMagic, "bad magic");
+    if (h.version != net::kVersion)
+      return refuse(net::kEBadVersion, "protocol version " + std::to_string(h.version) + " (this side speaks " +
+                                           std::to_string(net::kVersion) + ")");
+    if (std::find(allowed.begin(), allowed.end(), h.opcode) == allowed.end())
+      return refuse(net::kEBadOpcode, "unexpected opcode " + std::to_string(h.opcode));
+    switch (h.opcode) {
+      case net::kGet:
+        if (h.count > net::kMaxBatch)
+          return refuse(net::kETooLarge, "GET of " + std::to_string(h.count) + " ids exceeds 4096");
+        if (uint64_t{h.body_len} != uint64_t{h.count} * 8)
+          return refuse(net::kEBadLength, "GET of " + std::to_string(h.count) + " ids carries " +
+                                              std::to_string(h.body_len) + " bytes");
+        return "";
+      case net::kStatsReply:
+        return h.body_len > net::kMaxStats ? refuse(net::kETooLarge, "STATS reply too large") : "";
+      case net::kError:
+        return h.body_len > net::kMaxError ? refuse(net::kETooLarge, "ERROR message too large") : "";
+      case net::kPing:
+      case net::kPong:
+      case net::kStats:
+        return h.body_len ? refuse(net::kEBadLength, "a body on a message that has none") : "";
+      default:
+        return refuse(net::kEBadOpcode, "opcode " + std::to_string(h.opcode) + " is not a message of this state");
+    }
+  }
+
+  py::tuple error_reply(int fd, const net::Header& h, int64_t deadline) {
+    if (h.body_len > net::kMaxError) return fail_rx(protocol(net::kETooLarge, "ERROR reply body too large"));
+    std::string msg(h.body_len + kTag, '\0');
+    int r;
+    bool opened;
+    {
+      py::gil_scoped_release nogil;
+      r = net::recv_exact(fd, msg.data(), msg.size(), deadline);
+      opened = r == net::kOk && rx_.begin(&h, kHead) && rx_.update(msg.data(), msg.data(), h.body_len) &&
+               rx_.open_end(reinterpret_cast<const uint8_t*>(msg.data() + h.body_len));
+    }
+    if (r != net::kOk) return fail_rx(io_failure(r));
+    if (!opened) return fail_rx(forged());
+    msg.resize(h.body_len);
+    return fail_rx(py::make_tuple(5, py::make_tuple(h.status, py::bytes(msg))));
+  }
+
+  Aead tx_, rx_;
+  Buffer out_;
+  std::pair<size_t, size_t> pending_{0, 0};  // out_[first, second): sealed, not yet sent
+  bool rx_broken_ = false, tx_broken_ = false;
+  std::mutex turn_;
+};
+
+// Positions of `ids` the cache does not hold now (lock-free look-ups): what the server fills from
+// its SSD tier or store before it builds a reply chunk.
+py::list missed_positions(py::object core, const U64Array& ids) {
+  Cache& c = core.cast<Cache&>();
+  const uint64_t* p = ids.data();
+  py::list out;
+  for (py::ssize_t k = 0; k < ids.size(); ++k)
+    if (!c.contains(p[k])) out.append(k);
+  return out;
+}
+
+py::bytes session_keys(const py::bytes& secret, const py::bytes& salt, const py::bytes& info) {
+  std::string s = secret, a = salt, i = info;
+  uint8_t out[net::kSessionKeyBytes];
+  if (!net::derive_session_keys(reinterpret_cast<const uint8_t*>(s.data()), s.size(),
+                                reinterpret_cast<const uint8_t*>(a.data()), a.size(),
+                                reinterpret_cast<const uint8_t*>(i.data()), i.size(), out))
+    throw Error(ErrorKind::kInvalidArgument, "libcrypto failed to derive the session keys");
+  return py::bytes(reinterpret_cast<const char*>(out), sizeof out);
 }
 
 }  // namespace
 
 void register_peer_io(py::module_& m) {
-  py::class_<PinnedReply>(m, "PinnedReply")
-      .def(py::init<py::object, const U64Array&, uint64_t>(), py::arg("core"), py::arg("ids"),
-           py::arg("max_bytes"),
-           "Pins the values of ids (in order, stopping once max_bytes are pinned): .count ids covered")
-      .def_property_readonly("count", &PinnedReply::count)
-      .def("missed", &PinnedReply::missed, "positions (of the ids covered) the cache did not hold")
-      .def("fill", &PinnedReply::fill, py::arg("position"), py::arg("value"))
-      .def("send", &PinnedReply::send, py::arg("fd"), py::arg("opaque"), py::arg("more"), py::arg("timeout"))
-      .def("release", &PinnedReply::release);
-  m.def("recv_get_reply", &recv_get_reply, py::arg("fd"), py::arg("ids"), py::arg("opaque"), py::arg("timeout"),
-        "(code, detail) of the reply to a GET of ids; see bindings/peer_io.cc");
+  py::class_<PeerSession>(m, "PeerSession")
+      .def(py::init<const py::bytes&, const py::bytes&>(), py::arg("send_key"), py::arg("recv_key"))
+      .def_property_readonly("broken", &PeerSession::broken)
+      .def_property_readonly("send_seq", &PeerSession::send_seq)
+      .def_property_readonly("recv_seq", &PeerSession::recv_seq)
+      .def("send_message", &PeerSession::send_message, py::arg("fd"), py::arg("opcode"), py::arg("count"),
+           py::arg("opaque"), py::arg("status"), py::arg("body"), py::arg("timeout"))
+      .def("recv_message", &PeerSession::recv_message, py::arg("fd"), py::arg("allowed"), py::arg("idle"),
+           py::arg("timeout"))
+      .def("seal_get_reply", &PeerSession::seal_get_reply, py::arg("fd"), py::arg("core"), py::arg("ids"),
+           py::arg("fills"), py::arg("opaque"), py::arg("more_after"), py::arg("max_bytes"), py::arg("pin_wait"))
+      .def("flush", &PeerSession::flush, py::arg("fd"), py::arg("timeout"))
+      .def("recv_get_reply", &PeerSession::recv_get_reply, py::arg("fd"), py::arg("ids"), py::arg("opaque"),
+           py::arg("timeout"))
+      .def("seal", &PeerSession::seal, py::arg("aad"), py::arg("body"))
+      .def("open", &PeerSession::open, py::arg("aad"), py::arg("sealed"));
+  m.def("peer_session_keys", &session_keys, py::arg("secret"), py::arg("salt"), py::arg("info"),
+        "128 bytes of HKDF-SHA256 (net/session_keys.h): client proof, server proof, the two keys");
+  m.def("peer_missed", &missed_positions, py::arg("core"), py::arg("ids"),
+        "positions of ids (u64) the cache does not hold now");
+  m.attr("PEER_PIN_POOL") = PinPool::kCapacity;
 }
 
 }  // namespace shadecache

@@ -12,6 +12,7 @@
 #include <memory>
 #include <vector>
 
+#include "bindings/convert.h"
 #include "bindings/ids.h"
 #include "common/error.h"
 #include "io/packed_reader.h"
@@ -108,19 +109,11 @@ void register_read_stream(py::module_& m) {
       [](py::handle buf, int64_t index, int64_t value) {
         // Counters that several processes add to in shared memory (the order board's per-epoch
         // reader rows): one locked read-modify-write, so no add is lost between processes.
-        Py_buffer view;
-        if (PyObject_GetBuffer(buf.ptr(), &view, PyBUF_WRITABLE) != 0) {
-          PyErr_Clear();
-          throw py::type_error("atomic_add needs a writable buffer");
-        }
-        struct Release {
-          Py_buffer* v;
-          ~Release() { PyBuffer_Release(v); }
-        } release{&view};
-        if (index < 0 || static_cast<uint64_t>(index + 1) * 8 > static_cast<uint64_t>(view.len))
+        WritableBuffer view(buf, 0, "atomic_add needs a writable buffer");
+        if (index < 0 || static_cast<uint64_t>(index + 1) * 8 > view.size())
           throw py::index_error("atomic_add: int64 index " + std::to_string(index) + " outside a buffer of " +
-                                std::to_string(view.len) + " bytes");
-        auto* p = static_cast<int64_t*>(view.buf) + index;
+                                std::to_string(view.size()) + " bytes");
+        auto* p = reinterpret_cast<int64_t*>(view.data()) + index;
         if (reinterpret_cast<uintptr_t>(p) % 8) throw py::value_error("atomic_add: the int64 is not 8-byte aligned");
         return __atomic_add_fetch(p, value, __ATOMIC_RELAXED);
       },

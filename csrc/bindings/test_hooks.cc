@@ -29,17 +29,7 @@ void register_test_hooks(py::module_& m) {
     }
   });
   py::dict points;
-  points["put_after_alloc"] = static_cast<int>(CrashPoint::kPutAfterAlloc);
-  points["put_mid_write"] = static_cast<int>(CrashPoint::kPutMidWrite);
-  points["put_after_write"] = static_cast<int>(CrashPoint::kPutAfterWrite);
-  points["put_after_publish"] = static_cast<int>(CrashPoint::kPutAfterPublish);
-  points["evict_after_unpublish"] = static_cast<int>(CrashPoint::kEvictAfterUnpublish);
-  points["evict_after_free"] = static_cast<int>(CrashPoint::kEvictAfterFree);
-  points["move_page_mid"] = static_cast<int>(CrashPoint::kMovePageMid);
-  points["scores_mid"] = static_cast<int>(CrashPoint::kScoresMid);
-  points["next_use_mid"] = static_cast<int>(CrashPoint::kNextUseMid);
-  points["run_mid_take"] = static_cast<int>(CrashPoint::kRunMidTake);
-  points["run_mid_release"] = static_cast<int>(CrashPoint::kRunMidRelease);
+  for (const auto& [name, point] : crash_point_names()) points[name] = static_cast<int>(point);
   m.attr("CRASH_POINTS") = points;
 }
 

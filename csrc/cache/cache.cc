@@ -45,10 +45,6 @@ uint64_t Cache::segment_bytes(const CacheOptions& opts) {
 std::unique_ptr<Cache> Cache::create(const std::string& name, const CacheOptions& opts) {
   validate(opts);
   Layout l = compute_layout(opts);
-  if (l.num_pages * l.page_size > kMaxDataBytes)
-    throw Error(ErrorKind::kInvalidArgument, "a data area of " + std::to_string(l.num_pages * l.page_size) +
-                                                 " bytes is needed for capacity_bytes=" + std::to_string(opts.capacity_bytes) +
-                                                 " of these sizes; at most 256 GiB is possible");
   // The creator's identity goes in first (pwrite: an error, not a SIGBUS, on a full tmpfs), so that
   // an attacher arriving during the reservation sees who is still building the segment.
   struct {
@@ -71,23 +67,25 @@ std::unique_ptr<Cache> Cache::create(const std::string& name, const CacheOptions
   h->heap_node_size = sizeof(HeapNode);
   h->policy = static_cast<uint32_t>(opts.policy);
   h->num_samples = opts.num_samples;
+  h->capacity_bytes = opts.capacity_bytes;
   h->page_size = l.page_size;
-  // The largest value accepted: the user's limit, else whatever fits both the budget and the data
-  // area (a run of every page, its slot header included).
-  uint64_t holds = std::min<uint64_t>(l.value_budget, l.num_pages * l.page_size - sizeof(SlotHeader));
-  h->max_item_bytes = opts.item_limit ? std::min(opts.item_limit, holds) : holds;
+  h->chunk_size = l.chunk_size;
+  h->unit_shift = l.unit_shift;
+  h->max_item_bytes = opts.item_limit ? std::min(opts.item_limit, l.max_value) : l.max_value;
   h->num_pages = l.num_pages;
-  h->capacity_bytes = l.value_budget;
   h->data_bytes = l.num_pages * l.page_size;
   h->persist = opts.persist ? 1 : 0;
   std::snprintf(h->fingerprint, sizeof h->fingerprint, "%s", opts.fingerprint.c_str());
   h->total_size = l.total;
+  h->fixed_bytes = l.fixed;
   h->off_index = l.off_index;
   h->off_heap_pos = l.off_heap_pos;
   h->off_scores = l.off_scores;
   h->off_ticks = l.off_ticks;
-  h->off_heap = l.off_heap;
+  h->off_heap_table = l.off_heap_table;
+  h->heap_table_len = l.heap_table_len;
   h->off_pages = l.off_pages;
+  h->off_chunk_owner = l.off_chunk_owner;
   h->off_classes = l.off_classes;
   h->off_pins = l.off_pins;
   h->off_data = l.off_data;
@@ -132,9 +130,11 @@ std::unique_ptr<Cache> Cache::attach(const std::string& name, bool touch) {
     throw Error(ErrorKind::kLayout, "cache '" + name + "' has layout version " + std::to_string(h->layout_version) +
                                         " but this shadecache reads version " + std::to_string(kLayoutVersion) +
                                         "; recreate the cache with this version");
-  if (h->page_size < kMinPageSize || (h->page_size & (h->page_size - 1)))
+  if (h->page_size < kMinPageSize || (h->page_size & (h->page_size - 1)) ||
+      h->chunk_size != h->page_size / kChunksPerPage || h->unit_shift < kMinUnitShift || h->unit_shift > 16)
     throw Error(ErrorKind::kLayout, "cache '" + name + "' has a page size of " + std::to_string(h->page_size) +
-                                        " bytes, not a power of two: the header is corrupt");
+                                        " bytes, not a power of two (or chunks and units that do not match it): "
+                                        "the header is corrupt");
   if (!policy_by_id(h->policy))
     throw Error(ErrorKind::kLayout, "cache '" + name + "' names policy number " + std::to_string(h->policy) +
                                         ", which this shadecache does not know");
@@ -166,14 +166,20 @@ void Cache::bind(Segment seg, const std::string& name) {
   heap_pos_ = reinterpret_cast<uint32_t*>(b + hdr_->off_heap_pos);
   scores_ = reinterpret_cast<std::atomic<float>*>(b + hdr_->off_scores);
   ticks_ = reinterpret_cast<std::atomic<uint64_t>*>(b + hdr_->off_ticks);
+  heap_table_ = reinterpret_cast<uint32_t*>(b + hdr_->off_heap_table);
   pages_ = reinterpret_cast<PageMeta*>(b + hdr_->off_pages);
   data_ = b + hdr_->off_data;
   page_size_ = hdr_->page_size;
   page_shift_ = static_cast<uint32_t>(__builtin_ctzll(page_size_));  // a power of two (checked on attach)
+  chunk_shift_ = static_cast<uint32_t>(__builtin_ctzll(hdr_->chunk_size));
+  unit_shift_ = hdr_->unit_shift;
   data_bytes_ = hdr_->num_pages * page_size_;
-  slab_ = Slab(data_, pages_, reinterpret_cast<ClassMeta*>(b + hdr_->off_classes), &hdr_->free_page_head,
-               &hdr_->class_gen, hdr_->num_pages, page_size_, hdr_->num_classes);
-  heap_ = IndexedHeap(reinterpret_cast<HeapNode*>(b + hdr_->off_heap), heap_pos_, &hdr_->heap_size);
+  num_chunks_ = hdr_->num_pages * kChunksPerPage;
+  max_len_ = hdr_->max_item_bytes;
+  slab_ = Slab(data_, pages_, reinterpret_cast<ClassMeta*>(b + hdr_->off_classes),
+               reinterpret_cast<uint32_t*>(b + hdr_->off_chunk_owner), &hdr_->free_page_head, &hdr_->free_pages,
+               &hdr_->class_gen, hdr_->num_pages, page_size_, hdr_->chunk_size, unit_shift_, hdr_->num_classes);
+  heap_ = IndexedHeap(data_, heap_table_, heap_pos_, &hdr_->heap_size, page_size_);
   pins_.bind(reinterpret_cast<PinOwner*>(b + hdr_->off_pins), hdr_->pin_active);
   policy_ = policy_by_id(hdr_->policy);  // checked by create and attach
   pstate_ = PolicyState{scores_, policy_->uses_ticks() ? ticks_ : nullptr, &hdr_->clock, &hdr_->policy_weight};
@@ -213,10 +219,14 @@ bool Cache::pin(uint64_t id, Pinned* out) {
     Probe p = probe(id, &at);
     if (p == Probe::kMiss) break;
     if (p == Probe::kRetry) continue;
+    if (at.len >> chunk_shift_) {  // in chunks: not contiguous, so the view is a copy
+      if (token) pins_.release(token);
+      return pin_copy(id, out);
+    }
     // Record the pin, then check that the slot is still this value (seq_cst both: see pins.h).
     uint32_t code = slot_code(at.off);
     if (token) pins_.set(token, code); else token = pins_.claim(code, name_);
-    if (idx_get(id, std::memory_order_seq_cst) != at.v || at.slot->seq.load(std::memory_order_seq_cst) != at.seq ||
+    if (index_[id].load(std::memory_order_seq_cst) != at.v || at.slot->seq.load(std::memory_order_seq_cst) != at.seq ||
         at.page->gen.load(std::memory_order_seq_cst) != at.gen)
       continue;
     users_.fetch_add(1, std::memory_order_relaxed);  // the view keeps the mapping (see close())
@@ -231,7 +241,56 @@ bool Cache::pin(uint64_t id, Pinned* out) {
   return false;
 }
 
+bool Cache::pin_copy(uint64_t id, Pinned* out) {
+  std::unique_ptr<char[]> buf;
+  uint64_t cap = 0, retries = 0;
+  uint32_t crc = 0;
+  int64_t len = -1;
+  for (int attempt = 0; attempt < kMaxReadAttempts && len < 0; ++attempt) {
+    if (attempt) ++retries;
+    SlotAt at;
+    Probe p = probe(id, &at);
+    if (p == Probe::kMiss) break;
+    if (p == Probe::kRetry) continue;
+    if (at.len > cap || !buf) {
+      buf.reset(new char[std::max<uint64_t>(at.len, 1)]);
+      cap = at.len;
+    }
+    crc = __atomic_load_n(&at.slot->crc, __ATOMIC_RELAXED);
+    if (!copy_value(at, buf.get())) continue;
+    std::atomic_thread_fence(std::memory_order_acquire);  // as in read_uncounted
+    if (at.slot->seq.load(std::memory_order_relaxed) != at.seq || at.page->gen.load(std::memory_order_relaxed) != at.gen)
+      continue;
+    len = at.len;
+  }
+  count_reads(len >= 0, len < 0, retries);
+  if (len < 0) return false;
+  note_hit(id);
+  const char* data = buf.get();
+  uint32_t token;
+  {
+    std::lock_guard<std::mutex> g(copies_mu_);
+    do next_copy_ = (next_copy_ + 1) & ~kCopyToken;
+    while (next_copy_ == 0 || copies_.count(kCopyToken | next_copy_));
+    token = kCopyToken | next_copy_;
+    copies_[token] = std::move(buf);
+  }
+  users_.fetch_add(1, std::memory_order_relaxed);  // as a pin: unpin ends it
+  *out = Pinned{data, static_cast<uint32_t>(len), token, 0, kCopyGen, crc};
+  return true;
+}
+
 bool Cache::repin(uint64_t id, Pinned* p) {
+  if (p->gen == kCopyGen) {
+    // The copy is this child's own memory since the fork; it still sits under the parent's token.
+    std::lock_guard<std::mutex> g(copies_mu_);
+    for (const auto& [token, buf] : copies_)
+      if (buf.get() == p->data) {
+        p->token = token;
+        return true;
+      }
+    return false;
+  }
   uint64_t off = static_cast<uint64_t>(p->data - data_) - sizeof(SlotHeader);
   uint32_t token = pins_.claim(slot_code(off), name_);
   const SlotHeader* s = slab_.slot(off);
@@ -255,7 +314,14 @@ uint32_t Cache::stale_pin_for_tests(uint64_t id) {
 }
 
 void Cache::unpin(uint32_t token, int64_t pinned_by) {
-  if (pinned_by == ::getpid()) pins_.release(token);
+  if (pinned_by == ::getpid()) {
+    if (token & kCopyToken) {
+      std::lock_guard<std::mutex> g(copies_mu_);
+      copies_.erase(token);
+    } else {
+      pins_.release(token);
+    }
+  }
   end_use();
 }
 
@@ -306,6 +372,7 @@ CacheStats Cache::stats() {
   out.evictions = r(s.evictions);
   out.rejected = r(s.rejected);
   out.page_moves = r(s.page_moves);
+  out.relocations = r(s.relocations);
   out.recoveries = r(s.recoveries);
   out.score_updates = r(s.score_updates);
   {
@@ -314,15 +381,15 @@ CacheStats Cache::stats() {
     out.items = hdr_->items;
     out.bytes_used = hdr_->bytes_used;
     out.zombies = hdr_->zombies;
-    uint64_t free_pages = 0;
-    for (uint64_t p = 0; p < hdr_->num_pages; ++p) free_pages += pages_[p].cls == kFreePage;
-    out.free_pages = free_pages;
+    out.free_pages = hdr_->free_pages;
+    out.heap_pages = hdr_->heap_pages;
   }
   out.pinned = pins_.count_live();
   out.capacity_bytes = hdr_->capacity_bytes;
   out.data_bytes = hdr_->data_bytes;
   out.num_samples = n_;
   out.page_size = page_size_;
+  out.chunk_size = hdr_->chunk_size;
   out.num_pages = hdr_->num_pages;
   out.segment_bytes = hdr_->total_size;
   out.max_item_bytes = hdr_->max_item_bytes;
@@ -341,11 +408,11 @@ PutItem Cache::make_item(uint64_t id, const char* data, uint64_t len) {
     throw Error(ErrorKind::kTooLarge, "value for sample id " + std::to_string(id) + " is " + std::to_string(len) +
                                           " bytes, more than the capacity of cache '" + name_ + "' (" +
                                           std::to_string(hdr_->capacity_bytes) + " bytes)");
-  if (len > hdr_->max_item_bytes || len > 0xFFFFFFFFull - sizeof(SlotHeader))
+  if (len > hdr_->max_item_bytes)
     throw Error(ErrorKind::kTooLarge, "value for sample id " + std::to_string(id) + " is " + std::to_string(len) +
                                           " bytes; cache '" + name_ + "' holds values of at most " +
-                                          std::to_string(std::min<uint64_t>(hdr_->max_item_bytes, 0xFFFFFFFFull - sizeof(SlotHeader))) +
-                                          " bytes (its max_item_bytes, or what its pages hold)");
+                                          std::to_string(hdr_->max_item_bytes) +
+                                          " bytes (its max_item_bytes, or what its memory holds)");
   return PutItem{static_cast<uint32_t>(id), data, static_cast<uint32_t>(len), crc32c(data, len)};
 }
 
@@ -359,6 +426,7 @@ void Cache::put_many(std::vector<PutItem>& items, const float* scores, uint8_t* 
     if (scores) do_set_score(items[i].id, scores[i]);
     admitted[i] = do_put(items[i]);
   }
+  do_heap_trim();
 }
 
 int Cache::try_put(const PutItem& it, const float* score) {
@@ -367,7 +435,9 @@ int Cache::try_put(const PutItem& it, const float* score) {
   if (!lock.owns()) return -1;
   do_reclaim_zombies();
   if (score) do_set_score(it.id, *score);
-  return do_put(it) ? 1 : 0;
+  bool in = do_put(it);
+  do_heap_trim();
+  return in ? 1 : 0;
 }
 
 bool Cache::put(const PutItem& it, const float* score) {
@@ -376,7 +446,9 @@ bool Cache::put(const PutItem& it, const float* score) {
   WriteLock lock(this);
   do_reclaim_zombies();
   if (score) do_set_score(it.id, *score);
-  return do_put(it);
+  bool in = do_put(it);
+  do_heap_trim();
+  return in;
 }
 
 bool Cache::remove(uint64_t id) {
@@ -384,10 +456,9 @@ bool Cache::remove(uint64_t id) {
   check_id(id);
   WriteLock lock(this);
   do_reclaim_zombies();
-  uint64_t v = idx_get(id, std::memory_order_relaxed);
-  if (v == 0) return false;
+  if (idx_get(id, std::memory_order_relaxed) == 0) return false;
   do_evict(static_cast<uint32_t>(id));
-  slab_.do_release_if_empty(slab_.page_of(v - 1));
+  do_heap_trim();
   return true;
 }
 
@@ -403,7 +474,6 @@ void Cache::update_scores(const int64_t* ids, const float* scores, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     __builtin_prefetch(&scores_[ids[i]], 1);
     __builtin_prefetch(&heap_pos_[ids[i]], 0);
-    __builtin_prefetch(&index_[ids[i]], 0);
   }
   constexpr size_t kAhead = 6;
   WriteLock lock(this);
@@ -421,11 +491,13 @@ void Cache::do_set_score(uint32_t id, float score) {
   if (policy_->keyed_by_score() && heap_.contains(id)) do_rekey(id, policy_->insert_key(pstate_, id));
 }
 
-// Seqlock write of one slot: odd seq, fence, body, even seq with release (readers: see read()).
-bool Cache::write_slot(SlotHeader* s, const PutItem& it, bool check_pins) {
-  uint64_t seq = s->seq.load(std::memory_order_relaxed);
+// Seqlock write of a value: odd seq, fence, chunk numbers, header, chunks and tail, even seq with
+// release (readers: see read_uncounted). A value in chunks is written under its head's odd seq
+// too, so that a rewrite in place never shows a reader a mix of old and new chunks.
+bool Cache::write_value(uint64_t off, const PutItem& it, const uint32_t* chunks, bool check_pins) {
+  SlotHeader* s = slab_.slot(off);
+  uint32_t seq = s->seq.load(std::memory_order_relaxed);
   s->seq.store(seq + 1, std::memory_order_relaxed);
-  uint64_t off = reinterpret_cast<char*>(s) - data_;
   if (check_pins && do_slot_pinned(off)) {
     // A view holds the current bytes: leave them. The new seq (even, changed) only sends readers
     // that raced this round again.
@@ -433,31 +505,36 @@ bool Cache::write_slot(SlotHeader* s, const PutItem& it, bool check_pins) {
     return false;
   }
   std::atomic_thread_fence(std::memory_order_release);
+  const uint64_t k = it.len >> chunk_shift_, chunk = uint64_t{1} << chunk_shift_;
+  uint32_t* refs = slab_.refs(off);
+  if (chunks)
+    for (uint64_t i = 0; i < k; ++i) __atomic_store_n(&refs[i], chunks[i], __ATOMIC_RELAXED);
   s->id = it.id;
   s->len = it.len;
   s->crc = it.crc;
-  size_t half = it.len / 2;
-  std::memcpy(slab_.value(off), it.data, half);
-  crash_point(CrashPoint::kPutMidWrite);
-  std::memcpy(slab_.value(off) + half, it.data + half, it.len - half);
+  for (uint64_t i = 0; i < k; ++i) {
+    std::memcpy(slab_.at(static_cast<uint64_t>(refs[i]) << chunk_shift_), it.data + (i << chunk_shift_), chunk);
+    if (i == k / 2) crash_point(CrashPoint::kPutMidWrite);
+  }
+  char* tail = slab_.value(off) + 4 * k;
+  uint64_t tail_len = it.len & (chunk - 1), half = k ? 0 : tail_len / 2;
+  std::memcpy(tail, it.data + (k << chunk_shift_), half);
+  if (!k) crash_point(CrashPoint::kPutMidWrite);
+  std::memcpy(tail + half, it.data + (k << chunk_shift_) + half, tail_len - half);
   s->seq.store(seq + 2, std::memory_order_release);
   return true;
 }
 
 bool Cache::do_put(const PutItem& it) {
-  // A value larger than a page: "class" kRunHead, in a run of its own (same length: rewritten in place).
-  bool large = slab_.is_large(it.len);
-  uint32_t cls = large ? kRunHead : slab_.do_class_for(it.len);
-  uint64_t cur = idx_get(it.id, std::memory_order_relaxed);
-  if (cur) {
+  const uint64_t k = it.len >> chunk_shift_;
+  const uint32_t cls = slab_.do_class_for(slab_.head_need(it.len));
+  if (uint64_t cur = idx_get(it.id, std::memory_order_relaxed)) {
     uint64_t off = cur - 1;
-    SlotHeader* s = slab_.slot(off);
-    uint32_t old_len = s->len;
-    uint64_t page = slab_.page_of(off);
-    bool same_place = pages_[page].cls == cls && (!large || slab_.run_len(page) == slab_.run_pages_for(it.len));
-    if (same_place && hdr_->bytes_used - old_len + it.len <= hdr_->capacity_bytes && write_slot(s, it, true)) {
-      // Same size class, no view on it: rewritten in place; readers racing it retry on the seqlock.
-      hdr_->bytes_used += static_cast<uint64_t>(it.len) - old_len;
+    uint32_t old_len = slab_.slot(off)->len;
+    // Same head class and as many chunks: rewritten in place (readers racing it retry on the
+    // seqlock) unless a view pins it (values in chunks are never pinned: their views are copies).
+    if (pages_[slab_.page_of(off)].cls == cls && (old_len >> chunk_shift_) == k && write_value(off, it, nullptr, k == 0)) {
+      hdr_->bytes_used = hdr_->bytes_used - old_len + it.len;
       if (policy_->rekey_on_rewrite()) {
         double key = policy_->insert_key(pstate_, it.id);
         do_rekey(it.id, key);
@@ -466,32 +543,28 @@ bool Cache::do_put(const PutItem& it) {
       hdr_->stats.updates.fetch_add(1, std::memory_order_relaxed);
       return true;
     }
-    // Another class, or a view pins the old copy: the new value goes to a new slot below, and the
+    // Another shape, or a view pins the old copy: the new value goes to a new slot below, and the
     // old copy is dropped only once that slot is won (a refused update keeps the old value).
   }
   double key = policy_->insert_key(pstate_, it.id);
-  uint64_t u = large ? do_alloc_run(it.id, it.len, key) : do_alloc_slot(cls, it.id, it.len, key);
-  if (u == 0) {
+  uint64_t off;
+  if (!do_alloc(cls, k, it.id, key, &off, &chunk_buf_)) {
     hdr_->stats.rejected.fetch_add(1, std::memory_order_relaxed);
     return false;
   }
-  uint64_t off = u - 1;
   crash_point(CrashPoint::kPutAfterAlloc);
-  write_slot(slab_.slot(off), it);
+  write_value(off, it, chunk_buf_.data());
   crash_point(CrashPoint::kPutAfterWrite);
   // The old copy (unless the allocation evicted it as a victim) goes now: freed, or a zombie while
   // a view pins it. A crash between this and the publish below loses the id (a miss), never bytes.
-  if (uint64_t old = idx_get(it.id, std::memory_order_relaxed)) {
+  if (idx_get(it.id, std::memory_order_relaxed)) {
     do_evict(it.id);
-    slab_.do_release_if_empty(slab_.page_of(old - 1));
     hdr_->stats.updates.fetch_add(1, std::memory_order_relaxed);
   }
   idx_set(it.id, off + 1, std::memory_order_release);  // publish
   crash_point(CrashPoint::kPutAfterPublish);
   policy_->on_insert(pstate_, it.id, key);
   heap_.push(it.id, key);
-  do_add_key(slab_.page_of(off), 0, key);
-  slab_.do_count_live(off, +1);
   ++hdr_->items;
   hdr_->bytes_used += it.len;
   hdr_->stats.inserts.fetch_add(1, std::memory_order_relaxed);

@@ -1,14 +1,16 @@
 // The node cache: one shared-memory segment holding values for dense sample ids 0..N-1, a score
 // for every id, an eviction heap and a slab allocator. Many processes map it at once.
+// capacity_bytes is its memory: the segment is capacity_bytes plus a fixed part (geometry.h).
 //
 // Contracts (docs/shared_memory.md has the full protocol):
 // - Readers (read, contains, pin, snapshots) take no lock; stats() takes the mutex briefly for
-//   the writer-state counters (items, bytes_used, zombies, free pages). A reader copies a value out under the
-//   slot's seqlock and the page's generation and retries if a writer raced it; a reader that dies
-//   holds nothing.
+//   the writer-state counters (items, bytes_used, zombies, free pages). A reader copies a value
+//   out (its chunks, then its tail) under the head slot's seqlock and the page's generation and
+//   retries if a writer raced it; a reader that dies holds nothing.
 // - Writers (put, remove, update_scores, check) take the segment's one robust mutex. Methods named
 //   do_* require it held. A writer killed anywhere leaves a state that the next locker repairs
-//   (do_repair rebuilds every derived structure from the index and the slot headers).
+//   (do_repair rebuilds every derived structure from the index, the head slots and their chunk
+//   numbers).
 // - Nothing here knows Python; the bindings release the GIL around every method that can block.
 #pragma once
 
@@ -19,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "cache/crash_point.h"
@@ -34,17 +37,15 @@
 
 namespace shadecache {
 
-constexpr uint64_t kNoPage = ~uint64_t{0};
-
 // Bumped in the child after every fork (see cache.cc).
 extern std::atomic<uint64_t> g_fork_generation;
 // Wall-clock time, ns since the Unix epoch (creation and attach times in the header).
 uint64_t unix_now_ns();
 
 struct CacheStats {
-  uint64_t hits, misses, read_retries, inserts, updates, evictions, rejected, page_moves,
-      recoveries, score_updates, items, bytes_used, capacity_bytes, num_samples, page_size,
-      num_pages, free_pages, segment_bytes, max_item_bytes, pinned, zombies, data_bytes;
+  uint64_t hits, misses, read_retries, inserts, updates, evictions, rejected, page_moves, relocations,
+      recoveries, score_updates, items, bytes_used, capacity_bytes, num_samples, page_size, chunk_size,
+      num_pages, free_pages, heap_pages, segment_bytes, max_item_bytes, pinned, zombies, data_bytes;
   int64_t creator_pid;
   uint64_t creator_start_time;
   uint32_t policy;
@@ -63,7 +64,7 @@ class Cache {
   static std::unique_ptr<Cache> create(const std::string& name, const CacheOptions& opts);
   // touch: record this attach as the cache's last use (`shadecache ls` and `gc` look without it).
   static std::unique_ptr<Cache> attach(const std::string& name, bool touch = true);
-  // Size a segment for `opts` would take (header + arrays + data), after rounding.
+  // Size a segment for `opts` would take: capacity_bytes and the fixed part.
   static uint64_t segment_bytes(const CacheOptions& opts);
   // pid and start time of the process that created segment `name`, read without taking its lock.
   static bool read_creator(const std::string& name, int64_t* pid, uint64_t* start_time);
@@ -127,18 +128,20 @@ class Cache {
   static constexpr uint32_t kPrefetchMaxBytes = 4096;  // beyond this the hardware streamer keeps up
   void prefetch_index(uint64_t id) const { __builtin_prefetch(&index_[id]); }
   void prefetch_value(uint64_t id, uint32_t value_bytes = 512 - sizeof(SlotHeader)) const {
-    uint64_t v = idx_get(id, std::memory_order_relaxed);
-    if (v == 0 || v - 1 >= data_bytes_) return;
-    const char* p = data_ + (v - 1);
-    __builtin_prefetch(&pages_[(v - 1) >> page_shift_]);
-    uint64_t end = std::min<uint64_t>({uint64_t{value_bytes} + sizeof(SlotHeader), kPrefetchMaxBytes,
-                                       data_bytes_ - (v - 1)});
+    uint32_t u = index_[id].load(std::memory_order_relaxed);
+    uint64_t off = static_cast<uint64_t>(u - 1) << unit_shift_;
+    if (u == 0 || off >= data_bytes_) return;
+    const char* p = data_ + off;
+    __builtin_prefetch(&pages_[off >> page_shift_]);
+    uint64_t end = std::min<uint64_t>({uint64_t{value_bytes} + sizeof(SlotHeader), kPrefetchMaxBytes, data_bytes_ - off});
     for (uint64_t b = 0; b < end; b += kAlign) __builtin_prefetch(p + b);
   }
   // ---- zero-copy views: no lock (csrc/cache/pins.h has the protocol) -------------------------
-  // pin() records the slot of `id` in this process's pin record and returns where its value lies:
-  // no writer frees, rewrites or moves that slot until unpin(token). false on a miss. Throws
-  // kCapacity when this process already holds kPinsPerOwner pins. `id` must be checked.
+  // pin() records the head slot of `id` in this process's pin record and returns where its value
+  // lies: no writer frees, rewrites or moves that slot until unpin(token). A value in chunks is
+  // not contiguous: its view is a private copy instead (the token then names the copy, seq is 0
+  // and gen kCopyGen; unpin frees it). false on a miss. Throws kCapacity when this process
+  // already holds kPinsPerOwner pins. `id` must be checked.
   struct Pinned {
     const char* data;
     uint32_t len;
@@ -146,12 +149,14 @@ class Cache {
     uint64_t seq, gen;  // the slot's seq and its page's generation when it was pinned
     uint32_t crc = 0;   // the crc32c put() recorded for the value (the peer server sends it)
   };
+  static constexpr uint64_t kCopyGen = ~uint64_t{0};
   bool pin(uint64_t id, Pinned* out);
   // A forked child's copy of a view names its parent's pin, which the parent may end at any time.
   // The child pins the same slot in its own record, then checks that the slot still holds the
   // value the view showed (seq and page generation unchanged: no writer freed, rewrote or moved it
   // since; the Dekker pairing of pins.h makes the check final). On success `p->token` is the
-  // child's; false (nothing pinned) when the value is gone.
+  // child's; false (nothing pinned) when the value is gone. A copy (gen kCopyGen) is the child's
+  // own memory after the fork: its token is found again, nothing is pinned.
   bool repin(uint64_t id, Pinned* p);
   // Ends a view. `pinned_by` is the pid that pinned it: a forked child ending an inherited view
   // drops nothing of its parent's. Unmaps a closed cache when its last view ends.
@@ -175,6 +180,8 @@ class Cache {
   bool put(const PutItem& it, const float* score);
   // Builds a PutItem (validating id and length, computing the crc); call without the lock.
   PutItem make_item(uint64_t id, const char* data, uint64_t len);
+  // The largest value put accepts (Header::max_item_bytes).
+  uint64_t max_value() const { return max_len_; }
   bool remove(uint64_t id);
   void update_scores(const int64_t* ids, const float* scores, size_t n);
   // The clairvoyant policy's input (csrc/cache/next_use.cc): positions[i] is the next position at
@@ -216,52 +223,73 @@ class Cache {
 
   // All do_* run with the mutex held.
   bool do_put(const PutItem& it);
-  // A free slot of class `cls` for `len` bytes of `id` (whose cached copy, if any, goes after):
-  // evicts while the value bytes would exceed capacity_bytes or no slot is free.
-  uint64_t do_alloc_slot(uint32_t cls, uint32_t id, uint64_t len, double key);
-  bool do_over_budget(uint32_t id, uint64_t len) const;
-  // The same for a value larger than a page: a run of whole pages (slab.h), slot offset + 1 or 0.
-  uint64_t do_alloc_run(uint32_t id, uint64_t len, double key);
-  // The victim walk both allocations share: the next value to evict for a new one of `key`, in
-  // the policy's order. Keys readers moved are applied first; pinned values are set aside in
-  // aside_ (dead processes' views reaped once per walk, *reaped). false when the heap is empty or
-  // the policy will not evict the top for `key`.
-  bool do_next_victim(double key, bool* reaped, HeapNode* victim, uint64_t* voff);
-  // Unpublishes `id` and frees its slot, or, when a view pins it, leaves the bytes as they are on
-  // the zombie list. Returns false in that case.
+  // Memory for a new value of `k` chunks whose head goes to class `cls`, for `id` (whose cached
+  // copy, if any, goes after the new one is written) under key `key`: what is free, else what
+  // moving values frees (do_compact_one), else what evicting in the policy's order frees. Takes
+  // the head slot (*head: its offset) and the chunks (*chunks), owned by `id`, all counted live
+  // on their pages already, and makes room in the heap. false when the policy refuses (static full, or importance admission fails
+  // because `key` does not beat the lowest cached priority) or views pin every candidate.
+  bool do_alloc(uint32_t cls, uint64_t k, uint32_t id, double key, uint64_t* head, std::vector<uint32_t>* chunks);
+  // Pages that allocation still needs from the free page list (head slot, chunks, heap room).
+  uint64_t do_pages_short(uint32_t cls, uint64_t k, uint32_t id) const;
+  // The victim walk: the next value to evict for a new one of `key`, in the policy's order. Keys
+  // readers moved are applied first; pinned values are set aside in aside_ (dead processes' views
+  // reaped once per walk, *reaped). false when the heap is empty or the policy will not evict the
+  // top for `key`.
+  bool do_next_victim(double key, bool* reaped, HeapNode* victim);
+  // Unpublishes `id` and frees its head slot and chunks (their pages go back to the free page
+  // list once empty), or, when a view pins it, leaves the head's bytes as they are on the zombie
+  // list. Returns false in that case.
   bool do_evict(uint32_t id);
-  void do_rekey(uint32_t id, double key);
-  void do_add_key(uint64_t page, double removed, double added);
-  // The page outside `cls` to move, or kNoPage when every candidate holds a pinned value.
-  uint64_t do_pick_page_to_move(uint32_t cls, const std::vector<HeapNode>& aside);
-  // Evicts every value of page `page` and recuts it for `cls`; false (page unchanged, its values
-  // evicted) when a view pins one of them.
-  bool do_move_page(uint64_t page, uint32_t cls);
+  void do_rekey(uint32_t id, double key) { heap_.update(id, key); }
+  // Empties one page by moving its values into free slots of the same class on other pages, so
+  // that the page can serve another class or the heap: the class with a page's worth of free
+  // slots whose emptiest page costs least to move. false when no class has one to give.
+  bool do_compact_one();
+  // Moves every value of page `p` elsewhere in its class; true when the page went free (false:
+  // a view pinned one of them, which became a zombie, and the page stays).
+  bool do_empty_page(uint64_t p);
+  bool do_move_head(uint64_t off);   // false: a view pinned it meanwhile (now a zombie)
+  void do_move_chunk(uint64_t off);
+  // The heap's pages: room for one more node (a page taken off the free list when the heap is
+  // full), and pages given back once the heap has shrunk by more than a quarter page beyond one.
+  uint64_t heap_capacity() const { return hdr_->heap_pages * heap_.per_page(); }
+  void do_heap_grow();
+  void do_heap_trim();
   // After making slot `off` unreachable (index entry unpublished, or seq odd): does a view pin it?
   bool do_slot_pinned(uint64_t off);
   void do_push_zombie(uint64_t off);
   void do_reclaim_zombies();  // frees every zombie no view pins any more
   void do_reap_dead_pins();   // drops pins of dead processes; at most every 100 ms per process
-  static uint32_t slot_code(uint64_t off) { return static_cast<uint32_t>(off / kAlign + 1); }
+  uint32_t slot_code(uint64_t off) const { return slab_.code(off); }  // the index's form, as pins name slots
   void do_set_score(uint32_t id, float score);
   void do_repair();
   std::string do_check();
-  // Writes `it` into slot `s`. With check_pins (a rewrite in place of a published value) it
-  // first makes seq odd and gives up, changing nothing, when a view pins the slot.
-  bool write_slot(SlotHeader* s, const PutItem& it, bool check_pins = false);
+  // Writes value `it` into head slot `off` and its chunks (`chunks`: the chunk numbers, written
+  // into the head; nullptr keeps the ones the head names, for a rewrite in place), all under the
+  // head's odd seq. With check_pins (a rewrite in place of a published value) it first makes seq
+  // odd and gives up, changing nothing, when a view pins the slot.
+  bool write_value(uint64_t off, const PutItem& it, const uint32_t* chunks, bool check_pins = false);
+  // A copy of value `id` into a private buffer registered under a copy token (pin of a value in
+  // chunks). false on a miss.
+  bool pin_copy(uint64_t id, Pinned* out);
 
   // A slot found by probe(): the index value naming it, its offset, page, page generation, header,
   // seq and length, as read (the caller checks they still hold after using the slot).
   struct SlotAt {
-    uint64_t v, off;
+    uint32_t v;  // the index entry
+    uint64_t off;
     PageMeta* page;
     uint64_t gen;
     SlotHeader* slot;
-    uint64_t seq;
+    uint32_t seq;
     uint32_t len;
   };
   enum class Probe { kMiss, kRetry, kFound };
   Probe probe(uint64_t id, SlotAt* at) const;
+  // Copies the value described by `at` into dst (its chunks, then its tail); false when a chunk
+  // number read is out of range (a writer raced: the caller retries).
+  bool copy_value(const SlotAt& at, char* dst) const;
 
   void note_hit(uint64_t id) {
     if (stamp_hits_) {
@@ -289,16 +317,16 @@ class Cache {
   uint64_t stripe_gen_ = ~uint64_t{0};
   Header* hdr_ = nullptr;
   uint64_t n_ = 0;
-  // index_[id]: 0 = not cached, else slot offset / kAlign + 1 (slots start on kAlign bounds).
-  // 4 bytes per id rather than 8 halves the array that every lookup misses on. idx_get/idx_set
-  // speak "slot offset + 1, 0 = none", the form the rest of the code uses.
+  // index_[id]: 0 = not cached, else head slot offset >> unit_shift + 1 (slots start on
+  // 2^unit_shift bounds). 4 bytes per id rather than 8 halves the array that every lookup misses
+  // on. idx_get/idx_set speak "slot offset + 1, 0 = none", the form the rest of the code uses.
   std::atomic<uint32_t>* index_ = nullptr;
   uint64_t idx_get(uint64_t id, std::memory_order mo) const {
     uint32_t u = index_[id].load(mo);
-    return u ? static_cast<uint64_t>(u - 1) * kAlign + 1 : 0;
+    return u ? (static_cast<uint64_t>(u - 1) << unit_shift_) + 1 : 0;
   }
   void idx_set(uint64_t id, uint64_t off_plus1, std::memory_order mo) {
-    index_[id].store(off_plus1 ? static_cast<uint32_t>((off_plus1 - 1) / kAlign + 1) : 0, mo);
+    index_[id].store(off_plus1 ? static_cast<uint32_t>(((off_plus1 - 1) >> unit_shift_) + 1) : 0, mo);
   }
   uint32_t* heap_pos_ = nullptr;
   std::atomic<float>* scores_ = nullptr;
@@ -308,15 +336,27 @@ class Cache {
   uint64_t data_bytes_ = 0;
   uint64_t page_size_ = 0;
   uint32_t page_shift_ = 0;  // log2(page_size_): the read path shifts where a division costs ~30 cycles
+  uint32_t chunk_shift_ = 0;
+  uint32_t unit_shift_ = kMinUnitShift;
+  uint64_t num_chunks_ = 0;
+  uint64_t max_len_ = 0;     // Header::max_item_bytes: a length read beyond it is a race, not a value
+  uint32_t* heap_table_ = nullptr;
   Slab slab_;
   IndexedHeap heap_;
   PinTable pins_;
   const EvictionPolicy* policy_ = nullptr;
   PolicyState pstate_{};
   bool stamp_hits_ = false;  // policy_->stamps_hits(), read on the hot path
-  // Heap nodes of pinned values that do_alloc_slot took out of the heap for the time of one
+  // Heap nodes of pinned values that do_alloc took out of the heap for the time of one
   // allocation (mutex held; empty between calls).
   std::vector<HeapNode> aside_;
+  // Views of values in chunks are private copies (pin_copy): token -> buffer, this process only.
+  // A copy token has kCopyToken set, pin tokens never do (pins.h: at most 2^16).
+  static constexpr uint32_t kCopyToken = 0x80000000u;
+  std::mutex copies_mu_;
+  std::unordered_map<uint32_t, std::unique_ptr<char[]>> copies_;
+  uint32_t next_copy_ = 0;
+  std::vector<uint32_t> chunk_buf_;  // the chunks do_alloc took for the put in progress (mutex held)
   // users_: calls in flight without the GIL (Use) plus views not yet unpinned. begin_use
   // increments it then loads closed_, close() stores closed_ then loads it (all seq_cst): one of
   // the two sees the other, so a call either fails with kClosed or runs on a mapping that stays.
@@ -352,31 +392,49 @@ constexpr int kMaxReadAttempts = 64;
 // generation `gen`. kMiss: not cached (or a corrupt offset, which check() reports); kRetry: a
 // writer is changing it; kFound: `at` describes it. The caller validates after using it.
 inline Cache::Probe Cache::probe(uint64_t id, SlotAt* at) const {
-  uint64_t v = idx_get(id, std::memory_order_acquire);
-  if (v == 0 || v - 1 >= data_bytes_) return Probe::kMiss;
-  uint64_t off = v - 1;
+  uint32_t v = index_[id].load(std::memory_order_acquire);
+  uint64_t off = static_cast<uint64_t>(v - 1) << unit_shift_;
+  if (v == 0 || off >= data_bytes_) return Probe::kMiss;
   PageMeta& page = pages_[off >> page_shift_];
   uint64_t gen = page.gen.load(std::memory_order_acquire);
   // Reading the index again after the generation proves `off` was published within this page
   // layout, so it is a slot header and not the middle of some other value.
-  if ((gen & 1) || idx_get(id, std::memory_order_acquire) != v) return Probe::kRetry;
+  if ((gen & 1) || index_[id].load(std::memory_order_acquire) != v) return Probe::kRetry;
   SlotHeader* s = slab_.slot(off);
-  uint64_t seq = s->seq.load(std::memory_order_acquire);
+  uint32_t seq = s->seq.load(std::memory_order_acquire);
   if (seq & 1) return Probe::kRetry;
   uint32_t sid = __atomic_load_n(&s->id, __ATOMIC_RELAXED);
   uint32_t len = __atomic_load_n(&s->len, __ATOMIC_RELAXED);
   if (sid != id) return Probe::kRetry;
-  if (__builtin_expect(len > page_size_ - (off & (page_size_ - 1)) - sizeof(SlotHeader), 0)) {
-    // Only a run's slot (at a page start) holds more than its page; the run length is a bound
-    // here (relaxed: the seq and gen rechecks after the copy decide), and the copy stays inside
-    // the data area whatever was read.
-    if ((off & (page_size_ - 1)) || __atomic_load_n(&page.cls, __ATOMIC_RELAXED) != kRunHead ||
-        len + sizeof(SlotHeader) > slab_.run_len(off >> page_shift_) * page_size_ ||
-        len + sizeof(SlotHeader) > data_bytes_ - off)
-      return Probe::kRetry;
-  }
+  // Bounds only (relaxed reads a racing writer may have torn; the seq and gen rechecks after the
+  // copy decide): the head lies inside its page, the length within what a put accepts.
+  if (__builtin_expect(len > max_len_ || (off & (page_size_ - 1)) + head_bytes(len, chunk_shift_) > page_size_, 0))
+    return Probe::kRetry;
   *at = SlotAt{v, off, &page, gen, s, seq, len};
   return Probe::kFound;
+}
+
+inline bool Cache::copy_value(const SlotAt& at, char* dst) const {
+  const char* head = slab_.value(at.off);
+  const uint64_t k = at.len >> chunk_shift_;
+  if (__builtin_expect(k == 0, 1)) {  // a value smaller than a chunk: one slot, one copy
+    std::memcpy(dst, head, at.len);
+    return true;
+  }
+  // Chunks in order, each a chunk_size copy; chunks side by side (a value written into fresh
+  // pages) are copied as one run.
+  const uint32_t* refs = reinterpret_cast<const uint32_t*>(head);
+  const uint64_t chunk = uint64_t{1} << chunk_shift_;
+  for (uint64_t i = 0; i < k;) {
+    uint32_t first = __atomic_load_n(&refs[i], __ATOMIC_RELAXED);
+    uint64_t run = 1;
+    while (i + run < k && __atomic_load_n(&refs[i + run], __ATOMIC_RELAXED) == first + run) ++run;
+    if (first + run > num_chunks_) return false;
+    std::memcpy(dst + (i << chunk_shift_), data_ + (static_cast<uint64_t>(first) << chunk_shift_), run * chunk);
+    i += run;
+  }
+  std::memcpy(dst + (k << chunk_shift_), head + 4 * k, at.len & (chunk - 1));
+  return true;
 }
 
 template <class Alloc>
@@ -396,9 +454,10 @@ int64_t Cache::read_uncounted(uint64_t id, Alloc&& alloc, uint64_t* retries) {
     if (p == Probe::kMiss) break;
     if (p == Probe::kRetry) continue;
     char* dst = alloc(at.len);
-    std::memcpy(dst, slab_.value(at.off), at.len);
+    if (!copy_value(at, dst)) continue;
     // Acquire fence: the seq/gen loads below cannot move above the copy, so an unchanged seq and
-    // gen prove no writer touched the slot during it (the writer's release fence pairs with this).
+    // gen prove no writer touched the value during it (the writer's release fence pairs with
+    // this; a writer changes a chunk or a chunk number only under the head's odd seq).
     std::atomic_thread_fence(std::memory_order_acquire);
     if (at.slot->seq.load(std::memory_order_relaxed) != at.seq ||
         at.page->gen.load(std::memory_order_relaxed) != at.gen)

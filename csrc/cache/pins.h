@@ -36,9 +36,10 @@ class PinTable {
   }
 
   // ---- owner side (no lock) -----------------------------------------------------------------
-  // Stores `code` (slot offset / kAlign + 1) in a free entry of this process's record, claiming a
-  // record first if the process has none. Returns a token for set/release. Throws kCapacity when
-  // the process already holds kPinsPerOwner pins, or every record is taken.
+  // Stores `code` (the slot as the index names it: offset >> unit_shift + 1) in a free entry of
+  // this process's record, claiming a record first if the process has none. Returns a token for
+  // set/release. Throws kCapacity when the process already holds kPinsPerOwner pins, or every
+  // record is taken.
   uint32_t claim(uint32_t code, const std::string& cache_name);
   // Re-points an entry this process holds (a retry of the same view after a race).
   void set(uint32_t token, uint32_t code) { entry(token).store(code, std::memory_order_seq_cst); }

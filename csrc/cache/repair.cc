@@ -2,15 +2,19 @@
 // in one place, like LMDB's mdb_mutex_failed.
 #include "cache/cache.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace shadecache {
 
-// Runs when a writer died holding the mutex. The ground truth is the index plus the slot headers
-// (each changed by single aligned stores in an order that keeps them meaningful): a slot is live
-// iff its seq is even, it names an id, and index[id] points at it. Everything else (free lists,
-// page and class counts, the heap, items, bytes_used) is derived again from that truth. Idempotent:
-// a repairer killed half way leaves EOWNERDEAD for the next locker, which starts over.
+// Runs when a writer died holding the mutex. The ground truth is the index plus the head slots
+// (each changed by single aligned stores in an order that keeps them meaningful) and the chunk
+// numbers in them: a head slot is live iff its seq is even, it names an id, index[id] points at
+// it, and its chunk numbers name chunks of chunk pages that no other live head names; a chunk is
+// live iff a live head names it. Everything else (free lists, chunk owners, page and class
+// counts, the heap, items, bytes_used) is derived again from that truth, with the heap's pages
+// from heap_table and its count. Idempotent: a repairer killed half way leaves EOWNERDEAD for the
+// next locker, which starts over.
 void Cache::do_repair() {
   // The dead writer may have unpublished a slot without reaching its own fence before the pin
   // check (pins.h): this one orders its stores before the table loads below.
@@ -18,13 +22,15 @@ void Cache::do_repair() {
   pins_.reap_dead();
   std::vector<uint32_t> pinned;  // one snapshot: scanning the table per slot would be O(slots x pins)
   pins_.snapshot(&pinned);
+  const uint64_t page_count = hdr_->num_pages;
   hdr_->zombie_head = 0;
   hdr_->zombies = 0;
+  hdr_->items = 0;
+  hdr_->bytes_used = 0;
+  hdr_->free_page_head = 0;  // rebuilt in step 3
+  hdr_->free_pages = 0;
   heap_.clear();
   std::memset(heap_pos_, 0, n_ * sizeof(uint32_t));
-  uint64_t page_count = hdr_->num_pages;
-  // Pages: classes and runs keep their pages; a page caught mid-move (or mid-take into a run)
-  // becomes free (none of its slots can be live: the mover unpublished them all before cutting it).
   for (uint32_t c = 0; c < slab_.num_classes(); ++c) {
     ClassMeta& cm = slab_.cls(c);
     cm.free_head = cm.free_slots = cm.pages = cm.items = 0;
@@ -33,9 +39,15 @@ void Cache::do_repair() {
     if (cm.slot_size) cm.slots_per_page = static_cast<uint32_t>(page_size_ / cm.slot_size);
   }
   ++hdr_->class_gen;  // every process rebuilds its copy of the class table
-  hdr_->free_page_head = 0;
-  hdr_->items = 0;
-  hdr_->bytes_used = 0;
+
+  // 1. Pages: one caught mid-change (odd gen: being cut, or joining the heap) holds nothing live
+  // (its slots were all free or moved before the change began). Heap pages are those heap_table
+  // names up to the count; any other page marked for the heap is free. Chunk pages start with
+  // every chunk unowned: live heads claim theirs below.
+  auto is_class_page = [&](uint64_t p) {
+    uint32_t c = pages_[p].cls;
+    return c < slab_.num_classes() && slab_.cls(c).slot_size != 0;
+  };
   for (uint64_t p = 0; p < page_count; ++p) {
     PageMeta& pm = pages_[p];
     uint64_t g = pm.gen.load(std::memory_order_relaxed);
@@ -43,74 +55,114 @@ void Cache::do_repair() {
       pm.gen.store(g + 1, std::memory_order_release);
       pm.cls = kFreePage;
     }
+    if (pm.cls == kHeapPage) pm.cls = kFreePage;  // put back below when heap_table names it
+    if (!is_class_page(p)) pm.cls = kFreePage;
+    pm.live = pm.zombies = 0;
+    if (pm.cls == kChunkClass)
+      for (uint32_t i = 0; i < kChunksPerPage; ++i) slab_.owner(p * kChunksPerPage + i) = kNoId;
   }
-  // Runs (large values): a head whose every tail names it is whole; anything else of a run (a
-  // writer killed while taking or releasing one) is freed. owned[q]: q is a tail of a whole run.
-  std::vector<uint8_t> whole(page_count), owned(page_count);
+  uint64_t heap_pages = 0;
+  for (; heap_pages < hdr_->heap_pages && heap_pages < hdr_->heap_table_len; ++heap_pages) {
+    uint32_t p = heap_table_[heap_pages];
+    if (p >= page_count || pages_[p].cls != kFreePage) break;  // out of range, or named twice
+    pages_[p].cls = kHeapPage;
+  }
+  hdr_->heap_pages = heap_pages;
+
+  // 2. Head slots: live or not, the live ones claiming their chunks.
+  auto chunk_page = [&](uint64_t c) { return c < num_chunks_ && pages_[c / kChunksPerPage].cls == kChunkClass; };
+  std::vector<uint64_t> live;  // head slot offsets
   for (uint64_t p = 0; p < page_count; ++p) {
-    if (pages_[p].cls != kRunHead) continue;
-    uint64_t k = slab_.run_len(p);
-    bool ok = k >= 2 && k <= page_count - p;
-    for (uint64_t q = p + 1; ok && q < p + k; ++q)
-      ok = pages_[q].cls == kRunTail && pages_[q].next_free_page == p + 1;
-    whole[p] = ok;
-    for (uint64_t q = p + 1; ok && q < p + k; ++q) owned[q] = 1;
-  }
-  for (uint64_t p = page_count; p-- > 0;) {
-    PageMeta& pm = pages_[p];
-    bool run = pm.cls == kRunHead && whole[p];
-    if (pm.cls == kRunTail && owned[p]) continue;  // its head (a lower page, visited later) decides
-    if (!run && (pm.cls >= slab_.num_classes() || slab_.cls(pm.cls).slot_size == 0)) {
-      slab_.do_push_free_page(p);
-      continue;
-    }
-    // A run head has one slot, as long as its run; a page of a class, slots_per_page slots.
-    uint32_t slots = run ? 1 : slab_.cls(pm.cls).slots_per_page;
-    uint64_t slot_size = run ? slab_.run_len(p) * page_size_ : slab_.cls(pm.cls).slot_size;
-    if (!run) ++slab_.cls(pm.cls).pages;
-    pm.live = 0;
-    pm.zombies = 0;
-    pm.key_sum = 0;
-    for (uint32_t i = slots; i-- > 0;) {
-      uint64_t off = p * page_size_ + static_cast<uint64_t>(i) * slot_size;
+    uint32_t c = pages_[p].cls;
+    if (c >= slab_.num_classes() || c == kChunkClass) continue;
+    const ClassMeta& cm = slab_.cls(c);
+    for (uint32_t i = 0; i < cm.slots_per_page; ++i) {
+      uint64_t off = p * page_size_ + uint64_t{i} * cm.slot_size;
       SlotHeader* s = slab_.slot(off);
-      uint64_t seq = s->seq.load(std::memory_order_relaxed);
-      bool live = !(seq & 1) && s->id < n_ && idx_get(s->id, std::memory_order_relaxed) == off + 1 &&
-                  s->len <= slot_size - sizeof(SlotHeader);
-      if (live) {
-        s->zombie = 0;
-        double key = policy_->repair_key(pstate_, s->id);
-        heap_.append(s->id, key);
-        pm.key_sum += key;
-        slab_.do_count_live(off, +1);
-        ++hdr_->items;
-        hdr_->bytes_used += s->len;
-      } else {
-        // Not live. Its id goes first, while a torn slot's seq is still odd: the index may still
-        // name it (cleared below, after every page), and a reader must never find an even seq
-        // with a matching id on bytes that a dead writer left half written.
-        __atomic_store_n(&s->id, kNoId, __ATOMIC_RELAXED);
-        std::atomic_thread_fence(std::memory_order_release);
-        if (seq & 1) s->seq.store(seq + 1, std::memory_order_release);
-        if (std::binary_search(pinned.begin(), pinned.end(), slot_code(off))) {
-          // A view may be reading it: keep the bytes, as a zombie. (A torn slot is never under a
-          // view that was handed out: a writer checks the pins after making seq odd and before
-          // writing. Its entry is a reader's that is backing out.)
-          do_push_zombie(off);
-        } else {
-          s->zombie = 0;
+      uint32_t seq = s->seq.load(std::memory_order_relaxed);
+      bool ok = !(seq & 1) && s->id < n_ && idx_get(s->id, std::memory_order_relaxed) == off + 1 && s->len <= max_len_ &&
+                head_bytes(s->len, chunk_shift_) <= cm.slot_size;
+      uint64_t k = ok ? s->len >> chunk_shift_ : 0, claimed = 0;
+      const uint32_t* refs = slab_.refs(off);
+      for (; ok && claimed < k; ++claimed) {
+        uint32_t r = refs[claimed];
+        ok = chunk_page(r) && slab_.owner(r) == kNoId;
+        if (ok) slab_.owner(r) = s->id;
+      }
+      if (ok) {
+        live.push_back(off);
+        continue;
+      }
+      // Undo a partial claim: the loop stopped one past the chunk it refused.
+      for (uint64_t j = 0; j + 1 < claimed; ++j) slab_.owner(refs[j]) = kNoId;
+      // Not live. Its id goes first, while a torn slot's seq is still odd: the index may still
+      // name it (cleared below), and a reader must never find an even seq with a matching id on
+      // bytes that a dead writer left half written.
+      if (s->id != kNoId && std::binary_search(pinned.begin(), pinned.end(), slot_code(off)) &&
+          !(seq & 1) && (s->len >> chunk_shift_) == 0) {
+        // A view may be reading it: keep the bytes, as a zombie. (A torn slot is never under a
+        // view that was handed out: a writer checks the pins after making seq odd and before
+        // writing. An entry naming one is a reader's that is backing out.)
+        continue;
+      }
+      __atomic_store_n(&s->id, kNoId, __ATOMIC_RELAXED);
+      std::atomic_thread_fence(std::memory_order_release);
+      if (seq & 1) s->seq.store(seq + 1, std::memory_order_release);
+    }
+  }
+
+  // 3. Free pages, then the heap's room: every live value needs a node. (Always there: a put
+  // makes room in the heap before it publishes. A value beyond it is dropped, not kept unkeyed.)
+  for (uint64_t p = page_count; p-- > 0;)
+    if (pages_[p].cls == kFreePage) slab_.do_push_free_page(p);
+  while (live.size() > heap_capacity() && hdr_->free_pages && hdr_->heap_pages < hdr_->heap_table_len) do_heap_grow();
+  while (live.size() > heap_capacity()) {
+    uint64_t off = live.back();
+    live.pop_back();
+    SlotHeader* s = slab_.slot(off);
+    const uint32_t* refs = slab_.refs(off);
+    for (uint64_t j = 0; j < (s->len >> chunk_shift_); ++j) slab_.owner(refs[j]) = kNoId;
+    __atomic_store_n(&s->id, kNoId, __ATOMIC_RELAXED);
+  }
+  for (uint64_t off : live) {
+    SlotHeader* s = slab_.slot(off);
+    heap_.append(s->id, policy_->repair_key(pstate_, s->id));
+    ++hdr_->items;
+    hdr_->bytes_used += s->len;
+  }
+
+  // 4. Slots of every class page: live (a head above, a claimed chunk), a zombie (a pinned
+  // head that is not live), or free. Counts and free lists from that; a page left with nothing
+  // goes to the free page list.
+  for (uint64_t p = page_count; p-- > 0;) {
+    uint32_t c = pages_[p].cls;
+    if (c >= slab_.num_classes()) continue;
+    ClassMeta& cm = slab_.cls(c);
+    ++cm.pages;
+    for (uint32_t i = cm.slots_per_page; i-- > 0;) {
+      uint64_t off = p * page_size_ + uint64_t{i} * cm.slot_size;
+      if (c == kChunkClass) {
+        if (slab_.owner(off >> chunk_shift_) != kNoId)
+          slab_.do_count_live(off, +1);
+        else
           slab_.do_free_slot(off);
-        }
+        continue;
+      }
+      SlotHeader* s = slab_.slot(off);
+      if (s->id == kNoId) {
+        slab_.do_free_slot(off);
+      } else if (idx_get(s->id, std::memory_order_relaxed) == off + 1 && heap_.contains(s->id)) {
+        slab_.do_count_live(off, +1);
+      } else {
+        do_push_zombie(off);
       }
     }
-    slab_.do_release_if_empty(p);  // a page left empty (a dead writer's fresh page or run) is free
+    slab_.do_release_if_empty(p);
   }
-  // Index entries that do not name a live slot (a put that died before its slot was stable, an
-  // eviction that died after unpublishing) are cleared.
-  for (uint64_t id = 0; id < n_; ++id) {
-    uint64_t v = idx_get(id, std::memory_order_relaxed);
-    if (v && heap_pos_[id] == 0) idx_set(id, 0, std::memory_order_release);
-  }
+  // 5. Index entries that do not name a live head (a put that died before its slot was stable, an
+  // eviction that died after unpublishing, a value dropped above) are cleared.
+  for (uint64_t id = 0; id < n_; ++id)
+    if (heap_pos_[id] == 0 && index_[id].load(std::memory_order_relaxed)) idx_set(id, 0, std::memory_order_release);
   heap_.heapify();
 }
 

@@ -3,15 +3,15 @@
 #include <algorithm>
 #include <cstring>
 
-#include "cache/crash_point.h"
-
 namespace shadecache {
 
 uint32_t Slab::init_classes(ClassMeta* classes, uint64_t page_size, const std::vector<uint32_t>& fitted) {
   std::memset(classes, 0, kMaxClasses * sizeof(ClassMeta));
-  classes[0].slot_size = static_cast<uint32_t>(page_size);
-  classes[0].slots_per_page = 1;
-  uint32_t n = 1;
+  classes[kChunkClass].slot_size = static_cast<uint32_t>(page_size / kChunksPerPage);
+  classes[kChunkClass].slots_per_page = kChunksPerPage;
+  classes[kPageClass].slot_size = static_cast<uint32_t>(page_size);
+  classes[kPageClass].slots_per_page = 1;
+  uint32_t n = kPageClass + 1;
   for (uint32_t slot : fitted) {
     if (n == kMaxClasses || slot >= page_size) break;
     classes[n].slot_size = slot;
@@ -30,48 +30,47 @@ void Slab::init() {
     classes_[c].items = 0;
   }
   *free_page_head_ = 0;
-  for (uint64_t p = num_pages_; p-- > 0;) {
-    pages_[p].cls = kFreePage;
-    pages_[p].live = 0;
-    pages_[p].zombies = 0;
-    pages_[p].next_free_page = static_cast<uint32_t>(*free_page_head_);
-    *free_page_head_ = p + 1;
-  }
+  *free_pages_ = 0;
+  for (uint64_t p = num_pages_; p-- > 0;) do_push_free_page(p);
 }
 
-uint32_t Slab::do_class_for(uint64_t value_len) {
-  uint64_t need = need_for(value_len);
-  if (sorted_gen_ == *class_gen_ && need == last_need_) return last_cls_;
+const std::vector<std::pair<uint32_t, uint32_t>>& Slab::do_head_classes() {
   if (sorted_gen_ != *class_gen_) {
     sorted_.clear();
-    for (uint32_t c = 0; c < num_classes_; ++c)
+    for (uint32_t c = kPageClass; c < num_classes_; ++c)
       if (classes_[c].slot_size) sorted_.emplace_back(classes_[c].slot_size, c);
     std::sort(sorted_.begin(), sorted_.end());
     sorted_gen_ = *class_gen_;
   }
+  return sorted_;
+}
+
+uint32_t Slab::do_class_for(uint64_t need) {
+  if (sorted_gen_ == *class_gen_ && need == last_need_) return last_cls_;
+  do_head_classes();
   auto fit = std::lower_bound(sorted_.begin(), sorted_.end(), std::make_pair(static_cast<uint32_t>(need), 0u));
-  // Entry 0 (the whole page) holds any value that may be put, so `fit` is never the end.
-  uint64_t widest = widest_slot(need, page_size_);
+  // Entry 1 (the whole page) holds any head that may be put, so `fit` is never the end.
+  const uint64_t u = unit();
+  uint64_t widest = page_size_ / (page_size_ / need) / u * u;
   uint32_t cls = fit->second;
-  // A value within the sizes the classes were fitted to goes to its fitted class: they were cut
-  // for the whole mix and the cache's page count. Otherwise the closest class, and when that one
-  // wastes more than a class cut for this size would, at a quarter of the pages in use, the
-  // smallest class that holds it among those that have pages.
+  // A head within the sizes the classes were fitted to goes to its fitted class: they were cut
+  // for the whole mix. Otherwise the closest class, and when that one wastes more than a class
+  // cut for this size would, at a quarter of the pages in use, the smallest class that holds it
+  // among those that have pages.
   auto first_fitted = std::find_if(fit, sorted_.end(), [&](const auto& e) { return classes_[e.second].fitted; });
-  bool in_fitted_range = first_fitted != sorted_.end();
-  if (in_fitted_range) {
+  bool loose = fit->first > std::max(widest, need + need / 32);
+  if (first_fitted != sorted_.end()) {
     cls = first_fitted->second;
-  } else if (fit->first > std::max(widest, need + need / 32) && do_classes_in_use() >= max_classes_in_use(num_pages_)) {
+  } else if (loose && do_classes_in_use() >= max_classes_in_use(num_pages_)) {
     auto used = std::find_if(fit, sorted_.end(), [&](const auto& e) { return classes_[e.second].pages > 0; });
     if (used != sorted_.end()) cls = used->second;
-  } else if (fit->first > std::max(widest, need + need / 32)) {
+  } else if (loose) {
     // Too loose: cut a class for this size, in an unused entry or one with no page left. Not
-    // when classes hold a quarter of the pages already: each class keeps a page partly cut, and
-    // in a cache of few pages a class per size would move pages back and forth between classes.
+    // when classes hold a quarter of the pages already: each class keeps a page partly cut.
     uint32_t free_entry = 0;
-    for (uint32_t c = 1; c < num_classes_ && !free_entry; ++c)
+    for (uint32_t c = kPageClass + 1; c < num_classes_ && !free_entry; ++c)
       if (classes_[c].slot_size == 0) free_entry = c;
-    for (uint32_t c = 1; c < num_classes_ && !free_entry; ++c)
+    for (uint32_t c = kPageClass + 1; c < num_classes_ && !free_entry; ++c)
       if (classes_[c].pages == 0 && !classes_[c].fitted) free_entry = c;  // no page, hence no slot
     if (free_entry) {
       ClassMeta& cm = classes_[free_entry];
@@ -84,7 +83,7 @@ uint32_t Slab::do_class_for(uint64_t value_len) {
       cm.free_head = cm.free_slots = cm.pages = cm.items = cm.fitted = 0;
       cm.slot_size = static_cast<uint32_t>(widest);
       sorted_gen_ = ~uint64_t{0};
-      return do_class_for(value_len);
+      return do_class_for(need);
     }
   }
   last_need_ = need;
@@ -102,10 +101,9 @@ bool Slab::is_slot_start(uint64_t off) const {
   uint64_t p = page_of(off);
   if (p >= num_pages_) return false;
   uint32_t c = pages_[p].cls;
-  uint64_t in_page = off - p * page_size_;
-  if (c == kRunHead) return in_page == 0;
-  if (c >= num_classes_ || classes_[c].slot_size == 0) return false;
+  if (c == kChunkClass || c >= num_classes_ || classes_[c].slot_size == 0) return false;
   const ClassMeta& cm = classes_[c];
+  uint64_t in_page = off - p * page_size_;
   return in_page % cm.slot_size == 0 && in_page / cm.slot_size < cm.slots_per_page;
 }
 
@@ -122,8 +120,8 @@ void Slab::do_push_free_slot(uint32_t c, uint64_t off) {
   SlotHeader* s = slot(off);
   s->prev_free = 0;
   s->next_free = static_cast<uint32_t>(cm.free_head);
-  if (cm.free_head) slot(offset(static_cast<uint32_t>(cm.free_head)))->prev_free = unit(off);
-  cm.free_head = unit(off);
+  if (cm.free_head) slot(offset(static_cast<uint32_t>(cm.free_head)))->prev_free = code(off);
+  cm.free_head = code(off);
   ++cm.free_slots;
 }
 
@@ -140,27 +138,27 @@ void Slab::do_unlink_free_slot(uint32_t c, uint64_t off) {
 }
 
 void Slab::do_push_free_page(uint64_t p) {
-  // The caller has already taken the page out of its class (no live slot, no listed free slot).
+  // The caller has already taken the page out of its class (no live slot, no listed free slot)
+  // or off the heap.
   pages_[p].cls = kFreePage;
   pages_[p].live = 0;
   pages_[p].zombies = 0;
-  pages_[p].key_sum = 0;
   pages_[p].next_free_page = static_cast<uint32_t>(*free_page_head_);
   *free_page_head_ = p + 1;
+  ++*free_pages_;
+}
+
+uint64_t Slab::do_pop_free_page() {
+  if (*free_page_head_ == 0) return num_pages_;
+  uint64_t p = *free_page_head_ - 1;
+  *free_page_head_ = pages_[p].next_free_page;
+  pages_[p].next_free_page = 0;
+  --*free_pages_;
+  return p;
 }
 
 bool Slab::do_release_if_empty(uint64_t p) {
   PageMeta& pm = pages_[p];
-  if (pm.cls == kRunHead && !pm.live && !pm.zombies) {
-    // Its slot is unpublished and unpinned (seq bumped when it was freed); a reader still holding
-    // the old offset fails on that seq, and the page generation changes when a page is reused.
-    uint64_t k = run_len(p);
-    for (uint64_t q = p + k; q-- > p;) {
-      do_push_free_page(q);
-      if (q == p + k / 2) crash_point(CrashPoint::kRunMidRelease);
-    }
-    return true;
-  }
   if (pm.cls >= num_classes_ || pm.live || pm.zombies) return false;
   ClassMeta& cm = classes_[pm.cls];
   for (uint32_t i = 0; i < cm.slots_per_page; ++i) do_unlink_free_slot(pm.cls, p * page_size_ + uint64_t{i} * cm.slot_size);
@@ -169,93 +167,46 @@ bool Slab::do_release_if_empty(uint64_t p) {
   return true;
 }
 
-uint64_t Slab::do_take_slot(uint32_t c) {
-  if (uint64_t u = do_pop_free_slot(c)) return u;
-  return do_take_free_page(c) ? do_pop_free_slot(c) : 0;
-}
-
 bool Slab::do_take_free_page(uint32_t c) {
-  if (*free_page_head_ == 0) return false;
-  uint64_t p = *free_page_head_ - 1;
-  *free_page_head_ = pages_[p].next_free_page;
-  pages_[p].next_free_page = 0;
+  uint64_t p = do_pop_free_page();
+  if (p == num_pages_) return false;
   do_cut_page(p, c);
   return true;
 }
 
-uint64_t Slab::do_take_run(uint64_t k) {
-  if (k == 0 || k > num_pages_) return 0;
-  uint64_t head = num_pages_;
-  for (uint64_t p = 0, free_run = 0; p < num_pages_; ++p) {
-    free_run = pages_[p].cls == kFreePage ? free_run + 1 : 0;
-    if (free_run == k) {
-      head = p + 1 - k;
-      break;
-    }
-  }
-  if (head == num_pages_) return 0;
-  // Off the free page list (one pass over it), then marked page by page, each under an odd
-  // generation (a reader holding a stale offset into one of them retries). A writer killed half
-  // way leaves pages that are neither listed nor a whole run: repair frees them.
-  uint64_t prev = 0;  // page index + 1 of the last page kept on the list, 0 = the head pointer
-  for (uint64_t u = *free_page_head_; u;) {
-    uint64_t q = u - 1;
-    uint64_t next = pages_[q].next_free_page;
-    if (q >= head && q < head + k) {
-      if (prev) pages_[prev - 1].next_free_page = static_cast<uint32_t>(next); else *free_page_head_ = next;
-    } else {
-      prev = u;
-    }
-    u = next;
-  }
-  for (uint64_t q = head; q < head + k; ++q) {
-    PageMeta& pm = pages_[q];
-    uint64_t g = pm.gen.load(std::memory_order_relaxed);
-    pm.gen.store(g + 1, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_release);
-    pm.live = pm.zombies = 0;
-    pm.key_sum = 0;
-    if (q == head) {
-      SlotHeader* s = slot(q * page_size_);
-      s->seq.store(0, std::memory_order_relaxed);
-      s->id = kNoId;
-      s->len = s->crc = s->zombie = s->next_free = s->prev_free = 0;
-      pm.next_free_page = static_cast<uint32_t>(k);
-      pm.cls = kRunHead;
-    } else {
-      pm.next_free_page = static_cast<uint32_t>(head + 1);
-      pm.cls = kRunTail;
-    }
-    pm.gen.store(g + 2, std::memory_order_release);
-    if (q == head + k / 2) crash_point(CrashPoint::kRunMidTake);
-  }
-  return head + 1;
+void Slab::begin_change(PageMeta& pm) {
+  // Odd generation first: a reader that read the even one before will see it changed and retry.
+  uint64_t g = pm.gen.load(std::memory_order_relaxed);
+  pm.gen.store(g | 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+}
+
+void Slab::end_change(PageMeta& pm) {
+  uint64_t g = pm.gen.load(std::memory_order_relaxed);
+  pm.gen.store((g | 1) + 1, std::memory_order_release);
 }
 
 void Slab::do_cut_page(uint64_t p, uint32_t c) {
   PageMeta& pm = pages_[p];
-  uint64_t g = pm.gen.load(std::memory_order_relaxed);
-  // Odd generation first: a reader that read the even one before will see it changed and retry.
-  pm.gen.store(g + 1, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_release);
+  begin_change(pm);
   ClassMeta& cm = classes_[c];
   pm.cls = c;
   pm.live = 0;
   pm.zombies = 0;
-  pm.key_sum = 0;
   ++cm.pages;
   uint64_t base = p * page_size_;
   for (uint32_t i = cm.slots_per_page; i-- > 0;) {
     uint64_t off = base + static_cast<uint64_t>(i) * cm.slot_size;
-    SlotHeader* s = slot(off);
-    s->seq.store(0, std::memory_order_relaxed);
-    s->id = kNoId;
-    s->len = 0;
-    s->crc = 0;
-    s->zombie = 0;
+    if (c == kChunkClass) {
+      chunk_owner_[off >> chunk_shift_] = kNoId;
+    } else {
+      SlotHeader* s = slot(off);
+      s->seq.store(0, std::memory_order_relaxed);
+      s->id = kNoId;
+    }
     do_push_free_slot(c, off);
   }
-  pm.gen.store(g + 2, std::memory_order_release);
+  end_change(pm);
 }
 
 std::string Slab::check_free_lists() const {
@@ -264,13 +215,13 @@ std::string Slab::check_free_lists() const {
     uint64_t count = 0, prev = 0;
     for (uint64_t u = cm.free_head; u; u = slot(offset(static_cast<uint32_t>(u)))->next_free) {
       uint64_t off = offset(static_cast<uint32_t>(u));
-      if (off >= num_pages_ * page_size_ || !is_slot_start(off))
-        return "free list of class " + std::to_string(c) + " points outside any slot (offset " + std::to_string(off) + ")";
-      if (pages_[page_of(off)].cls != c)
-        return "free slot at offset " + std::to_string(off) + " is on a page of another class";
-      const SlotHeader* s = slot(off);
-      if (s->id != kNoId) return "free slot at offset " + std::to_string(off) + " still names id " + std::to_string(s->id);
-      if (s->prev_free != prev) return "free list of class " + std::to_string(c) + " has a broken back link";
+      uint64_t p = page_of(off);
+      if (p >= num_pages_ || pages_[p].cls != c || (off - p * page_size_) % cm.slot_size ||
+          (off - p * page_size_) / cm.slot_size >= cm.slots_per_page)
+        return "free list of class " + std::to_string(c) + " names offset " + std::to_string(off) +
+               ", not a slot of a page of that class";
+      if (!is_free(c, off)) return "free slot at offset " + std::to_string(off) + " of class " + std::to_string(c) + " is in use";
+      if (slot(off)->prev_free != prev) return "free list of class " + std::to_string(c) + " has a broken back link";
       prev = u;
       if (++count > cm.free_slots) break;
     }
@@ -278,6 +229,13 @@ std::string Slab::check_free_lists() const {
       return "class " + std::to_string(c) + " counts " + std::to_string(cm.free_slots) + " free slots but its list holds " +
              std::to_string(count);
   }
+  uint64_t listed = 0;
+  for (uint64_t u = *free_page_head_; u && listed <= num_pages_; u = pages_[u - 1].next_free_page) {
+    if (u > num_pages_ || pages_[u - 1].cls != kFreePage) return "free page list names a page in use";
+    ++listed;
+  }
+  if (listed != *free_pages_) return "free page list holds " + std::to_string(listed) + " pages, the header counts " +
+                                     std::to_string(*free_pages_);
   return "";
 }
 

@@ -16,8 +16,7 @@ bool Cache::do_slot_pinned(uint64_t off) {
 
 void Cache::do_push_zombie(uint64_t off) {
   SlotHeader* s = slab_.slot(off);
-  s->zombie = 1;
-  s->next_free = static_cast<uint32_t>(hdr_->zombie_head);
+  s->next_zombie = static_cast<uint32_t>(hdr_->zombie_head);
   hdr_->zombie_head = slot_code(off);
   ++hdr_->zombies;
   slab_.do_count_zombie(off, +1);
@@ -32,22 +31,21 @@ void Cache::do_reclaim_zombies() {
   uint64_t u = hdr_->zombie_head;
   SlotHeader* prev = nullptr;
   while (u) {
-    uint64_t off = (u - 1) * kAlign;
+    uint64_t off = slab_.offset(static_cast<uint32_t>(u));
     SlotHeader* s = slab_.slot(off);
-    uint64_t next = s->next_free;
+    uint64_t next = s->next_zombie;
     if (std::binary_search(codes.begin(), codes.end(), static_cast<uint32_t>(u))) {
       still_pinned = true;
       prev = s;
     } else {
       // Unreachable (unpublished) and no view left: free it. A crash between the unlink and the
       // push leaves it on neither list; repair rebuilds both from the slot headers.
-      if (prev) prev->next_free = static_cast<uint32_t>(next); else hdr_->zombie_head = next;
+      if (prev) prev->next_zombie = static_cast<uint32_t>(next); else hdr_->zombie_head = next;
       --hdr_->zombies;
-      uint64_t seq = s->seq.load(std::memory_order_relaxed);
+      uint32_t seq = s->seq.load(std::memory_order_relaxed);
       s->seq.store(seq + 1, std::memory_order_relaxed);
       std::atomic_thread_fence(std::memory_order_release);
       s->id = kNoId;
-      s->zombie = 0;
       s->seq.store(seq + 2, std::memory_order_release);
       slab_.do_free_slot(off);
       slab_.do_count_zombie(off, -1);

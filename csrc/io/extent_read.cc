@@ -3,9 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
-#include <mutex>
 
-#include "common/crc32c.h"
 #include "common/error.h"
 
 namespace shadecache {
@@ -66,9 +64,12 @@ struct Scratch {
 
 }  // namespace
 
-std::vector<size_t> read_samples(IoBackend& backend, int fd, bool direct, const store::Entry* dir,
-                                 const int64_t* ids, size_t n, char* const* dests, bool verify,
-                                 const ReadShape& shape, ReadCounters* counters) {
+void read_samples(IoBackend& backend, int fd, bool direct, CheckedBatch& batch, const ReadShape& shape,
+                  ReadCounters* counters) {
+  const store::Entry* dir = batch.dir();
+  const int64_t* ids = batch.ids();
+  const size_t n = batch.size();
+  char* const* dests = batch.dests();
   ExtentPlan plan = plan_extents(dir, ids, n, direct, shape);
   const size_t m = plan.extents.size();
   // An extent of one sample goes straight to its destination (the backend widens O_DIRECT reads
@@ -93,8 +94,6 @@ std::vector<size_t> read_samples(IoBackend& backend, int fd, bool direct, const 
   for (size_t x = 0; x < m; ++x)
     if (scratch_at[x] != SIZE_MAX) ops[x].dest = base + scratch_at[x];
 
-  std::mutex mu;
-  std::vector<size_t> bad;
   RangeDone done = [&](size_t x) {
     const Extent& e = plan.extents[x];
     for (size_t j = e.first; j < e.last; ++j) {
@@ -102,10 +101,7 @@ std::vector<size_t> read_samples(IoBackend& backend, int fd, bool direct, const 
       const store::Entry& s = dir[ids[k]];
       const char* src = ops[x].dest + (s.offset - e.offset);
       if (scratch_at[x] != SIZE_MAX) std::memcpy(dests[k], src, s.length);
-      if (verify && crc32c(dests[k], s.length) != s.crc) {
-        std::lock_guard<std::mutex> lk(mu);
-        bad.push_back(k);
-      }
+      batch.check(k);
     }
   };
   backend.read_ranges(fd, direct, ops.data(), m, done);
@@ -116,8 +112,6 @@ std::vector<size_t> read_samples(IoBackend& backend, int fd, bool direct, const 
     counters->bytes.fetch_add(asked, std::memory_order_relaxed);
   }
   scratch.trim();
-  std::sort(bad.begin(), bad.end());
-  return bad;
 }
 
 }  // namespace shadecache

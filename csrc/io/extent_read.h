@@ -4,7 +4,7 @@
 // sample. A read never costs more than reading the gap: gap_bytes is what the device transfers in
 // the time one more request costs (bandwidth / IOPS, measured by the store: device_probe.h).
 //
-// Contract: call without the GIL (nothing here touches Python); `dests[k]` receives the
+// Contract: call without the GIL (nothing here touches Python); the batch's dests[k] receives the
 // dir[ids[k]].length bytes of sample ids[k] (ids already range-checked). A sample that is an
 // extent alone and needs no widening is read straight into its destination; the others are read
 // into a scratch buffer of this thread and copied out. Checksums are verified per sample as its
@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "io/checked_batch.h"
 #include "io/io_backend.h"
 #include "io/store_format.h"
 
@@ -50,10 +51,9 @@ struct ExtentPlan {
 ExtentPlan plan_extents(const store::Entry* dir, const int64_t* ids, size_t n, bool direct,
                         const ReadShape& shape);
 
-// Reads the batch through `backend`; returns the batch positions whose checksum does not match
-// (ascending; empty without `verify`). Throws what the backend throws (after the batch drained).
-std::vector<size_t> read_samples(IoBackend& backend, int fd, bool direct, const store::Entry* dir,
-                                 const int64_t* ids, size_t n, char* const* dests, bool verify,
-                                 const ReadShape& shape, ReadCounters* counters);
+// Reads the batch through `backend`, each sample checked (batch.check) as its extent completes;
+// the caller asks the batch what failed. Throws what the backend throws (after the batch drained).
+void read_samples(IoBackend& backend, int fd, bool direct, CheckedBatch& batch, const ReadShape& shape,
+                  ReadCounters* counters);
 
 }  // namespace shadecache

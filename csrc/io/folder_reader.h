@@ -1,6 +1,6 @@
 // Reads samples stored one file per sample (an image-folder tree), with the same batching as
 // PackedReader: the backend opens, sizes, reads and closes up to queue_depth files at a time.
-// The list of paths (id -> path) is built by the caller (shadecache/store/packed.py scans the tree).
+// The list of paths (id -> path) is built by the caller (shadecache/store/folder.py scans the tree).
 //
 // Contract: read() must be called WITHOUT the GIL; it throws for the first file (in batch order)
 // that could not be read, naming its id, path and the failing step.

@@ -6,12 +6,12 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <memory>
 
 #include "common/crc32c.h"
 #include "common/error.h"
+#include "io/checked_batch.h"
 #include "io/pread_backend.h"
 
 namespace shadecache {
@@ -22,12 +22,6 @@ bool pread_exact(int fd, void* buf, size_t n, uint64_t off, const std::string& p
   ssize_t r = pread_full(fd, static_cast<char*>(buf), n, off);
   if (r < 0) throw_errno("read " + path, static_cast<int>(-r));
   return static_cast<size_t>(r) == n;
-}
-
-std::string hex32(uint32_t v) {
-  char b[16];
-  std::snprintf(b, sizeof(b), "0x%08x", v);
-  return b;
 }
 
 // Opens `path` for reading, refusing anything but a regular file. O_NONBLOCK first: a plain open
@@ -331,21 +325,10 @@ const store::Entry& PackedReader::entry(int64_t id) const {
 void PackedReader::read_into(const int64_t* ids, size_t n, char* const* dests) {
   std::shared_lock<std::shared_mutex> lk(io_mu_);
   check_open();
-  std::vector<size_t> bad;
+  CheckedBatch batch(dir_, ids, n, dests, verify_);
   int fd = direct_ ? direct_fd_ : fd_;
-  slot_.with([&](IoBackend& b) {
-    bad = read_samples(b, fd, direct_, dir_.data(), ids, n, dests, verify_, shape_, &counters_);
-  });
-  if (!bad.empty()) throw_corrupt(ids[bad.front()], dests[bad.front()]);
-}
-
-void PackedReader::throw_corrupt(int64_t id, const char* bytes) const {
-  const store::Entry& e = dir_[static_cast<size_t>(id)];
-  throw CorruptSample(path_ + ": sample " + std::to_string(id) + " at file offset " +
-                          std::to_string(e.offset) + " (" + std::to_string(e.length) +
-                          " bytes) is corrupt: checksum " + hex32(crc32c(bytes, e.length)) +
-                          " != stored " + hex32(e.crc),
-                      static_cast<unsigned long long>(id), e.offset);
+  slot_.with([&](IoBackend& b) { read_samples(b, fd, direct_, batch, shape_, &counters_); });
+  batch.throw_if_corrupt(path_);
 }
 
 std::vector<int64_t> PackedReader::find_corrupt(int64_t first, int64_t count) {
@@ -367,15 +350,10 @@ std::vector<int64_t> PackedReader::find_corrupt(int64_t first, int64_t count) {
     dests[k] = buf.get() + at;
     at += dir_[static_cast<size_t>(ids[k])].length;
   }
-  std::vector<size_t> bad_pos;
+  CheckedBatch batch(dir_, ids.data(), ids.size(), dests.data(), true);
   int fd = direct_ ? direct_fd_ : fd_;
-  slot_.with([&](IoBackend& b) {
-    bad_pos = read_samples(b, fd, direct_, dir_.data(), ids.data(), ids.size(), dests.data(),
-                           /*verify=*/true, shape_, &counters_);
-  });
-  std::vector<int64_t> bad;
-  for (size_t k : bad_pos) bad.push_back(ids[k]);
-  return bad;
+  slot_.with([&](IoBackend& b) { read_samples(b, fd, direct_, batch, shape_, &counters_); });
+  return batch.corrupt_ids();
 }
 
 }  // namespace shadecache

@@ -52,9 +52,6 @@ class PackedReader {
   // With verify, a checksum mismatch throws CorruptSample naming the id and its file offset
   // (the lowest position k in the batch that failed).
   void read_into(const int64_t* ids, size_t n, char* const* dests);
-  // Throws CorruptSample for sample `id` whose `length` bytes read are at `bytes`, naming the id,
-  // its file offset and both checksums.
-  [[noreturn]] void throw_corrupt(int64_t id, const char* bytes) const;
   // Reads samples [first, first + count) and returns the ids whose checksum does not match.
   std::vector<int64_t> find_corrupt(int64_t first, int64_t count);
 

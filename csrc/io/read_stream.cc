@@ -4,17 +4,15 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <string>
 #include <system_error>
 
-#include "common/crc32c.h"
 #include "common/error.h"
+#include "io/checked_batch.h"
 #include "io/pread_backend.h"
 #include "io/uring_backend.h"
 
 namespace shadecache {
-
 
 ReadStream::ReadStream(PackedReader& reader, BackendKind kind, unsigned queue_depth,
                        unsigned lanes)
@@ -117,11 +115,9 @@ void ReadStream::lane_main() {
 }
 
 void ReadStream::run(Batch& b, IoBackend& backend) {
-  const auto& dir = reader_.directory();
-  std::vector<size_t> bad =
-      read_samples(backend, fd_, reader_.direct(), dir.data(), b.ids.data(), b.ids.size(),
-                   b.dests.data(), reader_.verify(), reader_.shape(), &reader_.counters());
-  if (!bad.empty()) reader_.throw_corrupt(b.ids[bad.front()], b.dests[bad.front()]);
+  CheckedBatch batch(reader_.directory(), b.ids.data(), b.ids.size(), b.dests.data(), reader_.verify());
+  read_samples(backend, fd_, reader_.direct(), batch, reader_.shape(), &reader_.counters());
+  batch.throw_if_corrupt(reader_.path());
 }
 
 uint64_t ReadStream::submit(std::vector<int64_t> ids, std::vector<char*> dests) {

@@ -86,4 +86,16 @@ int recv_exact(int fd, void* buf, size_t len, int64_t deadline_ns) {
   return recv_all(fd, &v, 1, deadline_ns);
 }
 
+int wait_readable(int fd, int64_t deadline_ns) { return wait_ready(fd, POLLIN, deadline_ns); }
+
+int64_t send_some(int fd, const void* buf, size_t len) {
+  for (;;) {
+    ssize_t k = ::send(fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (k >= 0) return k;
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+    return kFailed;
+  }
+}
+
 }  // namespace shadecache::net

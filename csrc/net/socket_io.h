@@ -22,5 +22,10 @@ int send_all(int fd, iovec* iov, size_t n, int64_t deadline_ns);
 // Fills every buffer of iov[0..n) in order (recvmsg). kEof when the peer closed first.
 int recv_all(int fd, iovec* iov, size_t n, int64_t deadline_ns);
 int recv_exact(int fd, void* buf, size_t len, int64_t deadline_ns);
+// Waits until fd is readable (or has an error or EOF to report) or the deadline passes.
+int wait_readable(int fd, int64_t deadline_ns);
+// One non-blocking send of up to len bytes: the count the kernel took (0 when its buffer is full),
+// or kFailed (errno holds the cause). Never waits.
+int64_t send_some(int fd, const void* buf, size_t len);
 
 }  // namespace shadecache::net

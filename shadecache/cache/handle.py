@@ -11,57 +11,40 @@ segments of creators that were killed. A cache created with persist=True outlive
 (warm restart): `Cache.create_or_attach` of a restarted job finds its values and scores, and
 `shadecache gc` leaves it alone unless asked (--persisted, or --keep-for AGE).
 
-capacity_bytes is what the cache holds of sample bytes. Give the sample sizes (`sizes=`, e.g. a
-packed store's `lengths`; `Cache.for_store` does) and the engine fits its size classes to them
-and sizes its memory so that capacity_bytes of samples fit: slot headers and page ends come on
-top (stats()["segment_bytes"] is the whole). Without sizes, capacity_bytes is the memory, headers
-included, and size classes are learned as values arrive.
+capacity_bytes is the memory the cache takes: everything it allocates in /dev/shm (values, their
+headers, the id index, scores, the eviction heap, policy state) stays within capacity_bytes (the
+header and the table of views add at most 0.25 MiB), and at least 90% of it holds sample bytes
+for any size mix. Values are kept as whole chunks plus a tail slot (no large value needs memory
+side by side), so memory moves freely between sizes. `Cache.capacity_for(k, sizes)` says the
+memory that holds k samples of a mix; giving the sizes at create (`sizes=`, e.g. a packed
+store's `lengths`; `Cache.for_store` does) fits the tail slots to them.
 """
-import atexit
+import functools
 import math
 import os
-import time
 from typing import List, Optional
 
 import numpy as np
 
-from .. import _core
+from .. import _core, shm
 from ..errors import FingerprintError
 
 # Policy name -> the number the engine stores; the engine defines the list (csrc/cache/policies/).
 POLICIES = {name: number for number, name in enumerate(_core.POLICIES) if name}
-# The largest value that fits a 1 MiB slab page next to its slot header. Larger values take runs
-# of whole pages (any size up to the cache's capacity); a larger max_item_bytes, or sizes with
-# larger samples, give larger pages (memory moves between size classes a page at a time), up to
-# pages of 8 MiB (LARGEST_PAGE_ITEM_BYTES) unless max_item_bytes asks for more.
+# Kept for callers that size buffers by it (the engine's pages no longer depend on it: their size
+# follows capacity_bytes, and values of any size up to what the cache holds are kept in chunks).
 DEFAULT_MAX_ITEM_BYTES = (1 << 20) - _core.SLOT_HEADER_SIZE
 LARGEST_PAGE_ITEM_BYTES = (8 << 20) - _core.SLOT_HEADER_SIZE
 
 
 def _page_item_bytes(max_item_bytes, sizes) -> int:
-    """The largest value a slab page must hold (it sets the page size): max_item_bytes when the
-    user gave one, else the largest of `sizes` within [DEFAULT_MAX_ITEM_BYTES, LARGEST_PAGE_ITEM_BYTES]."""
+    """The max_item_bytes argument the engine takes (checked in [1, 1 GiB]; the page size no longer
+    depends on it): the user's, else the largest of `sizes` within [DEFAULT_MAX_ITEM_BYTES,
+    LARGEST_PAGE_ITEM_BYTES]. Only a max_item_bytes the user gave is a limit (item_limit)."""
     if max_item_bytes is not None:
         return _check_int("max_item_bytes", max_item_bytes, 1)
     largest = int(sizes.max()) if sizes.size else 0
     return max(DEFAULT_MAX_ITEM_BYTES, min(largest, LARGEST_PAGE_ITEM_BYTES))
-
-# Segments created by this process, unlinked at interpreter exit (in the creating pid only: a
-# forked DataLoader worker inherits this set and must not remove its parent's cache).
-_OWNED = {}
-
-
-def _unlink_owned_at_exit():
-    for name, pid in list(_OWNED.items()):
-        if pid == os.getpid():
-            try:
-                _core.CacheCore.unlink(name)
-            except OSError:
-                pass
-
-
-atexit.register(_unlink_owned_at_exit)
-
 
 def _check_int(name, value, minimum=0):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
@@ -76,9 +59,12 @@ class Cache:
 
     get(i) -> bytes | None           a copy of sample i, None on a miss
     get_many(ids) -> list            one native call for a batch
+    gather_rows(ids, out, ...)       hits copied into the rows of `out` (one call, GIL released)
+    gather_flat(ids, len_hint)       hits copied back to back: (flat uint8 array, lengths)
     get_into(i, buf) -> int          copy into a writable buffer; the length, or -1 on a miss
     view(i) -> SampleView | None     zero copy: a read-only buffer into the cache, pinned (no
-                                     process frees, rewrites or moves those bytes) until released
+                                     process frees, rewrites or moves those bytes) until released;
+                                     a value larger than stats()["chunk_size"] is a private copy
     contains(i) -> bool
     put(i, data, score=None) -> bool False when admission refuses it
     put_many(ids, values, scores=None) -> np.ndarray[bool]
@@ -110,6 +96,24 @@ class Cache:
         self.scores = core.scores
         self.check = core.check
         self.set_next_use = core.set_next_use
+        # The batch calls of the readers that fill whole batches (CachedLoader, the peer server).
+        self.gather_rows = functools.partial(_core.gather_rows, core)
+        self.gather_flat = functools.partial(_core.gather_flat, core)
+
+    # ---- the caches of this node ----------------------------------------------------------------
+    @staticmethod
+    def list() -> List[str]:
+        """Names of the caches on this node (what `shadecache ls` lists)."""
+        from . import node
+        return node.list_caches()
+
+    @staticmethod
+    def remove(name: str) -> bool:
+        """Cache.remove(name), called on the class: removes the cache `name` from this node (its
+        segment's name; processes that have it mapped keep using it until they close); False if
+        there is none. On a cache, cache.remove(i) removes sample i."""
+        from . import node
+        return node.remove(name)
 
     # ---- construction ------------------------------------------------------------------------
     @classmethod
@@ -119,11 +123,13 @@ class Cache:
         """Creates the cache `name` on this node. FileExistsError if the name is taken,
         sc.CapacityError if /dev/shm cannot hold it.
 
-        sizes        sample sizes in bytes (all of them, or a sample of them): capacity_bytes then
-                     means bytes of samples, and size classes are fitted to these sizes.
+        capacity_bytes  the memory of the cache in /dev/shm (at most a fixed 0.25 MiB comes on top);
+                     sc.Cache.capacity_for(k, sizes) is the memory that holds k samples. A capacity
+                     too small for the per-sample index of num_samples is refused, naming the least.
+        sizes        sample sizes in bytes (all of them, or a sample of them): the slots that hold
+                     the values' tails are fitted to these sizes.
         max_item_bytes  an optional limit: the largest value accepted (default: any value the cache
-                     can hold, up to capacity_bytes). It also sizes the slab pages; values larger
-                     than a page take a run of whole pages.
+                     can hold).
         persist      keep the segment (values and scores) after every process has exited.
         fingerprint  names the data set (a store's `fingerprint`); attach(fingerprint=) and
                      create_or_attach refuse a cache of another one.
@@ -145,8 +151,8 @@ class Cache:
         core = _core.CacheCore.create(name, num_samples, capacity_bytes, page_item_bytes, POLICIES[policy],
                                       sizes, persist, fingerprint or "",
                                       0 if max_item_bytes is None else page_item_bytes)
-        if not persist:
-            _OWNED[name] = os.getpid()
+        if not persist:   # removed when this process exits (node.py's gc if it is killed)
+            shm.own(name, lambda: _core.CacheCore.unlink(name))
         cache = cls(core, owner=not persist)
         if blend is not None:
             try:
@@ -203,21 +209,28 @@ class Cache:
         return make(name, len(store), capacity_bytes, **kw)
 
     @staticmethod
-    def capacity_for(num_items: int, sizes) -> int:
-        """capacity_bytes that holds `num_items` samples whose sizes are distributed as `sizes`
-        (every sample's size, e.g. a store's `lengths`, or a sample of them): num_items times
-        their mean, for a cache created with the same sizes. stats()["segment_bytes"] (or
-        Cache.memory_for) says the memory that takes."""
+    def capacity_for(num_items: int, sizes, num_samples: Optional[int] = None,
+                     policy: Optional[str] = None) -> int:
+        """capacity_bytes (memory) that holds `num_items` samples whose sizes are distributed as
+        `sizes` (every sample's size, e.g. a store's `lengths`, or a sample of them), in a cache
+        of `num_samples` ids (default len(sizes)) created with the same sizes. The per-sample
+        index is counted in: for `policy` (default: the one that keeps the most state per
+        sample, lru, so the answer holds under any)."""
         num_items = _check_int("num_items", num_items, 0)
         sizes = _check_sizes(sizes)
         if sizes.size == 0:
             raise ValueError("sizes is empty: give the sizes of the samples to hold")
-        return max(1, int(math.ceil(num_items * float(sizes.mean()))))
+        num_samples = int(sizes.size) if num_samples is None else _check_int("num_samples", num_samples, 1)
+        policy = "lru" if policy is None else policy
+        if policy not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r}; choose one of {sorted(POLICIES)}")
+        return _core.CacheCore.capacity_for(num_items, sizes, num_samples, POLICIES[policy])
 
     @staticmethod
     def memory_for(num_samples: int, capacity_bytes: int, sizes=None, policy: str = "importance",
                    max_item_bytes: Optional[int] = None) -> int:
-        """Bytes of shared memory a cache created with these arguments takes (segment_bytes)."""
+        """Bytes of shared memory a cache created with these arguments takes (segment_bytes):
+        capacity_bytes and the fixed part every cache has."""
         sizes = _check_sizes(sizes)
         page_item_bytes = _page_item_bytes(max_item_bytes, sizes)
         if policy not in POLICIES:
@@ -230,6 +243,19 @@ class Cache:
         # Spawned DataLoader workers and other processes get the cache by name, never by value.
         return (Cache.attach, (self.name,))
 
+    def missed(self, ids) -> list:
+        """Positions in `ids` (int64 array) of the ids this cache does not hold now: one native
+        look-up per batch, no lock (a peer server's chunk fills these from the tiers below)."""
+        return _core.peer_missed(self._core, ids)
+
+    def seal_reply(self, session, fd: int, ids, fills: dict, opaque: int, more: bool,
+                   max_bytes: int, pin_wait: float):
+        """A peer server's GET reply chunk, sealed by `session` (csrc/bindings/peer_io.cc) onto
+        socket `fd`: the cached values of the leading ids that fit `max_bytes` are pinned only
+        while they are encrypted straight from shared memory (waiting at most `pin_wait` s for
+        pins); fills {position: bytes} gives the values the server read below the cache."""
+        return session.seal_get_reply(fd, self._core, ids, fills, opaque, more, max_bytes, pin_wait)
+
     # ---- writers with argument shaping -------------------------------------------------------
     def update_scores(self, ids, scores) -> None:
         """Sets the importance of every id in `ids` (cached or not) under one lock."""
@@ -238,6 +264,25 @@ class Cache:
         if hasattr(scores, "detach"):
             scores = scores.detach().cpu().numpy()
         self._core.update_scores(ids, scores)
+
+    def admits(self, ids, displaced=0) -> np.ndarray:
+        """Bool mask: whether this cache, full, would admit each id by its policy by the time
+        `displaced` (an int, or one per id) of its cached values have given way to others:
+        importance, a score above the lowest cached score left then; static, none; lru, fifo and
+        clairvoyant, every id (they evict to make room). A prediction for readers ahead (the
+        prefetcher, which counts the samples due before each one); put decides."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        policy = self.policy
+        if policy == "static":
+            return np.zeros(ids.size, dtype=bool)
+        if policy != "importance":
+            return np.ones(ids.size, dtype=bool)
+        scores = np.asarray(self.scores())
+        held = np.sort(scores[self.cached_mask()])
+        k = np.broadcast_to(np.asarray(displaced, dtype=np.int64), ids.shape)
+        out = k < held.size
+        out[out] = scores[ids[out]] > held[k[out]]
+        return out
 
     # ---- introspection ----------------------------------------------------------------------
     @property
@@ -331,7 +376,7 @@ class Cache:
     def unlink(self) -> None:
         """Removes the segment's name; processes that have it mapped keep using it until they close."""
         _core.CacheCore.unlink(self.name)
-        _OWNED.pop(self.name, None)
+        shm.disown(self.name)
 
     def __enter__(self) -> "Cache":
         return self
@@ -363,84 +408,3 @@ def _check_fingerprint(fingerprint) -> Optional[str]:
         # the segment stores it as a C string: "ab\0cd" would be kept, and matched, as "ab"
         raise ValueError("fingerprint may not contain a NUL byte")
     return fingerprint
-
-
-def list_caches() -> List[str]:
-    """Names of the shadecache segments on this node."""
-    return sorted(_core.CacheCore.list())
-
-
-def remove(name: str) -> bool:
-    """Removes segment `name`; False if it did not exist, PermissionError (naming the owner) if
-    it is another user's."""
-    _OWNED.pop(name, None)
-    return _core.CacheCore.unlink(name)
-
-
-def creator_alive(name: str) -> Optional[bool]:
-    """Whether the process that created `name` still runs (pid and start time both match, and it
-    has not exited).
-    None if the segment vanished or is not readable."""
-    try:
-        info = _core.CacheCore.read_creator(name)
-    except (OSError, ValueError):
-        return None
-    if info is None:
-        return None
-    pid, start = info
-    # An exited creator that its parent has not waited for yet (a zombie) maps nothing: gone.
-    return start != 0 and not _core.process_gone(pid, start)
-
-
-def describe(name: str) -> dict:
-    """What `shadecache ls` shows of cache `name`, read without counting as an attach."""
-    core = _core.CacheCore.attach(name, touch=False)
-    try:
-        d = core.stats()
-        d.update(persist=core.persist, fingerprint=core.fingerprint,
-                 last_attach=core.last_attach_unix_ns / 1e9, created=core.created_unix_ns / 1e9)
-        return d
-    finally:
-        core.close()
-
-
-def gc(persisted: bool = False, keep_for: Optional[float] = None) -> List[str]:
-    """Removes every segment of this user whose creator is gone; returns the names removed. A
-    persisted cache is kept unless `persisted` is True, or `keep_for` (seconds) is given and it
-    was last attached longer ago than that. Another user's files are never removed (their
-    segments cannot be attached, so their creators are never known to be gone; a name that
-    becomes theirs while gc runs is skipped)."""
-    removed = []
-    now = time.time()
-    for name in list_caches():
-        if creator_alive(name) is not False:
-            continue
-        try:
-            info = describe(name)
-        except Exception:  # half-made, or of another layout: its creator is gone, remove it
-            info = {"persist": False}
-        if info["persist"] and not persisted and not (keep_for is not None and now - info["last_attach"] > keep_for):
-            continue
-        try:
-            if remove(name):
-                removed.append(name)
-        except PermissionError:
-            # The name changed hands since the look above (another gc of ours removed it, then
-            # another user made a segment under it): theirs now, left alone; the sweep goes on.
-            continue
-    # What a killed job leaves beside its segments: order boards of caches that no longer exist
-    # and the tier status files of peer servers that are gone; this user's only.
-    from .. import node_files
-    from ..lookahead import board as order
-    from ..peer import status as tier_status
-    caches = set(list_caches())
-    for entry in os.listdir(order.SHM_DIR):
-        if (entry.startswith(order.PREFIX) and entry[len(order.PREFIX):] not in caches
-                and node_files.owned(os.path.join(order.SHM_DIR, entry))):
-            try:
-                os.unlink(os.path.join(order.SHM_DIR, entry))
-                removed.append(entry)
-            except FileNotFoundError:
-                pass
-    removed.extend(os.path.basename(p) for p in tier_status.sweep())
-    return removed

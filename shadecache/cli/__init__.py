@@ -3,7 +3,7 @@
   cache.register   ls, stats, rm, gc      (shadecache/cli/cache.py)
   store.register   pack, verify, info     (shadecache/cli/store.py)
   demo.register    demo                   (shadecache/cli/demo.py)
-  peer.register    serve                  (shadecache/cli/peer.py)
+  peer.register    serve, secret          (shadecache/cli/peer.py)
 
 Only the area of the command being run is imported (`shadecache ls` must not pay for importing
 torch); `--help` imports them all. An area that fails to import (torch missing for `demo`) does not
@@ -17,7 +17,7 @@ _COMMANDS = {
     "ls": ".cache", "stats": ".cache", "rm": ".cache", "gc": ".cache",
     "pack": ".store", "verify": ".store", "info": ".store",
     "demo": ".demo",
-    "serve": ".peer",
+    "serve": ".peer", "secret": ".peer",
 }
 
 

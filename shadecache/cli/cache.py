@@ -51,7 +51,7 @@ def cmd_stats(args) -> int:
     with Cache.attach(args.name) as c:
         d = c.stats()
         d["huge_pages"] = c.huge_pages()
-        from ..lookahead.board import board_for   # the prefetcher's per-epoch counters, if any
+        from ..lookahead.publish import board_for   # the prefetcher's per-epoch counters, if any
         board = board_for(c)
         if board is not None:
             d["prefetch"] = {"prefetcher_pid": board.prefetcher_pid, **board.totals(),

@@ -35,7 +35,7 @@ def _verify(args) -> int:
 def _info(args) -> int:
     import numpy as np
 
-    from ..store.packed import FolderStore, PackedStore, probe_backend
+    from ..store import FolderStore, PackedStore, probe_backend
 
     if os.path.isdir(args.path):
         store = FolderStore(args.path, backend=args.backend)

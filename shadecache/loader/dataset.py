@@ -27,12 +27,14 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ..lookahead.board import board_for
+from ..ids import check_ids
+from ..lookahead.publish import board_for, reader_stream
 from ..peer.tier import HomePeerTier
 from ..store.protocol import check_store
 from ..tiers import STORE, TierChain
 from .counters import SharedCounters
 
+ON_WAY_WAIT_S = 2.0   # the longest a miss waits for the same sample on its way from the prefetcher
 _TIERS = ("peer", "ssd", STORE)   # the tiers below the cache, as CachedDataset composes its chain
 _FIELDS = (("hits", "misses", "samples", "prefetch_hits", "wait_ns")
            + tuple(f"{t}_{c}" for t in _TIERS for c in ("calls", "hits", "bytes", "ns")))
@@ -91,6 +93,8 @@ class CachedDataset(Dataset):
         self.transform = transform
         self.admit = bool(admit)
         self.cluster = cluster
+        if cluster is not None:   # the peers must serve this store's samples (checked at each handshake)
+            cluster.bind(store)
         self.ssd = ssd
         if ssd is not None:   # the tier must hold this store's samples, not another's by the same ids
             ssd.bind_store(store)
@@ -118,20 +122,9 @@ class CachedDataset(Dataset):
 
     # ---- the batched path --------------------------------------------------------------------
     def check_ids(self, ids) -> np.ndarray:
-        """ids as an int64 array, every one in 0..N-1 (TypeError / IndexError naming the id)."""
-        a = np.asarray(ids)
-        if a.ndim != 1:
-            a = a.reshape(-1)
-        if a.size and a.dtype.kind not in "iu":
-            for i in a.tolist():
-                if not isinstance(i, (int, np.integer)) or isinstance(i, bool):
-                    raise TypeError(f"sample id must be an integer, got {i!r}")
-            a = a.astype(np.int64)
-        a = a.astype(np.int64, copy=False)
-        if a.size and (a.min() < 0 or a.max() >= self._n):
-            bad = np.flatnonzero((a < 0) | (a >= self._n))
-            raise IndexError(f"sample id {int(a[bad[0]])} is out of range 0..{self._n - 1}")
-        return a
+        """ids as a 1-D int64 array in 0..N-1 (shadecache/ids.py: the one rule; TypeError /
+        IndexError naming the id)."""
+        return check_ids(ids, self._n)
 
     def fetch_bytes(self, ids):
         """Raw bytes of each id, in order: cache first, then the tier chain for the misses."""
@@ -171,7 +164,7 @@ class CachedDataset(Dataset):
         self.counters.add(hits=hits, misses=ids.size - hits, samples=ids.size, prefetch_hits=pf,
                           wait_ns=wait_ns)
         if board is not None:   # per epoch, for ds.stats() and `shadecache stats`
-            board.count_reads(ids.size, hits, pf, wait_ns)
+            board.count_reads(reader_stream(board), ids.size, hits, pf, wait_ns)
 
     def fetch_missing(self, ids: list) -> list:
         """The bytes of every id (distinct, in range) that the node cache missed, through the tier
@@ -180,6 +173,28 @@ class CachedDataset(Dataset):
         cache refused to the SSD tier (written behind, off this path). The one miss path of every
         reader (fetch_bytes, sc.CachedLoader). One caller at a time per process: the Cluster's
         connections (one per peer per process) take one request at a time."""
+        board = board_for(self.cache)
+        if board is not None and board.prefetcher_pid:
+            # What the node's prefetcher is reading now is read once: wait for it to land.
+            a = np.asarray(ids, dtype=np.int64)
+            coming = board.wait_for(a, ON_WAY_WAIT_S)
+            if coming.any():
+                landed = self.cache.get_many(a[coming])
+                got = dict(zip(a[coming].tolist(), landed))
+                rest = [i for i in ids if got.get(i) is None]
+                if len(rest) < len(ids):
+                    landed_ids = [i for i, v in got.items() if v is not None]
+                    board.unmark(landed_ids)          # used: neither unused nor wasted
+                    self.counters.add(prefetch_hits=len(landed_ids))
+                    board.count_reads(reader_stream(board), 0, 0, len(landed_ids), 0)
+                    values = dict(zip(rest, self.fetch_missing_now(rest)))
+                    return [got[i] if got.get(i) is not None else values[i] for i in ids]
+        return self.fetch_missing_now(ids)
+
+    def fetch_missing_now(self, ids: list) -> list:
+        """fetch_missing without waiting for the prefetcher: the tier chain, under the lock."""
+        if not ids:
+            return []
         with self._miss_lock:
             r = self.chain.read(ids)
             self.chain.admit(r)

@@ -12,7 +12,7 @@ assemble a cached batch itself:
 How one batch is made (on one of `num_workers` threads of this process, `prefetch_batches` ahead;
 num_workers=0 makes it in the iterating thread):
   1. the sampler's next B ids (the sampler is iterated in the iterating thread only);
-  2. hits: one native call (_core.gather_rows / gather_flat) copies every cached value into the
+  2. hits: one native call (Cache.gather_rows / gather_flat) copies every cached value into the
      batch's buffer with the GIL released: a (B, S) tensor when every sample of the store has the
      same size S, else one flat tensor plus offsets (RaggedBatch). No Python object per sample;
   3. misses: CachedDataset.fetch_missing (the tiers below the cache, one batch each, then admission
@@ -23,7 +23,7 @@ Fixed-size raw batches of a sampler that cannot follow the training steps (see _
 gathered several per native call (up to 8192 samples / 2 MiB) and handed out as views of one
 tensor; the call stops at the first batch with a miss, so that batch's misses are admitted when it
 is due, as batch by batch. Their buffers are reused once no batch made in them is alive anywhere
-in the process (_Buffers): a batch the caller keeps is never overwritten, and nothing has to be
+in the process (batches.py's BufferPool): a batch the caller keeps is never overwritten, and nothing has to be
 copied or released by the caller.
 When the data set has its own `decode` or `transform`, or `collate` is given, a batch is instead
 `collate(dataset.__getitems__(ids))` (torch's default_collate when collate is None): the same
@@ -38,9 +38,6 @@ iterator is garbage collected.
 """
 import itertools
 import math
-import queue
-import sys
-import threading
 import time
 import warnings
 
@@ -49,48 +46,17 @@ import torch
 from torch.utils.data import DistributedSampler, RandomSampler, SequentialSampler
 from torch.utils.data._utils.collate import default_collate
 
-from .. import _core
+from .batches import BufferPool, RaggedBatch, narrow_labels
 from .dataset import CachedDataset
+from .threads import AssemblyThreads
+from .workers import IdBatches
 
-_THREAD_PREFIX = "shadecache-loader"
-_STOP = None  # the job that tells an assembly thread to end
 _warned_pin = False
 _GROUP_SAMPLES = 8192        # see CachedLoader._group_batches
 _GROUP_BYTES = 2 << 20       # 3 KB: 2 batches of 256 per call (4 MiB groups: slower in 3 of 3 runs)
-_POOL_BYTES = 32 << 20       # output buffers a loader keeps for reuse (_Buffers), at most
+_POOL_BYTES = 32 << 20       # output buffers a loader keeps for reuse (BufferPool), at most
 _STATELESS_SAMPLERS = (RandomSampler, SequentialSampler, DistributedSampler)
 _SEQUENCES = (list, tuple, range, np.ndarray, torch.Tensor)   # see _as_id_array
-
-
-class RaggedBatch:
-    """A batch of variable-size samples: `data` (uint8, every sample back to back) and `offsets`
-    (int64, B + 1 entries): sample i is data[offsets[i]:offsets[i + 1]]."""
-
-    __slots__ = ("data", "offsets")
-
-    def __init__(self, data: torch.Tensor, offsets: torch.Tensor):
-        self.data = data
-        self.offsets = offsets
-
-    def __len__(self):
-        return self.offsets.numel() - 1
-
-    def __getitem__(self, i):
-        if not -len(self) <= i < len(self):
-            raise IndexError(f"sample {i} out of range for a batch of {len(self)}")
-        i %= len(self)
-        return self.data[int(self.offsets[i]):int(self.offsets[i + 1])]
-
-    def tolist(self) -> list:
-        """One uint8 tensor (a view into `data`) per sample."""
-        o = self.offsets.tolist()
-        return [self.data[o[i]:o[i + 1]] for i in range(len(o) - 1)]
-
-    def pin_memory(self) -> "RaggedBatch":
-        return RaggedBatch(self.data.pin_memory(), self.offsets.pin_memory())
-
-    def __repr__(self):
-        return f"RaggedBatch({len(self)} samples, {self.data.numel()} bytes)"
 
 
 def _check_count(name, value, minimum):
@@ -179,7 +145,7 @@ class CachedLoader:
         self._skip = 0        # batches to skip at the start of the next iteration (resume)
 
     def _refresh_labels(self) -> None:
-        """The store's label array, narrowed (_narrow), for gather_rows to gather with the bytes;
+        """The store's label array, narrowed (narrow_labels), for gather_rows to gather with the bytes;
         None when the store has no such array. Done again at every iteration, as the DataLoader
         reads the labels afresh: a store whose labels change between epochs (in place, or a new
         array) gets the new ones. Only the same read-only array (a PackedStore's, fixed for the
@@ -189,7 +155,7 @@ class CachedLoader:
                 and labels.dtype.kind in "iu"):
             self._labels = self._labels_of = None
         elif labels is not self._labels_of or labels.flags.writeable:
-            self._labels, self._labels_of = _narrow(labels), labels
+            self._labels, self._labels_of = narrow_labels(labels), labels
 
     @staticmethod
     def _fixed_size(store):
@@ -276,7 +242,7 @@ class CachedLoader:
                     raise exc
             self._delivered = 0
             return
-        pool = _Threads(self._make_group, self.num_workers)
+        pool = AssemblyThreads(self._make_group, self.num_workers)
         try:
             submitted = taken = 0
             for group in itertools.islice(groups, self._groups_ahead()):
@@ -309,7 +275,7 @@ class CachedLoader:
         and shutdown are the DataLoader's own (its workers end when the iteration ends, breaks,
         raises or is garbage collected)."""
         from torch.utils.data import DataLoader
-        dl = DataLoader(self.dataset, batch_sampler=_IdBatches(self._id_groups, len(self)),
+        dl = DataLoader(self.dataset, batch_sampler=IdBatches(self._id_groups, len(self)),
                         num_workers=self.process_workers,
                         collate_fn=self.collate or default_collate,
                         pin_memory=self.pin_memory and _can_pin(),
@@ -340,7 +306,7 @@ class CachedLoader:
         per_batch = self.batch_size * self._row_bytes
         return max(1, min(_GROUP_SAMPLES // self.batch_size, _GROUP_BYTES // per_batch))
 
-    def _new_buffers(self) -> "_Buffers":
+    def _new_buffers(self) -> BufferPool:
         """Output buffers of fixed-size raw batches, one group each, reused once no batch made in
         them is alive: enough for the groups in flight, the group being handed out, and the
         caller's batch of the one before it, within _POOL_BYTES (large batches are allocated per
@@ -348,7 +314,7 @@ class CachedLoader:
         would hold hundreds of MiB after the epoch)."""
         rows = self._group_batches() * self.batch_size
         keep = (self._groups_ahead() if self.num_workers else 1) + 2
-        return _Buffers(rows, self._row_bytes or 0,
+        return BufferPool(rows, self._row_bytes or 0,
                         min(keep, _POOL_BYTES // max(1, rows * (self._row_bytes or 0))))
 
     def _groups_ahead(self) -> int:
@@ -436,7 +402,7 @@ class CachedLoader:
         labels = self._labels   # once: another iteration of this loader may refresh it meanwhile
         if ds.cache is not None:
             y = np.empty(ids.size, dtype=np.int64) if labels is not None else None
-            lens = _core.gather_rows(ds.cache._core, ids, out, labels, y, block, True)  # checks ids
+            lens = ds.cache.gather_rows(ids, out, labels, y, block, True)  # checks ids
             if lens is None:    # every id read, every one a hit of S bytes: the common case
                 if y is None:
                     y = ds.labels_of(ids)
@@ -469,7 +435,7 @@ class CachedLoader:
         """A RaggedBatch: hits copied back to back by one native call, misses spliced in."""
         ds = self.dataset
         if ds.cache is not None:
-            flat, lens = _core.gather_flat(ds.cache._core, ids, self._len_hint)   # checks every id
+            flat, lens = ds.cache.gather_flat(ids, self._len_hint)   # checks every id
         else:
             flat = np.empty(0, dtype=np.uint8)
             lens = np.full(ds.check_ids(ids).size, -1, dtype=np.int64)
@@ -499,89 +465,6 @@ class CachedLoader:
             return batch
         from torch.utils.data._utils.pin_memory import pin_memory
         return pin_memory(batch)
-
-
-def _narrow(labels: np.ndarray) -> np.ndarray:
-    """The labels in the narrowest signed integer type that holds them (gather_rows reads int8 to
-    int64 and returns int64): a million int8 labels (1 MiB) stay in the CPU caches while a batch's
-    values stream past them; as int64 (8 MiB) each label read would miss them."""
-    lo, hi = (int(labels.min()), int(labels.max())) if labels.size else (0, 0)
-    for t in (np.int8, np.int16, np.int32):
-        if np.iinfo(t).min <= lo and hi <= np.iinfo(t).max:
-            return np.ascontiguousarray(labels, dtype=t)
-    return np.ascontiguousarray(labels, dtype=np.int64)
-
-
-def _refcounts(arrays: list) -> list:
-    return [sys.getrefcount(a) for a in arrays]
-
-
-_IDLE_REFS = _refcounts([np.empty(0)])[0]   # an array that only the list given refers to
-
-
-class _Buffers:
-    """The (B, S) uint8 output buffers of fixed-size raw batches, reused without a contract for
-    the caller: a buffer is written again only when nothing refers to it but this pool.
-
-    A batch's tensor is torch.from_numpy of a buffer (or of a view of it), and its storage holds a
-    reference to the numpy buffer until the storage is freed, i.e. until the last tensor, view,
-    .numpy() array or C++ holder (autograd's saved tensors, a DataLoader queue) of it is gone. So
-    the buffer's reference count is _IDLE_REFS exactly when no batch made in it is alive anywhere
-    in this process, and a batch the caller keeps (in a list, across steps) is never overwritten:
-    the pool hands out another buffer, or a fresh one when its `keep` buffers are all in use
-    (that one is not kept). Reusing saves the page faults and the kernel's zeroing of a fresh
-    buffer per call (a fresh 64 KiB-2 MiB buffer cost about 2.5 us per 256-sample batch at 256 B,
-    a third of the copy), and the lowest idle buffer is taken first, so the same one or two are
-    written again while they are still in the CPU caches. The pool keeps at most `keep` buffers
-    of `rows` rows for the loader's life (keep x rows x S <= _POOL_BYTES). Under a lock:
-    the assembly threads share it (a reference is taken inside it, so a buffer found idle cannot
-    be handed out twice). Relies on CPython's reference counts (this package's interpreter).
-    One exception, torch's own: pickling a batch for another process (a torch.multiprocessing
-    Queue.put) moves its storage to shared memory and lets go of the buffer, so a .numpy() array
-    or DLPack export made of it before then still points at the buffer, which a later batch fills
-    (with torch.empty's memory it would point at freed memory); make such arrays after the put."""
-
-    def __init__(self, rows: int, row_bytes: int, keep: int):
-        self.rows = rows
-        self._shape = (rows, row_bytes)
-        self._keep = keep
-        self._bufs = []
-        self._lock = threading.Lock()
-
-    def __reduce__(self):
-        """Pickled (a loader sent to a spawned process) as an empty pool of the same shape: the
-        buffers are this process's memory, and a lock does not pickle."""
-        return _Buffers, (self._shape[0], self._shape[1], self._keep)
-
-    def take(self, n: int) -> np.ndarray:
-        """An (n, S) uint8 array that no live batch refers to (contents undefined)."""
-        if n > self._shape[0]:
-            return np.empty((n, self._shape[1]), dtype=np.uint8)
-        with self._lock:
-            refs = _refcounts(self._bufs)
-            if _IDLE_REFS in refs:
-                buf = self._bufs[refs.index(_IDLE_REFS)]
-            else:
-                buf = np.empty(self._shape, dtype=np.uint8)
-                if len(self._bufs) < self._keep:
-                    self._bufs.append(buf)
-        return buf if n == self._shape[0] else buf[:n]
-
-
-class _IdBatches:
-    """A loader's batches of ids (lists) as a DataLoader batch_sampler: iterated in this process
-    only, so resume (skip) and epoch bookkeeping stay the loader's."""
-
-    def __init__(self, batches, n):
-        self._batches = batches
-        self._n = n
-
-    def __iter__(self):
-        for ids in self._batches():
-            yield ids.tolist()
-
-    def __len__(self):
-        return self._n
 
 
 def _as_id_array(sampler):
@@ -617,50 +500,3 @@ def _fetch_missed(ds, missed: list):
     t0 = time.perf_counter_ns()
     values = ds.fetch_missing(uniq)
     return dict(zip(uniq, values)), time.perf_counter_ns() - t0
-
-
-class _Threads:
-    """num_workers assembly threads. Batch k goes to thread k % W, and each thread makes its
-    batches in the order given, so batch k is the next result of thread k % W: results come back
-    in order with no per-batch bookkeeping. The threads hold the make function and their two
-    queues, never the iterator, so dropping the iterator runs its `finally` and stops them."""
-
-    def __init__(self, make, workers: int):
-        self._jobs = [queue.SimpleQueue() for _ in range(workers)]
-        self._results = [queue.SimpleQueue() for _ in range(workers)]
-        self._threads = []
-        for w in range(workers):
-            t = threading.Thread(target=_assemble_loop, args=(make, self._jobs[w], self._results[w]),
-                                 name=f"{_THREAD_PREFIX}-{w}", daemon=True)
-            t.start()
-            self._threads.append(t)
-
-    def submit(self, k: int, ids) -> None:
-        self._jobs[k % len(self._jobs)].put(ids)
-
-    def take(self, k: int):
-        """(True, batch) or (False, the exception that making batch k raised)."""
-        return self._results[k % len(self._results)].get()
-
-    def stop(self) -> None:
-        """Ends every thread after the batch it is making (batches not taken are dropped)."""
-        for q in self._jobs:
-            try:
-                while True:        # queued batches are not made
-                    q.get_nowait()
-            except queue.Empty:
-                pass
-            q.put(_STOP)
-        for t in self._threads:
-            t.join()
-
-
-def _assemble_loop(make, jobs, results):
-    while True:
-        ids = jobs.get()
-        if ids is _STOP:
-            return
-        try:
-            results.put((True, make(ids)))
-        except BaseException as exc:   # re-raised by the iterating thread when the batch is due
-            results.put((False, exc))

@@ -32,8 +32,9 @@ Layout (little-endian; all offsets fixed by the header so attach checks them):
                                    and epoch, or NONE
     next_use S x N int32           the next k (>= cursor) at which this stream reads sample i in its
                                    current epoch, or NONE
-    flags    N uint8               1 while sample i sits in the cache because the prefetcher brought
-                                   it and no read has used it yet
+    flags    N uint8               PREFETCHED (1) while sample i sits in the cache because the
+                                   prefetcher brought it and no read has used it yet; ON_WAY (2)
+                                   while the prefetcher reads it (a reader waits for it)
 
 Concurrency contract (single writer per stream; any number of readers; no lock):
 - The writer of stream s is the training process of that rank (through ShadeSampler's hook).
@@ -45,28 +46,31 @@ Concurrency contract (single writer per stream; any number of readers; no lock):
 - The cursor (how many entries of the epoch the DataLoader has taken from the sampler) and the
   next_use entries of consumed samples are single aligned 8/4-byte stores by the same writer,
   outside the seqlock: a reader may see the old or the new value, both valid, never a torn one.
-  next_use entries only move later within an epoch, so a stale one errs on "needed sooner".
+  Between publishes, next_use entries only move later within an epoch (as samples are taken),
+  so a stale one errs on "needed sooner". A publish rewrites the whole row (to NONE, then the
+  new first uses) and next_use() reads it without the seqlock: during a publish a reader may see
+  an id as NONE (no known use) or at its new position. Next uses steer eviction and the
+  prefetcher's room-making, never what a reader gets: a wrong one costs a read, nothing else.
 - The per-epoch prefetch counters and the flags are written by the prefetcher (one per node); the
   flags are also cleared by the processes that read a prefetched sample (a byte store; two readers
-  clearing the same flag at once may both count the prefetch hit, a rare overcount).
+  clearing the same flag at once may both count the prefetch hit, a rare overcount). A reader
+  waits for a sample on its way only while the prefetcher lives, and only so long: a killed
+  prefetcher's ON_WAY flags cost a reader that wait, never a wrong value (the cache decides).
 - A process killed at any point leaves at most one stream with an odd seq: readers skip that
   stream until its writer (or a successor) publishes again. Nothing in the cache depends on the
   board, so a dead board writer can never make the cache inconsistent.
 """
 from __future__ import annotations
 
-import atexit
-import heapq
 import mmap
 import os
 import struct
 import time
-import weakref
 from typing import Optional
 
 import numpy as np
 
-from .. import node_files
+from .. import node_files, shm
 
 MAGIC = 0x3152454452_4F4353   # "SCORDER1"-ish tag; any other value is not a board
 VERSION = 1
@@ -79,6 +83,7 @@ EPOCH_SLOTS = 32                       # per-epoch counter rows kept (epoch mod 
 # sampler knows it already (a uniform order the cache does not rearrange). Far more than any
 # lookahead window needs; 12 bytes each per stream.
 NEXT_EPOCH_ROOM = 65536
+PREFETCHED, ON_WAY = 1, 2               # flags[i]: brought and unused / being read by the prefetcher
 COUNTERS = ("epoch", "prefetched", "prefetch_wasted", "prefetched_bytes", "reads_issued")
 _COUNTER_OFF = 128                     # header offset of the counter rows
 # The readers' per-epoch rows (CachedDataset in any process of the node adds to them with an
@@ -86,8 +91,6 @@ _COUNTER_OFF = 128                     # header offset of the counter rows
 # loop saw, per epoch. In the header's spare bytes (zeros in a board of an older writer).
 READER_COUNTERS = ("epoch", "samples", "hits", "prefetch_hits", "wait_ns")
 _READER_OFF = 2048
-SHM_DIR = "/dev/shm"
-PREFIX = "shadecache-order."
 
 # header words (int64 each) at these byte offsets
 _H_MAGIC, _H_VERSION, _H_STREAMS, _H_CAPACITY, _H_N, _H_CREATOR = 0, 8, 16, 24, 32, 40
@@ -95,31 +98,10 @@ _H_PREFETCHER, _H_STOP = 48, 56
 # stream record words
 _S_SEQ, _S_EPOCH, _S_LENGTH, _S_CURSOR = 0, 1, 2, 3
 
-_OWNED: dict = {}   # board path -> creating pid, unlinked at interpreter exit by that pid only
-
-
-def _unlink_owned_at_exit():
-    for path, pid in list(_OWNED.items()):
-        if pid == os.getpid() and node_files.owned(path):   # never another user's board at that name
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-
-
-atexit.register(_unlink_owned_at_exit)
-
-
 def _fence():
     # A full hardware fence around the seqlock's sequence word (see the module docstring).
     from .. import _io
     _io.memory_fence()
-
-
-def board_path(cache_name: str) -> str:
-    if not isinstance(cache_name, str) or not cache_name or "/" in cache_name:
-        raise ValueError(f"a board is named after its cache; bad cache name {cache_name!r}")
-    return os.path.join(SHM_DIR, PREFIX + cache_name)
 
 
 def _sizes(streams: int, capacity: int, n: int):
@@ -147,7 +129,7 @@ class OrderBoard:
         try:
             st = os.fstat(fd)
             size = st.st_size
-            self._ident = (st.st_dev, st.st_ino)   # which file: board_for drops a board made again
+            self.identity = (st.st_dev, st.st_ino)   # which file: a board made again is another
             if size < HEADER_BYTES:
                 raise ValueError(f"{path} is not an order board (only {size} bytes)")
             self._mm = mmap.mmap(fd, size)
@@ -204,13 +186,12 @@ class OrderBoard:
                        else capacity)
         if not 1 <= capacity < NONE:
             raise ValueError(f"capacity must be in 1..{NONE - 1}, got {capacity}")
-        path = board_path(cache_name)
+        path = shm.board_path(cache_name)
         *_, total = _sizes(int(streams), capacity, int(num_samples))
-        st = os.statvfs(SHM_DIR)
-        if total > st.f_bavail * st.f_frsize:
+        free = shm.free_bytes()
+        if total > free:
             from ..errors import CapacityError
-            raise CapacityError(f"order board needs {total} bytes, {SHM_DIR} has "
-                                f"{st.f_bavail * st.f_frsize} free")
+            raise CapacityError(f"order board needs {total} bytes, {shm.SHM_DIR} has {free} free")
         fd = node_files.create_file(path, os.O_RDWR, "order board",
                                     "Another user made it first: use another cache name.")
         try:
@@ -226,17 +207,22 @@ class OrderBoard:
             os.close(fd)
             os.unlink(path)
             raise
-        _OWNED[path] = os.getpid()
+        # removed at this process's exit, but never another user's board put at that name since
+        shm.own(path, lambda: node_files.owned(path) and os.unlink(path))
         return cls(path, fd, owner=True)
 
     @classmethod
     def attach(cls, cache_name: str) -> "OrderBoard":
         """The board of cache `cache_name`; FileNotFoundError if there is none, PermissionError
         (naming the owner) when it is not this user's own or is open to group or others."""
-        path = board_path(cache_name)
+        path = shm.board_path(cache_name)
         fd = node_files.open_file(path, os.O_RDWR, "order board",
                                   advice="Another user made it first: use another cache name.")
         return cls(path, fd, owner=False)
+
+    @property
+    def closed(self) -> bool:
+        return self._mm is None
 
     def close(self):
         if self._mm is None:
@@ -257,7 +243,7 @@ class OrderBoard:
                 os.unlink(self.path)
             except FileNotFoundError:
                 pass
-        _OWNED.pop(self.path, None)
+        shm.disown(self.path)
 
     def __enter__(self):
         return self
@@ -267,8 +253,17 @@ class OrderBoard:
         if self._creator == os.getpid():
             self.unlink()
 
+    def is_current(self) -> bool:
+        """Whether this board is still the file at its path (one stat): its creator may have
+        unlinked it, and made a new one."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        return (st.st_dev, st.st_ino) == self.identity
+
     def __reduce__(self):
-        return (OrderBoard.attach, (os.path.basename(self.path)[len(PREFIX):],))
+        return (OrderBoard.attach, (os.path.basename(self.path)[len(shm.BOARD_PREFIX):],))
 
     # ---- the writer side (one process per stream) --------------------------------------------
     def _check_stream(self, stream: int) -> int:
@@ -392,30 +387,58 @@ class OrderBoard:
         return {"seq": int(rec[_S_SEQ]), "epoch": int(rec[_S_EPOCH]), "length": int(rec[_S_LENGTH]),
                 "cursor": int(rec[_S_CURSOR])}
 
-    # ---- the "prefetched" flags: set by the prefetcher, claimed by the readers ---------------
+    # ---- the flags: set by the prefetcher, claimed (or waited for) by the readers -----------
+    def mark_on_way(self, ids) -> None:
+        """The prefetcher is reading these ids (readers wait for them instead of reading them)."""
+        self._flags[ids] = ON_WAY
+
+    def on_way(self, ids) -> np.ndarray:
+        """Bool mask: which ids the prefetcher is reading now."""
+        return self._flags[ids] == ON_WAY
+
     def mark_prefetched(self, ids) -> None:
         """The prefetcher brought these ids into the cache; no read has used them yet."""
-        self._flags[ids] = 1
+        self._flags[ids] = PREFETCHED
 
-    def unmark_prefetched(self, ids) -> None:
-        """The prefetcher found these flagged ids evicted before any read used them (wasted)."""
+    def unmark(self, ids) -> None:
+        """Neither on their way nor unused in the cache: read but refused by the cache, or found
+        evicted before any read used them (wasted)."""
         self._flags[ids] = 0
+
+    def clear_on_way(self) -> None:
+        """Drops every "on its way" flag (a prefetcher that starts: one killed left them set)."""
+        self._flags[self._flags == ON_WAY] = 0
 
     def prefetched(self, ids) -> np.ndarray:
         """Bool mask: which ids still carry the flag (brought, and not used by a read yet)."""
-        return self._flags[ids] != 0
+        return self._flags[ids] == PREFETCHED
 
     def claim_prefetched(self, ids, hit) -> int:
-        """A reader's batch: clears the flags of the flagged ids it found in the cache (hit():
+        """A reader's batch: clears the flags of the prefetched ids it found in the cache (hit():
         the batch's bool mask of cache hits, asked for only when some id is flagged) and returns
         how many distinct ids that was: the batch's prefetch hits. A byte store per id: two
         readers claiming one id at once may both count it (a rare overcount)."""
         flags = self._flags[ids]
-        if not flags.any():
+        if not (flags == PREFETCHED).any():
             return 0
-        used = ids[(flags != 0) & hit()]
+        used = ids[(flags == PREFETCHED) & hit()]
         self._flags[used] = 0
         return int(np.unique(used).size)
+
+    def wait_for(self, ids, timeout: float) -> np.ndarray:
+        """Waits (up to `timeout` seconds, while the prefetcher lives) until none of `ids` is on
+        its way; returns the mask of those that were. A reader calls it before reading its misses,
+        so that a sample the prefetcher is reading is read once."""
+        coming = self.on_way(ids)
+        if not coming.any():
+            return coming
+        from ..process import alive
+        wait = ids[coming]
+        deadline = time.monotonic() + timeout
+        pid = self.prefetcher_pid
+        while self.on_way(wait).any() and time.monotonic() < deadline and pid and alive(pid):
+            time.sleep(0.0005)
+        return coming
 
     # ---- prefetcher registration and counters ------------------------------------------------
     @property
@@ -447,23 +470,20 @@ class OrderBoard:
         epochs = self._srec[:self.streams, _S_EPOCH][seqs != 0]
         return int(epochs.max()) if epochs.size else -1
 
-    def count_reads(self, samples: int, hits: int, prefetch_hits: int, wait_ns: int) -> None:
-        """Adds one batch of reads to the reader row of this process's epoch (any process; atomic
-        adds). The epoch is that of the stream this process's sampler publishes (else the one
-        LOCAL_RANK names, as for a DataLoader worker of that rank, else stream 0): ranks of a node
+    def count_reads(self, stream: int, samples: int, hits: int, prefetch_hits: int, wait_ns: int) -> None:
+        """Adds one batch of reads to the reader row of `stream`'s epoch (any process; atomic adds;
+        the stream whose epoch a process's reads count in: publish.reader_stream). Ranks of a node
         may be an epoch apart for a moment, and each read counts in its own rank's epoch."""
         from .. import _io
-        s = _MY_STREAM.get((os.getpid(), self.path))
-        if s is None:
-            s = stream_of(0, self.streams)
-        rec = self._srec[s]
+        rec = self._srec[stream]
         epoch = int(rec[_S_EPOCH]) if int(rec[_S_SEQ]) else self.current_epoch()
         if epoch < 0:
             return
         base = (epoch % EPOCH_SLOTS) * len(READER_COUNTERS)
-        for k, v in ((1, samples), (2, hits), (3, prefetch_hits), (4, wait_ns)):
+        for name, v in (("samples", samples), ("hits", hits), ("prefetch_hits", prefetch_hits),
+                        ("wait_ns", wait_ns)):
             if v:
-                _io.atomic_add(self._readers, base + k, int(v))
+                _io.atomic_add(self._readers, base + READER_COUNTERS.index(name), int(v))
 
     def epoch_counters(self) -> list:
         """[{epoch, prefetched, prefetch_wasted, prefetched_bytes, reads_issued, samples, hits,
@@ -493,214 +513,3 @@ class OrderBoard:
             for c in t:
                 t[c] += r[c]
         return t
-
-
-# ---- the sampler's hook -------------------------------------------------------------------------
-_ATTACHED: dict = {}   # (pid, cache name) -> OrderBoard, or the time a look found none
-_MY_STREAM: dict = {}  # (pid, board path) -> the stream this process's sampler publishes
-_RELOOK_S = 1.0        # a cache without a board is looked at again after this long
-
-
-def board_for(cache) -> Optional[OrderBoard]:
-    """The board of `cache` attached in this process, or None when it has none. PermissionError
-    when the board at its name is another user's (refused, never attached)."""
-    if cache is None:
-        return None
-    key = (os.getpid(), cache.name)
-    b = _ATTACHED.get(key)
-    if isinstance(b, OrderBoard) and b._mm is not None:
-        if _same_file(b):
-            return b
-        # its creator unlinked it (and maybe made a new one): never publish into it again. Not
-        # closed: an iterator of the sampler may still hold it; the mapping goes with the last
-        # reference
-        b = None
-    if isinstance(b, float) and time.monotonic() - b < _RELOOK_S:
-        return None
-    try:
-        b = OrderBoard.attach(cache.name)
-    except (FileNotFoundError, ValueError):
-        _ATTACHED[key] = time.monotonic()
-        return None
-    _ATTACHED[key] = b
-    return b
-
-
-def _same_file(board: OrderBoard) -> bool:
-    """Whether `board` is still the file at its path (one stat: board_for runs per batch)."""
-    try:
-        st = os.stat(board.path)
-    except FileNotFoundError:
-        return False
-    return (st.st_dev, st.st_ino) == board._ident
-
-
-def stream_of(rank: int, streams: int) -> int:
-    local = os.environ.get("LOCAL_RANK")
-    r = int(local) if local is not None and local.isdigit() else int(rank)
-    return r % streams
-
-
-# (pid, board path, stream) -> (board file, epoch, weak reference to the order array, seq after
-# the publish) of what this process published last: __iter__ takes that order as it is only when
-# the board, the order (the very array: a weak reference keeps nothing alive, and a freed array
-# never matches) and the stream's seq (nobody published since) are all still the same
-_PUBLISHED: dict = {}
-
-
-def _up_already(board, s, sampler, order) -> bool:
-    got = _PUBLISHED.get((os.getpid(), board.path, s))
-    return (got is not None and got[0] == board._ident and got[1] == sampler.epoch
-            and got[2]() is order and got[3] == board.stream_state(s)["seq"])
-
-
-def _publish(sampler, board, s, order):
-    """Publishes `order` as the sampler's order of its current epoch on its stream, followed,
-    where the board has room and the sampler knows it already (ShadeSampler.next_epoch_order), by
-    the next epoch's order: positions go on growing across the boundary, so the prefetcher's window
-    and the next uses cross it. Gives every published id its first position (the clairvoyant
-    policy's input) on stream `s` (the sampler's: stream_of its rank). Returns how many entries of
-    `order` were published."""
-    _MY_STREAM[(os.getpid(), board.path)] = s
-    full = order
-    ahead = getattr(sampler, "next_epoch_order", None)
-    if ahead is not None and order.size < board.capacity:
-        nxt = ahead()
-        if nxt is not None and nxt.size:
-            full = np.concatenate([order, nxt[:board.capacity - order.size]])
-    # What the stream showed until now: ids that drop out of it (a head that was not the epoch
-    # that came: set_epoch jumped, a checkpoint was loaded, another rank's share) must get their
-    # next use again too, or the policy keeps the stale, sooner one and never evicts them.
-    before = board.published(s)
-    m = min(board.publish(s, sampler.epoch, full), order.size)
-    _push_next_use(sampler.cache, board, np.unique(np.concatenate([full[:board.capacity], before])))
-    for k in [k for k, v in _PUBLISHED.items() if v[2]() is None]:
-        del _PUBLISHED[k]         # orders freed since: their entries can never match again
-    _PUBLISHED[(os.getpid(), board.path, s)] = (board._ident, sampler.epoch, weakref.ref(order),
-                                               board.stream_state(s)["seq"])
-    return m
-
-
-def publish_ahead(sampler, draw=None) -> bool:
-    """ShadeSampler.set_epoch's and end_epoch's hook: draws the current epoch's order and
-    publishes it now, before the loader asks for its first batch, so that the prefetcher starts
-    reading the epoch's first misses while the training loop is elsewhere (evaluation, a
-    checkpoint, the epoch's last step). Does nothing without a board or when this very order is
-    already up. __iter__ then takes the published order as it is (published_iter). draw(): the
-    sampler's order, drawn only when there is a board (default sampler.order)."""
-    board = board_for(getattr(sampler, "cache", None))
-    if board is None:
-        return False
-    order = (sampler.order if draw is None else draw)()
-    s = stream_of(getattr(sampler, "rank", 0), board.streams)
-    if _up_already(board, s, sampler, order):
-        return False
-    _publish(sampler, board, s, order)
-    return True
-
-
-def published_iter(sampler, order: np.ndarray, start: int):
-    """ShadeSampler.__iter__'s hook: publishes the epoch's order when the sampler's cache has a
-    board (unless publish_ahead already put this very order up and nothing of it was taken), and
-    returns the iterator of order[start:] that moves the board's cursor as the DataLoader takes
-    ids (and the next uses of the ids taken, for the clairvoyant policy)."""
-    board = board_for(getattr(sampler, "cache", None))
-    if board is None:
-        return iter(order[start:].tolist())
-    s = stream_of(getattr(sampler, "rank", 0), board.streams)
-    if start == 0 and _up_already(board, s, sampler, order) and board.stream_state(s)["cursor"] == 0:
-        _MY_STREAM[(os.getpid(), board.path)] = s
-        m = min(order.size, board.capacity)
-    else:
-        m = _publish(sampler, board, s, order)
-    return _tracked(board, s, order, start, m, sampler.cache,
-                    max(1, int(getattr(sampler, "batch_size", 64))))
-
-
-def _next_use_setter(cache):
-    """cache.set_next_use when the cache's policy keys on next use (clairvoyant), else None."""
-    if cache is None or not getattr(cache, "keys_on_next_use", False):
-        return None
-    return getattr(cache, "set_next_use", None)
-
-
-def _push_next_use(cache, board, ids):
-    setter = _next_use_setter(cache)   # the clairvoyant policy's input
-    if setter is not None and ids.size:
-        setter(ids, board.next_use(ids))
-
-
-def _tracked(board, s, order, start, m, cache, step):
-    setter = _next_use_setter(cache)
-    if start:
-        board.consumed(s, 0, min(start, m))
-    done = used = min(start, m)   # entries [0, done) taken by the loader; [0, used) consumed
-    board.set_cursor(s, done)
-
-    def consume(upto):
-        nonlocal used
-        if upto > used:
-            taken = board.consumed(s, used, upto)
-            if setter is not None:
-                _push_next_use(cache, board, taken)
-            used = upto
-
-    k = start
-    for i in order[start:].tolist():
-        k += 1
-        # At every batch boundary the cursor moves past the batch just taken, and the next use
-        # of its ids moves to the read after it (their read is now; what matters for keeping
-        # them is the next one). With a prefetcher running, that move waits one batch: the
-        # loader is still reading the batch it just took, and a sample whose next use looked
-        # "none" would be the first that the prefetcher's room-making and the clairvoyant
-        # policy evict, under the very read that needs it. (Without one, the immediate move
-        # lets the policy refuse a demand miss that is not read again: Belady's bypass.)
-        if k - done >= step and done < m:
-            last = min(k, m)
-            board.set_cursor(s, last)
-            consume(done if board.prefetcher_pid else last)
-            done = last
-        yield i
-    consume(m)
-    board.set_cursor(s, m)
-
-
-# ---- the offline bound ---------------------------------------------------------------------------
-def belady_hits(trace, capacity: int) -> int:
-    """Hits of Belady's optimal replacement (MIN, with bypass: a miss is not kept when it is
-    needed later than everything cached) on `trace` for a cache of `capacity` equal-size items.
-
-    The offline bound for any policy on that exact sequence of reads; O(T log capacity)."""
-    trace = np.asarray(trace, dtype=np.int64)
-    t = trace.size
-    if capacity < 0:
-        raise ValueError(f"capacity must be >= 0, got {capacity}")
-    if t == 0 or capacity == 0:
-        return 0
-    # nxt[j]: the next position of trace[j] after j (t = never)
-    srt = np.lexsort((np.arange(t), trace))
-    nxt = np.full(t, t, dtype=np.int64)
-    same = trace[srt[1:]] == trace[srt[:-1]]
-    nxt[srt[:-1][same]] = srt[1:][same]
-    nxt_l = nxt.tolist()
-    cached = {}          # id -> its next use (the key in the heap)
-    heap = []            # (-next use, id), lazily deleted
-    hits = 0
-    for j, x in enumerate(trace.tolist()):
-        nu = nxt_l[j]
-        if x in cached:
-            hits += 1
-        elif len(cached) >= capacity:
-            # the farthest next use among the cached items and the incoming one goes
-            while True:
-                neg, y = heap[0]
-                if cached.get(y) == -neg:
-                    break
-                heapq.heappop(heap)
-            if -heap[0][0] <= nu:
-                continue          # bypass: the newcomer is needed last
-            heapq.heappop(heap)
-            del cached[y]
-        cached[x] = nu
-        heapq.heappush(heap, (-nu, x))
-    return hits

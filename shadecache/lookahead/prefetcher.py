@@ -47,28 +47,13 @@ import numpy as np
 
 from ..cache.handle import DEFAULT_MAX_ITEM_BYTES
 from ..peer.tier import HomePeerTier
+from ..process import alive
 from ..store.protocol import check_store, lengths_of
 from ..tiers import TierChain
 from .board import OrderBoard
 
 DEFAULTS = dict(lookahead_samples=None, lookahead_bytes=256 << 20, batch=256, queue_depth=32,
                 lanes=2, max_batches=4, poll_s=0.002)
-
-
-def _process_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:   # a zombie (killed, not yet reaped by its parent) runs no more
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 class Prefetcher:
@@ -110,7 +95,7 @@ class Prefetcher:
 
     def start(self) -> "Prefetcher":
         other = self.board.prefetcher_pid
-        if other and _process_alive(other):
+        if other and alive(other):
             raise RuntimeError(f"cache {self.cache_name!r} already has a prefetcher (pid {other}); "
                                "one per node")
         self.board.request_stop(False)
@@ -257,7 +242,8 @@ def _make_room(cache, board, count: int, latest_use: int) -> int:
 
 def _insert(cache, board, ids, data, rounds: int = 4):
     """put_many, and for what a full cache refused: make more room among the samples needed
-    later than those (a freed slot may be of another size class), then try them again."""
+    later than those (a freed slot may be of another size class), then try them again (`rounds`
+    times; 0: the policy's word is final)."""
     admitted = np.asarray(cache.put_many(ids, data), dtype=bool)
     for _ in range(rounds):
         rest = np.flatnonzero(~admitted)
@@ -277,11 +263,19 @@ def run(cache_name, chain, options, parent_pid):
     cache = chain.cache      # attached by name when the chain was unpickled
     board = OrderBoard.attach(cache_name)
     board.set_prefetcher(os.getpid())
+    board.clear_on_way()          # a killed predecessor's
     lengths = lengths_of(chain.store)
     tier = chain.reader(options["max_batches"], options["queue_depth"], options["lanes"])
 
+    # With a tier that keeps copies (an SSD tier), the prefetcher keeps what it reads as the
+    # loader's misses are kept: the cache's policy decides, the SSD tier takes what it refused, and
+    # nothing is removed to make room (a sample only the cache holds, removed, would be read from
+    # the shared storage again). Without one, room is made among the samples needed later.
+    copies = chain.keeps_copies
+    rounds = 0 if copies else 4
+
     def insert(ids, data):
-        return _insert(cache, board, ids, data)
+        return _insert(cache, board, ids, data, rounds)
     L, B = options["lookahead_samples"], options["batch"]
     pace = None
     if L is None:   # automatic: from the loaders' pace and the reads' latency (_Pace)
@@ -317,7 +311,7 @@ def run(cache_name, chain, options, parent_pid):
                 used = ~board.prefetched(f)
                 wasted = f[~used & ~cached[f]]
                 if wasted.size:
-                    board.unmark_prefetched(wasted)
+                    board.unmark(wasted)
                     board.count(max(epoch, 0), prefetch_wasted=int(wasted.size))
                 flagged.difference_update(f[used].tolist())
                 flagged.difference_update(wasted.tolist())
@@ -330,6 +324,16 @@ def run(cache_name, chain, options, parent_pid):
             if pace is not None:
                 pace.saw_window(int(window.size), int(cand.size) + len(on_way))
                 L = pace.window(board.capacity)
+            if cand.size and full and copies and len(inflight) < max_batches:
+                # Only what the cache would admit and keep until it is due, and not what the SSD
+                # tier holds (the loader reads that without the shared storage): the rest the
+                # loader reads when it is due and the SSD tier keeps, as without a prefetcher. A
+                # sample read now and lost before it is due would be read again then. Each sample
+                # not cached that is due before a candidate (read ahead, or read by the loader)
+                # may displace the lowest cached one first, and scores move meanwhile (counted
+                # twice): a candidate is read only if it outscores what would be left.
+                due_before = 2 * (len(on_way) + np.arange(cand.size))
+                cand = cand[~chain.held(cand) & cache.admits(cand, due_before)]
             submitted = False
             if cand.size and len(inflight) < max_batches:
                 nbytes = (lengths[cand] if lengths is not None   # unknown sizes: a page's worth
@@ -337,13 +341,14 @@ def run(cache_name, chain, options, parent_pid):
                 budget = max_bytes - sum(int(f[2]) for f in inflight)
                 cut = int(np.searchsorted(np.cumsum(nbytes), budget, side="right"))
                 batch = cand[:min(B, cut)]
-                if batch.size and full:
+                if batch.size and full and not copies:
                     # one out for one in (the engine's free bytes do not say how many slots of a
                     # size class are free, so "full" is learnt from a refused insert); whatever
                     # cannot be matched by a sample needed later stays unread
                     latest = int(board.next_use(batch).max())
                     batch = batch[:_make_room(cache, board, int(batch.size), latest)]
                 if batch.size:
+                    board.mark_on_way(batch)     # readers wait for these instead of reading them
                     tier.submit(batch)
                     inflight.append((batch, max(epoch, 0), int(nbytes[:batch.size].sum()),
                                      time.monotonic()))
@@ -359,9 +364,11 @@ def run(cache_name, chain, options, parent_pid):
                 # the batch's ids, then the extent mates read with them (tiers.Read)
                 admitted = chain.admit(read, insert)
                 on_way.difference_update(ids.tolist())
-                full = full or not admitted[:read.asked].all()   # the cache only shrinks by removals
-                refused.update(ids[~admitted[:read.asked]].tolist())
+                asked = admitted[:read.asked]
+                full = full or not asked.all()   # the cache only shrinks by removals
+                refused.update(ids[~asked].tolist())
                 got = read.ids[admitted]
+                board.unmark(ids[~asked])
                 board.mark_prefetched(got)
                 flagged.update(got.tolist())
                 board.count(ep, prefetched=int(got.size),
@@ -373,11 +380,13 @@ def run(cache_name, chain, options, parent_pid):
             ids, ep, *_ = inflight.popleft()
             read = tier.take()
             admitted = chain.admit(read, insert)
+            board.unmark(ids[~admitted[:read.asked]])
             board.mark_prefetched(read.ids[admitted])
             board.count(ep, prefetched=int(admitted.sum()))
     finally:
         tier.close()
         if board.prefetcher_pid == os.getpid():
+            board.clear_on_way()      # batches dropped unread: nobody waits for them
             board.set_prefetcher(0)
         for _, t in chain.tiers:   # this process's copies: the SSD tier writes what it queued
             t.close()

@@ -1,7 +1,8 @@
 """Cluster: this node's view of the job's nodes, and the batched fetch from their servers.
 
-    cluster = Cluster(["10.0.0.1:7070", "10.0.0.2:7070"], node=0, secret=..., timeout=1.0)
-    cluster = Cluster.from_torch(cache, secret=...)      # under torchrun: membership from the job's store
+    cluster = Cluster(["10.0.0.1:7070", "10.0.0.2:7070"], node=0, timeout=1.0)   # secret: secret.py
+    cluster = Cluster.from_torch(cache, store=store)     # under torchrun: membership from the job's store
+    ds = CachedDataset(store, cache, cluster=cluster)    # binds the cluster to the store's data set
     values = cluster.fetch(ids)                          # bytes or None per id
 
 Each id has a home node (homes.py, over the nodes this process currently considers alive). fetch()
@@ -11,7 +12,8 @@ A peer that fails (refused, reset, timed out, malformed or corrupt reply) is mar
 come back None (the caller reads them from the next tier), and it is retried after a backoff that
 doubles from `backoff[0]` to `backoff[1]` seconds; the first call after that reconnects (the
 address looked up again under torchrun, so a restarted server on a new port rejoins). While a peer
-is down its ids' homes move to the live nodes (only its share moves).
+is down its ids' homes move to the live nodes (only its share moves). A peer that serves another
+data set is not a failure but a mistake in the job: fetch raises FingerprintError naming both.
 
 Picklable: DataLoader workers get the addresses and the secret, and open their own connections.
 """
@@ -21,7 +23,9 @@ import time
 
 import numpy as np
 
-from . import auth, homes, wire
+from . import homes, identity, wire
+from . import secret as secrets_
+from ..errors import FingerprintError
 from .client import PeerClient, split_address
 
 STORE_PREFIX = "shadecache/peer/node"
@@ -37,7 +41,10 @@ class _Peer:
 
 class Cluster:
     def __init__(self, addresses, node: int, secret=None, timeout: float = 1.0,
-                 backoff=(0.5, 8.0), lookup=None):
+                 backoff=(0.5, 8.0), lookup=None, dataset=None):
+        """secret: see secret.py (default: $SHADECACHE_SECRET, or the file $SHADECACHE_SECRET_FILE
+        names). dataset: the data set the nodes serve (a store, a Cache, or (fingerprint,
+        num_samples)); CachedDataset binds its store when not given here."""
         if isinstance(addresses, (str, bytes)) or not len(addresses):
             raise ValueError("addresses must be a non-empty list of 'host:port' (one per node)")
         addresses = [None if a is None else str(a) for a in addresses]
@@ -53,7 +60,8 @@ class Cluster:
         self.num_nodes = len(addresses)
         self.timeout = float(timeout)
         self.backoff = (float(backoff[0]), float(backoff[1]))
-        self._key = auth.secret_bytes(secret)
+        self._key = secrets_.resolve(secret)
+        self._identity = None if dataset is None else identity.identity_of(dataset)
         self._lookup = lookup      # node -> address, or None (under torchrun: the job's store)
         self.server = None         # the PeerServer this process started, if any
         self._reset()
@@ -66,10 +74,24 @@ class Cluster:
 
     def __getstate__(self):
         return {"addresses": [p.address for p in self._peers] if hasattr(self, "_peers") else self.addresses,
-                "node": self.node, "timeout": self.timeout, "backoff": self.backoff, "key": self._key}
+                "node": self.node, "timeout": self.timeout, "backoff": self.backoff, "key": self._key,
+                "identity": self._identity}
 
     def __setstate__(self, s):
-        self.__init__(s["addresses"], s["node"], s["key"], s["timeout"], s["backoff"])
+        self.__init__(s["addresses"], s["node"], s["key"], s["timeout"], s["backoff"], dataset=s["identity"])
+
+    def bind(self, dataset) -> None:
+        """Makes `dataset` (a store, a Cache, or (fingerprint, num_samples)) the data set this
+        cluster fetches; FingerprintError when it is bound to another one already."""
+        mine = identity.identity_of(dataset)
+        if self._identity is not None and self._identity != mine:
+            raise FingerprintError(f"the cluster fetches {identity.describe(self._identity)}, not "
+                                   f"{identity.describe(mine)}")
+        self._identity = mine
+        for p in self._peers:
+            if p.client is not None and p.client.identity != mine:
+                p.client.close()
+                p.client = None
 
     # ---- membership --------------------------------------------------------------------------
     def alive(self) -> np.ndarray:
@@ -104,7 +126,7 @@ class Cluster:
                     peer.address = address
                     peer.client = None
             if peer.client is None:
-                peer.client = PeerClient(peer.address, self._key)
+                peer.client = PeerClient(peer.address, self._key, self._identity)
         return peer.client
 
     # ---- the batched fetch -------------------------------------------------------------------
@@ -116,6 +138,9 @@ class Cluster:
         out = [None] * ids.size
         if self.num_nodes == 1 or ids.size == 0:
             return out
+        if self._identity is None:
+            raise ValueError("the cluster does not know its data set: give Cluster(..., dataset=store) or use "
+                             "it through CachedDataset(store, cache, cluster=...)")
         if home is None:
             home = self.home_of(ids)
         t0 = time.monotonic()
@@ -133,7 +158,9 @@ class Cluster:
                 try:
                     client = self._client(k)
                     sent.append((k, part, client.send_get(ids[part], deadline)))
-                except (OSError, ValueError) as e:
+                except FingerprintError:
+                    raise
+                except (OSError, ValueError):
                     self._failed(peer)
                     break
         for k, part, opaque in sent:
@@ -189,15 +216,15 @@ class Cluster:
     # ---- membership from torch.distributed ---------------------------------------------------
     @classmethod
     def from_torch(cls, cache, secret=None, host=None, port: int = 0, timeout: float = 1.0,
-                   ssd=None, store=None, prefix: str = STORE_PREFIX) -> "Cluster":
+                   ssd=None, store=None, prefix: str = STORE_PREFIX, read_through: bool = True) -> "Cluster":
         """Joins the job's nodes through torch.distributed's key-value store (torchrun).
 
         Local rank 0 of each node starts the node's server (serving `cache`, `ssd`, and `store`
-        read-through) and publishes its address under `prefix/<node rank>`; every process reads
-        all addresses. Node rank: GROUP_RANK (torchrun), else rank // LOCAL_WORLD_SIZE.
-        secret: default $SHADECACHE_SECRET; host: the address to bind and publish (default
-        127.0.0.1 when MASTER_ADDR is loopback, else this host's name; a non-loopback host
-        needs a secret)."""
+        read-through; serve() says what read_through=False means) and publishes its address under
+        `prefix/<node rank>`; every process reads all addresses. Node rank: GROUP_RANK
+        (torchrun), else rank // LOCAL_WORLD_SIZE. secret: see secret.py; host: the address to
+        bind and publish (default 127.0.0.1 when MASTER_ADDR is loopback, else this host's
+        name). The cluster is bound to the data set of `store` (else of `cache`)."""
         import torch.distributed as dist
 
         from .launch import serve
@@ -205,8 +232,7 @@ class Cluster:
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("Cluster.from_torch needs torch.distributed initialised "
                                "(init_process_group) first")
-        if secret is None:
-            secret = os.environ.get("SHADECACHE_SECRET")
+        secret = secrets_.resolve(secret)
         kv = dist.distributed_c10d._get_default_store()
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -218,7 +244,8 @@ class Cluster:
                 from .server import is_loopback
                 master = os.environ.get("MASTER_ADDR", "127.0.0.1")
                 host = "127.0.0.1" if is_loopback(master) else socket.gethostname()
-            server = serve(cache, host=host, port=port, secret=secret, ssd=ssd, store=store)
+            server = serve(cache, host=host, port=port, secret=secret, ssd=ssd, store=store,
+                           read_through=read_through)
             kv.set(f"{prefix}/{node}", server.address)
         addresses = [kv.get(f"{prefix}/{k}").decode() for k in range(num_nodes)]
         if server is not None:
@@ -230,7 +257,8 @@ class Cluster:
             except Exception:   # the store itself is gone: keep the old address
                 return None
 
-        cluster = cls(addresses, node, secret, timeout, lookup=lookup)
+        cluster = cls(addresses, node, secret, timeout, lookup=lookup,
+                      dataset=identity.of_server(cache, store))
         cluster.server = server
         return cluster
 

@@ -1,9 +1,12 @@
 """serve(): starts this node's peer server in a process of its own and returns its handle.
 
-The server process is `python -m shadecache.peer` (a fresh interpreter: no fork of a
-training process with its threads, no re-import of the user's __main__). It gets its
-configuration, secret included, over its stdin pipe, never on the command line, and exits when
-that pipe closes, so it never outlives the process that started it.
+The server process is a fresh interpreter (no fork of a training process with its threads, no
+re-import of the user's __main__), started isolated (`python -I`: no working directory or script
+directory on its import path, no PYTHON* variables, no user site) with an import path it is
+given: this package's folder, then the parent's own path (its working directory for "") minus
+every entry another user or group could write to (a module planted in a world-writable working directory would run inside the server and
+read the secret). It gets its configuration, secret included, over its stdin pipe, never on the
+command line, and exits when that pipe closes, so it never outlives the process that started it.
 """
 import os
 import pickle
@@ -13,7 +16,8 @@ import struct
 import subprocess
 import sys
 
-from . import auth
+from . import identity
+from . import secret as secrets_
 from .server import check_bind
 
 START_TIMEOUT = 60.0
@@ -62,23 +66,32 @@ class PeerServer:
         return f"<PeerServer {self.address} pid={self.pid}{'' if self.alive else ' exited'}>"
 
 
-def serve(cache, host: str = "127.0.0.1", port: int = 0, secret=None, ssd=None, store=None) -> PeerServer:
-    """Serves `cache` (and `ssd`, an SSDTier; and `store`, read through on a miss, so that the
-    home node of a sample reads it from shared storage once) to the other nodes.
+def serve(cache, host: str = "127.0.0.1", port: int = 0, secret=None, ssd=None, store=None,
+          read_through: bool = True) -> PeerServer:
+    """Serves `cache` (and `ssd`, an SSDTier) to the other nodes, reading through `store` on a
+    miss: the home node of a sample reads it from shared storage once, caches it by its policy
+    and serves it to every node, so the cluster reads each sample once.
 
-    secret: str or bytes shared by the nodes (None: only loopback may be bound). port 0 picks a
-    free port; the handle's .address says which."""
-    key = auth.secret_bytes(secret)
-    check_bind(host, key)
+    store is required unless read_through=False (serve only what the cache holds: a cache that
+    is filled some other way). secret: see secret.py (default: $SHADECACHE_SECRET, or the 0600
+    file $SHADECACHE_SECRET_FILE names), required on every address, loopback included. port 0
+    picks a free port; the handle's .address says which."""
+    key = secrets_.resolve(secret)
+    check_bind(host)
     if not isinstance(port, int) or not 0 <= port <= 65535:
         raise ValueError(f"port must be an int in 0..65535, got {port!r}")
+    if store is None and read_through:
+        raise ValueError(
+            "serve(cache) needs store=: the server reads through the samples this node is home to, so that "
+            "the cluster reads each sample from shared storage once (without it a node caches only the samples "
+            "it reads itself and is home to, and a cluster re-reads nearly every miss every epoch). Pass "
+            "store=<the PackedStore of the cache's data set>, or read_through=False to serve only what the "
+            "cache holds")
+    identity.of_server(cache, store)   # a store of another data set than the cache's: refused here
     cfg = pickle.dumps({"cache": cache.name, "host": host, "port": port, "secret": key,
                         "ssd": ssd, "store": store})
-    env = dict(os.environ)
-    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    proc = subprocess.Popen([sys.executable, "-m", "shadecache.peer"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, env=env, start_new_session=True)
+    proc = subprocess.Popen(server_argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            start_new_session=True)
     proc.stdin.write(struct.pack("<I", len(cfg)) + cfg)
     proc.stdin.flush()
     poller = select.poll()   # not select(): this process may hold descriptors above 1024
@@ -90,3 +103,24 @@ def serve(cache, host: str = "127.0.0.1", port: int = 0, secret=None, ssd=None, 
         proc.wait()
         raise OSError(f"peer server did not start (exit status {proc.returncode})")
     return PeerServer(proc, line)
+
+
+def server_argv() -> list:
+    """The command of the server process: an isolated interpreter with a safe import path."""
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    path = [here] + [p for p in (q or os.getcwd() for q in sys.path) if _trusted_dir(p)]
+    code = (f"import sys; sys.path[:0] = {list(dict.fromkeys(path))!r}; "
+            "from shadecache.peer.server import main; main()")
+    return [sys.executable, "-I", "-c", code]
+
+
+def _trusted_dir(path: str) -> bool:
+    """An import path entry no other user could have planted a module in: absolute, owned by
+    this user or root, writable by no group and nobody else."""
+    if not os.path.isabs(path):
+        return False
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return st.st_uid in (0, os.geteuid()) and not st.st_mode & 0o022

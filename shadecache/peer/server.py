@@ -1,23 +1,29 @@
-"""The peer server: serves this node's cache (and SSD tier, and optionally the store) to the
+"""The peer server: serves this node's cache (and SSD tier, and the store read through) to the
 other nodes of a job.
 
-It runs in its own process (`serve()` starts `python -m shadecache.peer` and hands it its
-configuration over a pipe), so serving peers never takes the training process's GIL. Inside that
-process: one accept loop, one thread per connection (at most MAX_CONNECTIONS), requests on a
-connection answered in order.
+It runs in its own process (`serve()` starts it and hands it its configuration over a pipe), so
+serving peers never takes the training process's GIL. Inside that process: one accept loop, one
+thread per connection, requests on a connection answered in order.
 
-A GET is answered in chunks (one GET_REPLY message each, status MORE on all but the last), so
-that at most CHUNK_ITEMS samples of one request are pinned at a time: the values of a chunk are
-pinned cache views (Cache.view), handed to sendmsg as a scatter/gather list (no copy in Python)
-and released when the chunk is sent. A sample the cache does not hold comes from the SSD tier,
-then, when the server has a store (read-through: the home node reads its own samples from
-shared storage and caches them, so the cluster reads each sample once), from the store: the
-node's tier chain (shadecache/tiers.py), which offers what it read to the cache (admitted by its
-policy) and what the cache refused to the SSD tier. Every value carries its crc32c.
+A connection is first a handshake (auth.py): at most MAX_HANDSHAKES of them at once, at most
+MAX_HANDSHAKES_PER_ADDRESS from one address, each given HANDSHAKE_TIMEOUT seconds in all, and
+nothing allocated for them but their fixed-size messages; a connection over those caps is told
+E_BUSY and closed at once. Authenticated connections (at most MAX_CONNECTIONS) exchange sealed
+frames only (csrc/bindings/peer_io.cc), and only requests: GET, PING, STATS.
 
-A client that breaks the protocol gets an ERROR reply and a closed connection; the server goes on
-serving everyone else. A client that stops reading is dropped after IO_TIMEOUT seconds (its pins
-are released with it).
+A GET is answered in chunks of at most CHUNK_ITEMS ids and CHUNK_BYTES of values (one value larger
+than that goes alone), one GET_REPLY message each, status MORE on all but the last. The misses of
+a chunk are filled first (SSD tier, then the store: read-through, so that the home node reads its
+own samples from shared storage once and caches them by its policy), then one native call seals
+the chunk as messages of at most 64 ids, each pinning its cached values (pins from a pool shared
+by all connections, waiting at most PIN_WAIT) only while it encrypts them straight from shared
+memory; only then does the server wait for the client to take the bytes, under IO_TIMEOUT: a
+client that reads slowly holds nothing another client needs. Every value carries its crc32c.
+
+A client that breaks the protocol gets an ERROR and a closed connection; the server goes on
+serving everyone else. An error from accept() (out of descriptors, say) is counted and retried
+after a backoff, never the end of serving. close() ends every connection and joins every thread
+it started: a thread left inside a native call while the interpreter exits aborts the process.
 """
 import ipaddress
 import json
@@ -31,17 +37,22 @@ import time
 
 import numpy as np
 
-from . import auth, wire
+from . import auth, identity, wire
+from . import secret as secrets_
 from . import status as tier_status
-from .. import _core
+from ..errors import FingerprintError, ValueTooLargeError
 from ..tiers import STORE, TierChain
 
-MAX_CONNECTIONS = 256
-CHUNK_ITEMS = 256         # samples pinned at once per request
-CHUNK_BYTES = 8 << 20     # bytes per reply chunk (a chunk holds at least one sample)
+MAX_CONNECTIONS = 256            # authenticated connections
+MAX_HANDSHAKES = 128             # connections not yet authenticated, all together
+MAX_HANDSHAKES_PER_ADDRESS = 16  # ... from one address (a node's DataLoader workers connect at once)
+CHUNK_ITEMS = 256         # ids per reply chunk (and pins one connection holds at once)
+CHUNK_BYTES = 2 << 20     # value bytes per reply chunk (a chunk holds at least one sample)
+PIN_WAIT = 1.0            # the longest a chunk waits for pins; then its cached values go as misses
 IO_TIMEOUT = 10.0         # a partial message or a stalled reader is dropped after this
 IDLE_TIMEOUT = 300.0      # an idle connection is closed after this
-MORE = 1                  # GET_REPLY status: more chunks of this request follow
+ACCEPT_BACKOFF = (0.01, 1.0)   # seconds between accept() attempts after an error: doubling
+REQUESTS = [wire.GET, wire.PING, wire.STATS]   # what an authenticated client may send
 
 
 def is_loopback(host: str) -> bool:
@@ -53,13 +64,9 @@ def is_loopback(host: str) -> bool:
     return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
 
 
-def check_bind(host: str, key: bytes) -> None:
-    """No secret: only loopback may be bound (ValueError otherwise)."""
+def check_bind(host: str) -> None:
     if not isinstance(host, str):
         raise TypeError(f"host must be a str, got {type(host).__name__}")
-    if not key and not is_loopback(host):
-        raise ValueError(f"refusing to serve on {host!r} without a secret: give secret= (or "
-                         "SHADECACHE_SECRET) or bind to 127.0.0.1")
 
 
 def _linger(conn, limit: int = 1 << 20, seconds: float = 1.0) -> None:
@@ -76,32 +83,13 @@ def _linger(conn, limit: int = 1 << 20, seconds: float = 1.0) -> None:
         limit -= k
 
 
-class _PinSlots:
-    """Counts the views this process holds, below the engine's per-process limit, so that many
-    connections pinning at once wait for each other instead of failing."""
-
-    def __init__(self, limit: int):
-        self._free = limit
-        self._cv = threading.Condition()
-
-    def acquire(self, n: int) -> None:
-        with self._cv:
-            while self._free < n:
-                self._cv.wait()
-            self._free -= n
-
-    def release(self, n: int) -> None:
-        with self._cv:
-            self._free += n
-            self._cv.notify_all()
-
-
 class PeerService:
     """The serving loop over one listening socket (in the process that serves)."""
 
     def __init__(self, cache, host="127.0.0.1", port=0, secret=None, ssd=None, store=None):
-        self.key = auth.secret_bytes(secret)
-        check_bind(host, self.key)
+        self.key = secrets_.resolve(secret)
+        check_bind(host)
+        self.identity = identity.of_server(cache, store)
         self.cache, self.ssd, self.store = cache, ssd, store
         if ssd is not None:   # the tier it serves must hold this store's samples
             ssd.bind_store(store)
@@ -114,13 +102,18 @@ class PeerService:
         self.sock.bind((host, port))
         self.sock.listen(128)
         self.address = "%s:%d" % self.sock.getsockname()[:2]
-        self._pins = _PinSlots(max(CHUNK_ITEMS, cache.MAX_VIEWS_PER_PROCESS - 16))
         self._conns = set()
+        self._threads = set()
+        self._handshaking = 0
+        self._per_address = {}
+        self._authenticated = 0
         self._lock = threading.Lock()
+        self._stop = threading.Event()
         self._closed = False
-        self.counters = {"connections": 0, "refused": 0, "requests": 0, "ids": 0, "cache_hits": 0,
-                         "ssd_hits": 0, "store_reads": 0, "misses": 0, "bytes_sent": 0, "errors": 0,
-                         "get_ns": 0}
+        self.counters = {"connections": 0, "refused": 0, "refused_busy": 0, "refused_auth": 0,
+                         "refused_dataset": 0, "forged": 0, "accept_errors": 0, "requests": 0, "ids": 0,
+                         "cache_hits": 0, "ssd_hits": 0, "store_reads": 0, "misses": 0, "pin_waits": 0,
+                         "bytes_sent": 0, "errors": 0, "get_ns": 0}
         self.peers = []           # the other nodes' addresses, when the launcher told us
 
     # ---- the published status (status.py) -----------------------------------------------
@@ -138,28 +131,74 @@ class PeerService:
                 tier_status.write(self.cache.name, self.status())
             except OSError:
                 pass
-            time.sleep(every)
+            self._stop.wait(every)
+
+    # ---- threads -------------------------------------------------------------------------------
+    def start(self, publish: bool = False) -> None:
+        """Serves from threads of this service (and publishes its status once a second)."""
+        self._spawn(self.serve_forever)
+        if publish:
+            self._spawn(self.publish_forever)
+
+    def _spawn(self, target, *args) -> None:
+        def run():
+            try:
+                target(*args)
+            finally:
+                with self._lock:
+                    self._threads.discard(threading.current_thread())
+
+        t = threading.Thread(target=run, daemon=True)
+        with self._lock:
+            self._threads.add(t)
+        t.start()
 
     # ---- accept loop -------------------------------------------------------------------------
     def serve_forever(self) -> None:
+        delay = 0.0
         while not self._closed:
             try:
-                conn, _ = self.sock.accept()
+                conn, addr = self.sock.accept()
             except OSError:
                 if self._closed:
                     return
-                raise
-            with self._lock:
-                if len(self._conns) >= MAX_CONNECTIONS:
-                    self.counters["refused"] += 1
-                    conn.close()
-                    continue
+                # Out of descriptors (EMFILE/ENFILE) or memory, a connection aborted before it was
+                # taken: the listening socket is fine; try again after a backoff.
+                self.counters["accept_errors"] += 1
+                delay = min(max(2 * delay, ACCEPT_BACKOFF[0]), ACCEPT_BACKOFF[1])
+                self._stop.wait(delay)
+                continue
+            delay = 0.0
+            host = addr[0]
+            if self._take(conn, host):
+                self._spawn(self._connection, conn, host, time.monotonic() + auth.HANDSHAKE_TIMEOUT)
+
+    def _take(self, conn, host: str) -> bool:
+        """Counts a new connection from `host` into the handshake caps; over them, tells it E_BUSY
+        and closes it (False)."""
+        with self._lock:
+            busy = (self._handshaking >= MAX_HANDSHAKES
+                    or self._per_address.get(host, 0) >= MAX_HANDSHAKES_PER_ADDRESS)
+            if not busy:
+                self._handshaking += 1
+                self._per_address[host] = self._per_address.get(host, 0) + 1
                 self._conns.add(conn)
                 self.counters["connections"] += 1
-            threading.Thread(target=self._connection, args=(conn,), daemon=True).start()
+        if busy:
+            self.counters["refused"] += 1
+            try:
+                conn.setblocking(False)
+                conn.send(wire.error_message(wire.E_BUSY, "too many connections in their handshake"))
+            except OSError:
+                pass
+            conn.close()
+        return not busy
 
-    def close(self) -> None:
+    def close(self, timeout: float = 5.0) -> bool:
+        """Stops accepting, ends every connection and joins every thread this service started.
+        True when they all ended within `timeout`."""
         self._closed = True
+        self._stop.set()
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -171,115 +210,200 @@ class PeerService:
                     c.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
+            threads = list(self._threads)
+        deadline = time.monotonic() + timeout
+        for t in threads:
+            if t is not threading.current_thread():
+                t.join(max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in threads if t is not threading.current_thread())
 
     # ---- one connection ----------------------------------------------------------------------
-    def _connection(self, conn) -> None:
+    def _connection(self, conn, host: str, deadline: float) -> None:
+        """One connection, taken by _take, from its handshake (by `deadline`) to its end."""
+        c = self.counters
         try:
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn.settimeout(IO_TIMEOUT)
-            auth.server_handshake(conn, self.key)   # nothing else before this succeeds
-            while True:
-                conn.settimeout(IDLE_TIMEOUT)
-                head = wire.recv_exact(conn, 1)     # wait for a request, then bound the rest of it
-                conn.settimeout(IO_TIMEOUT)
-                rest = wire.recv_exact(conn, wire.HEADER_BYTES - 1)
-                opcode, status, count, body_len, opaque = wire.unpack_header(bytes(head) + bytes(rest))
-                body = wire.recv_exact(conn, body_len) if body_len else b""
-                if opcode == wire.GET:
-                    self._get(conn, count, body, opaque)
-                elif opcode == wire.PING:
-                    conn.sendall(wire.pack_header(wire.PONG, 0, 0, opaque))
-                elif opcode == wire.STATS:
-                    body = json.dumps(self.counters).encode()[:wire.MAX_STATS]
-                    conn.sendall(wire.pack_header(wire.STATS_REPLY, 0, len(body), opaque) + body)
-                else:
-                    raise wire.ProtocolError(f"unexpected {wire.OPCODE_NAMES[opcode]} request",
-                                             wire.E_BAD_OPCODE)
-        except wire.ProtocolError as e:
-            self.counters["errors"] += 1
             try:
-                conn.sendall(wire.error_message(e.code, str(e)))
-                _linger(conn)
-            except OSError:
-                pass
-        except (OSError, struct.error):   # EOF, timeouts, resets, a failed handshake
-            pass
+                if conn.family != socket.AF_UNIX:
+                    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                session = auth.server_handshake(conn, self.key, self.identity, deadline)
+            except FingerprintError:
+                c["refused_dataset"] += 1
+                return
+            except (auth.AuthenticationError, wire.ProtocolError, OSError, ValueError):
+                c["refused_auth"] += 1   # a wrong proof, another protocol, too slow, gone
+                return
+            finally:
+                with self._lock:
+                    self._handshaking -= 1
+                    left = self._per_address[host] - 1
+                    if left:
+                        self._per_address[host] = left
+                    else:
+                        del self._per_address[host]
+            with self._lock:
+                full = self._authenticated >= MAX_CONNECTIONS
+                if not full:
+                    self._authenticated += 1
+            if full:
+                c["refused_busy"] += 1
+                self._error(conn, session, wire.E_BUSY, f"more than {MAX_CONNECTIONS} connections")
+                return
+            try:
+                self._requests(conn, session)
+            finally:
+                with self._lock:
+                    self._authenticated -= 1
         finally:
             with self._lock:
                 self._conns.discard(conn)
             conn.close()
 
-    def _get(self, conn, count: int, body, opaque: int) -> None:
-        if len(body) != 8 * count:
-            raise wire.ProtocolError(f"GET of {count} ids carries {len(body)} bytes", wire.E_BAD_LENGTH)
+    def _requests(self, conn, session) -> None:
+        """Answers the requests of an authenticated connection, in order, until it ends."""
+        c = self.counters
+        fd = conn.fileno()
+        while not self._closed:
+            code, detail = session.recv_message(fd, REQUESTS, IDLE_TIMEOUT, IO_TIMEOUT)
+            if code == 4:            # a malformed request
+                c["errors"] += 1
+                self._error(conn, session, *detail)
+                return
+            if code == 6:            # a frame that fails its tag: a middleman, or a broken peer
+                c["forged"] += 1
+                return
+            if code != 0:            # EOF, a timeout, a reset
+                return
+            opcode, _, count, opaque, body = detail
+            if opcode == wire.GET:
+                ok = self._get(conn, session, count, body, opaque)
+            elif opcode == wire.PING:
+                ok = session.send_message(fd, wire.PONG, 0, opaque, 0, b"", IO_TIMEOUT)[0] == 0
+            else:
+                stats = json.dumps(self.counters).encode()[:wire.MAX_STATS]
+                ok = session.send_message(fd, wire.STATS_REPLY, 0, opaque, 0, stats, IO_TIMEOUT)[0] == 0
+            if not ok:
+                return
+
+    def _error(self, conn, session, code: int, text: str) -> None:
+        """A sealed ERROR, then a graceful close."""
+        body = text.encode("utf-8", "replace")[:wire.MAX_ERROR]
+        try:
+            if session.send_message(conn.fileno(), wire.ERROR, 0, 0, code, body, IO_TIMEOUT)[0] == 0:
+                _linger(conn)
+        except OSError:
+            pass
+
+    def _get(self, conn, session, count: int, body, opaque: int) -> bool:
         ids = np.frombuffer(body, dtype="<u8")
         if count and int(ids.max()) >= self.num_samples:
-            raise wire.ProtocolError(f"sample id {int(ids.max())} out of range 0..{self.num_samples - 1}",
-                                     wire.E_BAD_ID)
+            self.counters["errors"] += 1
+            self._error(conn, session, wire.E_BAD_ID,
+                        f"sample id {int(ids.max())} out of range 0..{self.num_samples - 1}")
+            return False
         c = self.counters
         t0 = time.perf_counter_ns()
         c["requests"] += 1
         c["ids"] += count
         try:
-            self._get_chunks(conn, ids, count, opaque)
+            return self._get_chunks(conn, session, ids, count, opaque)
         finally:
             c["get_ns"] += time.perf_counter_ns() - t0
 
-    def _get_chunks(self, conn, ids, count: int, opaque: int) -> None:
-        """Answers one GET, a chunk at a time: _core.PinnedReply pins the chunk's values, the
-        misses are filled here (SSD tier, store), then one native call computes the crc32c of
-        every value and sends header, entry table and values with sendmsg straight from shared
-        memory, without the GIL (csrc/bindings/peer_io.cc)."""
+    def _get_chunks(self, conn, session, ids, count: int, opaque: int) -> bool:
+        """Answers one GET, a chunk at a time: the misses of the next CHUNK_ITEMS ids are filled
+        (SSD tier, store), then one native call pins, seals and sends the chunk (see the module
+        comment); values filled past a chunk's byte bound wait for the next chunk."""
         c = self.counters
         fd = conn.fileno()
+        fills = {}          # position in the request -> bytes filled and not yet sent
+        filled_to = 0       # positions below this have had their misses filled
         first = 0
         while first < count:
-            want = ids[first:first + CHUNK_ITEMS]
-            self._pins.acquire(want.size)
-            try:
-                reply = _core.PinnedReply(self.cache._core, want, CHUNK_BYTES)
-                try:
-                    k = reply.count
-                    missed = reply.missed()
-                    c["cache_hits"] += k - len(missed)
-                    if missed:
-                        for pos, value in self._fill_misses(want[:k].tolist(), missed):
-                            reply.fill(pos, value)
-                    code, detail = reply.send(fd, opaque, first + k < count, IO_TIMEOUT)
-                finally:
-                    reply.release()
-            finally:
-                self._pins.release(want.size)
-            if code == 1:
-                raise socket.timeout("client stopped reading")
-            if code != 0:
-                raise ConnectionError(f"sending a reply failed (code {code}, {detail})")
-            c["bytes_sent"] += detail
+            end = min(first + CHUNK_ITEMS, count)
+            fresh = None
+            if end > filled_to:
+                lo = max(first, filled_to)
+                part = ids[lo:end]
+                missed = self.cache.missed(part)
+                take = self._fill_budget(part, missed)
+                if take < len(missed):   # the rest of the window waits for the next chunk
+                    end = lo + missed[take]
+                    missed = missed[:take]
+                if missed:
+                    out, fresh = self._fill_misses(part.tolist(), missed)
+                    for pos, value in out:
+                        fills[lo + pos] = value
+                filled_to = end
+            window = {p - first: v for p, v in fills.items() if p < end}
+            code, detail = self.cache.seal_reply(session, fd, ids[first:end], window, opaque, end < count,
+                                                  CHUNK_BYTES, PIN_WAIT)
+            if fresh is not None:    # the chunk's pins are released: nothing the cache does now hurts it
+                self._admit(fresh)
+            if code == 0:
+                code = session.flush(fd, IO_TIMEOUT)[0]
+            if code != 0:            # the client stopped reading, or went away
+                return False
+            k, hits, sent, busy = detail
+            c["cache_hits"] += hits
+            c["bytes_sent"] += sent
+            c["pin_waits"] += bool(busy)
+            for p in [p for p in fills if p < first + k]:
+                del fills[p]
             first += k
+        return True
 
-    def _fill_misses(self, ids, missed) -> list:
-        """(position, bytes) for the positions in `missed` that the tiers below the cache hold:
-        the SSD tier, then, read-through, the store, through the tier chain (shadecache/tiers.py),
-        which offers what it read to the cache (admitted by its score) and what the cache refused
-        to the SSD tier."""
+    def _fill_budget(self, ids, missed) -> int:
+        """How many of the positions `missed` (of `ids`) to fill for one chunk: as many as fit in
+        CHUNK_BYTES by the store's sample lengths (at least one), so that the values read for a
+        chunk, not only those sent, stay within its bound."""
+        lengths = getattr(self.store, "lengths", None)
+        if not missed or not isinstance(lengths, np.ndarray):
+            return len(missed)
+        sizes = np.cumsum(lengths[ids[missed]].astype(np.int64))
+        return max(1, int(np.searchsorted(sizes, CHUNK_BYTES, side="right")))
+
+    def _fill_misses(self, ids, missed) -> tuple:
+        """(out, read): out is (position, bytes) for the positions in `missed` that the tiers below
+        the cache hold: the SSD tier, then, read-through, the store, through the tier chain
+        (shadecache/tiers.py); read is the chain's Read, admitted by _get_chunks once the chunk is
+        sealed (offered to the cache before, it could evict the very values the chunk is about to
+        pin)."""
         c = self.counters
         want = list(dict.fromkeys(ids[k] for k in missed))
         r = self.chain.read(want)
-        self.chain.admit(r)
         got = dict(zip(want, r.values))
         for name, key in (("ssd", "ssd_hits"), (STORE, "store_reads")):
             if name in r.counts:
                 c[key] += r.counts[name].hits
         out = [(k, got[ids[k]]) for k in missed if got[ids[k]] is not None]
         c["misses"] += len(missed) - len(out)
-        return out
+        return out, r
+
+    def _admit(self, r) -> None:
+        """Offers what was read below the cache to the cache (admitted by its policy) and what the
+        cache refused to the SSD tier (the chain's admit): the home node keeps its own samples. A
+        value this cache can never hold is not the client's error: the others are offered one by
+        one."""
+        try:
+            self.chain.admit(r)
+        except ValueTooLargeError:
+            self.chain.admit(r, insert=self._put_each)
+
+    def _put_each(self, ids, values):
+        admitted = []
+        for i, v in zip(ids.tolist(), values):
+            try:
+                admitted.append(self.cache.put(i, v))
+            except ValueTooLargeError:
+                admitted.append(False)
+        return admitted
 
 
 # ---- the server process ------------------------------------------------------------------------
-def _main() -> None:
-    """`python -m shadecache.peer`: reads its configuration (a length-prefixed pickle,
-    written by serve() in the parent: our own process, never the network) from stdin, prints
-    its address on stdout, serves until stdin closes (the parent exited or closed it)."""
+def main() -> None:
+    """The server process that serve() starts: reads its configuration (a length-prefixed
+    pickle, written by serve() in the parent: our own process, never the network) from stdin,
+    prints its address on stdout, serves until stdin closes (the parent exited or closed it)."""
     from ..cache import Cache
 
     stdin = sys.stdin.buffer
@@ -289,8 +413,7 @@ def _main() -> None:
     service = PeerService(cache, cfg["host"], cfg["port"], cfg["secret"], cfg.get("ssd"), cfg.get("store"))
     sys.stdout.write(service.address + "\n")
     sys.stdout.flush()
-    threading.Thread(target=service.serve_forever, daemon=True).start()
-    threading.Thread(target=service.publish_forever, daemon=True).start()
+    service.start(publish=True)
     # Later messages from the parent (same framing): {"peers": [...]}. EOF: the parent closed
     # the pipe or died.
     while True:
@@ -305,5 +428,8 @@ def _main() -> None:
                 tier_status.write(cache.name, service.status())
             except OSError:   # the status file is for people; it never takes the server down
                 pass
-    service.close()
+    joined = service.close()
     tier_status.remove(cache.name, os.getpid())
+    if not joined:   # a thread still inside a native call: leave without finalizing under it
+        sys.stdout.flush()
+        os._exit(0)

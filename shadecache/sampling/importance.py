@@ -16,6 +16,8 @@ import math
 
 import numpy as np
 
+from ..ids import check_ids
+
 RANK_OFFSET = 10.0  # SHADE's constant: weight = log(rank + 10)
 
 
@@ -97,17 +99,8 @@ class ImportanceTable:
 
     # ---- within an epoch ---------------------------------------------------------------------
     def check_ids(self, ids) -> np.ndarray:
-        a = np.asarray(ids)
-        if a.ndim != 1:
-            raise ValueError(f"sample ids must be one-dimensional, got shape {a.shape}")
-        if a.size and not np.issubdtype(a.dtype, np.integer):
-            raise TypeError(f"sample ids must be integers, got dtype {a.dtype}")
-        a = a.astype(np.int64, copy=False)
-        bad = np.flatnonzero((a < 0) | (a >= self.num_samples))
-        if bad.size:
-            raise IndexError(f"sample id {int(a[bad[0]])} (position {int(bad[0])}) is out of range "
-                             f"0..{self.num_samples - 1}")
-        return a
+        """ids as a 1-D int64 array in 0..num_samples-1 (shadecache/ids.py: the one rule)."""
+        return check_ids(ids, self.num_samples)
 
     def observe(self, ids, weights):
         """Record one weight per id; returns (unique ids touched, their new scores)."""

@@ -45,7 +45,7 @@ from torch.utils.data import Sampler
 
 from .extents import DEFAULT_WINDOW, ExtentLayout, arrange, store_of
 from .importance import ImportanceTable
-from ..lookahead.board import publish_ahead, published_iter
+from ..lookahead.publish import publish_ahead, published_iter
 
 
 def _dist_world():

@@ -155,6 +155,19 @@ class SSDTier:
             self._layout.do_catch_up()
             return np.flatnonzero(self._layout.size >= 0)
 
+    def holds(self, ids) -> np.ndarray:
+        """Bool mask: which of `ids` the tier holds now, by its index (nothing is read or checked;
+        a held value may still turn out damaged when read)."""
+        self._mine()
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        with self._mu:
+            self._layout.do_catch_up()
+            size = self._layout.size
+            inside = (ids >= 0) & (ids < size.size)
+            out = np.zeros(ids.size, dtype=bool)
+            out[inside] = size[ids[inside]] >= 0
+            return out
+
     # ---- reads -------------------------------------------------------------------------------
     def get_many(self, ids) -> list:
         """bytes or None for every id; every hit verified (length and crc32c). The index gives

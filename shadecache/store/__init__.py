@@ -1,10 +1,15 @@
 """The stores that cache misses are read from, and the writer of the packed format.
 
-  packed.py   PackedStore (one packed file, docs/store_format.md) and FolderStore (one file per
-              sample), both read in batches through csrc/io (io_uring, or the pread pool)
-  writer.py   PackWriter and pack(): write a packed store
+  protocol.py  what the tier chain asks of a store (and of every tier): write a new store to it
+  packed.py    PackedStore (one packed file, docs/store_format.md) and its PackedStream
+  folder.py    FolderStore (one file per sample, an ImageFolder tree)
+  reader.py    what the two share over their native reader (csrc/io: io_uring, or the pread pool)
+  writer.py    PackWriter and pack(): write a packed store
+  legacy.py    reads a store of format version 1, for `shadecache pack OLD NEW` to convert
 """
-from .packed import FORMAT_VERSION, FolderStore, PackedStore, probe_backend, scan_image_folder  # noqa: F401
+from .folder import FolderStore, scan_image_folder  # noqa: F401
+from .packed import FORMAT_VERSION, PackedStore  # noqa: F401
+from .reader import probe_backend  # noqa: F401
 from .writer import PackWriter, pack  # noqa: F401
 
 __all__ = ["FORMAT_VERSION", "FolderStore", "PackWriter", "PackedStore", "pack", "probe_backend",

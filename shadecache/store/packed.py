@@ -1,150 +1,32 @@
-"""The backing store that cache misses are read from.
+"""PackedStore: a packed sample store file read in batches (format: docs/store_format.md).
 
-- ``PackedStore``: read a packed file; the sample directory lives in memory, every batch of reads
-  goes to the kernel at once through io_uring (or a pread thread pool where io_uring is refused).
-- ``FolderStore``: the same interface over one file per sample (an ImageFolder tree), for users who
-  will not convert their data; batches open/read/close through the same backends.
-
-The native work lives in ``shadecache._io`` (csrc/io); this module adds the Python conveniences:
-argument checking, the one-time fallback warning and pickling for spawned workers. Writing a store
-is shadecache/store/writer.py.
+The sample directory lives in memory; every batch of reads goes to the kernel at once through
+io_uring (or a pread thread pool where io_uring is refused), checked against the directory's
+crc32c (csrc/io/packed_reader.h). PackedStream keeps batches in flight across batch boundaries
+(the prefetcher's reads). This module adds the Python conveniences: argument checking, the
+fingerprint, pickling for spawned workers. Writing a store is store/writer.py; one file per
+sample, store/folder.py.
 """
 from __future__ import annotations
 
 import json
-import operator
 import os
-import warnings
-from typing import Any, Iterable, Sequence
 
 import numpy as np
 
 from .. import _io
 from ..errors import StoreFormatError
+from ..memory import tune_malloc_once
+from .reader import NativeStore, check_backend_args, native_path, warn_fallback
 
-__all__ = ["PackedStore", "FolderStore", "scan_image_folder", "FORMAT_VERSION"]
+__all__ = ["PackedStore", "PackedStream", "FORMAT_VERSION"]
 
 FORMAT_VERSION = _io.FORMAT_VERSION
 DEFAULT_MAX_EXTENT = 8 << 20   # bytes of one read request at most (unless one sample is larger)
 IOPS_BOUND_FACTOR = 4          # see PackedStore.iops_bound
-_BACKENDS = ("auto", "io_uring", "pread")
-_warned: set = set()  # fallback reasons already reported in this process
 
 
-def _warn_fallback(reason: str) -> None:
-    """Says once per process (and per reason) that io_uring is not used, and why."""
-    if reason and reason not in _warned:
-        _warned.add(reason)
-        warnings.warn(f"shadecache: io_uring unavailable ({reason}); using the pread thread pool",
-                      RuntimeWarning, stacklevel=3)
-
-
-# glibc returns the memory of a freed batch to the kernel (heap trim; mmap for blocks >= 128 KB),
-# so the next batch's bytes objects fault in and zero fresh pages: on this project's VMs that cut
-# 128 KB read_many from ~1.2 GB/s to ~0.4 GB/s (docs/store_format.md). Keeping up to 64 MiB of freed
-# heap, and serving blocks below 16 MiB from the heap, removes it. Process-wide, once; skipped when
-# the user tunes malloc through its own environment variables or sets SHADECACHE_NO_MALLOC_TUNING.
-_MALLOC_MMAP_THRESHOLD = 16 << 20
-_MALLOC_TRIM_THRESHOLD = 64 << 20
-_malloc_tuned = False
-
-
-def _tune_malloc_once() -> None:
-    global _malloc_tuned
-    if _malloc_tuned:
-        return
-    _malloc_tuned = True
-    env = os.environ
-    if env.get("SHADECACHE_NO_MALLOC_TUNING") or any(
-            k in env for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_",
-                               "GLIBC_TUNABLES")):
-        return
-    _io.tune_malloc(_MALLOC_MMAP_THRESHOLD, _MALLOC_TRIM_THRESHOLD)
-
-
-def _check_backend_args(backend: str, queue_depth: int) -> None:
-    if backend not in _BACKENDS:
-        raise ValueError(f"backend must be one of {_BACKENDS}, not {backend!r}")
-    if not isinstance(queue_depth, (int, np.integer)) or not 1 <= queue_depth <= 4096:
-        raise ValueError(f"queue_depth must be an integer in [1, 4096], not {queue_depth!r}")
-
-
-def probe_backend(backend: str = "auto", queue_depth: int = 64) -> tuple:
-    """(name, fallback_reason) of the I/O backend this process would get (``shadecache info``)."""
-    _check_backend_args(backend, queue_depth)
-    return tuple(_io.probe_backend(backend, queue_depth))
-
-
-def native_path(path) -> bytes:
-    """`path` as the bytes the native code opens. A NUL would end the path there (c_str), so
-    it is refused as Python's open() refuses it."""
-    b = os.fsencode(path)
-    if b"\0" in b:
-        raise ValueError(f"embedded null byte in path {os.fsdecode(b)!r}")
-    return b
-
-
-class _StoreBase:
-    """What PackedStore and FolderStore share: the read interface and the map-style data set view
-    (``store[i] -> (bytes, label)``), so a store can itself be packed or put behind a DataLoader."""
-
-    _r: Any
-    _labels: np.ndarray
-
-    def read(self, i: int) -> bytes:
-        """The bytes of sample ``i`` (checksum verified for packed stores unless verify=False)."""
-        return self._r.read(i)
-
-    def read_many(self, ids: Sequence[int] | np.ndarray) -> list:
-        """The bytes of every id, read as one batch with the GIL released while it waits."""
-        return self._r.read_many(ids)
-
-    def label(self, i: int) -> int:
-        i = operator.index(i)  # TypeError for 1.5 or "3", as read() gives
-        if not 0 <= i < len(self._labels):
-            raise IndexError(f"sample id {i} out of range [0, {len(self._labels)})")
-        return int(self._labels[i])
-
-    @property
-    def labels(self) -> np.ndarray:
-        """Labels of all samples (a read-only int64 array)."""
-        return self._labels
-
-    @property
-    def backend(self) -> str:
-        """The I/O backend this process uses: "io_uring" or "pread"."""
-        return self._r.backend
-
-    @property
-    def fallback_reason(self) -> str:
-        """Why io_uring is not in use ("" when it is, or when pread was asked for)."""
-        return self._r.fallback_reason
-
-    @property
-    def queue_depth(self) -> int:
-        return self._r.queue_depth
-
-    def __len__(self) -> int:
-        return len(self._labels)
-
-    def __getitem__(self, i: int) -> tuple:
-        return self._r.read(i), self.label(i)
-
-    def __getitems__(self, ids: Sequence[int]) -> list:
-        """Batched fetch that torch's DataLoader calls with a whole batch of ids."""
-        return list(zip(self._r.read_many(ids), (int(self._labels[i]) for i in ids)))
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def close(self) -> None:
-        pass
-
-
-class PackedStore(_StoreBase):
+class PackedStore(NativeStore):
     """A packed sample store opened for reading.
 
     backend: "auto" (io_uring, or the pread pool with a one-time warning when io_uring is
@@ -166,15 +48,15 @@ class PackedStore(_StoreBase):
                  queue_depth: int = 64, verify: bool = True, *, gap_bytes: int | None = None,
                  max_extent_bytes: int = DEFAULT_MAX_EXTENT, device: dict | None = None,
                  extent_layout=None):
-        _check_backend_args(backend, queue_depth)
+        check_backend_args(backend, queue_depth)
         self.path = os.fspath(path)
         self._options = (backend, bool(direct), int(queue_depth), bool(verify))
         # fsencode: a Linux path is bytes, and one that is not UTF-8 (os.listdir gives it as a str
         # with surrogates) must still open.
         self._r = _io.PackedReader(native_path(self.path), backend, bool(direct), int(queue_depth),
                                    bool(verify))
-        _tune_malloc_once()
-        _warn_fallback(self._r.fallback_reason)
+        tune_malloc_once()
+        warn_fallback(self._r.fallback_reason)
         self.device = _device_profile(self, device)
         if gap_bytes is None:
             gap_bytes = self.device["gap_bytes"]
@@ -398,7 +280,7 @@ class PackedStream:
     submits and takes."""
 
     def __init__(self, store: "PackedStore", queue_depth: int = 32, lanes: int = 2):
-        _check_backend_args("auto", queue_depth)
+        check_backend_args("auto", queue_depth)
         self._reader = store._r
         self._stream = _io.ReadStream(self._reader, "auto", int(queue_depth), int(lanes))
 
@@ -476,90 +358,3 @@ def _fingerprint_of(path: str, identity: tuple, store: "PackedStore") -> str:
     finally:
         os.close(fd)
     return h.hexdigest()
-
-
-def scan_image_folder(root: str | os.PathLike) -> tuple:
-    """(paths, labels, classes) of an ImageFolder tree: root/<class>/<...>/<file>.
-
-    Classes are the sorted subfolder names and labels their index; files are taken in sorted order
-    within each class (recursively, as torchvision does); hidden entries (".name") are skipped.
-    Raises ValueError when the tree holds no sample.
-    """
-    root = os.fspath(root)
-    if not os.path.isdir(root):
-        if os.path.exists(root):
-            raise NotADirectoryError(f"{root} is not a directory (expected root/<class>/<file>)")
-        raise FileNotFoundError(f"no such directory: {root}")
-    classes = sorted(e.name for e in os.scandir(root)
-                     if e.is_dir() and not e.name.startswith("."))
-    paths, labels = [], []
-    for label, cls in enumerate(classes):
-        for dirpath, dirnames, filenames in os.walk(os.path.join(root, cls), followlinks=True):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            for name in sorted(filenames):
-                if not name.startswith("."):
-                    paths.append(os.path.join(dirpath, name))
-                    labels.append(label)
-    if not paths:
-        raise ValueError(f"no samples found under {root}: expected files in class folders "
-                         f"({root}/<class>/<file>), found {len(classes)} class folder(s) "
-                         "and no files in them")
-    return paths, labels, classes
-
-
-class FolderStore(_StoreBase):
-    """The PackedStore interface over one file per sample (an ImageFolder tree, or explicit paths).
-
-    Ids follow sorted order (classes sorted, files sorted in each); labels are class indices.
-    ``read_many`` opens, reads and closes a whole batch of files through io_uring (up to
-    queue_depth files at a time), or the pread pool where io_uring is refused.
-    """
-
-    def __init__(self, root: str | os.PathLike | None = None, backend: str = "auto",
-                 queue_depth: int = 64, *, files: Iterable | None = None):
-        _check_backend_args(backend, queue_depth)
-        if (root is None) == (files is None):
-            raise ValueError("FolderStore needs a root folder or files=[(path, label), ...]")
-        if root is not None:
-            self.root = os.fspath(root)
-            paths, labels, self.classes = scan_image_folder(self.root)
-        else:
-            self.root = None
-            pairs = list(files)
-            if not pairs:
-                raise ValueError("FolderStore: the list of files is empty")
-            paths = [os.path.abspath(os.fspath(p)) for p, _ in pairs]
-            labels = [int(lab) for _, lab in pairs]
-            self.classes = None
-        self._options = (backend, int(queue_depth))
-        self._files = files if root is None else None
-        self._r = _io.FolderReader([native_path(p) for p in paths], backend, int(queue_depth))
-        _tune_malloc_once()
-        _warn_fallback(self._r.fallback_reason)
-        self._labels = np.asarray(labels, dtype=np.int64)
-        self._labels.flags.writeable = False
-
-    def path(self, i: int) -> str:
-        return os.fsdecode(self._r.path(i))
-
-    @property
-    def paths(self) -> list:
-        return [self.path(i) for i in range(len(self))]
-
-    def close(self) -> None:
-        """Frees this store's ring, or its share of the pread pool (the last store joins it)."""
-        self._r.close()
-
-    def __reduce__(self):
-        if self.root is not None:
-            return (FolderStore, (self.root,) + self._options)
-        files = list(zip(self.paths, self._labels.tolist()))
-        return (_folder_from_files, (files,) + self._options)
-
-    def __repr__(self) -> str:
-        return (f"FolderStore({self.root!r}, {len(self)} samples, backend={self.backend!r}, "
-                f"queue_depth={self.queue_depth})")
-
-
-def _folder_from_files(files, backend, queue_depth):
-    return FolderStore(None, backend, queue_depth, files=files)

@@ -29,6 +29,8 @@ Optional, used when present:
                                tier serves, unless told to keep remote ones too.
     put_many(ids, values)      the tier keeps copies, written behind the read path: the chain
                                hands it what was read from below it and the cache refused.
+    holds(ids) -> bool mask    which ids a copying tier holds now, without reading them (the
+                               prefetcher leaves those to the loader: no shared-storage read).
     stream(queue_depth, lanes) a store whose reads can stay in flight across batches: an object
                                with submit(ids), take() -> the oldest batch's values, close()
                                (a PackedStore's ReadStream); the prefetcher's pipeline uses it.

@@ -22,7 +22,8 @@ import numpy as np
 
 from .. import _io
 from .._version import __version__
-from .packed import FolderStore, native_path
+from .folder import FolderStore
+from .reader import native_path
 
 __all__ = ["PackWriter", "pack"]
 

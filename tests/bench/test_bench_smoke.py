@@ -140,3 +140,19 @@ def test_pytest_benchmark_file_runs_tiny(no_leaks):
     tail = proc.stdout[-3000:] + proc.stderr[-2000:]
     assert proc.returncode == 0, tail
     assert " passed" in proc.stdout and "failed" not in proc.stdout and "error" not in proc.stdout, tail
+
+
+def test_efficiency_bench_tiny_rows(capsys):
+    """bench/bench_efficiency.py's row and hit-ratio code on tiny caches: the figures it prints
+    come from the bytes get returns and the file's blocks, and the row checks its own values."""
+    import numpy as np
+
+    import bench_efficiency as be
+
+    r = be.measure_row("3 KB", np.full(600, 3000, np.int64), 1 << 20, True, phases=((1, 0), (1, 1)))
+    assert 0.5 < r["values0"] <= 1.0 and 0.5 < r["values1"] <= 1.0, r
+    assert 1.0 <= r["ram1"] <= 1.0 + (1 << 20) / r["cap"], r
+    r = be.shifting_row(2 << 20, False)
+    assert r["values0"] > 0.5, r
+    be.hit_ratio(n=300, epochs=2)
+    assert "hit ratio" in capsys.readouterr().out

@@ -48,6 +48,20 @@ def test_overwrite_same_and_other_size_class(cache_name):
         c.check()
 
 
+@pytest.mark.parametrize("policy", sorted(sc.POLICIES))
+def test_replacing_a_value_by_another_shape_on_the_same_page(cache_name, policy):
+    """A value of 4 chunks replaced by a 2-byte one: both heads are 32-byte slots of one class, the
+    new head on the page of the old, which the old was alone on. Evicting the old copy must not
+    take that page (it crashed when the new head was only counted once published)."""
+    with sc.Cache.create(cache_name, num_samples=64, capacity_bytes=MiB, policy=policy) as c:
+        chunk = c.stats()["chunk_size"]
+        assert c.put(63, b"x" * (4 * chunk))
+        assert c.put(63, b"ab", score=-1.0) and c.get(63) == b"ab"
+        c.check()
+        assert c.put(63, b"y" * (4 * chunk)) and c.get(63) == b"y" * (4 * chunk)
+        c.check()
+
+
 def test_importance_evicts_lowest_and_admits_only_higher(cache_name):
     # One 64 KiB page of 4 KiB-class slots: 16 values of 4000 bytes fill it.
     with sc.Cache.create(cache_name, num_samples=100, capacity_bytes=64 * 1024, max_item_bytes=4000) as c:
@@ -80,56 +94,61 @@ def _fill(c, n, size):
     return [c.put(i, make_value(i, 0, size)) for i in range(n)]
 
 
+def _fill_until_first_eviction(c, size):
+    """Puts ids 0, 1, ... until one put evicts; returns how many were put."""
+    n = 0
+    while c.stats()["evictions"] == 0:
+        assert c.put(n, make_value(n, 0, size))
+        n += 1
+    return n
+
+
 def test_lru_keeps_recently_read(cache_name):
-    with sc.Cache.create(cache_name, num_samples=1000, capacity_bytes=64 * 1024, max_item_bytes=4000,
-                         policy="lru") as c:
-        _fill(c, 16, 4000)
-        assert c.stats()["evictions"] == 0 and c.stats()["items"] == 16
-        c.get(0)  # 0 is now the most recent; 1 the least
+    with sc.Cache.create(cache_name, num_samples=1000, capacity_bytes=64 * 1024, policy="lru") as c:
+        n = _fill_until_first_eviction(c, 4000)
+        assert n > 4 and not c.contains(0) and c.stats()["evictions"] == 1  # the least recent went
+        c.get(1)  # 1 is now the most recent; 2 the least
         c.put(100, make_value(100, 0, 4000))
-        assert c.contains(0) and not c.contains(1)
+        assert c.contains(1) and not c.contains(2)
         c.check()
 
 
 def test_fifo_evicts_in_insert_order_regardless_of_reads(cache_name):
-    with sc.Cache.create(cache_name, num_samples=1000, capacity_bytes=64 * 1024, max_item_bytes=4000,
-                         policy="fifo") as c:
-        _fill(c, 16, 4000)
-        c.get(0)
+    with sc.Cache.create(cache_name, num_samples=1000, capacity_bytes=64 * 1024, policy="fifo") as c:
+        n = _fill_until_first_eviction(c, 4000)
+        assert n > 4 and not c.contains(0)
+        c.get(1)
         c.put(100, make_value(100, 0, 4000))
-        assert not c.contains(0) and c.contains(1)
+        assert not c.contains(1) and c.contains(2)
         c.check()
 
 
 def test_static_fills_once_and_never_evicts(cache_name):
-    with sc.Cache.create(cache_name, num_samples=1000, capacity_bytes=64 * 1024, max_item_bytes=4000,
-                         policy="static") as c:
+    with sc.Cache.create(cache_name, num_samples=1000, capacity_bytes=64 * 1024, policy="static") as c:
         admitted = _fill(c, 40, 4000)
-        assert sum(admitted) == 16 and admitted[:16] == [True] * 16
+        k = sum(admitted)
+        assert k > 4 and admitted == [True] * k + [False] * (40 - k)
         s = c.stats()
-        assert s["evictions"] == 0 and s["rejected"] == 24
+        assert s["evictions"] == 0 and s["rejected"] == 40 - k and s["items"] == k
         c.check()
 
 
 def test_memory_moves_between_size_classes(cache_name):
-    # Fill with 3 KB values, then ask for 100 KB ones: pages must move to the large class.
-    with sc.Cache.create(cache_name, num_samples=4000, capacity_bytes=16 * MiB, policy="lru") as c:
-        n_small = 0
-        for i in range(8000 // 2):
+    # Fill with 3 KB values, then ask for 100 KB ones: the memory of the 3 KB values must serve
+    # the 100 KB ones (their chunks and tails), evicting the oldest 3 KB values only.
+    with sc.Cache.create(cache_name, num_samples=12000, capacity_bytes=16 * MiB, policy="lru") as c:
+        for i in range(8000):
             c.put(i, make_value(i, 0, 3000))
-        n_small = c.stats()["items"]
-        free_before = c.stats()["free_pages"]
-        assert n_small > 4000 // 2
-        for i in range(100):
-            assert c.put(3000 + i, make_value(3000 + i, 1, 100_000))
         s = c.stats()
-        # 100 KB values take a class cut for them, 10 to a 1 MiB page: 10 pages, those not free
-        # before moved from the 3 KB class
-        assert s["page_moves"] >= 10 - free_before > 0, s
-        big = [c.get(3000 + i) for i in range(100)]
-        cached_big = [b for b in big if b is not None]
-        assert len(cached_big) >= 100 * 0.8
-        assert all(verify_value(3000 + i, b) == "" for i, b in enumerate(big) if b is not None)
+        assert s["evictions"] > 0 and s["efficiency"] >= 0.9, s
+        for i in range(100):
+            assert c.put(10000 + i, make_value(10000 + i, 1, 100_000))
+        s = c.stats()
+        big = [c.get(10000 + i) for i in range(100)]
+        assert all(b is not None and verify_value(10000 + i, b) == "" for i, b in enumerate(big))
+        small = np.flatnonzero(c.cached_mask()[:8000])
+        assert small.size and small.min() > 8000 - small.size - 1, "only the oldest 3 KB values went"
+        assert s["efficiency"] >= 0.9, s
         c.check()
 
 
@@ -177,9 +196,8 @@ def test_mixed_sizes_stay_consistent(cache_name):
         c.put_many(np.arange(n), values, scores=scores)
         c.check()
         cached = np.flatnonzero(c.cached_mask())
-        # Memory moves to a size class a page at a time, taking the page whose values matter
-        # least on average: what stays leans clearly to the high scores.
-        assert scores[cached].mean() > scores.mean() + 0.1, (scores[cached].mean(), len(cached))
+        # Memory moves between size classes by moving values, never by evicting out of order:
+        # what stays is the top of the scores, as with one size.
+        assert scores[cached].mean() > scores.mean() + 0.2, (scores[cached].mean(), len(cached))
         got = c.get_many(np.arange(n))
         assert all(v is None or v == values[i] for i, v in enumerate(got))
-        assert c.stats()["page_moves"] > 0

@@ -52,9 +52,24 @@ def test_values_too_large(filled):
 
 
 def test_value_larger_than_whole_cache(cache_name):
-    # max_item_bytes above the capacity: no page could ever hold it, refused at create.
-    with pytest.raises(ValueError, match="smaller than one slab page"):
-        sc.Cache.create(cache_name, num_samples=10, capacity_bytes=MiB, max_item_bytes=4 * MiB)
+    # max_item_bytes above what the cache can hold: the cache's own limit is the one in force, and
+    # a value beyond it is refused with the capacity named.
+    with sc.Cache.create(cache_name, num_samples=10, capacity_bytes=MiB, max_item_bytes=4 * MiB) as c:
+        assert c.max_item_bytes < MiB
+        with pytest.raises(sc.ValueTooLargeError, match="more than the capacity"):
+            c.put(1, b"x" * (2 * MiB))
+        assert c.put(1, b"x" * c.max_item_bytes) and len(c.get(1)) == c.max_item_bytes
+        c.check()
+
+
+def test_capacity_too_small_for_the_index_names_the_least(cache_name):
+    with pytest.raises(ValueError, match=r"too small for num_samples=200000.*the minimum is capacity_bytes=(\d+)") as e:
+        sc.Cache.create(cache_name, num_samples=200_000, capacity_bytes=MiB)
+    least = int(e.value.args[0].rsplit("=", 1)[1])
+    assert 200_000 * 12 < least < 200_000 * 12 + MiB
+    with sc.Cache.create(cache_name, num_samples=200_000, capacity_bytes=least) as c:
+        assert c.put(7, b"fits") and c.get(7) == b"fits"
+        c.check()
 
 
 def test_wrong_types(filled):
@@ -178,7 +193,7 @@ print("ok", rejected)
 def test_update_scores_uses_the_ids_it_checked(cache_name):
     """Another thread changing the id array while update_scores runs without the GIL cannot make
     it use an id it did not check (it used to re-read the caller's array: a write out of bounds)."""
-    with sc.Cache.create(cache_name, num_samples=200_000, capacity_bytes=MiB, max_item_bytes=1000) as c:
+    with sc.Cache.create(cache_name, num_samples=200_000, capacity_bytes=4 * MiB, max_item_bytes=1000) as c:
         res = subprocess.run([sys.executable, "-c", _SCORE_RACE, cache_name], capture_output=True, text=True,
                              timeout=120)
         assert res.returncode == 0, f"exit {res.returncode}: {res.stderr[-2000:]}"
@@ -321,6 +336,11 @@ def test_attach_to_another_layout_version_or_a_foreign_segment(cache_name):
         # u64 page_size at byte 56.
         with _header_field(path, 8, "<I", lambda v: v + 1) as version:
             with pytest.raises(sc.LayoutVersionError, match=f"layout version {version + 1}.*reads version {version}"):
+                sc.Cache.attach(cache_name)
+        # A segment of the layout before chunked values (version 5): a clear error, never a misread.
+        with _header_field(path, 8, "<I", lambda v: 5):
+            with pytest.raises(sc.LayoutVersionError, match="layout version 5 but this shadecache reads version 6"
+                                                             ".*recreate the cache"):
                 sc.Cache.attach(cache_name)
         with _header_field(path, 0, "<8s", lambda v: b"NOTMAGIC"):
             with pytest.raises(sc.LayoutVersionError, match="not a shadecache segment"):

@@ -1,7 +1,8 @@
-"""Values larger than a slab page (runs of whole pages): 2, 16 and 64 MiB values round-trip through
+"""Values far larger than a page (chains of chunks): 2, 16 and 64 MiB values round-trip through
 put / put_many / get / get_many / view under every policy, share memory with small values both
-ways, keep a view's bytes when replaced, and max_item_bytes still works as a limit. The crash and
-4-process tests with these sizes are in test_cache_crash.py and test_cache_processes.py."""
+ways, keep a view's bytes when replaced (a view of a value in chunks is a private copy), and
+max_item_bytes still works as a limit. The crash and 4-process tests with these sizes are in
+test_cache_crash.py and test_cache_processes.py."""
 import pytest
 
 import shadecache as sc
@@ -19,7 +20,7 @@ def large_values():
 @pytest.mark.parametrize("policy", sorted(sc.POLICIES))
 def test_large_values_round_trip(cache_name, policy, large_values):
     with sc.Cache.create(cache_name, num_samples=50, capacity_bytes=160 * MiB, policy=policy) as c:
-        assert c.stats()["page_size"] == MiB
+        assert c.stats()["chunk_size"] < MiB  # every value here is a chain of many chunks
         assert c.max_item_bytes >= 64 * MiB  # no limit unless asked for: whatever the cache holds
         for k, size in enumerate(LARGE):
             assert c.put(k, large_values[size], score=1.0 + k)
@@ -33,13 +34,13 @@ def test_large_values_round_trip(cache_name, policy, large_values):
         for k, size in enumerate(LARGE):
             with c.view(k) as v:
                 assert len(v) == size and bytes(v) == large_values[size]
-        # put_many of large values; a rewrite of the same length stays in its run.
+        # put_many of large values; a rewrite of the same length is written over its chunks.
         adm = c.put_many([3, 4], [large_values[2 * MiB][::-1], large_values[16 * MiB][::-1]], scores=[9.0, 9.0])
         assert adm.all()
         assert c.get(3) == large_values[2 * MiB][::-1] and c.get(4) == large_values[16 * MiB][::-1]
         assert c.put(4, large_values[16 * MiB], score=9.0)
         assert c.get(4) == large_values[16 * MiB]
-        # Large to small and back: the run's pages go back to the free page list.
+        # Large to small and back: the chunks' pages go back to the free page list.
         assert c.put(2, b"t" * 500, score=8.0) and c.get(2) == b"t" * 500
         c.check()
         assert c.put(2, large_values[64 * MiB], score=8.0) and c.get(2) == large_values[64 * MiB]
@@ -52,8 +53,8 @@ def test_large_values_round_trip(cache_name, policy, large_values):
 
 @pytest.mark.parametrize("policy", ["importance", "lru", "fifo", "clairvoyant"])
 def test_large_and_small_values_take_memory_from_each_other(cache_name, policy):
-    """A cache full of small values makes room for a 16 MiB value (its slab pages empty and form a
-    run), and small values make room again by evicting it."""
+    """A cache full of small values makes room for a 16 MiB value (the small values' pages empty,
+    and go to its chunks), and small values make room again by evicting it."""
     n = 12_000
     with sc.Cache.create(cache_name, num_samples=n, capacity_bytes=24 * MiB, policy=policy) as c:
         small = 0
@@ -73,22 +74,22 @@ def test_large_and_small_values_take_memory_from_each_other(cache_name, policy):
             assert v is None or verify_value(i, v) == ""
 
 
-def test_a_view_keeps_a_replaced_large_value(cache_name, large_values):
+def test_a_view_of_a_large_value_is_a_copy_that_outlives_it(cache_name, large_values):
+    """A value in chunks is not contiguous: its view is a private copy, so replacing, evicting or
+    removing the value leaves no zombie and the view still shows the bytes it was made from."""
     v16 = large_values[16 * MiB]
     with sc.Cache.create(cache_name, num_samples=10, capacity_bytes=40 * MiB, policy="lru") as c:
         assert c.put(0, v16)
         view = c.view(0)
-        assert c.put(0, v16[::-1])      # the old run is a zombie while the view holds it
-        assert c.stats()["zombies"] == 1
+        assert c.put(0, v16[::-1])
+        assert c.stats()["zombies"] == 0 and c.stats()["pinned"] == 0
         assert c.get(0) == v16[::-1]
         c.check()
         assert bytes(view) == v16
-        # 40 pages: the zombie's 17 and id 0's 17 leave no run of 17, so id 0 is evicted for id 1.
-        assert c.put(1, v16) and c.get(1) == v16 and c.get(0) is None
+        assert c.put(1, v16) and c.get(1) == v16   # 40 MiB holds two 16 MiB values
+        assert c.put(2, v16) and c.get(2) == v16 and c.get(0) is None
         assert bytes(view) == v16
         view.release()
-        assert c.put(2, v16) and c.get(2) == v16  # the zombie's pages came back
-        assert c.stats()["zombies"] == 0
         c.check()
 
 

@@ -81,7 +81,7 @@ MiB = 1 << 20
 
 @pytest.mark.parametrize("policy", ["importance", "lru"])
 def test_four_processes_large_values(cache_name, policy):
-    """Values of 2, 16 and 64 MiB (runs of pages) next to small ones, four processes at once."""
+    """Values of 2, 16 and 64 MiB (chains of chunks) next to small ones, four processes at once."""
     sizes, n = (3000, 2 * MiB, 16 * MiB, 64 * MiB), 40
     with sc.Cache.create(cache_name, num_samples=n, capacity_bytes=160 * MiB, policy=policy) as cache:
         procs, queues = [], []

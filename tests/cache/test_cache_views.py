@@ -25,8 +25,10 @@ from crashing import attach_armed
 from values import make_value, verify_value
 
 MiB = 1 << 20
-# 64 KiB slab pages: a 1-4 MiB cache has 16-64 pages, so memory moves between classes often.
-SMALL_PAGES = (64 << 10) - 32
+SMALL_PAGES = (64 << 10) - 32  # a max_item_bytes limit, passed as users do
+# A value smaller than the cache's chunk_size is one slot, which a view pins (zero copy); a larger
+# one is a chain of chunks, whose view is a private copy. A 1 MiB cache has 1 KiB chunks, a 4 MiB
+# one 4 KiB chunks: the tests that pin pick their sizes (or caches) accordingly.
 
 
 def _pins(c):
@@ -76,8 +78,9 @@ def _version(value):
 
 def test_view_basics_buffer_protocol_zero_copy_and_release(cache_name):
     """view(i) shows exactly get(i)'s bytes for every size (0 B too), returns None on a miss and
-    rejects bad ids like get(); the buffer is read-only, 1-D, format 'B', and zero copy (two views
-    of one id share one address, inside the mapped segment, unlike a copy); len/id/released work;
+    rejects bad ids like get(); the buffer is read-only, 1-D, format 'B', and zero copy for a value
+    smaller than a chunk (two views of one id share one address, inside the mapped segment,
+    unlike a copy), a private copy for a larger one (nothing pinned); len/id/released work;
     `with` releases; release() is idempotent, refused (BufferError) while a memoryview or numpy
     array is exported, and afterwards exporting raises ValueError naming "released"; a garbage
     collected view unpins; stats() counts pinned slots."""
@@ -123,8 +126,10 @@ def test_view_basics_buffer_protocol_zero_copy_and_release(cache_name):
             with pytest.raises(TypeError):
                 c.view(bad)
 
-        # Zero copy: both views of id 7 expose the same shared-memory bytes; a copy lives elsewhere.
-        v1, v2 = c.view(7), c.view(7)
+        # Zero copy: both views of id 4 (1000 B, below the chunk size) expose the same
+        # shared-memory bytes; a copy lives elsewhere.
+        assert sizes[4] < c.stats()["chunk_size"] < sizes[7]
+        v1, v2 = c.view(4), c.view(4)
         a1, a2 = np.frombuffer(v1, np.uint8), np.frombuffer(v2, np.uint8)
         assert a1.ctypes.data == a2.ctypes.data
         copy = np.frombuffer(bytes(v1), np.uint8)
@@ -133,15 +138,22 @@ def test_view_basics_buffer_protocol_zero_copy_and_release(cache_name):
         assert ranges, "the segment is mapped in this process"
         assert any(lo <= a1.ctypes.data and a1.ctypes.data + len(v1) <= hi for lo, hi in ranges), \
             "the view points into the mapped shared-memory segment"
-        v6 = c.view(6)
+        v6 = c.view(3)
         assert _addr(v6) != a1.ctypes.data
-        assert c.stats()["pinned"] >= 2
+        assert c.stats()["pinned"] == 3
+        # A value in chunks (id 7, 60 KB): each view is a private copy, outside the segment.
+        w1, w2 = c.view(7), c.view(7)
+        assert bytes(w1) == bytes(w2) == values[7] and _addr(w1) != _addr(w2)
+        assert not any(lo <= _addr(w1) < hi for lo, hi in ranges)
+        assert c.stats()["pinned"] == 3
+        w1.release()
+        w2.release()
 
         # release() refused while buffers are exported, then works; idempotent.
         mv = memoryview(v1)
         with pytest.raises(BufferError):
             v1.release()
-        assert not v1.released and bytes(v1) == values[7]
+        assert not v1.released and bytes(v1) == values[4]
         mv.release()
         with pytest.raises(BufferError):
             v1.release()  # the numpy array a1 still holds an export
@@ -152,15 +164,15 @@ def test_view_basics_buffer_protocol_zero_copy_and_release(cache_name):
         assert v1.released
         with pytest.raises(ValueError, match="released"):
             memoryview(v1)
-        assert a2.tobytes() == values[7], "the other view of id 7 is unaffected"
+        assert a2.tobytes() == values[4], "the other view of id 4 is unaffected"
         del a2, copy
         v2.release()
         v6.release()
         assert _pins(c) == (0, 0)
 
         # Context manager releases at exit, even on an exception.
-        with c.view(4) as v:
-            assert v.id == 4 and bytes(v) == values[4]
+        with c.view(2) as v:
+            assert v.id == 2 and bytes(v) == values[2]
             assert c.stats()["pinned"] == 1
         assert v.released and c.stats()["pinned"] == 0
         with pytest.raises(RuntimeError):
@@ -219,26 +231,24 @@ def test_replace_and_remove_keep_the_viewed_bytes(cache_name):
 
 
 def test_eviction_skips_pinned_values(cache_name):
-    """LRU in one 64 KiB page of 16 slots: the two oldest values are viewed, so each put past
-    capacity evicts the oldest UNpinned value; the viewed ones stay cached and intact."""
-    with sc.Cache.create(cache_name, num_samples=1000, capacity_bytes=64 * 1024, max_item_bytes=4000,
-                         policy="lru") as c:
-        vals = {i: make_value(i, 0, 4000) for i in range(16)}
-        for i in range(16):
-            c.put(i, vals[i])
-        assert c.stats()["evictions"] == 0 and c.stats()["items"] == 16
+    """LRU: the two oldest values are viewed, so each put past capacity evicts the oldest UNpinned
+    value; after a whole cache's worth of puts the viewed ones are still cached and intact."""
+    with sc.Cache.create(cache_name, num_samples=5000, capacity_bytes=MiB, policy="lru") as c:
+        vals = {i: make_value(i, 0, 900) for i in range(5000)}
+        c.put(0, vals[0])
+        c.put(1, vals[1])
         v0, v1 = c.view(0), c.view(1)
-        assert c.put(100, make_value(100, 0, 4000))
-        assert c.contains(0) and c.contains(1) and not c.contains(2) and c.contains(100)
-        assert c.stats()["evictions"] == 1
-        for k in range(101, 114):
-            assert c.put(k, make_value(k, 0, 4000))
+        assert c.stats()["pinned"] == 2
+        k = 2
+        while c.stats()["evictions"] == 0:
+            assert c.put(k, vals[k])
+            k += 1
+        assert c.contains(0) and c.contains(1) and not c.contains(2) and c.contains(k - 1)
+        items = c.stats()["items"]
+        for j in range(k, k + items):
+            assert c.put(j, vals[j])
         cached = set(np.flatnonzero(c.cached_mask()).tolist())
-        assert cached == {0, 1} | set(range(100, 114)), sorted(cached)
-        # 0 and 1 are now the least recently used of all (even if view() counted as an access):
-        # the next put must pass over them and evict 100.
-        assert c.put(114, make_value(114, 0, 4000))
-        assert c.contains(0) and c.contains(1) and not c.contains(100) and c.contains(114)
+        assert {0, 1} <= cached and not cached & set(range(2, k)), sorted(cached)[:10]
         assert bytes(v0) == vals[0] and bytes(v1) == vals[1]
         assert c.get(0) == vals[0] and c.get(1) == vals[1]
         v0.release()
@@ -247,27 +257,27 @@ def test_eviction_skips_pinned_values(cache_name):
 
 
 def test_page_moves_skip_pages_holding_pinned_values(cache_name):
-    """A 1 MiB cache (16 pages of 64 KiB) full of 3 KB values, two of them viewed, then flooded
-    with 60 KB values: most pages move to the large class, but never a page holding a pinned
-    value: the viewed ids stay cached, with their original bytes at their original address."""
-    with sc.Cache.create(cache_name, num_samples=2000, capacity_bytes=MiB,
+    """A 4 MiB cache full of 3 KB values, two of them viewed, then flooded with 60 KB values: the
+    memory of the 3 KB values moves to the large ones (pages emptied by evicting and by moving
+    values), but a page holding a pinned value is never emptied: the viewed ids stay cached, with
+    their original bytes at their original address."""
+    with sc.Cache.create(cache_name, num_samples=2000, capacity_bytes=4 * MiB,
                          max_item_bytes=SMALL_PAGES, policy="lru") as c:
-        small = {i: make_value(i, 0, 3000) for i in range(300)}
+        assert c.stats()["chunk_size"] > 3000
+        small = {i: make_value(i, 0, 3000) for i in range(1300)}
         for i, value in small.items():
             c.put(i, value)
-        pinned_ids = (0, 150)
+        pinned_ids = (0, 650)
         views = [c.view(i) for i in pinned_ids]
         addrs = [_addr(v) for v in views]
-        for k in range(40):
-            c.put(1000 + k, make_value(1000 + k, 1, 60_000))
-        s = c.stats()
-        assert s["page_moves"] >= 10, s
+        for k in range(60):
+            c.put(1000 + 400 + k, make_value(1400 + k, 1, 60_000))
         for i, v, a in zip(pinned_ids, views, addrs):
             assert bytes(v) == small[i] and _addr(v) == a
             assert c.get(i) == small[i], f"pinned id {i} was evicted"
-        big = [c.get(1000 + k) for k in range(40)]
-        assert sum(b is not None for b in big) >= 10
-        assert all(verify_value(1000 + k, b) == "" for k, b in enumerate(big) if b is not None)
+        big = [c.get(1400 + k) for k in range(60)]
+        assert sum(b is not None for b in big) >= 50
+        assert all(verify_value(1400 + k, b) == "" for k, b in enumerate(big) if b is not None)
         c.check()
         _release_and_expect_clean(c, views, 1999)
 
@@ -509,8 +519,8 @@ def test_pins_of_a_killed_process_are_not_leaked(cache_name):
                          max_item_bytes=SMALL_PAGES, policy="lru") as cache:
         for i in range(60):
             # id 50 (the live view of this process) sits in another size class, so no page holds
-            # both a live pin and the dead child's pins.
-            cache.put(i, make_value(i, 0, 5000 if i == 50 else 1000))
+            # both a live pin and the dead child's pins (both sizes below the 1 KiB chunks).
+            cache.put(i, make_value(i, 0, 500 if i == 50 else 1000))
         mine = cache.view(50)
         ctx = mp.get_context("fork")
         out = ctx.Queue()
@@ -537,7 +547,7 @@ def test_pins_of_a_killed_process_are_not_leaked(cache_name):
         assert done, f"values pinned by the dead process are never evicted / freed: {s}, " \
                      f"still cached: {[j for j in dead_live if cache.contains(j)]}"
         assert s["pinned"] == 1 and s["zombies"] == 0 and s["evictions"] > 0, s
-        assert bytes(mine) == make_value(50, 0, 5000) and cache.get(50) == make_value(50, 0, 5000)
+        assert bytes(mine) == make_value(50, 0, 500) and cache.get(50) == make_value(50, 0, 500)
         cache.check()
         mine.release()
         cache.put(51, b"y")
@@ -593,13 +603,15 @@ def _read_until(name, sample_id, allowed, deadline, q):
 def test_repair_of_a_torn_rewrite_under_a_stale_pin_never_exposes_torn_bytes(cache_name):
     """A writer killed half way through rewriting id X in place leaves X's slot torn (seq odd)
     while the index still names it; a reader that raced it left a pin entry on that slot. The
-    repair keeps the slot (a zombie: the entry may be a view) but no get or view ever returns
-    its half-written bytes, before, during or after the repair."""
+    repair frees the slot (a torn slot is never under a view that was handed out: a writer checks
+    the pins before it writes) and no get or view ever returns its half-written bytes, before,
+    during or after the repair."""
     n, size = 2_000_000, 4000
     x = n - 1  # the repair clears stale index entries in id order: X last, the widest window
     old, new = b"A" * size, b"B" * size
     ctx = mp.get_context("fork")
-    with sc.Cache.create(cache_name, num_samples=n, capacity_bytes=4 * MiB, max_item_bytes=size) as c:
+    with sc.Cache.create(cache_name, num_samples=n, capacity_bytes=32 * MiB, max_item_bytes=size) as c:
+        assert c.stats()["chunk_size"] > size  # one slot: rewritten in place
         c.put(x, old)
         w = ctx.Process(target=_torn_rewrite, args=(cache_name, x, new))
         w.start()
@@ -616,7 +628,7 @@ def test_repair_of_a_torn_rewrite_under_a_stale_pin_never_exposes_torn_bytes(cac
         r.join()
         assert c.stats()["recoveries"] == 1
         assert tries > 0 and bad == 0, f"{bad} torn values in {tries} get+view rounds"
-        assert c.get(x) is None and _pins(c) == (1, 1)
+        assert c.get(x) is None and _pins(c) == (1, 0)
         c.check()
         c._core._stale_unpin(token)
         c.put(1, b"y")
@@ -645,7 +657,7 @@ def _write_without_proc(name):
 def test_a_pinner_whose_start_time_cannot_be_read_is_not_reaped(cache_name):
     """A writer that cannot read /proc/<pid>/stat (fd limit, hidepid) must treat the pinning
     process as alive: reaping a live owner would free and reuse the slot under its view."""
-    with sc.Cache.create(cache_name, num_samples=1000, capacity_bytes=256 << 10, max_item_bytes=1000) as c:
+    with sc.Cache.create(cache_name, num_samples=1000, capacity_bytes=MiB, max_item_bytes=1000) as c:
         c.put(0, b"O" * 1000)
         with c.view(0) as v:
             p = mp.get_context("fork").Process(target=_write_without_proc, args=(cache_name,))
@@ -740,7 +752,7 @@ def test_close_with_open_views(cache_name):
     the views (and a numpy array exported from one) stay readable with unchanged bytes, even while
     another handle re-puts, removes and churns those ids; the pins still count; releasing them
     afterwards works, pins and zombies go to 0 on the next write."""
-    c = sc.Cache.create(cache_name, num_samples=1000, capacity_bytes=MiB, max_item_bytes=SMALL_PAGES,
+    c = sc.Cache.create(cache_name, num_samples=1000, capacity_bytes=4 * MiB, max_item_bytes=SMALL_PAGES,
                         policy="lru")
     try:
         vals = {i: make_value(i, 0, 2000) for i in range(10)}
@@ -898,9 +910,9 @@ def test_torch_frombuffer_is_zero_copy_and_keeps_the_pin(cache_name):
     the tensor keeps the view object, so dropping the view while the tensor lives keeps the pin and
     the bytes survive a re-put of the id; dropping the tensor unpins."""
     torch = pytest.importorskip("torch")
-    with sc.Cache.create(cache_name, num_samples=100, capacity_bytes=MiB, max_item_bytes=SMALL_PAGES,
+    with sc.Cache.create(cache_name, num_samples=100, capacity_bytes=4 * MiB, max_item_bytes=SMALL_PAGES,
                          policy="lru") as c:
-        value = make_value(7, 0, 5000)
+        value = make_value(7, 0, 3000)
         c.put(7, value)
         v = c.view(7)
         with warnings.catch_warnings():
@@ -912,7 +924,7 @@ def test_torch_frombuffer_is_zero_copy_and_keeps_the_pin(cache_name):
         del v
         gc.collect()
         assert c.stats()["pinned"] == 1, "the tensor keeps the view (and its pin) alive"
-        assert c.put(7, make_value(7, 1, 5000)) and c.put(7, make_value(7, 2, 9000))
+        assert c.put(7, make_value(7, 1, 3000)) and c.put(7, make_value(7, 2, 9000))
         assert t.numpy().tobytes() == value
         assert c.get(7) == make_value(7, 2, 9000)
         del t

@@ -6,13 +6,20 @@ import pytest
 
 import shadecache as sc
 from shadecache import _core
+from sizing import capacity_holding
 from values import make_value
 
-KB4 = 4000   # with max_item_bytes=4000 a 64 KiB cache holds 16 such values (test_cache_basic)
+KB4 = 4000
 
 
-def _full(name, n=1000, **kw):
-    c = sc.Cache.create(name, num_samples=n, capacity_bytes=64 * 1024, max_item_bytes=KB4,
+@pytest.fixture(scope="module")
+def cap16():
+    """A capacity that holds exactly 16 values of KB4 bytes in a cache of 1000 ids."""
+    return capacity_holding(16, KB4, 1000, "clairvoyant")
+
+
+def _full(name, cap16, n=1000, **kw):
+    c = sc.Cache.create(name, num_samples=n, capacity_bytes=cap16, max_item_bytes=KB4,
                         policy="clairvoyant", **kw)
     for i in range(16):   # distinct scores: a full cache admits only a key above the lowest
         assert c.put(i, make_value(i, 0, KB4), score=float(i + 1))
@@ -24,8 +31,8 @@ def _cached(c, ids):
     return [i for i in ids if c.contains(i)]
 
 
-def test_farthest_next_use_goes_first_and_later_newcomers_are_refused(cache_name):
-    with _full(cache_name) as c:
+def test_farthest_next_use_goes_first_and_later_newcomers_are_refused(cache_name, cap16):
+    with _full(cache_name, cap16) as c:
         c.set_next_use(np.arange(16), 100 + np.arange(16) * 10)     # 15 is read last (250)
         assert c.put(100, make_value(100, 0, KB4), score=0.0) is False, \
             "no known next use: a score of 0 does not beat any known next use"
@@ -43,8 +50,8 @@ def test_farthest_next_use_goes_first_and_later_newcomers_are_refused(cache_name
         c.check()
 
 
-def test_unknown_next_use_ordered_by_importance_below_every_known(cache_name):
-    with _full(cache_name) as c:
+def test_unknown_next_use_ordered_by_importance_below_every_known(cache_name, cap16):
+    with _full(cache_name, cap16) as c:
         c.update_scores(np.arange(16), np.arange(16, dtype=np.float32) + 1e6)  # huge scores
         c.set_next_use([3], [10 ** 11])     # one known use, very far away
         c.set_next_use([0, 1, 2], [-1, -1, -1])
@@ -59,8 +66,8 @@ def test_unknown_next_use_ordered_by_importance_below_every_known(cache_name):
         c.check()
 
 
-def test_blend_weight_trades_positions_for_score(cache_name):
-    with _full(cache_name, blend=0.0) as c:
+def test_blend_weight_trades_positions_for_score(cache_name, cap16):
+    with _full(cache_name, cap16, blend=0.0) as c:
         assert c.policy_weight == 0.0
         c.set_next_use(np.arange(16), np.arange(16) * 10)
         c.update_scores([15], [100.0])       # 15 is read last but matters
@@ -80,8 +87,9 @@ def test_no_published_order_behaves_as_importance(cache_name):
     ops = [(int(rng.integers(500)), float(rng.random())) for _ in range(300)]
     kept = {}
     for policy in ("importance", "clairvoyant"):
-        with sc.Cache.create(f"{cache_name}-{policy}", num_samples=500, capacity_bytes=64 * 1024,
-                             max_item_bytes=KB4, policy=policy) as c:
+        # each policy's own capacity for 16 values (clairvoyant keeps a tick per id on top)
+        with sc.Cache.create(f"{cache_name}-{policy}", num_samples=500, max_item_bytes=KB4, policy=policy,
+                             capacity_bytes=capacity_holding(16, KB4, 500, policy)) as c:
             for i, score in ops:
                 c.put(i, make_value(i, 0, KB4), score=score)
             c.update_scores(np.arange(0, 500, 7), np.full(72, 0.5, np.float32))
@@ -92,8 +100,8 @@ def test_no_published_order_behaves_as_importance(cache_name):
     assert (kept["importance"] == kept["clairvoyant"]).all()
 
 
-def test_set_next_use_checks_the_whole_batch_first(cache_name):
-    with _full(cache_name) as c:
+def test_set_next_use_checks_the_whole_batch_first(cache_name, cap16):
+    with _full(cache_name, cap16) as c:
         c.set_next_use(np.arange(16), np.arange(16))
         with pytest.raises(IndexError):
             c.set_next_use([0, 1000], [5, 5])
@@ -137,7 +145,7 @@ def test_other_policies_ignore_next_use_and_have_no_blend(cache_name):
     assert cache_name not in sc.cache.list_caches()
 
 
-def test_check_knows_the_keys(cache_name):
+def test_check_knows_the_keys(cache_name, cap16):
     # A writer killed between a next-use store and its rekey leaves exactly the state that
     # check() must call wrong and repair must put right: the crash point sits between batch halves.
     import multiprocessing as mp
@@ -149,7 +157,7 @@ def test_check_knows_the_keys(cache_name):
         c = attach_armed(name, _core.CRASH_POINTS["next_use_mid"], 1)
         c.set_next_use(np.arange(16), np.arange(16)[::-1].copy() * 3)
 
-    with _full(cache_name) as c:
+    with _full(cache_name, cap16) as c:
         c.set_next_use(np.arange(16), np.arange(16))
         p = mp.get_context("fork").Process(target=writer, args=(cache_name,))
         p.start()
@@ -167,7 +175,8 @@ def test_check_knows_the_keys(cache_name):
 def test_sampler_publishes_and_the_policy_keeps_what_is_read_soonest(cache_name):
     torch = pytest.importorskip("torch")  # noqa: F841  (ShadeSampler needs torch)
     n = 64
-    with sc.Cache.create(cache_name, num_samples=n, capacity_bytes=64 * 1024, max_item_bytes=KB4,
+    with sc.Cache.create(cache_name, num_samples=n, capacity_bytes=capacity_holding(16, KB4, n, "clairvoyant"),
+                         max_item_bytes=KB4,
                          policy="clairvoyant") as c, sc.OrderBoard.create(cache_name, n) as board:
         for i in range(16):
             assert c.put(i, make_value(i, 0, KB4), score=float(i + 1))

@@ -37,7 +37,7 @@ import time
 import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SURFACES = ("store", "cache", "cli")
+SURFACES = ("store", "cache", "cli", "peer")
 
 
 class Finding(Exception):

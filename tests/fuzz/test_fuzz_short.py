@@ -11,7 +11,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import fuzz_harness  # noqa: E402
 
-SHORT = {"store": 1500, "cache": 300, "cli": 150}
+SHORT = {"store": 1500, "cache": 300, "cli": 150, "peer": 3000}
 
 
 @pytest.mark.parametrize("surface", sorted(SHORT))

@@ -16,6 +16,7 @@ import shadecache as sc
 from shadecache import _core
 from shadecache.demo import synthetic
 from shadecache.loader import loader as loader_module
+from shadecache.loader.batches import narrow_labels
 from values import make_value, verify_value
 
 N, SIZE = 300, 8                 # fixed size: 300 images of 8x8 = 64 bytes
@@ -327,7 +328,7 @@ def test_native_gather_rejects_labels_it_would_misread(cache_factory):
 def test_narrowed_labels_keep_their_values(fixed_store):
     for values, dtype in (([0, 127, -128], np.int8), ([0, 128], np.int16), ([-40000, 3], np.int32),
                           ([2 ** 40, 0], np.int64), ([], np.int8)):
-        a = loader_module._narrow(np.array(values, dtype=np.int64))
+        a = narrow_labels(np.array(values, dtype=np.int64))
         assert a.dtype == dtype and a.tolist() == values
 
 

@@ -12,7 +12,8 @@ import pytest
 
 import shadecache as sc
 from shadecache.lookahead import board as order_mod
-from shadecache.lookahead.board import NONE, OrderBoard, belady_hits
+from shadecache.lookahead.belady import belady_hits
+from shadecache.lookahead.board import NONE, OrderBoard
 
 
 @pytest.fixture
@@ -433,8 +434,8 @@ def test_ids_that_drop_out_of_the_board_lose_their_next_use_in_the_cache(board_n
     the clairvoyant cache goes back to what the board says (none), so they are not kept as if
     needed soonest and the next real read is admitted (a head that did not come)."""
     n = 300
-    with sc.Cache.create(board_name, num_samples=n, capacity_bytes=20 * 1000, policy="clairvoyant",
-                         sizes=[1000] * n) as cache, OrderBoard.create(board_name, n) as b:
+    with sc.Cache.create(board_name, num_samples=n, capacity_bytes=sc.Cache.capacity_for(20, [1000] * n),
+                         policy="clairvoyant", sizes=[1000] * n) as cache, OrderBoard.create(board_name, n) as b:
         pushed = {}
         real = cache.set_next_use
 
@@ -465,8 +466,10 @@ def test_ids_that_drop_out_of_the_board_lose_their_next_use_in_the_cache(board_n
         assert all(pushed.get(i, -1) == -1 for i in stale), [(i, pushed[i]) for i in stale[:5]]
         assert all(pushed.get(i, -1) == nu[i] for i in range(n) if i in pushed)
         val = b"v" * 1000
-        for i in stale[:20]:
-            cache.put_many([i], [val])
+        refused = 0
+        for i in stale:                      # fill the cache with them
+            refused += not np.asarray(cache.put_many([i], [val]), bool)[0]
+        assert refused, "the cache must be full of stale ids for the next put to evict one"
         y = int(s.order()[0])                # the next real read is admitted over them
         assert np.asarray(cache.put_many([y], [val]), bool)[0]
         cache.check()

@@ -245,6 +245,32 @@ def test_one_prefetcher_per_node_and_a_clean_stop(store_path, name):
             sc.Prefetcher(c, store)                 # no order board for this cache
 
 
+def test_the_prefetcher_reads_the_ssd_tier_before_the_store(store_path, name, tmp_path):
+    """The prefetcher reads through the node's tier chain: what the SSD tier holds comes from the
+    SSD tier, not the store. The SSD tier here holds other bytes than the store for some ids (the
+    tier checks its own crc32c, not the store's), so the bytes in the cache say which tier served."""
+    store = sc.PackedStore(store_path)
+    ssd = sc.SSDTier(tmp_path / "ssd", capacity_bytes=8 << 20, fingerprint=store.fingerprint)
+    marked = list(range(0, 200, 4))
+    ssd.put_many(marked, [b"ssd:" + bytes(str(i), "ascii") for i in marked])
+    ssd.flush()
+    order = np.arange(200)
+    with sc.Cache.create(name, num_samples=N, capacity_bytes=4 << 20, sizes=store.lengths) as c, \
+            OrderBoard.create(name, N) as board:
+        board.publish(0, 0, order)
+        with sc.Prefetcher(c, store, ssd=ssd, lookahead_samples=200, batch=32):
+            deadline = time.monotonic() + 60
+            while not c.cached_mask()[order].all():
+                assert time.monotonic() < deadline, "the prefetcher did not bring the window in"
+                time.sleep(0.05)
+        got = c.get_many(order)
+        assert [got[i] for i in marked] == [b"ssd:" + bytes(str(i), "ascii") for i in marked]
+        rest = [i for i in order.tolist() if i not in set(marked)]
+        assert [got[i] for i in rest] == store.read_many(rest)
+        c.check()
+    ssd.close()
+
+
 def test_the_prefetcher_dies_with_its_parent(store_path, name, tmp_path):
     """A job SIGKILLed leaves no prefetcher behind (PR_SET_PDEATHSIG and a parent check)."""
     script = tmp_path / "job.py"

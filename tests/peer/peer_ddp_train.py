@@ -37,7 +37,7 @@ def main(store_path, outdir, job, epochs):
     dist.barrier()
     if local_rank != 0:
         cache = sc.Cache.attach(name)
-    cluster = sc.Cluster.from_torch(cache, secret="ddp-secret", store=store, timeout=1.0)
+    cluster = sc.Cluster.from_torch(cache, store=store, timeout=1.0)   # the secret: $SHADECACHE_SECRET
     decode = functools.partial(synthetic.decode, size=SIZE)
     ds = sc.CachedDataset(store, cache, cluster=cluster, decode=decode)
     sampler = sc.ShadeSampler(ds, cache=cache, batch_size=16, seed=1)

@@ -2,7 +2,9 @@
 (read-through over the shared store), a Cluster of all nodes, and epochs of reads through
 CachedDataset whose every byte is checked against the store.
 
-    python tests/peer/peer_node.py NODE NUM_NODES STORE WORKDIR SECRET EPOCHS CAPACITY [HOST]
+    python tests/peer/peer_node.py NODE NUM_NODES STORE WORKDIR EPOCHS CAPACITY [HOST]
+
+The job's secret comes from $SHADECACHE_SECRET (never the command line).
 
 HOST is the address its server binds (default 127.0.0.1; the address of its network namespace
 when the test runs the node inside one).
@@ -25,11 +27,11 @@ import numpy as np
 import shadecache as sc
 
 
-def main(node, num_nodes, store_path, workdir, secret, epochs, capacity, host="127.0.0.1"):
+def main(node, num_nodes, store_path, workdir, epochs, capacity, host="127.0.0.1"):
     store = sc.PackedStore(store_path)
     n = len(store)
     cache = sc.Cache.create(f"peer-node-{os.getpid()}-{node}", n, capacity, policy="lru", max_item_bytes=4096)
-    server = sc.serve(cache, host=host, secret=secret, store=store)
+    server = sc.serve(cache, host=host, store=store)
     with open(os.path.join(workdir, f"addr.{node}.tmp"), "w") as f:
         f.write(f"{server.address} {server.pid}")
     os.rename(os.path.join(workdir, f"addr.{node}.tmp"), os.path.join(workdir, f"addr.{node}"))
@@ -39,7 +41,7 @@ def main(node, num_nodes, store_path, workdir, secret, epochs, capacity, host="1
         while not os.path.exists(p):
             time.sleep(0.02)
         addresses.append(open(p).read().split()[0])
-    cluster = sc.Cluster(addresses, node, secret=secret, timeout=0.5, backoff=(0.2, 1.0))
+    cluster = sc.Cluster(addresses, node, timeout=0.5, backoff=(0.2, 1.0))
     ds = sc.CachedDataset(store, cache, cluster=cluster)
     truth = sc.PackedStore(store_path)
     mine = np.arange(node, n, num_nodes)
@@ -75,4 +77,4 @@ def main(node, num_nodes, store_path, workdir, secret, epochs, capacity, host="1
 
 if __name__ == "__main__":
     a = sys.argv[1:]
-    sys.exit(main(int(a[0]), int(a[1]), a[2], a[3], a[4], int(a[5]), int(a[6]), *a[7:]))
+    sys.exit(main(int(a[0]), int(a[1]), a[2], a[3], int(a[4]), int(a[5]), *a[6:]))

@@ -1,8 +1,14 @@
 """The native reply reader (bindings/peer_io.cc) against a hand-written server on 127.0.0.1 that
-sends good, corrupt, mismatched, truncated and stalled GET replies: the client returns exact bytes
-for the good ones, refuses (None) a value that fails its crc32c, and raises for every other
-(ProtocolError, RemoteError, ConnectionError, socket.timeout), never returning a wrong byte."""
+runs the real handshake, then sends good, corrupt, mismatched, truncated, stalled, forged,
+replayed and reordered GET replies: the client returns exact bytes for the good ones, refuses
+(None) a value that fails its crc32c, and raises for every other (ProtocolError, RemoteError,
+ForgedFrameError, ConnectionError, socket.timeout), never returning a wrong byte. Also: a hostile
+endpoint cannot make a connecting client allocate what its headers claim, nor hold it past the
+caller's deadline (that one: tests/test_peer_security.py)."""
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -10,12 +16,20 @@ import numpy as np
 import pytest
 
 from shadecache._io import crc32c
-from shadecache.peer import PeerClient, ProtocolError, RemoteError, auth, wire
+from shadecache.peer import ForgedFrameError, PeerClient, ProtocolError, RemoteError, auth, new_secret, wire
 
 VALUES = {3: b"abc" * 1000, 7: b"", 9: bytes(range(256)) * 40}
+N = 16
+DATASET = (None, N)
+SECRET = new_secret()
+KEY = SECRET.encode()
+IDENTITY = (bytes(32), N)
 
 
-def _reply(ids, opaque, mutate=None, status=0):
+def _sealed_reply(session, ids, opaque, status=0, table_edit=None, values_edit=None, head_edit=None):
+    """One GET_REPLY chunk for `ids`, sealed with the connection's keys (two records: the table,
+    then the values). The edits change the plain table, the plain values or the clear header
+    before sealing (a lying but authenticated server)."""
     entries = np.zeros(len(ids), dtype=wire.ENTRY)
     vals = []
     for k, i in enumerate(ids):
@@ -26,14 +40,21 @@ def _reply(ids, opaque, mutate=None, status=0):
             vals.append(VALUES[i])
         else:
             entries[k]["length"] = wire.MISS
-    body = bytearray(entries.tobytes() + b"".join(vals))
-    head = bytearray(wire.pack_header(wire.GET_REPLY, len(ids), len(body), opaque, status))
-    if mutate:
-        head, body = mutate(head, body)
-    return bytes(head) + bytes(body)
+    table = bytearray(entries.tobytes())
+    values = bytearray(b"".join(vals))
+    if table_edit:
+        table_edit(table)
+    if values_edit:
+        values_edit(values)
+    head = bytearray(wire.pack_header(wire.GET_REPLY, len(ids), len(table) + len(values), opaque, status))
+    if head_edit:
+        head_edit(head)
+    return bytes(head) + session.seal(bytes(head), bytes(table)) + session.seal(b"", bytes(values))
 
 
 def _serve(behaviour):
+    """A one-connection server speaking the real handshake; `behaviour(conn, session, ids, opaque)`
+    answers the first GET."""
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen(1)
@@ -41,48 +62,85 @@ def _serve(behaviour):
     def run():
         conn, _ = srv.accept()
         with conn:
-            auth.server_handshake(conn, b"")
-            _, _, count, opaque, body = wire.recv_message(conn)
-            ids = np.frombuffer(bytes(body), dtype="<u8").tolist()
-            behaviour(conn, ids, opaque)
+            session = auth.server_handshake(conn, KEY, IDENTITY, time.monotonic() + 5)
+            code, detail = session.recv_message(conn.fileno(), [wire.GET], 5, 5)
+            assert code == 0, detail
+            ids = np.frombuffer(detail[4], dtype="<u8").tolist()
+            behaviour(conn, session, ids, detail[3])
             time.sleep(0.5)
 
     threading.Thread(target=run, daemon=True).start()
     return "127.0.0.1:%d" % srv.getsockname()[1], srv
 
 
-def _flip_value(head, body):
-    body[-1] ^= 1
-    return head, body
+def _flip(b):
+    b[-1] ^= 1
 
 
-def _wrong_id(head, body):
-    body[0] ^= 1
-    return head, body
+def _first_id(b):
+    b[0] ^= 1
 
 
-def _bad_lengths(head, body):
-    body[8] += 1
-    return head, body
+def _length(b):
+    b[8] += 1
 
 
-def _bad_magic(head, body):
-    head[0:4] = b"XXXX"
-    return head, body
+def _crc(b):
+    b[12] ^= 1
+
+
+def _send(reply):
+    return lambda c, s, ids, op: c.sendall(reply(s, ids, op))
+
+
+def _replayed(s, ids, op):
+    first = _sealed_reply(s, ids[:2], op, status=wire.MORE)
+    return first + first   # the same sealed chunk twice: its sequence number is spent
+
+
+def _reordered(s, ids, op):
+    a = _sealed_reply(s, ids[:2], op, status=wire.MORE)
+    b = _sealed_reply(s, ids[2:], op)
+    return b + a
+
+
+def _tampered(s, ids, op):
+    r = bytearray(_sealed_reply(s, ids, op))
+    r[-wire.TAG_BYTES - 3] ^= 0x40   # a byte of the sealed values, as a middleman would flip it
+    return bytes(r)
+
+
+def _error(s, ids, op):
+    body = b"nope"
+    head = wire.pack_header(wire.ERROR, 0, len(body), op, wire.E_BAD_ID)
+    return head + s.seal(head, body)
+
+
+def _clear_error(s, ids, op):
+    # a middleman's forgery: the text in clear with a made-up tag
+    return wire.error_message(wire.E_BAD_ID, "nope", op) + os.urandom(wire.TAG_BYTES)
 
 
 CASES = {
-    "good": (lambda c, ids, op: c.sendall(_reply(ids, op)), None),
-    "two chunks": (lambda c, ids, op: c.sendall(_reply(ids[:2], op, status=1) + _reply(ids[2:], op)), None),
-    "flipped value": (lambda c, ids, op: c.sendall(_reply(ids, op, _flip_value)), "refused"),
-    "wrong id": (lambda c, ids, op: c.sendall(_reply(ids, op, _wrong_id)), ProtocolError),
-    "lengths do not add up": (lambda c, ids, op: c.sendall(_reply(ids, op, _bad_lengths)), ProtocolError),
-    "bad magic": (lambda c, ids, op: c.sendall(_reply(ids, op, _bad_magic)), ProtocolError),
-    "wrong opaque": (lambda c, ids, op: c.sendall(_reply(ids, op + 1)), ProtocolError),
-    "error reply": (lambda c, ids, op: c.sendall(wire.error_message(wire.E_BAD_ID, "nope", op)), RemoteError),
-    "truncated": (lambda c, ids, op: (c.sendall(_reply(ids, op)[:-5]), c.shutdown(socket.SHUT_WR)), ConnectionError),
-    "stalled": (lambda c, ids, op: (c.sendall(_reply(ids, op)[:100]), time.sleep(2)), socket.timeout),
-    "fewer entries": (lambda c, ids, op: c.sendall(_reply(ids[:2], op)), ProtocolError),
+    "good": (_send(lambda s, ids, op: _sealed_reply(s, ids, op)), None),
+    "two chunks": (_send(lambda s, ids, op: _sealed_reply(s, ids[:2], op, wire.MORE) + _sealed_reply(s, ids[2:], op)),
+                   None),
+    "value fails its crc32c": (_send(lambda s, ids, op: _sealed_reply(s, ids, op, values_edit=_flip)), "refused"),
+    "crc32c wrong in the table": (_send(lambda s, ids, op: _sealed_reply(s, ids, op, table_edit=_crc)), "refused1"),
+    "wrong id": (_send(lambda s, ids, op: _sealed_reply(s, ids, op, table_edit=_first_id)), ProtocolError),
+    "lengths do not add up": (_send(lambda s, ids, op: _sealed_reply(s, ids, op, table_edit=_length)), ProtocolError),
+    "bad magic": (_send(lambda s, ids, op: _sealed_reply(s, ids, op, head_edit=lambda h: h.__setitem__(0, 88))),
+                  ProtocolError),
+    "wrong opaque": (_send(lambda s, ids, op: _sealed_reply(s, ids, op + 1)), ProtocolError),
+    "error reply": (_send(_error), RemoteError),
+    "error reply in clear text": (_send(_clear_error), ForgedFrameError),
+    "tampered value": (_send(_tampered), ForgedFrameError),
+    "replayed chunk": (_send(_replayed), ForgedFrameError),
+    "reordered chunks": (_send(_reordered), ForgedFrameError),
+    "truncated": (lambda c, s, ids, op: (c.sendall(_sealed_reply(s, ids, op)[:-5]), c.shutdown(socket.SHUT_WR)),
+                  ConnectionError),
+    "stalled": (lambda c, s, ids, op: (c.sendall(_sealed_reply(s, ids, op)[:100]), time.sleep(2)), socket.timeout),
+    "fewer entries": (_send(lambda s, ids, op: _sealed_reply(s, ids[:2], op)), ProtocolError),
 }
 
 
@@ -91,13 +149,15 @@ def test_client_checks_every_reply(case):
     behaviour, error = CASES[case]
     address, srv = _serve(behaviour)
     ids = [3, 5, 7, 9]
-    client = PeerClient(address)
+    client = PeerClient(address, SECRET, DATASET)
     try:
         if error is None:
             assert client.get_many(ids, timeout=2) == [VALUES[3], None, VALUES[7], VALUES[9]]
-        elif error == "refused":   # a value failing its crc32c is refused alone; the stream stays
+        elif error in ("refused", "refused1"):
+            # a value failing its crc32c is refused alone; the stream stays in step
             with pytest.warns(RuntimeWarning, match="failed their crc32c"):
-                assert client.get_many(ids, timeout=2) == [VALUES[3], None, VALUES[7], None]
+                got = client.get_many(ids, timeout=2)
+            assert got == ([VALUES[3], None, VALUES[7], None] if error == "refused" else [None, None, VALUES[7], VALUES[9]])
             assert client.refused == 1 and client.sock is not None
         else:
             t0 = time.monotonic()
@@ -108,3 +168,46 @@ def test_client_checks_every_reply(case):
     finally:
         client.close()
         srv.close()
+
+
+def _hostile_endpoint(send):
+    """A listener that answers every connection with `send(conn)` and then holds it open."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+
+    def run():
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=lambda c=conn: (send(c), time.sleep(30)), daemon=True).start()
+
+    threading.Thread(target=run, daemon=True).start()
+    return "127.0.0.1:%d" % srv.getsockname()[1], srv
+
+
+def test_a_header_before_authentication_makes_the_client_allocate_nothing():
+    """A hostile endpoint answers the connection with headers claiming 512 MiB bodies: the client
+    (its own process, peak RSS measured) refuses each without allocating what they claim."""
+    headers = [wire.pack_header(op, 0, 512 << 20) + b"x" * 64 for op in (wire.HELLO, wire.ERROR, wire.GET_REPLY)]
+    endpoints = [_hostile_endpoint(lambda c, h=h: c.sendall(h)) for h in headers]
+    code = f"""
+import resource, sys
+from shadecache.peer import PeerClient
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+for address in {[a for a, _ in endpoints]!r}:
+    try:
+        PeerClient(address, {SECRET!r}, (None, 16)).get_many([1], timeout=2)
+    except Exception as e:
+        print(type(e).__name__)
+print("grew", (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    for _, s in endpoints:
+        s.close()
+    lines = out.stdout.split()
+    assert lines[:3] == ["AuthenticationError"] * 3, out.stdout + out.stderr
+    assert int(lines[-1]) < 32, f"client peak RSS grew {lines[-1]} MiB"

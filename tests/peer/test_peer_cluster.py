@@ -15,13 +15,21 @@ import numpy as np
 import pytest
 
 import shadecache as sc
-from shadecache.peer import AuthenticationError, PeerClient, wire
+from shadecache.peer import AuthenticationError, PeerClient, SecretError, new_secret, wire
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "bench"))
 import netns  # noqa: E402
 N = 600
+SECRET = new_secret()
+
+
+@pytest.fixture(autouse=True)
+def _secret_in_env(monkeypatch):
+    """The job's secret, as a launcher gives it: in the environment (children inherit it)."""
+    monkeypatch.setenv("SHADECACHE_SECRET", SECRET)
+    monkeypatch.delenv("SHADECACHE_SECRET_FILE", raising=False)
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +51,7 @@ def store(store_path):
 
 def _node_cache(cache_factory, store, ids):
     """A cache holding `ids` of the store."""
-    c = cache_factory(N, 8 << 20, "lru", max_item_bytes=4096)
+    c = cache_factory(N, 8 << 20, "lru", max_item_bytes=4096, fingerprint=store.fingerprint)
     ids = list(ids)
     c.put_many(np.asarray(ids, dtype=np.int64), store.read_many(ids))
     return c
@@ -51,8 +59,8 @@ def _node_cache(cache_factory, store, ids):
 
 def test_cross_node_hits_return_exact_bytes(cache_factory, store):
     remote = _node_cache(cache_factory, store, range(0, N, 2))
-    with sc.serve(remote, secret="s3cret") as server:
-        client = PeerClient(server.address, "s3cret")
+    with sc.serve(remote, secret=SECRET, read_through=False) as server:
+        client = PeerClient(server.address, SECRET, store)
         ids = list(range(0, N, 3))
         got = client.get_many(ids, timeout=5)
         want = store.read_many(ids)
@@ -68,7 +76,7 @@ def test_cross_node_hits_return_exact_bytes(cache_factory, store):
 def test_read_through_server_reads_the_store_once_and_caches(cache_factory, store):
     home = cache_factory(N, 8 << 20, "lru", max_item_bytes=4096)
     with sc.serve(home, store=store) as server:
-        client = PeerClient(server.address)
+        client = PeerClient(server.address, dataset=store)
         ids = list(range(100, 200))
         assert client.get_many(ids, timeout=5) == store.read_many(ids)
         assert all(home.contains(i) for i in ids)    # the home node keeps what it owns
@@ -78,13 +86,12 @@ def test_read_through_server_reads_the_store_once_and_caches(cache_factory, stor
         client.close()
 
 
-def test_wrong_or_missing_secret_is_refused_before_any_sample(cache_factory, store):
+def test_wrong_secret_is_refused_before_any_sample(cache_factory, store):
     remote = _node_cache(cache_factory, store, range(N))
-    with sc.serve(remote, secret="right") as server:
-        for secret in ("wrong", None):
-            with pytest.raises(AuthenticationError):
-                PeerClient(server.address, secret).get_many([1, 2, 3], timeout=2)
-        # skipping the handshake: a GET first gets no sample, only an error and a closed socket
+    with sc.serve(remote, read_through=False) as server:
+        with pytest.raises(AuthenticationError):
+            PeerClient(server.address, new_secret(), store).get_many([1, 2, 3], timeout=2)
+        # skipping the handshake: a GET first gets no sample, only the HELLO and an ERROR in clear
         host, port = server.address.split(":")
         with socket.create_connection((host, int(port)), timeout=2) as s:
             s.sendall(wire.pack_header(wire.GET, 1, 8) + np.array([5], "<u8").tobytes())
@@ -96,20 +103,34 @@ def test_wrong_or_missing_secret_is_refused_before_any_sample(cache_factory, sto
                 data += chunk
             assert store.read(5) not in data
             assert wire.MAGIC + bytes([wire.VERSION, wire.HELLO]) == data[:6]   # only the challenge...
-            assert data[wire.HEADER_BYTES + wire.NONCE_BYTES:][4 + 1] == wire.ERROR  # ...then ERROR
-        assert PeerClient(server.address, "right").get_many([5], timeout=2) == [store.read(5)]
-    # a server without a secret and a client with one refuse each other too
-    with sc.serve(remote) as server:
-        with pytest.raises(AuthenticationError):
-            PeerClient(server.address, "right").get_many([1], timeout=2)
+            assert data[wire.HEADER_BYTES + wire.HELLO_BYTES:][4 + 1] == wire.ERROR  # ...then ERROR
+        assert PeerClient(server.address, SECRET, store).get_many([5], timeout=2) == [store.read(5)]
 
 
-def test_no_secret_binds_only_loopback(cache_factory):
-    c = cache_factory(N)
-    with pytest.raises(ValueError, match="without a secret"):
-        sc.serve(c, host="0.0.0.0")
+def test_a_strong_secret_is_required_everywhere_loopback_included(cache_factory, store, monkeypatch, tmp_path):
+    """No secret, or a weak one, is refused on loopback too, with a message that says how to make
+    one; the secret comes from secret=, $SHADECACHE_SECRET or a 0600 file of this user."""
+    c = _node_cache(cache_factory, store, range(10))
+    monkeypatch.delenv("SHADECACHE_SECRET")
+    for host in ("127.0.0.1", "0.0.0.0"):
+        with pytest.raises(SecretError, match="shadecache secret"):
+            sc.serve(c, host=host, read_through=False)
+    for weak in ("s3cret", "passwordpassword", "correct horse battery staple", "ab" * 32, b"\x00" * 16):
+        with pytest.raises(SecretError, match="shadecache secret"):
+            sc.serve(c, secret=weak, read_through=False)
+        with pytest.raises(SecretError):
+            sc.Cluster(["127.0.0.1:1", "127.0.0.1:2"], node=0, secret=weak)
     with pytest.raises(TypeError):
-        sc.serve(c, secret=12)
+        sc.serve(c, secret=12, read_through=False)
+    path = tmp_path / "secret"
+    path.write_text(SECRET + "\n")
+    path.chmod(0o644)
+    monkeypatch.setenv("SHADECACHE_SECRET_FILE", str(path))
+    with pytest.raises(SecretError, match="mode 0644"):
+        sc.serve(c, read_through=False)
+    path.chmod(0o600)
+    with sc.serve(c, read_through=False) as server:   # the 0600 file's secret
+        assert PeerClient(server.address, SECRET, store).get_many([1], timeout=5) == [store.read(1)]
     with pytest.raises(ValueError, match="host:port"):
         sc.Cluster(["127.0.0.1:1", "nohostport"], node=0)
     with pytest.raises(ValueError, match="node"):
@@ -119,19 +140,19 @@ def test_no_secret_binds_only_loopback(cache_factory):
 def _three_servers(cache_factory, store, secret):
     """Servers for nodes 1 and 2 (this process is node 0), each caching its own share."""
     caches, servers = [], []
-    fake = sc.Cluster(["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"], node=0)
+    fake = sc.Cluster(["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"], node=0, secret=secret)
     home = fake.home_of(np.arange(N))
     for k in (1, 2):
         c = _node_cache(cache_factory, store, np.flatnonzero(home == k).tolist())
         caches.append(c)
-        servers.append(sc.serve(c, secret=secret))
+        servers.append(sc.serve(c, secret=secret, read_through=False))
     return home, caches, servers
 
 
 def test_sigstopped_peer_costs_at_most_the_timeout_per_batch_then_rejoins(cache_factory, store):
-    home, caches, servers = _three_servers(cache_factory, store, "k")
+    home, caches, servers = _three_servers(cache_factory, store, SECRET)
     try:
-        cluster = sc.Cluster([None] + [s.address for s in servers], node=0, secret="k",
+        cluster = sc.Cluster([None] + [s.address for s in servers], node=0, secret=SECRET,
                              timeout=0.3, backoff=(0.4, 0.4))
         local = cache_factory(N, 8 << 20, "lru", max_item_bytes=4096)
         ds = sc.CachedDataset(store, local, cluster=cluster, admit=False)
@@ -182,7 +203,7 @@ def test_three_node_processes_one_sigkilled_mid_epoch(store_path, tmp_path, wher
     work = str(tmp_path)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
     procs = [subprocess.Popen(where(k)[0] + [sys.executable, os.path.join(HERE, "peer_node.py"), str(k), "3",
-                                             store_path, work, "sekrit", "3", str(N * 3000 // 3), where(k)[1]],
+                                             store_path, work, "3", str(N * 3000 // 3), where(k)[1]],
                               env=env)
              for k in range(3)]
     try:
@@ -221,9 +242,10 @@ def test_three_node_processes_one_sigkilled_mid_epoch(store_path, tmp_path, wher
     assert procs[0].returncode == 0 and procs[1].returncode == 0
     # the killed node's server could not remove its tier status file: gc's sweep does
     from shadecache.peer import status as tier_status
-    tier_status.sweep()
-    names = [p[len(tier_status.PREFIX):-len(".json")] for p in os.listdir(tier_status.DIR)
-             if p.startswith(tier_status.PREFIX) and p.endswith(".json")]
+    from shadecache import shm
+    shm.sweep(sc.cache.list_caches())
+    names = [p[len(shm.STATUS_PREFIX):-len(".json")] for p in os.listdir(shm.SHM_DIR)
+             if p.startswith(shm.STATUS_PREFIX) and p.endswith(".json")]
     assert not [n for n in names if (tier_status.read(n) or {}).get("stale")]
 
 
@@ -232,16 +254,18 @@ def test_serve_command_serves_a_cache(cache_factory, store):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]),
-               SHADECACHE_SECRET="cli")
-    p = subprocess.Popen([sys.executable, "-m", "shadecache.cli", "serve", c.name, "--port", str(port)],
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.Popen([sys.executable, "-m", "shadecache.cli", "serve", c.name, "--port", str(port), "--cache-only"],
                          env=env, stdout=subprocess.PIPE, text=True)
     try:
         assert "serving" in p.stdout.readline()
-        assert PeerClient(f"127.0.0.1:{port}", "cli").get_many([1, 60], timeout=5) == [store.read(1), None]
-        bad = subprocess.run([sys.executable, "-m", "shadecache.cli", "serve", c.name, "--host", "0.0.0.0"],
-                             env=dict(env, SHADECACHE_SECRET=""), capture_output=True, text=True)
-        assert bad.returncode == 2 and "without a secret" in bad.stderr
+        assert PeerClient(f"127.0.0.1:{port}", SECRET, store).get_many([1, 60], timeout=5) == [store.read(1), None]
+        for argv, extra, why in ((["--host", "0.0.0.0", "--cache-only"], {"SHADECACHE_SECRET": ""}, "needs a secret"),
+                                 (["--cache-only"], {"SHADECACHE_SECRET": "cli"}, "at least 16"),
+                                 ([], {}, "--store")):
+            bad = subprocess.run([sys.executable, "-m", "shadecache.cli", "serve", c.name] + argv,
+                                 env=dict(env, **extra), capture_output=True, text=True)
+            assert bad.returncode == 2 and why in bad.stderr, bad.stderr
     finally:
         p.send_signal(signal.SIGTERM)
         p.wait(10)
@@ -263,7 +287,7 @@ def test_stats_and_ls_show_the_tiers(cache_factory, store, tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
     with sc.serve(c, ssd=ssd, store=store) as server:
         server.set_peers([server.address, "127.0.0.1:9"])
-        cl = PeerClient(server.address)
+        cl = PeerClient(server.address, dataset=store)
         assert cl.get_many([1, 20, 30], timeout=5) == store.read_many([1, 20, 30])
         cl.close()
         deadline = time.monotonic() + 10
@@ -309,15 +333,15 @@ def test_value_damaged_in_the_servers_memory_is_refused(cache_factory, store):
     want = store.read_many(ids)
     victim = max(ids, key=lambda i: len(want[i]))      # a long value: unique in the segment
     _flip_in_shm(remote, want[victim])
-    with sc.serve(remote, secret="k") as server:
-        client = PeerClient(server.address, "k")
+    with sc.serve(remote, secret=SECRET, read_through=False) as server:
+        client = PeerClient(server.address, SECRET, store)
         with pytest.warns(RuntimeWarning, match="failed their crc32c"):
             got = client.get_many(ids, timeout=5)
         assert got == [None if i == victim else w for i, w in zip(ids, want)]
         assert client.refused == 1
         assert client.get_many([victim + 1], timeout=5) == [want[victim + 1]]  # the stream stays in step
         client.close()
-        cluster = sc.Cluster([None, server.address], node=0, secret="k", timeout=2.0)
+        cluster = sc.Cluster([None, server.address], node=0, secret=SECRET, timeout=2.0)
         cluster.home_of = lambda a: np.ones(len(a), dtype=np.int64)   # every id lives on node 1
         ds = sc.CachedDataset(store, None, cluster=cluster, admit=False)
         with warnings.catch_warnings():
@@ -327,3 +351,20 @@ def test_value_damaged_in_the_servers_memory_is_refused(cache_factory, store):
         assert s["store_reads"] == 1 and s["tiers"]["peer"]["hits"] == len(ids) - 1
         assert cluster.stats()["refused"] == 1
         cluster.close()
+
+
+def test_a_reply_cut_at_any_boundary_arrives_whole(cache_factory):
+    """A reply is cut into messages (64 ids, 512 KiB) and calls (256 ids, 2 MiB of values): sizes
+    that put a cut on every kind of boundary, one value larger than a whole call among them, all
+    arrive, in order, exact."""
+    rng = np.random.default_rng(3)
+    sizes = [8000] * 192 + [600_000] * 8 + [0, 1, 3 << 20, 5] + [int(s) for s in rng.integers(0, 70_000, 100)]
+    values = [rng.integers(0, 256, s, dtype=np.uint8).tobytes() for s in sizes]
+    c = cache_factory(len(values), 96 << 20, "static", max_item_bytes=4 << 20)
+    assert c.put_many(np.arange(len(values)), values).all()
+    with sc.serve(c, read_through=False) as server:
+        client = PeerClient(server.address, dataset=c)
+        assert client.get_many(list(range(len(values))), timeout=30) == values
+        order = rng.permutation(len(values)).tolist()
+        assert client.get_many(order, timeout=30) == [values[i] for i in order]
+        client.close()

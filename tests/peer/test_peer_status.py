@@ -4,6 +4,7 @@ import os
 import threading
 import uuid
 
+from shadecache import shm
 from shadecache.peer import status as tier_status
 
 
@@ -34,7 +35,7 @@ def test_two_threads_of_one_process_write_the_status_at_once():
     finally:
         tier_status.remove(name, os.getpid())
     assert not os.path.exists(tier_status.path_of(name))
-    assert not [p for p in os.listdir(tier_status.DIR) if p.startswith(f"{tier_status.PREFIX}{name}")]
+    assert not [p for p in os.listdir(shm.SHM_DIR) if p.startswith(f"{shm.STATUS_PREFIX}{name}")]
 
 
 def test_gc_removes_what_killed_jobs_leave_beside_their_segments():
@@ -51,11 +52,11 @@ def test_gc_removes_what_killed_jobs_leave_beside_their_segments():
     tier_status.write(name, {"pid": dead.pid})
     board = order.OrderBoard.create(name, 10)
     board.close()
-    assert tier_status.read(name)["stale"] and os.path.exists(order.board_path(name))
+    assert tier_status.read(name)["stale"] and os.path.exists(shm.board_path(name))
     from shadecache.cache import gc
     removed = gc()
-    assert not os.path.exists(tier_status.path_of(name)) and not os.path.exists(order.board_path(name))
-    assert f"{tier_status.PREFIX}{name}.json" in removed and f"{order.PREFIX}{name}" in removed
+    assert not os.path.exists(tier_status.path_of(name)) and not os.path.exists(shm.board_path(name))
+    assert f"{shm.STATUS_PREFIX}{name}.json" in removed and f"{shm.BOARD_PREFIX}{name}" in removed
 
 
 def test_gc_removes_a_status_file_that_does_not_parse():
@@ -67,5 +68,5 @@ def test_gc_removes_a_status_file_that_does_not_parse():
     with open(os.open(tier_status.path_of(name), os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
         f.write('{"pid": 1}{"pid": 1}')
     assert tier_status.read(name) is None
-    assert f"{tier_status.PREFIX}{name}.json" in gc()
+    assert f"{shm.STATUS_PREFIX}{name}.json" in gc()
     assert not os.path.exists(tier_status.path_of(name))

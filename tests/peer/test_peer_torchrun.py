@@ -14,6 +14,7 @@ import pytest
 
 import shadecache as sc
 from shadecache.demo import synthetic
+from shadecache.peer import new_secret
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -33,7 +34,7 @@ def test_two_nodes_two_processes_each(tmp_path):
     port = _free_port()
     job = uuid.uuid4().hex[:8]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]),
-               OMP_NUM_THREADS="1")
+               OMP_NUM_THREADS="1", SHADECACHE_SECRET=new_secret())
     procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
                                "--nproc-per-node", "2", "--node-rank", str(k), "--master-addr", "127.0.0.1",
                                "--master-port", str(port), os.path.join(HERE, "peer_ddp_train.py"),

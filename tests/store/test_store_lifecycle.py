@@ -128,7 +128,7 @@ def test_pread_reads_of_two_stores_in_two_threads_overlap(tmp_path, slow_pread):
 # ---- FolderStore.close() ------------------------------------------------------------------------
 
 def test_folder_store_close_leaves_no_pool_threads(tmp_path):
-    """FolderStore.close() is _StoreBase's no-op: a pread FolderStore keeps the pool (15 threads
+    """FolderStore.close() is NativeStore's no-op: a pread FolderStore keeps the pool (15 threads
     here) and keeps reading after close()."""
     (tmp_path / "c").mkdir()
     for i in range(4):

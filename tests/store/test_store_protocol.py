@@ -14,7 +14,7 @@ import pytest
 
 import shadecache as sc
 from shadecache.lookahead.board import OrderBoard
-from shadecache.peer import PeerClient
+from shadecache.peer import PeerClient, new_secret
 from values import make_value
 
 N = 300
@@ -156,8 +156,9 @@ def test_peer_server_reads_it_through(stores, cache_factory, importable):
     py, packed = stores
     cache = cache_factory(N, capacity=1 << 20, sizes=py.lengths)
     ids = list(range(0, N, 7))
-    with sc.serve(cache, store=py, secret="s") as server:
-        client = PeerClient(server.address, secret="s")
+    secret = new_secret()
+    with sc.serve(cache, store=py, secret=secret) as server:
+        client = PeerClient(server.address, secret=secret, dataset=py)
         assert client.get_many(ids, timeout=10) == packed.read_many(ids)   # read through the store
         assert client.get_many(ids, timeout=10) == packed.read_many(ids)   # now from the cache
         st = client.server_stats(5)

@@ -1,0 +1,183 @@
+"""The sampler's side of the order board: each process finds its cache's board, publishes its
+sampler's order on its stream, moves the cursor as the loader takes ids, and feeds the next uses
+to the clairvoyant policy.
+
+ShadeSampler calls publish_ahead (set_epoch, end_epoch) and published_iter (__iter__); readers
+(CachedDataset, `shadecache stats`) find the board with board_for and count their reads in the
+epoch of reader_stream. Everything here is per process (the dicts below are keyed by pid): a
+forked DataLoader worker attaches on its own and never publishes for its parent.
+"""
+import os
+import time
+import weakref
+from typing import Optional
+
+import numpy as np
+
+from .board import OrderBoard
+
+_ATTACHED: dict = {}   # (pid, cache name) -> OrderBoard, or the time a look found none
+_MY_STREAM: dict = {}  # (pid, board path) -> the stream this process's sampler publishes
+_RELOOK_S = 1.0        # a cache without a board is looked at again after this long
+
+
+def board_for(cache) -> Optional[OrderBoard]:
+    """The board of `cache` attached in this process, or None when it has none. PermissionError
+    when the board at its name is another user's (refused, never attached)."""
+    if cache is None:
+        return None
+    key = (os.getpid(), cache.name)
+    b = _ATTACHED.get(key)
+    if isinstance(b, OrderBoard) and not b.closed:
+        if b.is_current():
+            return b
+        # its creator unlinked it (and maybe made a new one): never publish into it again. Not
+        # closed: an iterator of the sampler may still hold it; the mapping goes with the last
+        # reference
+        b = None
+    if isinstance(b, float) and time.monotonic() - b < _RELOOK_S:
+        return None
+    try:
+        b = OrderBoard.attach(cache.name)
+    except (FileNotFoundError, ValueError):
+        _ATTACHED[key] = time.monotonic()
+        return None
+    _ATTACHED[key] = b
+    return b
+
+
+def reader_stream(board: OrderBoard) -> int:
+    """The stream whose epoch this process's reads count in: the one its sampler publishes, else
+    the one LOCAL_RANK names (a DataLoader worker of that rank), else stream 0."""
+    s = _MY_STREAM.get((os.getpid(), board.path))
+    return stream_of(0, board.streams) if s is None else s
+
+
+def stream_of(rank: int, streams: int) -> int:
+    local = os.environ.get("LOCAL_RANK")
+    r = int(local) if local is not None and local.isdigit() else int(rank)
+    return r % streams
+
+
+# (pid, board path, stream) -> (board file, epoch, weak reference to the order array, seq after
+# the publish) of what this process published last: __iter__ takes that order as it is only when
+# the board, the order (the very array: a weak reference keeps nothing alive, and a freed array
+# never matches) and the stream's seq (nobody published since) are all still the same
+_PUBLISHED: dict = {}
+
+
+def _up_already(board, s, sampler, order) -> bool:
+    got = _PUBLISHED.get((os.getpid(), board.path, s))
+    return (got is not None and got[0] == board.identity and got[1] == sampler.epoch
+            and got[2]() is order and got[3] == board.stream_state(s)["seq"])
+
+
+def _publish(sampler, board, s, order):
+    """Publishes `order` as the sampler's order of its current epoch on its stream, followed,
+    where the board has room and the sampler knows it already (ShadeSampler.next_epoch_order), by
+    the next epoch's order: positions go on growing across the boundary, so the prefetcher's window
+    and the next uses cross it. Gives every published id its first position (the clairvoyant
+    policy's input) on stream `s` (the sampler's: stream_of its rank). Returns how many entries of
+    `order` were published."""
+    _MY_STREAM[(os.getpid(), board.path)] = s
+    full = order
+    ahead = getattr(sampler, "next_epoch_order", None)
+    if ahead is not None and order.size < board.capacity:
+        nxt = ahead()
+        if nxt is not None and nxt.size:
+            full = np.concatenate([order, nxt[:board.capacity - order.size]])
+    # What the stream showed until now: ids that drop out of it (a head that was not the epoch
+    # that came: set_epoch jumped, a checkpoint was loaded, another rank's share) must get their
+    # next use again too, or the policy keeps the stale, sooner one and never evicts them.
+    before = board.published(s)
+    m = min(board.publish(s, sampler.epoch, full), order.size)
+    _push_next_use(sampler.cache, board, np.unique(np.concatenate([full[:board.capacity], before])))
+    for k in [k for k, v in _PUBLISHED.items() if v[2]() is None]:
+        del _PUBLISHED[k]         # orders freed since: their entries can never match again
+    _PUBLISHED[(os.getpid(), board.path, s)] = (board.identity, sampler.epoch, weakref.ref(order),
+                                               board.stream_state(s)["seq"])
+    return m
+
+
+def publish_ahead(sampler, draw=None) -> bool:
+    """ShadeSampler.set_epoch's and end_epoch's hook: draws the current epoch's order and
+    publishes it now, before the loader asks for its first batch, so that the prefetcher starts
+    reading the epoch's first misses while the training loop is elsewhere (evaluation, a
+    checkpoint, the epoch's last step). Does nothing without a board or when this very order is
+    already up. __iter__ then takes the published order as it is (published_iter). draw(): the
+    sampler's order, drawn only when there is a board (default sampler.order)."""
+    board = board_for(getattr(sampler, "cache", None))
+    if board is None:
+        return False
+    order = (sampler.order if draw is None else draw)()
+    s = stream_of(getattr(sampler, "rank", 0), board.streams)
+    if _up_already(board, s, sampler, order):
+        return False
+    _publish(sampler, board, s, order)
+    return True
+
+
+def published_iter(sampler, order: np.ndarray, start: int):
+    """ShadeSampler.__iter__'s hook: publishes the epoch's order when the sampler's cache has a
+    board (unless publish_ahead already put this very order up and nothing of it was taken), and
+    returns the iterator of order[start:] that moves the board's cursor as the DataLoader takes
+    ids (and the next uses of the ids taken, for the clairvoyant policy)."""
+    board = board_for(getattr(sampler, "cache", None))
+    if board is None:
+        return iter(order[start:].tolist())
+    s = stream_of(getattr(sampler, "rank", 0), board.streams)
+    if start == 0 and _up_already(board, s, sampler, order) and board.stream_state(s)["cursor"] == 0:
+        _MY_STREAM[(os.getpid(), board.path)] = s
+        m = min(order.size, board.capacity)
+    else:
+        m = _publish(sampler, board, s, order)
+    return _tracked(board, s, order, start, m, sampler.cache,
+                    max(1, int(getattr(sampler, "batch_size", 64))))
+
+
+def _next_use_setter(cache):
+    """cache.set_next_use when the cache's policy keys on next use (clairvoyant), else None."""
+    if cache is None or not getattr(cache, "keys_on_next_use", False):
+        return None
+    return getattr(cache, "set_next_use", None)
+
+
+def _push_next_use(cache, board, ids):
+    setter = _next_use_setter(cache)   # the clairvoyant policy's input
+    if setter is not None and ids.size:
+        setter(ids, board.next_use(ids))
+
+
+def _tracked(board, s, order, start, m, cache, step):
+    setter = _next_use_setter(cache)
+    if start:
+        board.consumed(s, 0, min(start, m))
+    done = used = min(start, m)   # entries [0, done) taken by the loader; [0, used) consumed
+    board.set_cursor(s, done)
+
+    def consume(upto):
+        nonlocal used
+        if upto > used:
+            taken = board.consumed(s, used, upto)
+            if setter is not None:
+                _push_next_use(cache, board, taken)
+            used = upto
+
+    k = start
+    for i in order[start:].tolist():
+        k += 1
+        # At every batch boundary the cursor moves past the batch just taken, and the next use
+        # of its ids moves to the read after it (their read is now; what matters for keeping
+        # them is the next one). With a prefetcher running, that move waits one batch: the
+        # loader is still reading the batch it just took, and a sample whose next use looked
+        # "none" would be the first that the prefetcher's room-making and the clairvoyant
+        # policy evict, under the very read that needs it. (Without one, the immediate move
+        # lets the policy refuse a demand miss that is not read again: Belady's bypass.)
+        if k - done >= step and done < m:
+            last = min(k, m)
+            board.set_cursor(s, last)
+            consume(done if board.prefetcher_pid else last)
+            done = last
+        yield i
+    consume(m)
+    board.set_cursor(s, m)

@@ -1,0 +1,130 @@
+"""The secret every node of a job shares: where it comes from, what is strong enough, how to make one.
+
+The peer layer always needs one, loopback included (another user of the same node can reach
+127.0.0.1 too). It is at least 16 random bytes, given as the bytes themselves or as their hex or
+base64 text (`shadecache secret` prints 32 fresh ones as hex). A password is refused: one sniffed
+handshake lets anyone test guesses offline, as fast as they can compute HKDF, so only a secret
+too large to guess keeps the traffic safe.
+
+Where it comes from, in order: `secret=` (a Python argument: never a command line, where `ps`
+shows it to every user), then $SHADECACHE_SECRET, then the file named by $SHADECACHE_SECRET_FILE,
+which must be a regular file of this user that nobody else may read or write (0600).
+"""
+import base64
+import binascii
+import math
+import os
+import secrets
+import stat
+
+ENV = "SHADECACHE_SECRET"
+ENV_FILE = "SHADECACHE_SECRET_FILE"
+MIN_BYTES = 16
+HOW = ("make one with `shadecache secret --out FILE` (a 0600 file) and name it in $SHADECACHE_SECRET_FILE "
+       "(or put `shadecache secret`'s output in $SHADECACHE_SECRET, or pass it as secret=)")
+
+
+class SecretError(ValueError):
+    """No secret, or one that is not at least 16 random bytes, or a secret file others can read."""
+
+
+def new_secret() -> str:
+    """32 fresh random bytes from the operating system's CSPRNG, as 64 hex digits."""
+    return secrets.token_hex(32)
+
+
+def resolve(secret=None) -> bytes:
+    """The key: `secret` when given, else $SHADECACHE_SECRET, else the file $SHADECACHE_SECRET_FILE
+    names; checked by `check`. SecretError when there is none."""
+    if secret is None:
+        secret = os.environ.get(ENV) or None
+    if secret is None and os.environ.get(ENV_FILE):
+        secret = read_file(os.environ[ENV_FILE])
+    if secret is None:
+        raise SecretError(f"the peer layer needs a secret shared by every node (loopback included): {HOW}")
+    return check(secret)
+
+
+def read_file(path: str) -> bytes:
+    """The secret in `path` (surrounding whitespace removed): a regular file owned by this user,
+    mode 0600 or stricter, not a symbolic link."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as e:
+        raise SecretError(f"secret file {path!r}: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise SecretError(f"secret file {path!r} is not a regular file")
+        if st.st_uid != os.geteuid():
+            raise SecretError(f"secret file {path!r} belongs to uid {st.st_uid}, not to this user "
+                              f"(uid {os.geteuid()})")
+        if st.st_mode & 0o077:
+            raise SecretError(f"secret file {path!r} has mode {stat.S_IMODE(st.st_mode):04o}: others may "
+                              f"read or change it; chmod 600 it")
+        data = os.read(fd, 4097)
+    finally:
+        os.close(fd)
+    if len(data) > 4096:
+        raise SecretError(f"secret file {path!r} is larger than 4 KiB: not a secret")
+    return data.strip()
+
+
+def write_file(path: str, secret: str) -> None:
+    """Writes `secret` to a new file `path`, mode 0600 (never over an existing file or link)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, secret.encode() + b"\n")
+    finally:
+        os.close(fd)
+
+
+def check(secret) -> bytes:
+    """The key bytes of `secret` (a str as UTF-8, bytes as given) when it is at least 16 random
+    bytes: raw bytes, or their hex or base64 text. TypeError for another type, SecretError for a
+    secret that is too short or not random."""
+    if isinstance(secret, str):
+        key = secret.encode("utf-8")
+    elif isinstance(secret, (bytes, bytearray, memoryview)):
+        key = bytes(secret)
+    else:
+        raise TypeError(f"secret must be str or bytes, got {type(secret).__name__}")
+    raw = _decoded(key)
+    if raw is None:
+        raise SecretError(f"the secret is text that is neither hex nor base64: a password, not random "
+                          f"bytes; {HOW}")
+    if len(raw) < MIN_BYTES:
+        raise SecretError(f"the secret holds {len(raw)} random bytes; at least {MIN_BYTES} are needed; {HOW}")
+    if len(set(raw)) < _min_distinct(len(raw)):
+        raise SecretError(f"the secret repeats itself ({len(set(raw))} distinct byte values in {len(raw)}): "
+                          f"not random bytes; {HOW}")
+    return key
+
+
+def _decoded(key: bytes):
+    """The random bytes `key` stands for: the bytes of its hex or base64 text when it is such
+    text, else the bytes themselves unless they are other printable text (then None)."""
+    try:
+        text = key.decode("ascii").strip()
+    except UnicodeDecodeError:
+        return key                       # raw bytes
+    if text and len(text) % 2 == 0 and all(c in "0123456789abcdefABCDEF" for c in text):
+        return binascii.unhexlify(text)
+    padded = text + "=" * (-len(text) % 4)
+    for alphabet, altchars in ((_B64, None), (_B64URL, b"-_")):
+        if text and all(c in alphabet for c in padded):
+            try:
+                return base64.b64decode(padded, altchars=altchars, validate=True)
+            except ValueError:
+                pass
+    return None if text.isprintable() else key
+
+
+_B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/="
+_B64URL = _B64[:62] + "-_="
+
+
+def _min_distinct(n: int) -> int:
+    """The fewest distinct byte values `n` random bytes show, with a margin: 60% of the number
+    expected (256 (1 - (255/256)^n)); random input falls below it with odds under 1e-6."""
+    return math.ceil(0.6 * 256 * (1 - (255 / 256) ** n))

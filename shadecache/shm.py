@@ -1,0 +1,139 @@
+"""The node's shadecache files in /dev/shm: what each is called, who removes it, and what is left
+behind when its owner is gone.
+
+    shadecache.<cache>                  a cache segment (the engine names, lists and removes them:
+                                        csrc/cache/segment.cc; cache/node.py)
+    shadecache-order.<cache>            the cache's order board (lookahead/board.py)
+    shadecache-tiers.<cache>.json       what the cache's peer server publishes (peer/status.py),
+    shadecache-tiers.<cache>.json.<pid>.<thread>.tmp    and its writers' files before the rename
+
+Ownership: the process that creates a segment or a board removes it when it exits: own() registers
+the removal for interpreter exit in the creating pid only (a forked child inherits the registry
+and must not remove its parent's files); a peer server removes its status file when it stops.
+What a killed owner leaves, sweep() removes (with the segments of dead creators, cache/node.py's
+gc): boards of caches that no longer exist, status files whose writer is gone, and the temporary
+files of a writer that is gone. A file's owner is the pid that wrote it: the board header's
+creator, the status file's "pid", the temporary name's <pid>.
+"""
+import atexit
+import json
+import os
+
+from . import node_files
+from .process import alive
+
+SHM_DIR = "/dev/shm"
+SEGMENT_PREFIX = "shadecache."        # the engine's (csrc/cache/segment.cc); the others must differ
+BOARD_PREFIX = "shadecache-order."
+STATUS_PREFIX = "shadecache-tiers."
+_MAX_STATUS_BYTES = 1 << 20           # far more than any status; a larger file is not one
+
+
+def _check_name(cache_name: str) -> str:
+    if not isinstance(cache_name, str) or not cache_name or "/" in cache_name:
+        raise ValueError(f"files in {SHM_DIR} are named after their cache; bad cache name {cache_name!r}")
+    return cache_name
+
+
+def board_path(cache_name: str) -> str:
+    return os.path.join(SHM_DIR, BOARD_PREFIX + _check_name(cache_name))
+
+
+def status_path(cache_name: str) -> str:
+    return os.path.join(SHM_DIR, f"{STATUS_PREFIX}{_check_name(cache_name)}.json")
+
+
+def free_bytes() -> int:
+    """Bytes /dev/shm can still give (a file larger than this would SIGBUS when touched)."""
+    st = os.statvfs(SHM_DIR)
+    return st.f_bavail * st.f_frsize
+
+
+# ---- what this process created, removed at its exit -----------------------------------------
+_OWNED: dict = {}   # key -> (creating pid, remove())
+
+
+def own(key: str, remove) -> None:
+    """Runs remove() at interpreter exit, in this process only (not in a forked child)."""
+    _OWNED[key] = (os.getpid(), remove)
+
+
+def disown(key: str) -> None:
+    """The file went another way (unlinked, or it outlives its creator): nothing at exit."""
+    _OWNED.pop(key, None)
+
+
+def _remove_owned_at_exit():
+    for pid, remove in list(_OWNED.values()):
+        if pid == os.getpid():
+            try:
+                remove()
+            except OSError:
+                pass
+
+
+atexit.register(_remove_owned_at_exit)
+
+
+# ---- what killed owners leave -----------------------------------------------------------------
+def _unlink(path: str) -> bool:
+    try:
+        os.unlink(path)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def read_status(path: str):
+    """The status object in `path`; None when there is no file. ValueError when it does not parse
+    as one (writers rename whole files into place: no live writer leaves such a file);
+    PermissionError (naming the owner) when the file is not this user's own, is open to group or
+    others, or is a link: such a file is never read (node_files)."""
+    try:
+        fd = node_files.open_file(path, os.O_RDONLY | os.O_NONBLOCK, "tier status file")
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        raw = f.read(_MAX_STATUS_BYTES + 1)
+    d = json.loads(raw) if len(raw) <= _MAX_STATUS_BYTES else None   # ValueError when not JSON
+    if not isinstance(d, dict):
+        raise ValueError(f"{path} is not a status object")
+    return d
+
+
+def writer_gone(status: dict) -> bool:
+    """Whether the process a status object names as its writer ("pid") is gone (or none is named)."""
+    try:
+        return not alive(int(status.get("pid")))
+    except (TypeError, ValueError):
+        return True
+
+
+def sweep(live_caches) -> list:
+    """Removes this user's boards of caches not in `live_caches`, status files whose writer is
+    gone (or that do not parse) and temporary files of writers that are gone; returns the names
+    removed (`shadecache gc`). Another user's files are left alone, and links are never followed."""
+    removed = []
+    live = set(live_caches)
+    for entry in os.listdir(SHM_DIR):
+        path = os.path.join(SHM_DIR, entry)
+        if entry.startswith((BOARD_PREFIX, STATUS_PREFIX)) and not node_files.owned(path):
+            continue
+        if entry.startswith(BOARD_PREFIX):
+            gone = entry[len(BOARD_PREFIX):] not in live
+        elif entry.startswith(STATUS_PREFIX) and entry.endswith(".json"):
+            try:
+                d = read_status(path)
+                gone = d is not None and writer_gone(d)
+            except (ValueError, OSError):   # garbage (a torn write of an older server), a link
+                                            # or a 0644 file of ours: nobody trusts it
+                gone = True
+        elif entry.startswith(STATUS_PREFIX) and entry.endswith(".tmp"):
+            # <cache>.json.<pid>.<thread>.tmp: gone when the writing process is
+            pid = entry[:-len(".tmp")].split(".json.")[-1].split(".")[0]
+            gone = pid.isdigit() and not alive(int(pid))
+        else:
+            continue
+        if gone and _unlink(path):
+            removed.append(entry)
+    return removed

@@ -1,0 +1,594 @@
+"""The peer layer attacked from the network and from another user of the node: real server
+processes, real sockets, a middleman relaying real traffic, a second real user (uid 65534).
+
+Each test is one attack with its reproducer: it describes what an attacker tried and shows what
+it gets now (refused, dropped, nothing read, nothing allocated, nothing altered)."""
+import os
+import resource
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import warnings
+
+import numpy as np
+import pytest
+
+import shadecache as sc
+from shadecache.peer import ForgedFrameError, PeerClient, SecretError, new_secret, server, wire
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+SECRET = new_secret()
+N = 64
+
+
+@pytest.fixture(autouse=True)
+def _secret_in_env(monkeypatch):
+    monkeypatch.setenv("SHADECACHE_SECRET", SECRET)
+    monkeypatch.delenv("SHADECACHE_SECRET_FILE", raising=False)
+
+
+def _store(path, n=N, size=(1, 3000), seed=5):
+    rng = np.random.default_rng(seed)
+    with sc.PackWriter(str(path)) as w:
+        for i in range(n):
+            k = size if isinstance(size, int) else int(rng.integers(*size))
+            w.add(rng.integers(0, 256, k, dtype=np.uint8).tobytes(), 0)
+    return sc.PackedStore(str(path))
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = _store(tmp_path / "a.shc")
+    yield s
+    s.close()
+
+
+def _full_cache(cache_factory, store):
+    c = cache_factory(len(store), 8 << 20, "lru", max_item_bytes=4096, fingerprint=store.fingerprint)
+    c.put_many(np.arange(len(store)), store.read_many(list(range(len(store)))))
+    assert c.stats()["items"] == len(store)
+    return c
+
+
+def _memory_kib(pid, field="VmHWM"):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise KeyError(field)
+
+
+def _address(server_):
+    host, port = server_.address.rsplit(":", 1)
+    return host, int(port)
+
+
+def _drain(sock, seconds=3.0):
+    """Everything the other side sends until it closes (or `seconds`)."""
+    sock.settimeout(seconds)
+    data = b""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            chunk = sock.recv(1 << 16)
+        except (socket.timeout, ConnectionResetError):
+            break
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+# ---- before authentication ----------------------------------------------------------------------
+
+def test_headers_before_authentication_make_the_server_allocate_nothing(cache_factory, store):
+    """An unauthenticated endpoint sends headers that claim 512 MiB bodies, in every opcode; the
+    server process's peak RSS does not move, and it goes on serving."""
+    c = _full_cache(cache_factory, store)
+    with sc.serve(c, read_through=False) as srv:
+        client = PeerClient(srv.address, dataset=store)
+        assert client.get_many([1], timeout=5) == [store.read(1)]
+        before = _memory_kib(srv.pid)
+        socks = []
+        for op in (wire.HELLO, wire.PROOF, wire.GET, wire.GET_REPLY, wire.ERROR, wire.STATS_REPLY):
+            s = socket.create_connection(_address(srv), timeout=5)
+            s.sendall(wire.pack_header(op, 1, 512 << 20, 1 << 40) + os.urandom(4096))
+            socks.append(s)
+        for s in socks:
+            _drain(s)
+            s.close()
+        assert _memory_kib(srv.pid) - before < 16 << 10, "the server allocated for an unauthenticated header"
+        assert client.get_many([2], timeout=5) == [store.read(2)]
+        client.close()
+
+
+def test_slow_handshakes_from_one_address_cannot_lock_out_the_others(cache_factory, store):
+    """300 connections from 127.0.0.2 that dribble a byte every 0.4 s: the server holds at most
+    MAX_HANDSHAKES_PER_ADDRESS of them, each at most HANDSHAKE_TIMEOUT, and a client from
+    127.0.0.1 is served within its 1-second deadline all along."""
+    c = _full_cache(cache_factory, store)
+    with sc.serve(c, read_through=False) as srv:
+        stop = threading.Event()
+        held, closed_after = [], []
+
+        def attacker():
+            while not stop.is_set():
+                try:
+                    s = socket.create_connection(_address(srv), timeout=2, source_address=("127.0.0.2", 0))
+                except OSError:
+                    continue
+                held.append((s, time.monotonic()))
+                if len(held) >= 300:
+                    return
+
+        def dribble():
+            while not stop.wait(0.4):
+                for s, t0 in list(held):
+                    try:
+                        s.send(b"\x00")
+                    except OSError:
+                        if (s, t0) in held:
+                            held.remove((s, t0))
+                            closed_after.append(time.monotonic() - t0)
+
+        threads = [threading.Thread(target=attacker, daemon=True), threading.Thread(target=dribble, daemon=True)]
+        for t in threads:
+            t.start()
+        try:
+            time.sleep(0.5)
+            good = PeerClient(srv.address, dataset=store)
+            t_end = time.monotonic() + 4
+            n = 0
+            while time.monotonic() < t_end:
+                t0 = time.monotonic()
+                assert good.get_many([n % N], timeout=1.0) == [store.read(n % N)]
+                good.close()   # a new connection (a new handshake) every time
+                assert time.monotonic() - t0 < 1.0
+                n += 1
+            assert n >= 4
+        finally:
+            stop.set()
+            for s, _ in held:
+                s.close()
+        stats = PeerClient(srv.address, dataset=store).server_stats(5)
+        assert stats["refused"] > 0        # over the per-address cap: told E_BUSY at once
+        assert stats["refused_auth"] > 0   # dribblers dropped at the handshake deadline
+
+
+def test_a_dribbling_handshake_is_dropped_at_its_deadline(cache_factory, store):
+    """One byte every 0.5 s keeps any per-recv timeout happy; the handshake's one deadline
+    (HANDSHAKE_TIMEOUT) ends it anyway."""
+    c = _full_cache(cache_factory, store)
+    with sc.serve(c, read_through=False) as srv:
+        s = socket.create_connection(_address(srv), timeout=5)
+        t0 = time.monotonic()
+        hello = wire.pack_header(wire.HELLO, 0, wire.HELLO_BYTES, N) + bytes(wire.HELLO_BYTES)
+        try:
+            for b in hello:
+                s.send(bytes([b]))
+                time.sleep(0.5)
+                if time.monotonic() - t0 > 10:
+                    break
+        except OSError:
+            pass
+        _drain(s, 2)
+        elapsed = time.monotonic() - t0
+        s.close()
+        assert elapsed < server.auth.HANDSHAKE_TIMEOUT + 2.5, elapsed
+
+
+def test_the_client_handshake_obeys_the_callers_deadline(store):
+    """PeerClient.get_many(timeout=1) and Cluster.fetch(timeout=1) against an endpoint that
+    dribbles its HELLO a byte every 0.5 s return by the deadline (the cluster counts the peer as
+    failed and its ids as misses)."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    hello = wire.pack_header(wire.HELLO, 0, wire.HELLO_BYTES, N) + bytes(wire.HELLO_BYTES)
+
+    def dribble(conn):
+        for b in hello:
+            try:
+                conn.send(bytes([b]))
+            except OSError:
+                return
+            time.sleep(0.5)
+
+    def dribbler():
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=dribble, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=dribbler, daemon=True).start()
+    address = "127.0.0.1:%d" % srv.getsockname()[1]
+    t0 = time.monotonic()
+    with pytest.raises(socket.timeout):
+        PeerClient(address, dataset=store).get_many([1], timeout=1.0)
+    assert time.monotonic() - t0 < 1.5
+    cluster = sc.Cluster([None, address], node=0, timeout=1.0, dataset=store)
+    t0 = time.monotonic()
+    got = cluster.fetch(np.arange(N), home=np.ones(N, dtype=np.int64))
+    assert time.monotonic() - t0 < 1.5
+    assert got == [None] * N and cluster.stats()["failures"] == 1
+    cluster.close()
+    srv.close()
+
+
+def test_an_accept_error_backs_off_and_serving_goes_on(cache_factory, store):
+    """The server process runs out of descriptors (RLIMIT_NOFILE lowered to what it holds):
+    accept() fails with EMFILE; the server counts it, backs off, and serves the waiting client
+    as soon as a descriptor is free again."""
+    c = _full_cache(cache_factory, store)
+    with sc.serve(c, read_through=False) as srv:
+        soft, hard = resource.prlimit(srv.pid, resource.RLIMIT_NOFILE)
+        fds = len(os.listdir(f"/proc/{srv.pid}/fd"))
+        resource.prlimit(srv.pid, resource.RLIMIT_NOFILE, (fds, hard))
+        try:
+            result = {}
+
+            def ask():
+                try:
+                    result["got"] = PeerClient(srv.address, dataset=store).get_many([3], timeout=20)
+                except Exception as e:   # reported below
+                    result["error"] = e
+
+            t = threading.Thread(target=ask)
+            t.start()
+            time.sleep(1.0)                  # accept() fails over and over meanwhile
+            assert srv.alive
+        finally:
+            resource.prlimit(srv.pid, resource.RLIMIT_NOFILE, (soft, hard))
+        t.join(20)
+        assert result.get("got") == [store.read(3)], result
+        stats = PeerClient(srv.address, dataset=store).server_stats(5)
+        assert stats["accept_errors"] >= 1
+
+
+# ---- after authentication -----------------------------------------------------------------------
+
+class Relay:
+    """A middleman without the secret: relays every byte between a client and the server,
+    records what the server sends, and may change one byte of it at offset `flip_at` (counted
+    over the server -> client stream)."""
+
+    def __init__(self, target, flip_at=None):
+        self.target, self.flip_at = target, flip_at
+        self.seen = bytearray()
+        self.srv = socket.socket()
+        self.srv.bind(("127.0.0.1", 0))
+        self.srv.listen(8)
+        self.address = "127.0.0.1:%d" % self.srv.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                a, _ = self.srv.accept()
+            except OSError:
+                return
+            b = socket.create_connection(self.target)
+            threading.Thread(target=self._pump, args=(a, b, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(b, a, True), daemon=True).start()
+
+    def _pump(self, src, dst, from_server):
+        while True:
+            try:
+                data = bytearray(src.recv(1 << 16))
+            except OSError:
+                data = b""
+            if not data:
+                for s in (src, dst):
+                    try:
+                        s.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+                return
+            if from_server:
+                start = len(self.seen)
+                self.seen += data
+                if self.flip_at is not None and start <= self.flip_at < start + len(data):
+                    data[self.flip_at - start] ^= 0x20
+            try:
+                dst.sendall(data)
+            except OSError:
+                return
+
+    def close(self):
+        self.srv.close()
+
+
+HANDSHAKE_FROM_SERVER = 2 * wire.HEADER_BYTES + wire.HELLO_BYTES + wire.DIGEST_BYTES
+
+
+def test_a_middleman_that_relays_the_handshake_reads_no_sample(cache_factory, store):
+    c = _full_cache(cache_factory, store)
+    with sc.serve(c, read_through=False) as srv:
+        relay = Relay(_address(srv))
+        client = PeerClient(relay.address, dataset=store)
+        want = store.read_many(list(range(N)))
+        assert client.get_many(list(range(N)), timeout=5) == want   # the handshake went through it
+        client.close()
+        relay.close()
+        seen = bytes(relay.seen)
+        assert len(seen) > sum(len(v) for v in want)   # every sample crossed the middleman...
+        leaked = [i for i, v in enumerate(want) if len(v) >= 16 and v[:16] in seen]
+        assert not leaked, f"samples {leaked[:5]} readable on the wire"   # ...and none in clear
+
+
+@pytest.mark.parametrize("where", ["value", "table", "header"])
+def test_a_middleman_cannot_make_the_client_accept_an_altered_sample(cache_factory, store, where):
+    """The middleman flips a bit of the first reply (a value, the entry table with its lengths
+    and crc32c, or the clear header): the client returns nothing of that reply
+    (ForgedFrameError, or a ProtocolError for a header that no longer parses), and a
+    CachedDataset over the same middleman still returns the store's exact bytes."""
+    c = _full_cache(cache_factory, store)
+    offset = {"header": 14, "table": wire.HEADER_BYTES + 12,
+              "value": wire.HEADER_BYTES + N * wire.ENTRY_BYTES + wire.TAG_BYTES + 100}[where]
+    with sc.serve(c, read_through=False) as srv:
+        relay = Relay(_address(srv), flip_at=HANDSHAKE_FROM_SERVER + offset)
+        client = PeerClient(relay.address, dataset=store)
+        with pytest.raises((ForgedFrameError, wire.ProtocolError)):
+            client.get_many(list(range(N)), timeout=5)
+        assert client.refused == 0 and client.sock is None
+        relay.close()
+        relay = Relay(_address(srv), flip_at=HANDSHAKE_FROM_SERVER + offset)
+        cluster = sc.Cluster([None, relay.address], node=0, timeout=5.0)
+        ds = sc.CachedDataset(store, None, cluster=cluster, admit=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")   # not even a value refused for its crc32c: the tag caught it
+            got = ds.fetch_bytes(np.arange(N))
+        assert got == store.read_many(list(range(N)))
+        assert cluster.stats()["failures"] == 1 and ds.stats()["tiers"]["peer"]["hits"] == 0
+        cluster.close()
+        relay.close()
+
+
+def test_one_slow_reader_does_not_stall_the_others(cache_factory, store):
+    """Three authenticated clients pipeline GETs and never read their replies; the server's pins
+    are never held while it waits for them, so a good client's 1-second GETs all succeed."""
+    c = _full_cache(cache_factory, store)
+    with sc.serve(c, read_through=False) as srv:
+        from shadecache.peer import auth
+        from shadecache.peer.identity import identity_of
+
+        slow = []
+        for _ in range(3):
+            s = socket.create_connection(_address(srv), timeout=5)
+            session = auth.client_handshake(s, SECRET.encode(), identity_of(store), time.monotonic() + 5)
+            ids = np.tile(np.arange(N, dtype="<u8"), 4)   # 256 ids a GET
+            for k in range(200):   # ~120 MiB of replies asked for; the socket buffers hold a few
+                code, _ = session.send_message(s.fileno(), wire.GET, ids.size, k, 0, ids, 5.0)
+                if code:
+                    break
+            slow.append(s)
+        time.sleep(0.5)
+        good = PeerClient(srv.address, dataset=store)
+        ids = list(np.tile(np.arange(N), 4))
+        want = store.read_many(ids)
+        for _ in range(10):
+            t0 = time.monotonic()
+            assert good.get_many(ids, timeout=1.0) == want
+            assert time.monotonic() - t0 < 1.0
+        good.close()
+        for s in slow:
+            s.close()
+
+
+def test_every_reply_chunk_stays_within_its_bound_filled_values_included(cache_factory, tmp_path):
+    """40 uncached samples of 2.2 MiB read through from the store in one GET (88 MiB): the server
+    reads and sends them a chunk at a time; its peak RSS grows by a few chunks, not the reply."""
+    big = _store(tmp_path / "big.shc", n=40, size=2_200_000)
+    c = cache_factory(40, 1 << 20, "lru", max_item_bytes=4096, fingerprint=big.fingerprint)
+    with sc.serve(c, store=big) as srv:
+        client = PeerClient(srv.address, dataset=big)
+        assert client.get_many([0], timeout=10) == [big.read(0)]
+        before = _memory_kib(srv.pid)
+        got = client.get_many(list(range(40)), timeout=60)
+        assert got == big.read_many(list(range(40)))
+        grew = (_memory_kib(srv.pid) - before) >> 10
+        assert grew < 24, f"server peak RSS grew {grew} MiB for an 88 MiB reply"
+        client.close()
+    big.close()
+
+
+def test_a_node_of_another_data_set_is_refused(cache_factory, store, tmp_path):
+    """A node reading data set A asks a server of data set B (same size, other bytes): the
+    handshake refuses with FingerprintError naming both, and no sample of B is returned."""
+    other = _store(tmp_path / "b.shc", seed=6)
+    assert other.fingerprint != store.fingerprint and len(other) == len(store)
+    c = _full_cache(cache_factory, other)
+    with sc.serve(c, store=other) as srv:
+        with pytest.raises(sc.FingerprintError) as e:
+            PeerClient(srv.address, dataset=store).get_many([1], timeout=5)
+        assert store.fingerprint in str(e.value) and other.fingerprint in str(e.value)
+        cluster = sc.Cluster([None, srv.address], node=0, timeout=2.0)
+        ds = sc.CachedDataset(store, None, cluster=cluster, admit=False)
+        with pytest.raises(sc.FingerprintError):
+            ds.fetch_bytes(np.arange(N))
+        cluster.close()
+        stats = PeerClient(srv.address, dataset=other).server_stats(5)
+        assert stats["refused_dataset"] >= 1 and stats["ids"] == 0
+    other.close()
+
+
+def test_another_user_of_the_node_cannot_read_samples_over_loopback(cache_factory, store, tmp_path):
+    """The job's secret lives in a 0600 file; uid 65534 on the same node can neither read it nor
+    get a sample from the server on 127.0.0.1 without it (and a server without a secret does not
+    start)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run a process as uid 65534")
+    secret_file = tmp_path / "secret"
+    secret_file.write_text(SECRET + "\n")
+    secret_file.chmod(0o600)
+    os.chmod(tmp_path, 0o755)
+    c = _full_cache(cache_factory, store)
+    with pytest.raises(SecretError):
+        sc.serve(c, read_through=False, secret="")
+    with sc.serve(c, read_through=False) as srv:
+        # the other user: a child of this process that drops to uid 65534 (the interpreter
+        # lives under /root, which that user may not enter: what the child runs is imported here)
+        import encodings.idna  # noqa: F401  (socket.create_connection encodes the host name with it)
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            report = []
+            try:
+                os.setgroups([])
+                os.setgid(65534)
+                os.setuid(65534)
+                try:
+                    open(secret_file).read()
+                    report.append("read-the-secret-file")
+                except PermissionError:
+                    report.append("no-secret-file")
+                try:
+                    # the data set's name is no secret (the server's HELLO says it): only the secret is
+                    PeerClient(srv.address, new_secret(), (store.fingerprint, N)).get_many([1], timeout=3)
+                    report.append("got-a-sample")
+                except Exception as e:
+                    report.append(f"{type(e).__name__}:{str(e).replace(' ', '_')}")
+            finally:
+                os.write(w, " ".join(report).encode())
+                os._exit(0)
+        os.close(w)
+        with os.fdopen(r) as f:
+            report = f.read().split()
+        os.waitpid(pid, 0)
+        assert report[0] == "no-secret-file" and report[1].startswith("AuthenticationError:"), report
+
+
+def test_weak_secrets_are_refused_at_every_entry_point(cache_factory, store, monkeypatch):
+    """`s3cret` (which one sniffed handshake gave up after 10,059 guesses) and its kind are
+    refused by serve, Cluster, PeerClient and `shadecache serve`, each with a message that says how
+    to make a good one."""
+    c = _full_cache(cache_factory, store)
+    for weak in ("s3cret", "hunter2hunter2hunter2", "0123456789abcdef0123456789abcdef"):
+        for make in (lambda: sc.serve(c, read_through=False, secret=weak),
+                     lambda: sc.Cluster(["127.0.0.1:1", "127.0.0.1:2"], node=0, secret=weak),
+                     lambda: PeerClient("127.0.0.1:1", weak, store)):
+            with pytest.raises(SecretError, match="shadecache secret"):
+                make()
+    env = dict(os.environ, SHADECACHE_SECRET="s3cret", PYTHONPATH=ROOT)
+    out = subprocess.run([sys.executable, "-m", "shadecache.cli", "serve", c.name, "--cache-only"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "shadecache secret" in out.stderr
+    fresh = subprocess.run([sys.executable, "-m", "shadecache.cli", "secret"], env=env, capture_output=True,
+                           text=True, timeout=60).stdout.strip()
+    assert len(fresh) == 64 and sc.peer.secret.check(fresh)
+
+
+def test_the_server_imports_nothing_from_the_working_directory(cache_factory, store, tmp_path):
+    """A world-writable working directory holds planted modules named like the ones the server
+    imports; the server process (started from a script elsewhere, in that directory) runs none
+    of them, and serves."""
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    os.chmod(evil, 0o777)
+    marker = tmp_path / "planted-module-ran"
+    for name in ("hmac", "json", "pickle", "struct", "secrets", "hashlib", "ipaddress"):
+        (evil / f"{name}.py").write_text(f"open({str(marker)!r}, 'a').write({name!r} + '\\n')\n"
+                                         "raise ImportError('planted')\n")
+    c = _full_cache(cache_factory, store)
+    script = tmp_path / "job" / "node.py"
+    script.parent.mkdir()
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(1, {ROOT!r})
+        import shadecache as sc
+        from shadecache.peer import PeerClient
+        store = sc.PackedStore({store.path!r})
+        cache = sc.Cache.attach({c.name!r})
+        with sc.serve(cache, read_through=False) as srv:
+            ok = PeerClient(srv.address, dataset=store).get_many([4], timeout=10) == [store.read(4)]
+        print("served" if ok else "wrong bytes")
+    """))
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    out = subprocess.run([sys.executable, str(script)], cwd=str(evil), env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.stdout.strip() == "served", out.stdout + out.stderr
+    assert not marker.exists(), marker.read_text()
+
+
+def test_serve_fetch_close_cycles_never_abort(cache_factory, store):
+    """12 cycles of serve, fetch, close (with a connection still open at close): every server
+    process exits 0 and nothing prints "terminate called" (a thread left in a native call)."""
+    c = _full_cache(cache_factory, store)
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {ROOT!r})
+        import shadecache as sc
+        from shadecache.peer import PeerClient
+        store = sc.PackedStore({store.path!r})
+        cache = sc.Cache.attach({c.name!r})
+        codes = []
+        for cycle in range(12):
+            srv = sc.serve(cache, store=store)
+            clients = [PeerClient(srv.address, dataset=store) for _ in range(3)]
+            for k, cl in enumerate(clients):
+                assert cl.get_many(list(range(k, {N})), timeout=10) == store.read_many(list(range(k, {N})))
+            srv.close()
+            codes.append(srv._proc.returncode)
+            for cl in clients:
+                cl.close()
+        print(codes)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.stdout.strip() == str([0] * 12), out.stdout + out.stderr
+    assert "terminate called" not in out.stderr, out.stderr
+
+
+# ---- the read-through default -------------------------------------------------------------------
+
+def test_serve_without_a_store_says_what_to_pass(cache_factory, store):
+    c = _full_cache(cache_factory, store)
+    with pytest.raises(ValueError, match="store=.*read_through=False"):
+        sc.serve(c)
+
+
+def test_a_three_node_cluster_reads_each_uncached_sample_once_per_epoch(cache_factory, tmp_path):
+    """Three nodes served the natural way (serve(cache, store=store)), trainers reading disjoint
+    shards: after the first epoch the whole cluster reads at most (N - cached) x 1.01 samples
+    from the store per epoch, not nearly all of them."""
+    n = 600
+    st = _store(tmp_path / "c.shc", n=n, size=2000, seed=7)
+    caches = [cache_factory(n, 400 << 10, "importance", max_item_bytes=4096, fingerprint=st.fingerprint)
+              for _ in range(3)]
+    servers = [sc.serve(c, store=st) for c in caches]
+    try:
+        addrs = [s.address for s in servers]
+        dss = [sc.CachedDataset(st, caches[k], cluster=sc.Cluster(addrs, k, timeout=5.0)) for k in range(3)]
+        clients = [PeerClient(a, dataset=st) for a in addrs]
+
+        def reads():
+            return (sum(d.stats()["store_reads"] for d in dss)
+                    + sum(cl.server_stats(5)["store_reads"] for cl in clients))
+
+        rng = np.random.default_rng(1)
+        per_epoch = []
+        for _ in range(3):
+            before = reads()
+            shards = np.array_split(rng.permutation(n), 3)
+            for b in range(0, 200, 50):
+                for k in range(3):
+                    dss[k].fetch_bytes(shards[k][b:b + 50])
+            per_epoch.append(reads() - before)
+        cached = sum(c.stats()["items"] for c in caches)
+        assert 0 < cached < n
+        assert all(r <= (n - cached) * 1.01 for r in per_epoch[1:]), (per_epoch, cached)
+        for cl in clients:
+            cl.close()
+        for d in dss:
+            d.cluster.close()
+    finally:
+        for s in servers:
+            s.close()
+        st.close()
