@@ -193,17 +193,29 @@ def run_shadecache(cfg, epochs, report):
         "device": {k: (round(v) if isinstance(v, float) else v) for k, v in store.device.items()},
         "gap_bytes": store.gap_bytes, "iops_bound": store.iops_bound,
         "cache": f"{cache.capacity_bytes} bytes in /dev/shm (RAM {RAM_SHARE:.0%}), policy importance",
-        "ssd_tier": (f"{ssd.capacity_bytes} bytes at {cfg['ssd_dir']} (SSD {ssd_share:.0%})"
+        "ssd_tier": (f"{ssd.capacity_bytes} bytes at {cfg['ssd_dir']} (SSD {ssd_share:.0%}), "
+                     f"values of one file at most {ssd.gap_bytes} B apart read together"
                      if ssd is not None else "none (--ssd-share 0)"),
         "sampler": {"order": sampler.order_kind, "extent_window": sampler.extent_window,
                     "extent_bytes": None if sampler.extents is None else sampler.extents.extent_bytes,
                     "rep_factor": 0, "pads": True, "temper": sampler.temper},
         "loader": described + ", samples as bytes"}})
 
+    def tier_counts():
+        t = ds.stats()["tiers"]
+        return {"ram_hits": ds.stats()["hits"], "ssd_hits": t["ssd"]["hits"],
+                "ssd_requests": ssd.stats()["read_requests"] if ssd is not None else 0,
+                "store_samples": t["store"]["hits"], "ssd_items": ssd.stats()["items"] if ssd else 0,
+                "ssd_written": ssd.stats()["writes"] if ssd else 0}
+
     def one_epoch(e):
         sampler.set_epoch(e)
+        before = tier_counts()
         n = _count(loader)
         sampler.end_epoch()
+        after = tier_counts()
+        report({"epoch_tiers": e, **{k: after[k] - before[k] if k not in ("ssd_items",) else after[k]
+                                     for k in after}})
         return n
     try:
         _Epochs(cfg["device"]).run(epochs, one_epoch, report)
@@ -310,9 +322,16 @@ def run_system(disk, system, cfg, epochs, timeout, data_bytes):
             if "config" in row:
                 print(f"  {system} configuration: {json.dumps(row['config'])}", flush=True)
             if "epoch" in row:
+                # what the throttle allows for these bytes and requests: the epoch's ceiling
+                floor_s = max(row["bytes"] / READ_BPS, row["requests"] / READ_IOPS)
+                ceiling = row["samples"] / floor_s if floor_s else float("inf")
                 print(f"    epoch {row['epoch']}: {row['samples'] / row['seconds']:9,.0f} samples/s, "
                       f"read {row['bytes'] / data_bytes:5.2f}x the data in "
-                      f"{row['requests']:,} requests ({row['seconds']:.1f} s)", flush=True)
+                      f"{row['requests']:,} requests ({row['seconds']:.1f} s; the throttle allows "
+                      f"{ceiling:,.0f}/s at these bytes and requests)", flush=True)
+            if "epoch_tiers" in row:
+                print(f"      tiers: {json.dumps({k: v for k, v in row.items() if k != 'epoch_tiers'})}",
+                      flush=True)
         rc = proc.wait()
     finally:
         timer.cancel()
@@ -332,7 +351,8 @@ def summarize(rows, data_bytes):
     epochs = [r for r in rows if "epoch" in r]
     out = {"config": next((r["config"] for r in rows if "config" in r), {}),
            "epochs": epochs, "tiers": next((r["tiers"] for r in rows if "tiers" in r), None),
-           "failed": next((r["failed"] for r in rows if "failed" in r), None)}
+           "failed": next((r["failed"] for r in rows if "failed" in r), None),
+           "epoch_tiers": [r for r in rows if "epoch_tiers" in r]}
     if epochs:
         cold, warm = epochs[0], epochs[1:]
         out["cold"] = {"samples_per_s": cold["samples"] / cold["seconds"],

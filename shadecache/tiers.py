@@ -21,6 +21,11 @@ One batch, fetch(ids) = read(ids), then admit(read):
           to, so the cluster caches the sum of its nodes. What the cache refused goes to each tier
           that keeps copies (put_many) and lies above the tier it came from (exclusive tiers: RAM
           and SSD together hold RAM + SSD worth of samples, not the larger of the two).
+Under whole-extent reads (the store's extent_layout, set by the sampler's extent order) a read
+first takes what this process staged (MateStage), asks a copying tier only for the store extents
+the node holds whole, with the tier's other samples of them (whole_extents: one read per extent,
+and the store is not asked for that extent at all), and reads the other misses' whole extents
+from the store; admit() then offers the mates too, in disk order, to the copying tiers.
 reader() runs the same read for a pipeline of batches (the prefetcher): the tiers above the store
 at submit, the store's share in flight until take().
 
@@ -86,33 +91,40 @@ class Read:
 class MateStage:
     """Extent mates the cache refused, kept in this process until their turn (first in, first
     out, within `capacity` bytes): the extent order asks for them within its window, so a full
-    cache that admits by score (equal scores: nothing new) does not make them be read again."""
+    cache that admits by score (equal scores: nothing new) does not make them be read again.
+    Each value keeps the index of the tier that read it (Read.source)."""
 
     def __init__(self, capacity: int):
         from collections import OrderedDict
         self.capacity = int(capacity)
-        self._d = OrderedDict()
+        self._d = OrderedDict()   # id -> (value, source)
         self._bytes = 0
 
-    def put(self, ids, values) -> None:
-        for i, v in zip(ids, values):
+    def put(self, ids, values, sources) -> None:
+        for i, v, src in zip(ids, values, sources):
             if i in self._d or v is None:
                 continue
-            self._d[i] = v
+            self._d[i] = (v, src)
             self._bytes += len(v)
         while self._bytes > self.capacity and self._d:
-            _, v = self._d.popitem(last=False)
+            _, (v, _) = self._d.popitem(last=False)
             self._bytes -= len(v)
 
     def take(self, ids) -> list:
-        """The staged value of each id (None where there is none), removed from the stage."""
+        """The staged (value, source) of each id (None where there is none), removed from the
+        stage."""
         out = []
         for i in ids:
-            v = self._d.pop(i, None)
-            if v is not None:
-                self._bytes -= len(v)
-            out.append(v)
+            got = self._d.pop(i, None)
+            if got is not None:
+                self._bytes -= len(got[0])
+            out.append(got)
         return out
+
+    def mask(self, ids: np.ndarray) -> np.ndarray:
+        """Bool mask: which of `ids` are staged."""
+        d = self._d
+        return np.fromiter((i in d for i in ids.tolist()), dtype=bool, count=ids.size)
 
     def __len__(self) -> int:
         return len(self._d)
@@ -210,7 +222,6 @@ class TierChain:
         """Reads distinct ids through the tiers, then the store (no admission); with a store that
         reads whole extents, their other samples come along as mates (Read)."""
         r = self.read_tiers(ids)
-        self.take_staged(r)
         rest = r.missing()
         if rest.size and self.store is not None:
             mates = self.extent_mates(r.ids[rest])
@@ -220,17 +231,16 @@ class TierChain:
         return r
 
     def take_staged(self, r: Read) -> None:
-        """Fills the positions no tier had from this process's stage of extent mates (counted as
-        the store's: it read them)."""
+        """Fills the positions no tier had yet from this process's stage of extent mates (with
+        the source that read them)."""
         stage = self.stage()
         rest = r.missing()
         if stage is None or not len(stage) or not rest.size:
             return
-        got = stage.take(r.ids[rest].tolist())
-        hit = np.array([v is not None for v in got], dtype=bool)
-        for k, v in zip(rest[hit].tolist(), (v for v in got if v is not None)):
-            r.values[k] = v
-        r.source[rest[hit]] = len(self.tiers)
+        for k, got in zip(rest.tolist(), stage.take(r.ids[rest].tolist())):
+            if got is not None:
+                r.values[k] = got[0]
+                r.source[k] = got[1]
 
     def extent_mates(self, ids: np.ndarray) -> np.ndarray:
         """The samples a read of `ids`' extents brings besides them (store.extent_mates: empty
@@ -244,7 +254,7 @@ class TierChain:
             mates = mates[self.keeps(mates)]
         stage = self.stage() if mates.size else None
         if stage is not None and len(stage):
-            mates = mates[[i not in stage for i in mates.tolist()]]
+            mates = mates[~stage.mask(mates)]
         return mates
 
     def admit(self, r: Read, insert=None) -> np.ndarray:
@@ -257,20 +267,22 @@ class TierChain:
             pos = np.flatnonzero(have)
             put = self.cache.put_many if insert is None else insert
             admitted[pos] = np.asarray(put(r.ids[pos], [r.values[k] for k in pos.tolist()]), dtype=bool)
-        asked = np.zeros(r.ids.size, dtype=bool)
-        asked[:r.asked] = True
+        layout = getattr(self.store, "extent_layout", None)
         for j in self._copying():
-            # extent mates are not offered here: they wait in the stage for a turn that comes
-            # within the window, and a full SSD tier offered every one of them each epoch spent
-            # the loop's time writing (measured: 256 B samples, warm epochs 5x slower)
-            below = np.flatnonzero(have & asked & ~admitted & (r.source > j))
+            # the extent mates too, in disk order: the samples of one store extent then lie in
+            # neighbouring slots and come back in one read (the tier drops what it holds, and
+            # when full what scores no higher than what it holds, without per-sample work)
+            below = np.flatnonzero(have & ~admitted & (r.source > j))
+            if below.size and layout is not None and r.ids.size > r.asked:
+                below = below[np.argsort(layout.position[r.ids[below]], kind="stable")]
             if below.size:
-                self.tiers[j][1].put_many(r.ids[below].tolist(), [r.values[k] for k in below.tolist()])
+                self.tiers[j][1].put_many(r.ids[below], [r.values[k] for k in below.tolist()])
         if r.ids.size > r.asked:   # mates the cache refused wait in this process for their turn
             refused = np.flatnonzero(~admitted[r.asked:] & have[r.asked:]) + r.asked
             stage = self.stage()
             if stage is not None and refused.size:
-                stage.put(r.ids[refused].tolist(), [r.values[k] for k in refused.tolist()])
+                stage.put(r.ids[refused].tolist(), [r.values[k] for k in refused.tolist()],
+                          r.source[refused].tolist())
         return admitted
 
     def fetch(self, ids) -> list:
@@ -294,14 +306,20 @@ class TierChain:
             for mask in served.values():
                 keep &= ~mask
         r = Read(a, keep)
+        self.take_staged(r)
+        copying = self._copying()
         for j, (name, tier) in enumerate(self.tiers):
             pending = r.missing()
             if j in served:
                 pending = pending[served[j][pending]]
+            mates = None
+            if j in copying:
+                pending, mates = self.whole_extents(r, tier, pending)
             if not pending.size:
                 continue
             t0 = time.perf_counter_ns()
-            got = tier.read_many(a[pending])
+            got = tier.read_many(a[pending] if mates is None or not mates.size
+                                 else np.concatenate([a[pending], mates]))
             ns = time.perf_counter_ns() - t0
             hits = nbytes = 0
             for k, v in zip(pending.tolist(), got):
@@ -310,8 +328,47 @@ class TierChain:
                     r.source[k] = j
                     hits += 1
                     nbytes += len(v)
+            if mates is not None and mates.size:
+                extra = got[pending.size:]
+                ok = np.fromiter((v is not None for v in extra), dtype=bool, count=len(extra))
+                if ok.any():
+                    values = [v for v in extra if v is not None]
+                    nbytes += sum(len(v) for v in values)
+                    r.add_mates(mates[ok], values, self.keeps(mates[ok]), j)
             r.counts[name] = TierCount(int(pending.size), hits, nbytes, ns)
         return r
+
+    def whole_extents(self, r: Read, tier, pending: np.ndarray):
+        """Which of the `pending` positions to ask of a copying tier (the SSD tier), and which of
+        its other samples to read with them. Without whole-extent reads of the store: all of them,
+        no others. With them (the extent order): only the positions whose store extent the node
+        holds whole (each of its samples cached, held by this tier, or staged), and with them the
+        tier's other samples of those extents that are neither cached nor staged, so that an
+        extent comes back from the tier in one read and the store is not asked for it at all;
+        the rest are left to the store, whose read of their extents brings them anyway (a read of
+        this tier for them would be one more read and save the shared storage nothing)."""
+        layout = getattr(self.store, "extent_layout", None)
+        holds = getattr(tier, "holds", None)
+        none = np.empty(0, np.int64)
+        if layout is None or holds is None or not pending.size:
+            return pending, none
+        ids = r.ids[pending]
+        members = layout.widen(ids)                    # disk order: grouped by extent
+        ext = layout.extent_of[members]
+        held = np.asarray(holds(members), dtype=bool)
+        other = np.zeros(members.size, dtype=bool)      # cached or staged: not this tier's to read
+        if self.cache is not None:
+            other |= np.asarray(self.cache.cached_mask(), dtype=bool)[members]
+        stage = self.stage()
+        if stage is not None and len(stage):
+            other |= stage.mask(members)
+        starts = np.flatnonzero(np.concatenate([[True], ext[1:] != ext[:-1]]))
+        whole = ext[starts][np.logical_and.reduceat(held | other, starts)]
+        if not whole.size:
+            return pending[:0], none
+        in_whole = np.isin(ext, whole)
+        mates = members[in_whole & held & ~other & ~np.isin(members, r.ids)]
+        return pending[np.isin(layout.extent_of[ids], whole)], mates
 
     def took_from_store(self, r: Read, rest: np.ndarray, got: list, ns: int,
                         mates: np.ndarray | None = None) -> None:

@@ -54,6 +54,8 @@ class ExtentLayout:
         self.extents = int(self.extent_of.max()) + 1 if n else 0
         # the members of extent e are by_extent[first[e]:first[e + 1]] (disk order is extent order)
         self.by_extent = disk_order
+        self.position = np.empty(n, dtype=np.int64)   # each id's place in the disk order
+        self.position[disk_order] = np.arange(n, dtype=np.int64)
         self.first = np.searchsorted(self.extent_of[disk_order], np.arange(self.extents + 1))
 
     def widen(self, ids) -> np.ndarray:

@@ -89,3 +89,43 @@ def test_mates_this_node_does_not_keep_or_already_holds_are_not_read(store, cach
     assert chain.fetch([int(mates[3])]) == [store.read(int(mates[3]))]
     store.read_whole_extents(None)
     assert store.extent_mates([first]).size == 0
+
+
+def test_the_ssd_tier_serves_the_extents_it_holds_whole_and_no_others(store, tmp_path):
+    """Under whole-extent reads, a miss in an extent the SSD tier holds whole is read from the
+    tier with the extent's other samples, in one request per slot file, and the store is not asked; a miss in
+    an extent the tier holds only in part is left to the store (whose read of the extent brings
+    it anyway), and the tier is not asked at all. Extent mates offered back go to the tier in
+    disk order, so an extent lands in neighbouring slots."""
+    from shadecache.sampling.extents import ExtentLayout
+    from shadecache.tiers import TierChain
+
+    layout = ExtentLayout.of_store(store, 64 << 10)
+    store.read_whole_extents(layout)
+    members = [layout.by_extent[layout.first[e]:layout.first[e + 1]] for e in range(3)]
+    with sc.SSDTier(tmp_path / "ssd", capacity_bytes=8 << 20) as ssd:
+        chain = TierChain.for_node(store, None, ssd=ssd)
+        whole, part = members[0], members[1]
+        ssd.put_many(whole, store.read_many(whole))
+        ssd.put_many(part[::2], store.read_many(part[::2]))
+        ssd.flush()
+        before, requests = store.io_counters(), ssd.stats()["read_requests"]
+        r = chain.read([int(whole[3])])
+        files = np.unique(ssd._layout.size[whole]).size       # one slot file per size class
+        assert store.io_counters() == before and ssd.stats()["read_requests"] == requests + files
+        assert sorted(r.ids.tolist()) == sorted(whole.tolist()) and (r.source == 0).all()
+        assert r.values == store.read_many(r.ids) and r.counts["ssd"].hits == 1
+        before = store.io_counters()
+        r = chain.read([int(part[0])])
+        assert "ssd" not in r.counts and r.source[0] == 1          # the store's read
+        assert sorted(r.ids.tolist()) == sorted(part.tolist())
+        assert store.io_counters()["requests"] == before["requests"] + 1
+        # the store's mates go to the tier in disk order: extent 2 in neighbouring slots of
+        # each size class's file
+        r = chain.read([int(members[2][0])])
+        chain.admit(r)
+        ssd.flush()
+        assert ssd.holds(members[2]).all()
+        sizes, slots = ssd._layout.size[members[2]], ssd._layout.slot[members[2]]
+        for s in np.unique(sizes):
+            assert (np.diff(slots[sizes == s]) == 1).all(), (s, slots[sizes == s])
