@@ -234,12 +234,7 @@ class CachedLoader:
         groups = self._id_groups(k)
         if self.num_workers == 0:
             for group in groups:
-                made, exc = self._make_group(group)
-                for batch in made:
-                    self._delivered += 1
-                    yield batch
-                if exc is not None:
-                    raise exc
+                yield from self._hand_out(*self._make_group(group))
             self._delivered = 0
             return
         pool = AssemblyThreads(self._make_group, self.num_workers)
@@ -257,15 +252,19 @@ class CachedLoader:
                     submitted += 1
                 if not ok:
                     raise value
-                made, exc = value
-                for batch in made:
-                    self._delivered += 1
-                    yield batch
-                if exc is not None:
-                    raise exc
+                yield from self._hand_out(*value)
             self._delivered = 0
         finally:
             pool.stop()
+
+    def _hand_out(self, made, exc):
+        """Yields a group's batches, counting each as delivered (state_dict resumes after the
+        last one handed out), then raises the error that cut the group short, if any."""
+        for batch in made:
+            self._delivered += 1
+            yield batch
+        if exc is not None:
+            raise exc
 
     def _iter_processes(self):
         """Batches made per sample (decode, transform, collate) in `process_workers` worker
