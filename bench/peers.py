@@ -10,7 +10,7 @@ disk, batches of 256, 3 epochs; each system runs in a child process placed in th
 cgroup, and the bytes read are what the block device itself served (/sys/block/<dev>/stat).
 
 - shadecache: the store packed on the throttled disk (dense, shuffled placement), a Cache of 20%
-  in /dev/shm, an SSD tier of 30% on local disk, a CachedDataset, ShadeSampler with its default
+  in /dev/shm, an SSD tier of 30% on local disk (admitting and evicting by the cache's scores), a CachedDataset, ShadeSampler with its default
   order (the extent order where the store is IOPS-bound, measured at open), sc.CachedLoader with
   2 assembly threads (--loader dataloader: a DataLoader with 2 worker processes). rep_factor=0: no cached sample is repeated in place of a miss, so every epoch trains
   every sample once, as the others do.
@@ -176,7 +176,10 @@ def run_shadecache(cfg, epochs, report):
     cache = sc.Cache.create(name, num_samples=len(store), capacity_bytes=int(RAM_SHARE * data_bytes),
                             policy="importance")
     ssd_share = cfg.get("ssd_share", SSD_SHARE)
-    ssd = sc.SSDTier(cfg["ssd_dir"], capacity_bytes=int(ssd_share * data_bytes)) if ssd_share else None
+    # cache=: the tier evicts and admits by the cache's importance scores (its docs' usage; without
+    # one it evicts in id order and admits every newcomer, rewriting itself each epoch)
+    ssd = (sc.SSDTier(cfg["ssd_dir"], capacity_bytes=int(ssd_share * data_bytes), cache=cache)
+           if ssd_share else None)
     ds = sc.CachedDataset(store, cache, ssd=ssd, decode=bytes)
     sampler = sc.ShadeSampler(ds, cache=cache, batch_size=BATCH, rep_factor=0, seed=0)
     if cfg.get("loader") == "dataloader":
@@ -194,7 +197,8 @@ def run_shadecache(cfg, epochs, report):
         "gap_bytes": store.gap_bytes, "iops_bound": store.iops_bound,
         "cache": f"{cache.capacity_bytes} bytes in /dev/shm (RAM {RAM_SHARE:.0%}), policy importance",
         "ssd_tier": (f"{ssd.capacity_bytes} bytes at {cfg['ssd_dir']} (SSD {ssd_share:.0%}), "
-                     f"values of one file at most {ssd.gap_bytes} B apart read together"
+                     f"scores from the cache, values of one file at most {ssd.gap_bytes} B apart "
+                     "read together"
                      if ssd is not None else "none (--ssd-share 0)"),
         "sampler": {"order": sampler.order_kind, "extent_window": sampler.extent_window,
                     "extent_bytes": None if sampler.extents is None else sampler.extents.extent_bytes,
