@@ -59,9 +59,11 @@ DeviceProbe probe_device(const std::string& path, int buffered_fd, uint64_t lo, 
     std::vector<RangeRead> ops{RangeRead{place(large_bytes), large_bytes, buf.get()},
                                RangeRead{place(kSmall), kSmall, buf.get() + large_bytes}};
     timed_reads(backend, use, out.direct, ops);
+    // At least two batches: when one batch outlasts the phase (a slow or loaded device), the
+    // rate is the last batch's, never the first burst's and never none.
     auto phase = [&](unsigned count, uint32_t bytes) {
-      double elapsed = 0, steady_t = 0, steady_n = 0;
-      for (unsigned b = 0; b < kMaxBatches && elapsed < kPhaseS; ++b) {
+      double elapsed = 0, steady_t = 0, steady_n = 0, last_t = 0;
+      for (unsigned b = 0; b < kMaxBatches && (elapsed < kPhaseS || b < 2); ++b) {
         ops.clear();
         for (unsigned i = 0; i < count; ++i)
           ops.push_back(RangeRead{place(bytes), bytes, buf.get() + size_t{i} * bytes});
@@ -71,8 +73,13 @@ DeviceProbe probe_device(const std::string& path, int buffered_fd, uint64_t lo, 
           steady_n += count;
         }
         elapsed += t;
+        last_t = t;
       }
-      return steady_n > 0 ? steady_n / std::max(steady_t, 1e-9) : 0.0;
+      if (steady_n == 0) {
+        steady_t = last_t;
+        steady_n = count;
+      }
+      return steady_n / std::max(steady_t, 1e-9);
     };
     out.iops = phase(small, kSmall);
     out.bandwidth = phase(large, large_bytes) * large_bytes;

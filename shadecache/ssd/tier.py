@@ -56,7 +56,7 @@ import numpy as np
 from .. import _io, node_files
 from .._io import crc32c
 from ..errors import FingerprintError
-from .layout import MAX_ID, REMOVED, Layout, entry, slot_bytes
+from .layout import MAX_ID, REMOVED, Layout, entry, slot_bytes, slot_bytes_of
 
 _BATCH = 256     # values the writer gathers from its queue before a round
 _ROUND = 1024    # values written per journal append at most (the locks are held for one round)
@@ -282,8 +282,8 @@ class SSDTier:
         if scores is None:
             return keep
         room = self.capacity_bytes - self._layout.used - self._queued[1]
-        slots = np.fromiter((slot_bytes(len(values[k])) for k in np.flatnonzero(keep).tolist()),
-                            np.int64)
+        slots = slot_bytes_of(np.fromiter(map(len, (values[k] for k in np.flatnonzero(keep).tolist())),
+                                          np.int64))
         fits = np.cumsum(slots) <= room
         if fits.all():
             return keep
