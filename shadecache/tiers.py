@@ -62,7 +62,7 @@ class Read:
     samples the store read along with the extents of the asked ones (store.extent_mates), which
     admit() offers like the others so that they are not read again when their turn comes."""
 
-    __slots__ = ("ids", "values", "source", "keep", "counts", "asked")
+    __slots__ = ("ids", "values", "source", "keep", "counts", "asked", "staged")
 
     def __init__(self, ids: np.ndarray, keep: np.ndarray):
         self.ids = ids
@@ -71,6 +71,7 @@ class Read:
         self.keep = keep
         self.counts = {}
         self.asked = ids.size
+        self.staged = None    # bool mask of the positions taken from the stage (None: none)
 
     @property
     def asked_values(self) -> list:
@@ -78,6 +79,8 @@ class Read:
         return self.values if len(self.values) == self.asked else self.values[:self.asked]
 
     def add_mates(self, ids: np.ndarray, values: list, keep: np.ndarray, source: int) -> None:
+        if self.staged is not None:
+            self.staged = np.concatenate([self.staged, np.zeros(ids.size, dtype=bool)])
         self.ids = np.concatenate([self.ids, ids])
         self.values = self.values + list(values)
         self.source = np.concatenate([self.source, np.full(ids.size, source, dtype=np.int16)])
@@ -237,10 +240,13 @@ class TierChain:
         rest = r.missing()
         if stage is None or not len(stage) or not rest.size:
             return
+        staged = np.zeros(r.ids.size, dtype=bool)
         for k, got in zip(rest.tolist(), stage.take(r.ids[rest].tolist())):
             if got is not None:
                 r.values[k] = got[0]
                 r.source[k] = got[1]
+                staged[k] = True
+        r.staged = staged
 
     def extent_mates(self, ids: np.ndarray) -> np.ndarray:
         """The samples a read of `ids`' extents brings besides them (store.extent_mates: empty
@@ -263,16 +269,27 @@ class TierChain:
         refused to the copying tiers above the tier it came from. Returns the admitted mask."""
         admitted = np.zeros(r.ids.size, dtype=bool)
         have = r.keep & (r.source >= 0)
-        if self.cache is not None and self.admit_to_cache and have.any():
-            pos = np.flatnonzero(have)
+        fresh = have if r.staged is None else have & ~r.staged
+        # Values taken from the stage were offered when they were staged (the cache refused them,
+        # the copying tiers had them in disk order): the loaders' path does not offer them again,
+        # a batch at a time; a caller with its own insert (the prefetcher, which counts what the
+        # cache refuses) offers them to the cache as before.
+        offer = fresh if insert is None else have
+        layout = getattr(self.store, "extent_layout", None)
+        if self.cache is not None and self.admit_to_cache and offer.any():
+            pos = np.flatnonzero(offer)
+            if layout is not None and r.ids.size > r.asked:
+                # in disk order, asked ids among their mates: a cache that fills up holds whole
+                # extents and at most one in part (its rest goes to the copying tiers), so that
+                # the extents the node holds whole are as many as its room allows
+                pos = pos[np.argsort(layout.position[r.ids[pos]], kind="stable")]
             put = self.cache.put_many if insert is None else insert
             admitted[pos] = np.asarray(put(r.ids[pos], [r.values[k] for k in pos.tolist()]), dtype=bool)
-        layout = getattr(self.store, "extent_layout", None)
         for j in self._copying():
             # the extent mates too, in disk order: the samples of one store extent then lie in
             # neighbouring slots and come back in one read (the tier drops what it holds, and
             # when full what scores no higher than what it holds, without per-sample work)
-            below = np.flatnonzero(have & ~admitted & (r.source > j))
+            below = np.flatnonzero(fresh & ~admitted & (r.source > j))
             if below.size and layout is not None and r.ids.size > r.asked:
                 below = below[np.argsort(layout.position[r.ids[below]], kind="stable")]
             if below.size:
