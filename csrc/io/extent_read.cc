@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "common/error.h"
+#include "io/scratch.h"
 
 namespace shadecache {
 
@@ -41,29 +42,6 @@ ExtentPlan plan_extents(const store::Entry* dir, const int64_t* ids, size_t n, b
   return plan;
 }
 
-namespace {
-
-// A growing buffer per thread for extents that are copied out (freed above 64 MiB after use).
-struct Scratch {
-  std::unique_ptr<char[]> p;
-  size_t n = 0;
-  char* get(size_t want) {
-    if (want > n) {
-      p.reset(new char[want]);
-      n = want;
-    }
-    return p.get();
-  }
-  void trim() {
-    if (n > (64u << 20)) {
-      p.reset();
-      n = 0;
-    }
-  }
-};
-
-}  // namespace
-
 void read_samples(IoBackend& backend, int fd, bool direct, CheckedBatch& batch, const ReadShape& shape,
                   ReadCounters* counters) {
   const store::Entry* dir = batch.dir();
@@ -89,7 +67,7 @@ void read_samples(IoBackend& backend, int fd, bool direct, CheckedBatch& batch, 
     }
     asked += direct ? direct_span(ops[x]) : e.len;
   }
-  static thread_local Scratch scratch;
+  static thread_local ScratchBuffer scratch;
   char* base = scratch_bytes ? scratch.get(scratch_bytes) : nullptr;
   for (size_t x = 0; x < m; ++x)
     if (scratch_at[x] != SIZE_MAX) ops[x].dest = base + scratch_at[x];

@@ -6,6 +6,7 @@
 
 #include "common/crc32c.h"
 #include "common/error.h"
+#include "io/scratch.h"
 #include "io/pread_backend.h"
 
 namespace shadecache {
@@ -24,27 +25,6 @@ void classify(const TierReader::Op& op, int32_t* status, int32_t* err) {
                 ? TierReader::kOk
                 : TierReader::kDamaged;
 }
-}  // namespace
-
-namespace {
-// A growing buffer per thread for extents of several values (freed above 64 MiB after use).
-struct TierScratch {
-  std::unique_ptr<char[]> p;
-  size_t n = 0;
-  char* get(size_t want) {
-    if (want > n) {
-      p.reset(new char[want]);
-      n = want;
-    }
-    return p.get();
-  }
-  void trim() {
-    if (n > (64u << 20)) {
-      p.reset();
-      n = 0;
-    }
-  }
-};
 
 struct TierExtent {
   int fd;
@@ -104,7 +84,7 @@ void TierReader::read(const Op* ops, size_t n, int32_t* status, int32_t* err) {
       scratch_bytes += ext[x].len;
     }
   }
-  static thread_local TierScratch scratch;
+  static thread_local ScratchBuffer scratch;
   char* base = scratch_bytes ? scratch.get(scratch_bytes) : nullptr;
   for (size_t x = 0; x < ext.size(); ++x)
     if (scratch_at[x] != SIZE_MAX) ranges[x].dest = base + scratch_at[x];

@@ -37,7 +37,7 @@ class PackedStore(NativeStore):
 
     Reads of a batch are coalesced into extents (csrc/io/extent_read.h): samples whose bytes lie
     at most `gap_bytes` apart are read in one request. gap_bytes=None: from the device, measured
-    at open (`device`: a few ms of reads; not for stores under 16 MiB, where it is 0), or from
+    at open (`device`: under a second of reads; not for stores under 16 MiB, where it is 0), or from
     `device={"iops": ..., "bandwidth": ...}` when given. max_extent_bytes caps one request.
 
     Fork-safe: a forked DataLoader worker builds its own ring on first use; spawned workers get
