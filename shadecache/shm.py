@@ -9,15 +9,19 @@ behind when its owner is gone.
 
 Ownership: the process that creates a segment or a board removes it when it exits: own() registers
 the removal for interpreter exit in the creating pid only (a forked child inherits the registry
-and must not remove its parent's files); a peer server removes its status file when it stops.
-What a killed owner leaves, sweep() removes (with the segments of dead creators, cache/node.py's
-gc): boards of caches that no longer exist, status files whose writer is gone, and the temporary
-files of a writer that is gone. A file's owner is the pid that wrote it: the board header's
-creator, the status file's "pid", the temporary name's <pid>.
+and must not remove its parent's files), and the removal takes the file only while it is still
+the one this process made (its own may have been removed, and another job's made under the name);
+a peer server removes its status file when it stops. What a killed owner leaves, sweep() removes
+(with the segments of dead creators, cache/node.py's gc): boards whose creator is gone (a board
+whose creator is unknown: when its cache no longer exists), status files whose writer is gone, and
+the temporary files of a writer that is gone. A file's owner is the process that wrote it: the
+board header's creator (pid and start time, at BOARD_CREATOR_AT), the status file's "pid", the
+temporary name's <pid>.
 """
 import atexit
 import json
 import os
+import struct
 
 from . import node_files
 from .process import alive
@@ -27,6 +31,10 @@ SEGMENT_PREFIX = "shadecache."        # the engine's (csrc/cache/segment.cc); th
 BOARD_PREFIX = "shadecache-order."
 STATUS_PREFIX = "shadecache-tiers."
 _MAX_STATUS_BYTES = 1 << 20           # far more than any status; a larger file is not one
+# The board header's creator: int64 pid at this byte offset, int64 start time (process.py) 24 bytes
+# on (lookahead/board.py writes both; a board of an older writer has 0 there: pid only).
+BOARD_CREATOR_AT = 40
+BOARD_CREATOR_START_AT = 64
 
 
 def _check_name(cache_name: str) -> str:
@@ -54,7 +62,8 @@ _OWNED: dict = {}   # key -> (creating pid, remove())
 
 
 def own(key: str, remove) -> None:
-    """Runs remove() at interpreter exit, in this process only (not in a forked child)."""
+    """Runs remove() at interpreter exit, in this process only (not in a forked child). remove()
+    takes the file only if it is still the one this process made."""
     _OWNED[key] = (os.getpid(), remove)
 
 
@@ -109,10 +118,30 @@ def writer_gone(status: dict) -> bool:
         return True
 
 
+def board_creator(path: str):
+    """(pid, start time) of the board at `path` as its header names them; None when it names no
+    creator (a board being made, a short or foreign file, a link)."""
+    try:
+        fd = node_files.open_file(path, os.O_RDONLY | os.O_NONBLOCK, "order board")
+    except OSError:
+        return None
+    try:
+        head = os.pread(fd, BOARD_CREATOR_START_AT + 8, 0)
+    finally:
+        os.close(fd)
+    if len(head) < BOARD_CREATOR_START_AT + 8:
+        return None
+    (pid,) = struct.unpack_from("<q", head, BOARD_CREATOR_AT)
+    (start,) = struct.unpack_from("<q", head, BOARD_CREATOR_START_AT)
+    return (pid, start) if pid > 0 else None
+
+
 def sweep(live_caches) -> list:
-    """Removes this user's boards of caches not in `live_caches`, status files whose writer is
-    gone (or that do not parse) and temporary files of writers that are gone; returns the names
-    removed (`shadecache gc`). Another user's files are left alone, and links are never followed."""
+    """Removes this user's boards whose creator is gone (when the header names none: boards of
+    caches not in `live_caches`), status files whose writer is gone (or that do not parse) and
+    temporary files of writers that are gone; returns the names removed (`shadecache gc`). A live
+    creator's board stays, its cache made or not yet. Another user's files are left alone, and
+    links are never followed."""
     removed = []
     live = set(live_caches)
     for entry in os.listdir(SHM_DIR):
@@ -120,7 +149,9 @@ def sweep(live_caches) -> list:
         if entry.startswith((BOARD_PREFIX, STATUS_PREFIX)) and not node_files.owned(path):
             continue
         if entry.startswith(BOARD_PREFIX):
-            gone = entry[len(BOARD_PREFIX):] not in live
+            creator = board_creator(path)
+            gone = (not alive(*creator) if creator is not None
+                    else entry[len(BOARD_PREFIX):] not in live)
         elif entry.startswith(STATUS_PREFIX) and entry.endswith(".json"):
             try:
                 d = read_status(path)

@@ -13,7 +13,9 @@ One batch, fetch(ids) = read(ids), then admit(read):
   read    each tier in order is asked, in one batched call, for the ids no tier above it had and
           that it serves (a tier with serves(ids), the home peer, is asked only for the ids whose
           home is another node); then the store for every id still missing. Each value comes
-          back checked against the checksum recorded with it (protocol.py).
+          back checked against the checksum recorded with it (protocol.py), and leaves the chain
+          as bytes; an answer that is not one bytes-like value (or None, above the store) per id
+          is refused, naming the tier, before anything of the batch is admitted.
   admit   the values of the ids this node keeps are offered to the cache, which admits each by its
           policy (no scores are passed: the importance policy compares the sample's score in the
           shared table). A node keeps every id, or, when a tier partitions the ids (serves) and
@@ -42,6 +44,8 @@ from collections import deque
 from typing import NamedTuple, Sequence
 
 import numpy as np
+
+from .errors import ValueTooLargeError
 
 STORE = "store"   # the store's name in a Read's counts
 
@@ -265,8 +269,9 @@ class TierChain:
 
     def admit(self, r: Read, insert=None) -> np.ndarray:
         """Offers the values of the ids this node keeps to the cache (insert(ids, values) -> bool
-        mask; default cache.put_many: the engine admits each by its policy), then gives what it
-        refused to the copying tiers above the tier it came from. Returns the admitted mask."""
+        mask; default cache.put_many: the engine admits each by its policy; a value too large
+        for the cache is refused like any other), then gives what it refused to the copying tiers
+        above the tier it came from. Returns the admitted mask."""
         admitted = np.zeros(r.ids.size, dtype=bool)
         have = r.keep & (r.source >= 0)
         fresh = have if r.staged is None else have & ~r.staged
@@ -284,7 +289,17 @@ class TierChain:
                 # the extents the node holds whole are as many as its room allows
                 pos = pos[np.argsort(layout.position[r.ids[pos]], kind="stable")]
             put = self.cache.put_many if insert is None else insert
-            admitted[pos] = np.asarray(put(r.ids[pos], [r.values[k] for k in pos.tolist()]), dtype=bool)
+            try:
+                admitted[pos] = np.asarray(put(r.ids[pos], [r.values[k] for k in pos.tolist()]),
+                                           dtype=bool)
+            except ValueTooLargeError:
+                # a value larger than the cache takes (its max_item_bytes) is refused, not the
+                # reader's error: the others are offered one by one
+                for k in pos.tolist():
+                    try:
+                        admitted[k] = bool(np.asarray(put(r.ids[k:k + 1], [r.values[k]]))[0])
+                    except ValueTooLargeError:
+                        pass
         for j in self._copying():
             # the extent mates too, in disk order: the samples of one store extent then lie in
             # neighbouring slots and come back in one read (the tier drops what it holds, and
@@ -335,12 +350,16 @@ class TierChain:
             if not pending.size:
                 continue
             t0 = time.perf_counter_ns()
-            got = tier.read_many(a[pending] if mates is None or not mates.size
-                                 else np.concatenate([a[pending], mates]))
+            want = pending.size + (0 if mates is None else mates.size)
+            got = _answer(tier.read_many(a[pending] if want == pending.size
+                                         else np.concatenate([a[pending], mates])),
+                          want, f"tier {name!r}", tier)
             ns = time.perf_counter_ns() - t0
             hits = nbytes = 0
             for k, v in zip(pending.tolist(), got):
                 if v is not None:
+                    if type(v) is not bytes:
+                        v = _as_bytes(v, f"tier {name!r}", tier, a[k])
                     r.values[k] = v
                     r.source[k] = j
                     hits += 1
@@ -349,7 +368,8 @@ class TierChain:
                 extra = got[pending.size:]
                 ok = np.fromiter((v is not None for v in extra), dtype=bool, count=len(extra))
                 if ok.any():
-                    values = [v for v in extra if v is not None]
+                    values = [v if type(v) is bytes else _as_bytes(v, f"tier {name!r}", tier, i)
+                              for v, i in zip(extra, mates.tolist()) if v is not None]
                     nbytes += sum(len(v) for v in values)
                     r.add_mates(mates[ok], values, self.keeps(mates[ok]), j)
             r.counts[name] = TierCount(int(pending.size), hits, nbytes, ns)
@@ -390,17 +410,55 @@ class TierChain:
     def took_from_store(self, r: Read, rest: np.ndarray, got: list, ns: int,
                         mates: np.ndarray | None = None) -> None:
         """Records the store's values `got` for positions `rest` of `r`, then those of the extent
-        mates read with them (the values after rest's, in the order of `mates`)."""
+        mates read with them (the values after rest's, in the order of `mates`); ValueError or
+        TypeError naming the store and the id when they are not one value, bytes-like, per id."""
+        nmates = 0 if mates is None else mates.size
+        got = _answer(got, rest.size + nmates, "store", self.store)
+        ids = r.ids[rest] if not nmates else np.concatenate([r.ids[rest], mates])
+        for k, v in enumerate(got):
+            if type(v) is not bytes:
+                if v is None:
+                    raise ValueError(f"{_who(STORE, self.store)} has no value for sample id "
+                                     f"{int(ids[k])} (a store holds every id: "
+                                     "shadecache/store/protocol.py)")
+                got[k] = _as_bytes(v, "store", self.store, ids[k])
         nbytes = 0
         for k, v in zip(rest.tolist(), got):
             r.values[k] = v
             nbytes += len(v)
         r.source[rest] = len(self.tiers)
-        if mates is not None and mates.size:
+        if nmates:
             extra = got[rest.size:]
             nbytes += sum(len(v) for v in extra)
             r.add_mates(mates, extra, np.ones(mates.size, dtype=bool), len(self.tiers))
         r.counts[STORE] = TierCount(int(rest.size), int(rest.size), nbytes, ns)
+
+
+def _who(what: str, tier) -> str:
+    """A tier for messages: "tier 'ssd' (SSDTier)", "store PackedStore"."""
+    return f"store {type(tier).__name__}" if what == "store" else f"{what} ({type(tier).__name__})"
+
+
+def _answer(got, asked: int, what: str, tier) -> list:
+    """A read_many answer as a list of one value per id asked; ValueError naming the tier when it
+    holds another number of values (zip would drop or misplace them silently)."""
+    if not isinstance(got, list):
+        got = list(got)
+    if len(got) != asked:
+        raise ValueError(f"{_who(what, tier)} answered {len(got)} values for {asked} ids: read_many answers one "
+                         "value per id, in order (shadecache/store/protocol.py)")
+    return got
+
+
+def _as_bytes(v, what: str, tier, i) -> bytes:
+    """The bytes of a bytes-like value (bytearray, memoryview, numpy array: its buffer, as a
+    copy), so every reader gets bytes whatever a tier answers; TypeError naming the tier and the
+    id for anything else (a str, an int: bytes(5) would be five zero bytes)."""
+    try:
+        return memoryview(v).tobytes()
+    except TypeError:
+        raise TypeError(f"{_who(what, tier)} answered a {type(v).__name__} for sample id {int(i)}: read_many "
+                        "answers bytes (shadecache/store/protocol.py)") from None
 
 
 class ChainReader:

@@ -19,6 +19,7 @@ def _segments():
 def no_leaked_segments():
     """Every test leaves /dev/shm as it found it (after `gc` of killed creators)."""
     before = _segments()
+    before_files = set(os.listdir("/dev/shm"))
     yield
     from shadecache.cache import gc
 
@@ -34,10 +35,22 @@ def no_leaked_segments():
         creator = _creator(n)
         if creator == os.getpid() or mine in n:
             return True
-        return creator is not None and creator_alive(n) is not True
+        # None: the segment went meanwhile (another run removed its own between the two looks)
+        return creator is not None and creator_alive(n) is False
 
     leaked = {n for n in _segments() - before if ours(n)}
     assert not leaked, f"tests left shared-memory segments behind: {sorted(leaked)}"
+    # and the node's other files (shm.py names them): boards and status files of this run's caches
+    # (a board this process made goes at its exit, after this look)
+    from shadecache import shm
+
+    def left(e):
+        creator = shm.board_creator(os.path.join(shm.SHM_DIR, e)) if e.startswith(shm.BOARD_PREFIX) else None
+        return mine in e and (creator is None or creator[0] != os.getpid())
+
+    others = {e for e in os.listdir(shm.SHM_DIR) if e.startswith((shm.BOARD_PREFIX, shm.STATUS_PREFIX))
+              and left(e)} - before_files
+    assert not others, f"tests left files in {shm.SHM_DIR} behind: {sorted(others)}"
 
 
 @pytest.fixture

@@ -121,3 +121,76 @@ def test_the_pipeline_gives_each_batch_in_order(store, tmp_path, streamed):
         assert r.values == store.read_many(r.ids)
     assert STORE not in got[-1].counts and got[-1].counts["ssd"].hits == 3   # all on the SSD tier
     ssd.close()
+
+
+class AnswerStore:
+    """A store written here whose read_many answers through `answer(ids, values)`: the packed
+    store's values as another bytes-like type, or a broken answer."""
+
+    def __init__(self, store, answer):
+        self.store, self.answer = store, answer
+        self.labels, self.lengths, self.fingerprint = store.labels, store.lengths, None
+
+    def __len__(self):
+        return len(self.store)
+
+    def read_many(self, ids):
+        return self.answer(ids, self.store.read_many(ids))
+
+    def close(self):
+        pass
+
+
+def _numpy_rows(ids, values):   # uint8 arrays; sample 0 as a (2, n/2) array
+    return [np.frombuffer(v, np.uint8).reshape(2, -1) if i == 0 else np.frombuffer(v, np.uint8)
+            for i, v in zip(np.asarray(ids).tolist(), values)]
+
+
+@pytest.mark.parametrize("answer", [
+    lambda ids, values: [bytearray(v) for v in values],
+    lambda ids, values: [memoryview(v) for v in values],
+    _numpy_rows,
+], ids=["bytearray", "memoryview", "numpy"])
+def test_bytes_like_values_reach_every_reader_as_their_bytes(tmp_path, cache_factory, answer):
+    with sc.PackWriter(tmp_path / "z.shc") as w:       # sample 5: one zero byte
+        for i in range(N):
+            w.add(b"\0" if i == 5 else make_value(i, 0, 300 + 10 * i), i % 3)
+    packed = sc.PackedStore(tmp_path / "z.shc")
+    store = AnswerStore(packed, answer)
+    ids = [0, 5, 7, 5]
+    want = packed.read_many(ids)
+    r = TierChain([], store).read([0, 5, 7])
+    assert r.values == want[:3] and all(type(v) is bytes for v in r.values)
+    for cache in (None, cache_factory(N, capacity=1 << 20)):
+        ds = sc.CachedDataset(store, cache)
+        for _ in range(2):   # misses, then (with a cache) hits
+            assert [bytes(x.numpy()) for x, _, _ in ds.__getitems__(ids)] == want
+        batch = next(iter(sc.CachedLoader(ds, batch_size=4, sampler=ids, num_workers=0)))
+        assert [bytes(x.numpy()) for x in batch[0].tolist()] == want    # a RaggedBatch
+
+
+@pytest.mark.parametrize("answer, message", [
+    (lambda ids, values: values[:-1], r"store AnswerStore answered 2 values for 3 ids"),
+    (lambda ids, values: values + [b"x"], r"store AnswerStore answered 4 values for 3 ids"),
+    (lambda ids, values: [None if i == 7 else v for i, v in zip(np.asarray(ids).tolist(), values)],
+     r"store AnswerStore has no value for sample id 7"),
+    (lambda ids, values: ["text"] * len(values), r"store AnswerStore answered a str for sample id 0"),
+], ids=["fewer", "more", "none", "str"])
+def test_a_store_answering_against_the_protocol_is_refused_naming_it(store, cache_factory, answer, message):
+    bad = AnswerStore(store, answer)
+    with pytest.raises((ValueError, TypeError), match=message):
+        TierChain([], bad).read([0, 5, 7])
+    # no reader hands out an empty or wrong sample in its place, and nothing is admitted
+    cache = cache_factory(N, capacity=1 << 20)
+    for ds in (sc.CachedDataset(bad, None), sc.CachedDataset(bad, cache)):
+        with pytest.raises((ValueError, TypeError), match=message):
+            ds.__getitems__([0, 5, 7])
+    assert not cache.cached_mask().any()
+
+
+def test_a_tier_answering_another_count_is_refused_naming_it(store):
+    class Short(EvenPeer):
+        def read_many(self, ids):
+            return super().read_many(ids)[1:]
+    with pytest.raises(ValueError, match=r"tier 'peer' \(Short\) answered 1 values for 2 ids"):
+        TierChain.for_node(store, peer=Short(store)).read([0, 2, 3])

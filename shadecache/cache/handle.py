@@ -6,8 +6,9 @@
 Readers (get, get_many, get_into, contains) take no lock and call straight into the engine.
 Writers (put, put_many, update_scores, remove) take the segment's robust mutex with the GIL
 released. The creating process owns the segment: it is removed by unlink(), by leaving a
-`with Cache.create(...)` block, or when the creating process exits; `shadecache gc` removes the
-segments of creators that were killed. A cache created with persist=True outlives every process
+`with Cache.create(...)` block, or when the creating process exits (those two only while the
+segment under its name is still the one it created); `shadecache gc` removes the segments of
+creators that were killed. A cache created with persist=True outlives every process
 (warm restart): `Cache.create_or_attach` of a restarted job finds its values and scores, and
 `shadecache gc` leaves it alone unless asked (--persisted, or --keep-for AGE).
 
@@ -19,6 +20,7 @@ side by side), so memory moves freely between sizes. `Cache.capacity_for(k, size
 memory that holds k samples of a mix; giving the sizes at create (`sizes=`, e.g. a packed
 store's `lengths`; `Cache.for_store` does) fits the tail slots to them.
 """
+import errno
 import functools
 import math
 import os
@@ -28,6 +30,7 @@ import numpy as np
 
 from .. import _core, shm
 from ..errors import FingerprintError
+from . import node
 
 # Policy name -> the number the engine stores; the engine defines the list (csrc/cache/policies/).
 POLICIES = {name: number for number, name in enumerate(_core.POLICIES) if name}
@@ -83,6 +86,7 @@ class Cache:
         self.name = core.name
         self.num_samples = core.num_samples
         self._creator_pid = os.getpid() if owner else None
+        self._segment = node.creator_of(self.name)   # which segment this is (unlink)
         # The hot paths are the engine's own methods: no Python frame between the caller and C++.
         self.get = _core.fast_get(core)  # same as core.get, minus pybind11's dispatch
         self.get_many = core.get_many
@@ -104,7 +108,6 @@ class Cache:
     @staticmethod
     def list() -> List[str]:
         """Names of the caches on this node (what `shadecache ls` lists)."""
-        from . import node
         return node.list_caches()
 
     @staticmethod
@@ -112,7 +115,6 @@ class Cache:
         """Cache.remove(name), called on the class: removes the cache `name` from this node (its
         segment's name; processes that have it mapped keep using it until they close); False if
         there is none. On a cache, cache.remove(i) removes sample i."""
-        from . import node
         return node.remove(name)
 
     # ---- construction ------------------------------------------------------------------------
@@ -152,7 +154,7 @@ class Cache:
                                       sizes, persist, fingerprint or "",
                                       0 if max_item_bytes is None else page_item_bytes)
         if not persist:   # removed when this process exits (node.py's gc if it is killed)
-            shm.own(name, lambda: _core.CacheCore.unlink(name))
+            shm.own(name, functools.partial(node.remove_if_created_here, name))
         cache = cls(core, owner=not persist)
         if blend is not None:
             try:
@@ -374,17 +376,24 @@ class Cache:
         self._core.close()
 
     def unlink(self) -> None:
-        """Removes the segment's name; processes that have it mapped keep using it until they close."""
-        _core.CacheCore.unlink(self.name)
+        """Removes the segment's name; processes that have it mapped keep using it until they close.
+        FileNotFoundError when the name is gone, or names another cache now (this one's was
+        removed and another made under the name, by another creator: that one is left alone)."""
         shm.disown(self.name)
+        now = node.creator_of(self.name)
+        if now is not None and self._segment is not None and now != self._segment:
+            raise FileNotFoundError(errno.ENOENT, f"cache {self.name!r}: its segment has no name any "
+                                    f"more; the name is another cache's now (made by pid {now[0]}), "
+                                    "left alone")
+        _core.CacheCore.unlink(self.name)
 
     def __enter__(self) -> "Cache":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
-        if self._creator_pid == os.getpid():
-            self.unlink()
+        if self._creator_pid == os.getpid():   # its own segment, not one made since under its name
+            node.remove_if_created_here(self.name)
 
 
 def _check_sizes(sizes) -> np.ndarray:

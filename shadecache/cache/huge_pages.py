@@ -18,7 +18,7 @@ setting, and how much of a mapping is mapped by huge pages (/proc/self/smaps).
 import os
 from typing import Optional
 
-SHM_DIR = "/dev/shm"
+from ..shm import SHM_DIR   # shm.py names every place shadecache keeps files in
 SHMEM_ENABLED = "/sys/kernel/mm/transparent_hugepage/shmem_enabled"
 # The tmpfs modes under which a file sized up front (ftruncate + posix_fallocate, as the segment is
 # made) gets huge pages from the start. Under "advise" its preallocated pages start small; they

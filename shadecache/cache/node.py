@@ -3,14 +3,15 @@ is gone (`shadecache ls | rm | gc`; the Cache.list / Cache.remove(name) of the c
 
 A segment names its creator (pid and start time); a creator that is gone (killed, or exited
 without removing it) leaves the segment for gc(), which also removes what such a job leaves beside
-it (shm.sweep: order boards of caches that no longer exist, status files of peer servers that are
+it (shm.sweep: order boards of creators that are gone, status files of peer servers that are
 gone). A persisted cache outlives its creator on purpose: gc keeps it unless asked.
 """
+import os
 import time
 from typing import List, Optional
 
 from .. import _core, shm
-from ..process import alive
+from ..process import alive, start_time_of
 
 
 def list_caches() -> List[str]:
@@ -23,6 +24,29 @@ def remove(name: str) -> bool:
     it is another user's."""
     shm.disown(name)
     return _core.CacheCore.unlink(name)
+
+
+def creator_of(name: str) -> Optional[tuple]:
+    """(pid, start time) that segment `name` names as its creator: which segment holds the name
+    now (one made again under it names another). None when there is none or it is unreadable."""
+    try:
+        info = _core.CacheCore.read_creator(name)
+    except (OSError, ValueError):
+        return None
+    return None if info is None else (int(info[0]), int(info[1]))
+
+
+def remove_if_created_here(name: str) -> bool:
+    """Removes segment `name` when this process created it (its creator record names this pid and
+    start time); False otherwise. What an owner removes at exit or leaving a `with` block: its own
+    segment may have been removed (`shadecache rm`) and another made under the name since, by
+    another job whose processes attach it by name; that one is left alone. (A remove and create
+    between this look and the unlink is not excluded: two calls in other processes within
+    microseconds.)"""
+    if creator_of(name) != (os.getpid(), start_time_of(os.getpid())):
+        shm.disown(name)
+        return False
+    return remove(name)
 
 
 def creator_alive(name: str) -> Optional[bool]:

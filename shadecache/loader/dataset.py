@@ -20,6 +20,7 @@ atomically (loader/counters.py): the main process, any number of DataLoader work
 threads of sc.CachedLoader. `stats()` reads them. The order board's per-epoch rows count the same
 reads per epoch for the node (lookahead/board.py).
 """
+import os
 import threading
 import time
 
@@ -104,6 +105,7 @@ class CachedDataset(Dataset):
         self._n = n
         self.counters = SharedCounters(_FIELDS)
         self._miss_lock = threading.Lock()
+        self._lock_pid = os.getpid()
 
     def __len__(self):
         return self._n
@@ -127,8 +129,10 @@ class CachedDataset(Dataset):
         return check_ids(ids, self._n)
 
     def fetch_bytes(self, ids):
-        """Raw bytes of each id, in order: cache first, then the tier chain for the misses."""
-        a = ids if isinstance(ids, np.ndarray) and ids.dtype == np.int64 else self.check_ids(ids)
+        """Raw bytes of each id, in order: cache first, then the tier chain for the misses. The
+        ids are checked (check_ids) whatever their type: a store need not check them (a list
+        would read -1 as its last sample)."""
+        a = self.check_ids(ids)
         if self.cache is not None:
             values = self.cache.get_many(a)
         else:
@@ -202,6 +206,11 @@ class CachedDataset(Dataset):
             r = self.chain.read(ids)
             self.chain.admit(r)
         else:
+            if self._lock_pid != os.getpid():
+                # a forked child (a DataLoader worker) inherits the lock as it was at the fork:
+                # taken, if a thread of the parent was reading misses then, by a thread it does
+                # not have
+                self._miss_lock, self._lock_pid = threading.Lock(), os.getpid()
             with self._miss_lock:
                 r = self.chain.read(ids)
                 self.chain.admit(r)
@@ -212,7 +221,7 @@ class CachedDataset(Dataset):
 
     def __getitems__(self, ids):
         a = self.check_ids(ids)
-        values = self.fetch_bytes(a)
+        values = self.fetch_bytes(a)   # checks the int64 array again: a min and a max
         decode, transform = self.decode, self.transform
         if transform is None:
             xs = [decode(v) for v in values]
@@ -226,12 +235,12 @@ class CachedDataset(Dataset):
     # ---- pickling: a lock is per process ----------------------------------------------------
     def __getstate__(self):
         state = self.__dict__.copy()
-        del state["_miss_lock"]
+        del state["_miss_lock"], state["_lock_pid"]
         return state
 
     def __setstate__(self, state):
         self.__dict__.update(state)
-        self._miss_lock = threading.Lock()
+        self._miss_lock, self._lock_pid = threading.Lock(), os.getpid()
 
     # ---- counters ----------------------------------------------------------------------------
     def stats(self) -> dict:

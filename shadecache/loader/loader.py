@@ -38,6 +38,7 @@ iterator is garbage collected.
 """
 import itertools
 import math
+import operator
 import time
 import warnings
 
@@ -46,6 +47,7 @@ import torch
 from torch.utils.data import DistributedSampler, RandomSampler, SequentialSampler
 from torch.utils.data._utils.collate import default_collate
 
+from ..ids import holds_bool
 from .batches import BufferPool, RaggedBatch, narrow_labels
 from .dataset import CachedDataset
 from .threads import AssemblyThreads
@@ -60,11 +62,13 @@ _SEQUENCES = (list, tuple, range, np.ndarray, torch.Tensor)   # see _as_id_array
 
 
 def _check_count(name, value, minimum):
-    if isinstance(value, bool) or not isinstance(value, int):
+    """`value` as an int (a numpy integer too, as Cache.create takes them); TypeError for a bool,
+    a float or anything else, ValueError below `minimum`."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
+    return int(value)
 
 
 def _can_pin() -> bool:
@@ -214,7 +218,13 @@ class CachedLoader:
             for _ in itertools.islice(it, skip * b):
                 pass
         while True:
-            ids = np.fromiter(itertools.islice(it, g), dtype=np.int64)
+            # operator.index refuses a float (np.fromiter alone would truncate 1.7 to sample 1),
+            # at no cost measurable here; a bool still reads as 0 or 1 (a per-id Python check
+            # would cost a quarter of a small-sample group's assembly)
+            try:
+                ids = np.fromiter(map(operator.index, itertools.islice(it, g)), dtype=np.int64)
+            except TypeError as exc:
+                raise TypeError(f"sample ids must be integers: the sampler gave another ({exc})") from None
             if self.drop_last:
                 ids = ids[:ids.size // b * b]
             if ids.size == 0:
@@ -471,6 +481,8 @@ def _as_id_array(sampler):
     range, numpy array, tensor: iterating it gives exactly these ids, and it has no state to
     advance), else None (the sampler is iterated id by id, as a DataLoader does)."""
     if isinstance(sampler, torch.Tensor) and sampler.dim() == 1 and not sampler.is_floating_point():
+        if sampler.dtype == torch.bool:
+            raise TypeError("sample ids must be integers, got a bool tensor as the sampler")
         return np.ascontiguousarray(sampler.cpu().numpy(), dtype=np.int64)
     if isinstance(sampler, np.ndarray) and sampler.ndim == 1 and sampler.dtype.kind in "iu":
         return np.ascontiguousarray(sampler, dtype=np.int64)
@@ -481,7 +493,9 @@ def _as_id_array(sampler):
             a = np.array(sampler)
         except (ValueError, TypeError):
             return None
-        if a.ndim == 1 and a.dtype.kind in "iu" and all(type(i) is int for i in sampler[:1]):
+        if a.ndim == 1 and a.dtype.kind in "iu":
+            if holds_bool(sampler):   # numpy reads [1, True] as [1, 1]; a bool is no id
+                raise TypeError(f"sample ids must be integers, got a bool in the sampler {type(sampler).__name__}")
             return a.astype(np.int64, copy=False)
     return None
 

@@ -25,7 +25,9 @@ minimum over streams of that stream's next position of i.
 Layout (little-endian; all offsets fixed by the header so attach checks them):
 
     header   4096 bytes   magic, version, streams, capacity, num_samples, creator pid,
-                          prefetcher pid + stop word, per-epoch prefetch counters
+                          prefetcher pid + stop word, creator and prefetcher start times
+                          (at 64 and 72; 0 in a board of an older writer), per-epoch prefetch
+                          counters
     streams  S x 64 bytes seq, epoch, length, cursor (see the contract below)
     ids      S x capacity int64    the published order of each stream
     nxt      S x capacity int32    nxt[k]: the next k' > k with ids[k'] == ids[k] in the same stream
@@ -62,6 +64,7 @@ Concurrency contract (single writer per stream; any number of readers; no lock):
 """
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import struct
@@ -71,6 +74,7 @@ from typing import Optional
 import numpy as np
 
 from .. import node_files, shm
+from ..process import alive, start_time_of
 
 MAGIC = 0x3152454452_4F4353   # "SCORDER1"-ish tag; any other value is not a board
 VERSION = 1
@@ -93,8 +97,10 @@ READER_COUNTERS = ("epoch", "samples", "hits", "prefetch_hits", "wait_ns")
 _READER_OFF = 2048
 
 # header words (int64 each) at these byte offsets
-_H_MAGIC, _H_VERSION, _H_STREAMS, _H_CAPACITY, _H_N, _H_CREATOR = 0, 8, 16, 24, 32, 40
+_H_MAGIC, _H_VERSION, _H_STREAMS, _H_CAPACITY, _H_N = 0, 8, 16, 24, 32
+_H_CREATOR, _H_CREATOR_START = shm.BOARD_CREATOR_AT, shm.BOARD_CREATOR_START_AT   # shm.py sweeps by them
 _H_PREFETCHER, _H_STOP = 48, 56
+_H_PREFETCHER_START = 72   # the prefetcher's start time: with its pid, one process (pids are reused)
 # stream record words
 _S_SEQ, _S_EPOCH, _S_LENGTH, _S_CURSOR = 0, 1, 2, 3
 
@@ -102,6 +108,24 @@ def _fence():
     # A full hardware fence around the seqlock's sequence word (see the module docstring).
     from .. import _io
     _io.memory_fence()
+
+
+def _is_file(path: str, identity: tuple) -> bool:
+    """Whether the file at `path` is the one of `identity` (device, inode)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (st.st_dev, st.st_ino) == identity
+
+
+def _unlink_if_current(path: str, identity: tuple) -> None:
+    """Removes `path` when it is still the board of `identity` and this user's."""
+    if _is_file(path, identity) and node_files.owned(path):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
 
 
 def _sizes(streams: int, capacity: int, n: int):
@@ -197,8 +221,11 @@ class OrderBoard:
         try:
             os.ftruncate(fd, total)
             os.posix_fallocate(fd, 0, total)   # a full tmpfs is an error now, not a SIGBUS later
-            hdr = struct.pack("<qqqqqq", 0, VERSION, streams, capacity, num_samples, os.getpid())
+            hdr = struct.pack("<qqqqq", 0, VERSION, streams, capacity, num_samples)
             os.pwrite(fd, hdr, 0)
+            me = os.getpid()
+            os.pwrite(fd, struct.pack("<q", me), _H_CREATOR)
+            os.pwrite(fd, struct.pack("<q", start_time_of(me)), _H_CREATOR_START)
             # next_use starts as NONE everywhere (no stream has published)
             off_next = _sizes(int(streams), capacity, int(num_samples))[2]
             os.pwrite(fd, np.full(int(streams) * int(num_samples), NONE, np.int32).tobytes(), off_next)
@@ -207,9 +234,11 @@ class OrderBoard:
             os.close(fd)
             os.unlink(path)
             raise
-        # removed at this process's exit, but never another user's board put at that name since
-        shm.own(path, lambda: node_files.owned(path) and os.unlink(path))
-        return cls(path, fd, owner=True)
+        board = cls(path, fd, owner=True)
+        # removed at this process's exit, but never a board made at that name since (another
+        # job's, or another user's); the registry holds its name and identity, not the board
+        shm.own(path, functools.partial(_unlink_if_current, path, board.identity))
+        return board
 
     @classmethod
     def attach(cls, cache_name: str) -> "OrderBoard":
@@ -236,13 +265,10 @@ class OrderBoard:
         self._mm = None
 
     def unlink(self):
-        """Removes the board's name, when the file there is this user's (in the sticky /dev/shm
-        nobody else can put theirs in its place between that look and the unlink)."""
-        if node_files.owned(self.path):
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
+        """Removes the board's name, when the file there is still this board (not one made since
+        under the name) and this user's (in the sticky /dev/shm nobody else can put theirs in its
+        place between that look and the unlink)."""
+        _unlink_if_current(self.path, self.identity)
         shm.disown(self.path)
 
     def __enter__(self):
@@ -256,11 +282,7 @@ class OrderBoard:
     def is_current(self) -> bool:
         """Whether this board is still the file at its path (one stat): its creator may have
         unlinked it, and made a new one."""
-        try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            return False
-        return (st.st_dev, st.st_ino) == self.identity
+        return _is_file(self.path, self.identity)
 
     def __reduce__(self):
         return (OrderBoard.attach, (os.path.basename(self.path)[len(shm.BOARD_PREFIX):],))
@@ -432,11 +454,13 @@ class OrderBoard:
         coming = self.on_way(ids)
         if not coming.any():
             return coming
-        from ..process import alive
         wait = ids[coming]
         deadline = time.monotonic() + timeout
+        if not self.prefetcher_alive():
+            return coming
         pid = self.prefetcher_pid
-        while self.on_way(wait).any() and time.monotonic() < deadline and pid and alive(pid):
+        while (self.on_way(wait).any() and time.monotonic() < deadline
+               and alive(pid, self._prefetcher_start())):
             time.sleep(0.0005)
         return coming
 
@@ -446,7 +470,21 @@ class OrderBoard:
         return int(self._header[_H_PREFETCHER // 8])
 
     def set_prefetcher(self, pid: int) -> None:
+        """Registers process `pid` as the node's prefetcher (0: none), with its start time, so
+        that the pid names that process only (prefetcher_alive)."""
+        self._header[_H_PREFETCHER_START // 8] = start_time_of(pid) if pid else 0
         self._header[_H_PREFETCHER // 8] = int(pid)
+
+    def _prefetcher_start(self) -> int:
+        return int(self._header[_H_PREFETCHER_START // 8])
+
+    def prefetcher_alive(self) -> bool:
+        """Whether the registered prefetcher runs: its pid is alive and, when its start time was
+        registered, names the same process (a killed prefetcher's pid may name another one by
+        now). The two words are not read as one: a reader racing a new registration may take the
+        new prefetcher for gone, which costs it a read of its own, never a wrong value."""
+        pid = self.prefetcher_pid
+        return bool(pid) and alive(pid, self._prefetcher_start())
 
     @property
     def stop_requested(self) -> bool:

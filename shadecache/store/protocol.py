@@ -4,8 +4,11 @@ The store (the shared storage where every sample is) and the tiers closer to the
 peer, the SSD tier) answer the same batched call, so that one chain (shadecache/tiers.py) reads a
 miss through any of them, and a new store is one file that implements this:
 
-    read_many(ids) -> list     the bytes of each id, in order, in one batched call; a tier gives
-                               None for an id it does not hold (a store holds every id). Every
+    read_many(ids) -> list     the bytes of each id, in order, in one batched call (one value
+                               per id: bytes, or any bytes-like object, whose bytes the chain
+                               hands on as bytes); a tier gives None for an id it does not hold
+                               (a store holds every id: the chain refuses a None, another
+                               number of values or a value that is not bytes-like). Every
                                value handed out was checked against the checksum recorded with
                                it (a packed store's directory crc32c, the SSD tier's index, the
                                crc32c a peer sends with the value): a tier turns a damaged value

@@ -1,6 +1,10 @@
 """CachedDataset over a real PackedStore and a real shared-memory Cache, through real DataLoader
 workers (none, fork, spawn, persistent)."""
 import functools
+import os
+import signal
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -93,6 +97,138 @@ def test_bad_ids_and_mismatched_cache(store, make_cache):
         ds.__getitems__(["a"])
     with pytest.raises(ValueError, match="holds 10 sample ids but the store has 240"):
         sc.CachedDataset(store, make_cache(n=10))
+
+
+class ListStore:
+    """A store written here over a list of samples, indexed as Python indexes a list: it checks
+    nothing, as a store of one's own may not (-1 would be the last sample)."""
+
+    def __init__(self, samples):
+        self.samples = [data for data, _ in samples]
+        self.labels = np.array([label for _, label in samples], dtype=np.int64)
+        self.lengths, self.fingerprint = None, None
+
+    def __len__(self):
+        return len(self.samples)
+
+    def read_many(self, ids):
+        return [self.samples[i] for i in np.asarray(ids).tolist()]
+
+    def close(self):
+        pass
+
+
+def test_fetch_bytes_applies_the_id_rule_to_an_int64_array_too(truth, make_cache):
+    ds = sc.CachedDataset(ListStore([truth[i] for i in range(N)]), None)
+    with pytest.raises(IndexError, match="sample id -1 is out of range 0..239"):
+        ds.fetch_bytes(np.array([3, -1], dtype=np.int64))
+    with pytest.raises(IndexError, match="sample id 240 is out of range"):
+        ds.fetch_bytes(np.array([240], dtype=np.int64))
+    assert ds.fetch_bytes(np.array([[3], [4]], dtype=np.int64)) == [truth[3][0], truth[4][0]]
+    assert ds.stats()["samples"] == 2
+
+
+def test_a_sample_larger_than_the_cache_takes_is_read_through(tmp_path, cache_factory):
+    """A cache made with max_item_bytes below some samples' size refuses those (the SSD tier keeps
+    them); every reader still gets them, and the others are admitted."""
+    path = tmp_path / "mixed.shc"
+    samples = [(bytes([i]) * (50 if i % 2 else 500), i % 5) for i in range(20)]
+    with sc.PackWriter(path) as w:
+        for data, label in samples:
+            w.add(data, label)
+    store = sc.PackedStore(path)
+    cache = cache_factory(20, 1 << 20, "lru", max_item_bytes=100)
+    ssd = sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20, fingerprint=store.fingerprint)
+    ds = sc.CachedDataset(store, cache, ssd=ssd)
+    ids = [0, 1, 2, 3]
+    assert [bytes(x.numpy()) for x, _, _ in ds.__getitems__(ids)] == [samples[i][0] for i in ids]
+    assert cache.cached_mask()[[1, 3]].all() and not cache.cached_mask()[[0, 2]].any()
+    ssd.flush()
+    assert ssd.ids().tolist() == [0, 2]          # what the cache refused
+    loader = sc.CachedLoader(ds, batch_size=5, num_workers=1)
+    got = [bytes(x.numpy()) for batch in loader for x in batch[0].tolist()]
+    assert got == [data for data, _ in samples]
+    assert cache.cached_mask()[1::2].all() and not cache.cached_mask()[0::2].any()
+    ssd.close()
+
+
+class KillingStore(ListStore):
+    """Kills the process that reads sample `victim` while the file `armed` exists, unless it is
+    the test's own: a DataLoader worker SIGKILLed in the middle of the miss path."""
+
+    def __init__(self, samples, victim, armed):
+        super().__init__(samples)
+        self.victim, self.armed, self.parent = victim, str(armed), os.getpid()
+
+    def read_many(self, ids):
+        if (self.victim in np.asarray(ids).tolist() and os.path.exists(self.armed)
+                and os.getpid() != self.parent):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().read_many(ids)
+
+
+def _files_of(cache_name):
+    """What /dev/shm holds under a cache's name (its segment, a board, a status file, ...)."""
+    return {e for e in os.listdir("/dev/shm") if cache_name in e}
+
+
+def test_a_dataloader_worker_killed_in_the_miss_path_leaves_nothing_behind(tmp_path, truth, make_cache):
+    armed = tmp_path / "armed"
+    armed.touch()
+    store = KillingStore([truth[i] for i in range(N)], victim=3, armed=armed)
+    cache = make_cache()
+    ssd = sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20)
+    ds = sc.CachedDataset(store, cache, ssd=ssd)
+    # One worker, killed in its first batch: torch's SIGCHLD handler raises for a killed pid at
+    # any later SIGCHLD until its iterator lets go of its workers (another worker's exit)
+    it = iter(DataLoader(ds, batch_size=16, num_workers=1, multiprocessing_context="fork"))
+    with pytest.raises(RuntimeError, match="DataLoader worker .* (exited unexpectedly|is killed by signal)"):
+        for _ in it:
+            pass
+    it._shutdown_workers()
+    del it
+    armed.unlink()
+    cache.check()
+    ids, xs = [], []
+    for x, _, idx in DataLoader(ds, batch_size=16, num_workers=2, multiprocessing_context="fork"):
+        ids += idx.tolist()
+        xs += [bytes(v.numpy()) for v in x]
+    assert ids == list(range(N)) and xs == [truth[i][0] for i in ids]
+    cache.check()
+    st = ds.stats()
+    assert st["samples"] >= N and st["hits"] + st["misses"] == st["samples"]
+    assert _files_of(cache.name) == {f"shadecache.{cache.name}"}
+    ssd.close()
+
+
+class SlowStore(ListStore):
+    """Takes `delay` seconds over every read of sample 0."""
+
+    def __init__(self, samples, delay):
+        super().__init__(samples)
+        self.delay = delay
+
+    def read_many(self, ids):
+        if 0 in np.asarray(ids).tolist():
+            time.sleep(self.delay)
+        return super().read_many(ids)
+
+
+def test_a_worker_forked_while_a_thread_reads_misses_reads_its_own(truth, make_cache):
+    """A thread of this process (sc.CachedLoader's, or the user's) is inside the miss path when
+    DataLoader workers fork: each worker reads its misses itself, not behind a lock it inherited
+    taken, whose holder does not exist in it."""
+    ds = sc.CachedDataset(SlowStore([truth[i] for i in range(N)], delay=3.0), make_cache())
+    reading = threading.Thread(target=ds.__getitems__, args=([0],))
+    reading.start()
+    time.sleep(0.5)   # the thread is in the store's read, under the data set's miss lock
+    loader = DataLoader(ds, batch_size=4, sampler=[5, 6, 7, 8], num_workers=1,
+                        multiprocessing_context="fork", timeout=20)
+    t0 = time.monotonic()
+    (x, _, idx), = list(loader)
+    assert idx.tolist() == [5, 6, 7, 8] and bytes(x[0].numpy()) == truth[5][0]
+    assert time.monotonic() - t0 < 15
+    reading.join()
 
 
 def test_misses_are_admitted_with_their_current_importance(tmp_path, make_cache):

@@ -246,6 +246,54 @@ def test_bad_arguments(fixed_store, cache_factory):
     assert not _loader_threads()
 
 
+def test_counts_may_be_numpy_integers(fixed_store, cache_factory):
+    """As Cache.create and the sampler take them (sizes computed with numpy are numpy ints)."""
+    ds = sc.CachedDataset(fixed_store, _cache(cache_factory, fixed_store, warm=range(N)))
+    loader = sc.CachedLoader(ds, batch_size=np.int64(B), num_workers=np.int32(1),
+                             prefetch_batches=np.uint8(2), process_workers=np.int64(0))
+    assert type(loader.batch_size) is int and loader.batch_size == B
+    assert [len(idx) for _, _, idx in loader] == [B] * (N // B) + [N % B]
+    with pytest.raises(TypeError, match="batch_size must be an int, got bool"):
+        sc.CachedLoader(ds, batch_size=True)
+
+
+class _Yielding:
+    """A sampler that is not a sequence: iterated id by id, as a DataLoader iterates it."""
+
+    def __init__(self, ids):
+        self.ids = ids
+
+    def __iter__(self):
+        return iter(self.ids)
+
+    def __len__(self):
+        return len(self.ids)
+
+
+@pytest.mark.parametrize("ids", [[1.7, 2.0, 3], [1, True], (2, np.float32(2.5)), np.array([0.5, 1.0]),
+                                 torch.tensor([1.0, 2.0]), torch.tensor([True, False]),
+                                 np.array([True, False])],
+                         ids=["floats", "bool", "numpy-float", "float-array", "float-tensor",
+                              "bool-tensor", "bool-array"])
+@pytest.mark.parametrize("iterated", [False, True])
+def test_a_sampler_of_ids_that_are_not_integers_is_refused(fixed_store, var_store, cache_factory, ids,
+                                                           iterated):
+    """As a DataLoader over the data set refuses them (CachedDataset's id rule), never read as
+    the integers they truncate to (1.7 as sample 1)."""
+    if iterated and (isinstance(ids, list) and True in ids or isinstance(ids, torch.Tensor)
+                     and ids.dtype == torch.bool):
+        pytest.skip("an iterated sampler's bool reads as 0 or 1 (see _id_groups)")
+    sampler = _Yielding(ids) if iterated else ids
+    for store in (fixed_store, var_store):
+        ds = sc.CachedDataset(store, _cache(cache_factory, store, warm=range(N)))
+        with pytest.raises(TypeError, match="sample ids must be integers"):
+            list(DataLoader(ds, batch_size=4, sampler=sampler, collate_fn=_list_collate))
+        for workers in (0, 1):
+            with pytest.raises(TypeError, match="sample ids must be integers"):
+                list(sc.CachedLoader(ds, batch_size=4, sampler=sampler, num_workers=workers))
+    assert not _loader_threads()
+
+
 def test_native_gather_checks_its_arguments(cache_factory):
     c = cache_factory(10)
     c.put(1, b"abcd")

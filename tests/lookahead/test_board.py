@@ -473,3 +473,49 @@ def test_ids_that_drop_out_of_the_board_lose_their_next_use_in_the_cache(board_n
         y = int(s.order()[0])                # the next real read is admitted over them
         assert np.asarray(cache.put_many([y], [val]), bool)[0]
         cache.check()
+
+
+def _process_with_pid(pid):
+    """A live process (a sleep) under `pid`, which a process now gone had: the kernel gives the
+    next fork the pid after ns_last_pid. Skips where this cannot be arranged (not root, another
+    process takes the pid first every time)."""
+    import subprocess
+    import sys
+    for _ in range(50):
+        try:
+            with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+                f.write(str(pid - 1))
+        except OSError as exc:
+            pytest.skip(f"cannot choose the next pid here: {exc}")
+        p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        if p.pid == pid:
+            return p
+        p.kill()
+        p.wait()
+    pytest.skip(f"pid {pid} was taken by others every time")
+
+
+def test_a_reader_does_not_wait_for_a_killed_prefetcher_whose_pid_names_another_process(board_name):
+    """A prefetcher killed while reading leaves ON_WAY flags; once its pid names another process
+    (pids are reused), a reader must not take that process for the prefetcher and wait out its
+    timeout on every batch that holds a flagged id."""
+    import subprocess
+    import sys
+    with OrderBoard.create(board_name, 100) as b:
+        prefetcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        b.set_prefetcher(prefetcher.pid)
+        b.mark_on_way([5, 6])
+        assert b.prefetcher_alive()
+        time.sleep(0.05)   # a start time is in clock ticks (10 ms): the next process starts later
+        prefetcher.send_signal(signal.SIGKILL)
+        prefetcher.wait()
+        assert not b.prefetcher_alive()
+        other = _process_with_pid(prefetcher.pid)
+        try:
+            assert not b.prefetcher_alive()
+            t0 = time.monotonic()
+            assert b.wait_for(np.array([5, 7]), 3.0).tolist() == [True, False]
+            assert time.monotonic() - t0 < 1.0
+        finally:
+            other.kill()
+            other.wait()

@@ -40,18 +40,16 @@ def test_two_threads_of_one_process_write_the_status_at_once():
 
 def test_gc_removes_what_killed_jobs_leave_beside_their_segments():
     """A server killed with SIGKILL leaves its tier status file, a killed job its order board:
-    gc removes a status file whose writer is gone and a board whose cache no longer exists."""
+    gc removes a status file whose writer is gone and a board whose creator is gone."""
     import subprocess
     import sys
 
-    from shadecache.lookahead import board as order
-
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
     name = f"t-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    # a job that makes its board and ends without its exit handlers (as a SIGKILL ends it)
+    dead = subprocess.Popen([sys.executable, "-c", "import os, sys; from shadecache.lookahead.board "
+                             "import OrderBoard; OrderBoard.create(sys.argv[1], 10); os._exit(0)", name])
+    assert dead.wait() == 0
     tier_status.write(name, {"pid": dead.pid})
-    board = order.OrderBoard.create(name, 10)
-    board.close()
     assert tier_status.read(name)["stale"] and os.path.exists(shm.board_path(name))
     from shadecache.cache import gc
     removed = gc()
