@@ -61,27 +61,25 @@ DeviceProbe probe_device(const std::string& path, int buffered_fd, uint64_t lo, 
     std::vector<RangeRead> ops{RangeRead{place(large_bytes), large_bytes, buf.get()},
                                RangeRead{place(kSmall), kSmall, buf.get() + large_bytes}};
     timed_reads(backend, use, out.direct, ops);
-    // At least two batches: when one batch outlasts the phase (a slow or loaded device), the
-    // rate is the last batch's, never the first burst's and never none.
+    // At least two batches; the rate is the median of the batches that started after the
+    // phase's first third (or the last batch's when none did): one batch held up by the
+    // throttle's debt for the other phase's burst (it measured 10 MB/s on a disk throttled to
+    // 200 MiB/s) or by a loaded CPU does not make the phase's rate.
     auto phase = [&](unsigned count, uint32_t bytes) {
-      double elapsed = 0, steady_t = 0, steady_n = 0, last_t = 0;
+      double elapsed = 0, last = 0;
+      std::vector<double> steady;
       for (unsigned b = 0; b < kMaxBatches && (elapsed < kPhaseS || b < 2); ++b) {
         ops.clear();
         for (unsigned i = 0; i < count; ++i)
           ops.push_back(RangeRead{place(bytes), bytes, buf.get() + size_t{i} * bytes});
         double t = timed_reads(backend, use, out.direct, ops);
-        if (elapsed >= kPhaseS / 3) {
-          steady_t += t;
-          steady_n += count;
-        }
+        last = count / std::max(t, 1e-9);
+        if (elapsed >= kPhaseS / 3) steady.push_back(last);
         elapsed += t;
-        last_t = t;
       }
-      if (steady_n == 0) {
-        steady_t = last_t;
-        steady_n = count;
-      }
-      return steady_n / std::max(steady_t, 1e-9);
+      if (steady.empty()) return last;
+      std::nth_element(steady.begin(), steady.begin() + steady.size() / 2, steady.end());
+      return steady[steady.size() / 2];
     };
     out.iops = phase(small, kSmall);
     out.bandwidth = phase(large, large_bytes) * large_bytes;

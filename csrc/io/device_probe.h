@@ -3,9 +3,9 @@
 //
 // Timed batches over random aligned places of [lo, hi): batches of `small` reads of 4 KiB at the
 // backend's queue depth (requests per second), then of `large` reads of 1 MiB (bytes per second),
-// each kind for 0.4 s (at least two batches), its rate taken after the first third (a throttled
-// or cloud disk serves a first burst faster than it sustains), or the last batch's when no batch
-// started after it.
+// each kind for 0.4 s (at least two batches), its rate the median of the batches after the first
+// third (a throttled or cloud disk serves a first burst faster than it sustains, and then makes
+// the next reads pay for it), or the last batch's when no batch started after it.
 // Read with O_DIRECT where the file system allows it, so the page cache answers nothing; else
 // buffered, after POSIX_FADV_DONTNEED of the places read (a file system without a device, such
 // as tmpfs, then measures memory). Call without the GIL.
