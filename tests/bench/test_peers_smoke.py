@@ -32,9 +32,8 @@ def test_peers_quick(tmp_path):
     assert all(e["samples"] == 6000 for e in ours["epochs"])
     cfg = ours["config"]
     assert cfg["sampler"]["order"] == "extents" and cfg["iops_bound"]
-    assert cfg["device"]["source"].startswith("measured")
-    # the throttle's steady rate, not its first burst
-    assert cfg["device"]["iops"] < 6000
+    # the throttle's rates, given (its bursts fool a probe at open: bench/peers.py --probe)
+    assert cfg["device"]["source"].startswith("given") and cfg["device"]["iops"] == 3000
     # the cold epoch reads the data once, in requests of whole extents
     cold = ours["epochs"][0]
     assert 0.9 <= cold["bytes"] / 18_000_000 <= 1.1
