@@ -1,12 +1,14 @@
 """Builds the two native modules.
 
 shadecache._core  the shared-memory cache engine (csrc/cache, csrc/common) and the peer layer's
-                  frames (csrc/net; links OpenSSL's libcrypto, from libssl-dev)
+                  frames (csrc/net; links OpenSSL's libcrypto, from libssl-dev, and intel-ipsec-mb
+                  from libipsec-mb-dev when found)
 shadecache._io    the packed-store batch reader (csrc/io, csrc/common); uses liburing when found
 
 SHADECACHE_BUILD_ONLY=_io (or _core) builds one of them: a development convenience so that work on
 one layer does not wait for the other to compile.
-SHADECACHE_NO_LIBURING=1 builds _io without io_uring (pread pool only), as on a machine without it.
+SHADECACHE_NO_LIBURING=1 builds _io without io_uring (pread pool only), as on a machine without it;
+SHADECACHE_NO_IPSEC_MB=1 builds _core with libcrypto's AES-256-GCM only.
 """
 import glob
 import os
@@ -20,9 +22,9 @@ from setuptools import setup
 CXXFLAGS = ["-O3", "-Wall", "-Wextra", "-Wno-unused-parameter", "-fvisibility=hidden"]
 
 
-def have_liburing() -> bool:
-    """True when a small program including liburing.h links with -luring."""
-    if os.environ.get("SHADECACHE_NO_LIBURING"):
+def links(program: str, lib: str, off_env: str) -> bool:
+    """True when the small C `program` compiles and links with -l`lib` (and $`off_env` is unset)."""
+    if os.environ.get(off_env):
         return False
     cc = os.environ.get("CC", "cc")
     if shutil.which(cc) is None:
@@ -30,11 +32,21 @@ def have_liburing() -> bool:
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, "probe.c")
         with open(src, "w") as f:
-            f.write("#include <liburing.h>\nint main(void){struct io_uring r;"
-                    " return io_uring_queue_init(1,&r,0) > 1;}\n")
-        res = subprocess.run([cc, src, "-o", os.path.join(tmp, "probe"), "-luring"],
+            f.write(program)
+        res = subprocess.run([cc, src, "-o", os.path.join(tmp, "probe"), "-l" + lib],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         return res.returncode == 0
+
+
+def have_liburing() -> bool:
+    return links("#include <liburing.h>\nint main(void){struct io_uring r;"
+                 " return io_uring_queue_init(1,&r,0) > 1;}\n", "uring", "SHADECACHE_NO_LIBURING")
+
+
+def have_ipsec_mb() -> bool:
+    """intel-ipsec-mb (libipsec-mb-dev): the peer layer's faster AES-256-GCM (csrc/net/aead.h)."""
+    return links("#include <intel-ipsec-mb.h>\nint main(void){IMB_MGR *m = alloc_mb_mgr(0);"
+                 " free_mb_mgr(m); return 0;}\n", "IPSec_MB", "SHADECACHE_NO_IPSEC_MB")
 
 
 def sources(*patterns):
@@ -48,6 +60,12 @@ common = sources("csrc/common/*.cc", "csrc/bindings/errors.cc", "csrc/bindings/i
 # Every header: setuptools rebuilds an extension only when a listed file is newer than it, and a
 # change to an inline function in a header (the cache's read path lives in cache.h) must rebuild.
 headers = sources("csrc/*/*.h", "csrc/*/*/*.h")
+core_macros, core_libs = [], ["rt", "pthread", "crypto"]
+if have_ipsec_mb():
+    core_macros.append(("SHADECACHE_HAVE_IPSEC_MB", "1"))
+    core_libs.append("IPSec_MB")
+else:
+    print("shadecache: intel-ipsec-mb not found; the peer layer seals with libcrypto only")
 core = Pybind11Extension(
     "shadecache._core",
     common + sources("csrc/cache/*.cc", "csrc/cache/policies/*.cc", "csrc/net/*.cc", "csrc/bindings/core_module.cc",
@@ -57,8 +75,10 @@ core = Pybind11Extension(
     include_dirs=["csrc"],
     cxx_std=17,
     extra_compile_args=CXXFLAGS,
-    # libcrypto (OpenSSL): the peer layer's AES-256-GCM frames and HKDF (csrc/net/aead.h)
-    libraries=["rt", "pthread", "crypto"],
+    # libcrypto (OpenSSL): the peer layer's AES-256-GCM frames and HKDF (csrc/net/aead.h);
+    # intel-ipsec-mb, when found, seals and opens the frames faster
+    define_macros=core_macros,
+    libraries=core_libs,
 )
 io_macros, io_libs = [], ["pthread"]
 if have_liburing():

@@ -36,6 +36,7 @@ import time
 import numpy as np
 
 import shadecache as sc
+from shadecache import _core
 from shadecache.peer import PeerClient, new_secret
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -245,7 +246,7 @@ def ssd_tier(path, n, size, epochs, batch=64):
     return reads, in_ram, on_ssd, speed
 
 
-def _stream_server(port_box, ready):
+def _stream_server(port_box, ready, cpu_box):
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen(1)
@@ -260,13 +261,22 @@ def _stream_server(port_box, ready):
             return
         n = int.from_bytes(head, "little")
         conn.sendall(memoryview(payload)[:n])
+        cpu_box[0] = time.thread_time()   # this thread's CPU seconds so far
+
+
+def _process_cpu(pid):
+    """CPU seconds (user + system) process `pid` has used, from /proc (10 ms ticks)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def throughput(seconds, rounds=8):
     """Rows (batch, path, seconds per batch, bytes/s). The peer GET and the TCP stream of the same
     bytes take turns, `rounds` turns of seconds/rounds each per batch size, so that both see the
     same load of the (shared) machine; each row is the median over its turns, and "ratio" rows
-    give the median of the per-turn ratios."""
+    give the median of the per-turn ratios. "CPU" rows: CPU seconds per batch over all turns, both
+    ends (peer: this thread + the server process; stream: this thread + the stream's thread)."""
     rows = []
     name = f"bench-peer-{os.getpid()}"
     n_big, n_small = 256, 256
@@ -277,8 +287,8 @@ def throughput(seconds, rounds=8):
         cache.put_many(np.arange(n_big), big)
         cache.put_many(np.arange(n_big, n_big + n_small), small)
         # one loopback TCP stream of the same bytes (a thread here serves it; the reader is Python too)
-        box, ready = [], threading.Event()
-        threading.Thread(target=_stream_server, args=(box, ready), daemon=True).start()
+        box, ready, stream_cpu = [], threading.Event(), [0.0]
+        threading.Thread(target=_stream_server, args=(box, ready, stream_cpu), daemon=True).start()
         ready.wait()
         s = socket.create_connection(("127.0.0.1", box[0]))
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -289,12 +299,16 @@ def throughput(seconds, rounds=8):
             while got < nbytes:
                 got += s.recv_into(view[got:], nbytes - got)
 
-        def timed(fn, budget):
-            t0, k = time.perf_counter(), 0
-            while time.perf_counter() - t0 < budget:
+        def timed(fn, budget, cpu, other_cpu):
+            """Seconds per call of fn; adds (calls, CPU seconds of this thread + other_cpu()) to cpu."""
+            c0, t0, k = other_cpu(), (time.perf_counter(), time.thread_time()), 0
+            while time.perf_counter() - t0[0] < budget:
                 fn()
                 k += 1
-            return (time.perf_counter() - t0) / k
+            wall = time.perf_counter() - t0[0]
+            cpu[0] += k
+            cpu[1] += time.thread_time() - t0[1] + other_cpu() - c0
+            return wall / k
 
         with sc.serve(cache, secret=SECRET, read_through=False) as server:
             client = PeerClient(server.address, SECRET, cache)
@@ -302,16 +316,22 @@ def throughput(seconds, rounds=8):
                                        ("256 x 3 KB", list(range(n_big, n_big + n_small)), n_small * 3000)):
                 assert client.get_many(ids, timeout=10) == [cache.get(i) for i in ids]
                 buf = bytearray(nbytes)
-                turns = []
+                turns, peer_cpu, stream_cpu_of = [], [0, 0.0], [0, 0.0]
                 for _ in range(rounds):
-                    turns.append((timed(lambda: client.get_many(ids, timeout=10), seconds / rounds),
-                                  timed(lambda: stream(nbytes, buf), seconds / rounds)))
+                    t_peer = timed(lambda: client.get_many(ids, timeout=10), seconds / rounds, peer_cpu,
+                                   lambda: _process_cpu(server.pid))
+                    turns.append((t_peer, timed(lambda: stream(nbytes, buf), seconds / rounds, stream_cpu_of,
+                                                lambda: stream_cpu[0])))
                 peer, tcp = (float(np.median([t[j] for t in turns])) for j in (0, 1))
                 rows.append((label, "shadecache peer GET", peer, nbytes / peer))
                 rows.append((label, "one TCP stream, recv_into", tcp, nbytes / tcp))
                 ratio = float(np.median([t[1] / t[0] for t in turns]))
                 rows.append((label, f"ratio peer/stream (turns {min(t[1] / t[0] for t in turns):.2f}"
                                     f"-{max(t[1] / t[0] for t in turns):.2f})", ratio, ratio))
+                cpu_peer, cpu_stream = peer_cpu[1] / peer_cpu[0], stream_cpu_of[1] / stream_cpu_of[0]
+                rows.append((label, "CPU, peer GET (client + server)", cpu_peer, nbytes / cpu_peer))
+                rows.append((label, "CPU, TCP stream (both ends)", cpu_stream, nbytes / cpu_stream))
+                rows.append((label, "ratio of CPU stream/peer", cpu_stream / cpu_peer, cpu_stream / cpu_peer))
             client.close()
         s.close()
         rows.append(_redis_mget(small, seconds))
@@ -442,6 +462,7 @@ def main(argv=None):
             small = by[("256 x 3 KB", "ratio peer/stream")]
             print(f"\npeer / TCP stream (100 KB): {big:.2f}x (target >= 0.6)")
             print(f"peer / TCP stream (3 KB):   {small:.2f}x (target >= 0.5)")
+            print(f"frames sealed and opened with: {_core.peer_aead()}")
             mget = by.get(("256 x 3 KB", "Redis MGET"), float("nan"))
             print(f"peer / Redis MGET (3 KB):   {by[('256 x 3 KB', 'shadecache peer GET')] / mget:.2f}x (information)")
             aead = _aead_speed()

@@ -1,12 +1,25 @@
-"""Whether a process is alive: the one test every part of shadecache asks (the creator of a
-segment, the prefetcher registered on an order board, the writer of a peer server's status file).
+"""The package's own processes: whether one is alive, and the command that starts one.
 
-It is the engine's (csrc/common/proc.h, the same test the engine applies to pin records): a pid
-that /proc does not know, an exited process its parent has not waited for yet (a zombie maps
-nothing and runs nothing), or another process that reused the pid (start times differ) are gone.
-When /proc cannot tell (unreadable), the process counts as alive: keeping a dead owner's files a
-while is better than taking a live owner's. All processes of a node share one pid namespace.
+Alive: the one test every part of shadecache asks (the creator of a segment, the prefetcher
+registered on an order board, the writer of a peer server's status file). It is the engine's
+(csrc/common/proc.h, the same test the engine applies to pin records): a pid that /proc does not
+know, an exited process its parent has not waited for yet (a zombie maps nothing and runs
+nothing), or another process that reused the pid (start times differ) are gone. When /proc cannot
+tell (unreadable), the process counts as alive: keeping a dead owner's files a while is better
+than taking a live owner's. All processes of a node share one pid namespace.
+
+Started: every interpreter the package starts (the peer server, the prefetcher) runs its module
+as `python -m` would, but isolated (`python -I`: no working directory or script directory on its
+import path, no PYTHON* variables, no user site), with an import path it is given: this package's
+folder, then the parent's own path (its working directory for "") minus every entry another user
+or group could write to. `python -m` puts the working directory first: a module planted in a
+world-writable working directory would run inside the child (the peer server holds the secret;
+the prefetcher writes the cache). So a class the child unpickles (a store of the user's own) must
+come from a directory only its owner may write to.
 """
+import os
+import sys
+
 from . import _core
 
 
@@ -19,3 +32,25 @@ def alive(pid: int, start_time: int = 0) -> bool:
 def start_time_of(pid: int) -> int:
     """The start time of process `pid` (0 when there is none): with the pid, it names one process."""
     return _core.process_start_time(int(pid))
+
+
+def isolated_python(module: str) -> list:
+    """The command that runs `module` as `python -m module` does (as __main__, its package's
+    __main__ for a package) in an isolated interpreter with a safe import path (module docstring)."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = [here] + [p for p in (q or os.getcwd() for q in sys.path) if trusted_dir(p)]
+    code = (f"import sys; sys.path[:0] = {list(dict.fromkeys(path))!r}; "
+            f"import runpy; runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
+    return [sys.executable, "-I", "-c", code]
+
+
+def trusted_dir(path: str) -> bool:
+    """An import path entry no other user could have planted a module in: absolute, owned by
+    this user or root, writable by no group and nobody else."""
+    if not os.path.isabs(path):
+        return False
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return st.st_uid in (0, os.geteuid()) and not st.st_mode & 0o022

@@ -75,7 +75,7 @@ constexpr size_t kHead = sizeof(net::Header);
 constexpr size_t kPiece = 128 << 10;
 // A GET reply message: at most this many ids and (one larger value aside) value bytes, so that
 // the first message of a reply leaves early and the client opens it while the next is sealed.
-constexpr size_t kMessageItems = 64;
+constexpr size_t kMessageItems = 256;
 constexpr size_t kMessageBytes = 512 << 10;
 // The largest body send_message seals (GET ids, STATS and ERROR texts): requests are small.
 constexpr size_t kMaxMessage = 1 << 20;
@@ -149,7 +149,9 @@ struct Slot {
 // The pins of a chunk and its share of the pool, released on every way out.
 class ChunkPins {
  public:
+  // This process's pid, read once for the message's pins (Cache::pin would read it per pin).
   ChunkPins(Cache* cache, std::vector<Slot>* slots) : cache_(cache), slots_(slots), pid_(getpid()) {}
+  int64_t pid() const { return pid_; }
   ~ChunkPins() { release_all(); }
   bool take_pool(uint32_t n, int64_t deadline_ns) {
     if (!n || !pin_pool().acquire(n, deadline_ns)) return false;
@@ -158,7 +160,7 @@ class ChunkPins {
   }
   void unpin(Slot& s) {
     if (s.kind != Slot::kPinned) return;
-    cache_->unpin(s.token, pid_);
+    cache_->unpin(s.token, pid_, pid_);
     s.kind = Slot::kMissed;
   }
   void release_all() {
@@ -211,17 +213,22 @@ class PeerSession {
   }
 
   // Receives one message whose opcode is one of `allowed` (never a GET reply: recv_get_reply),
-  // waiting up to `idle` for its first byte, then up to `timeout` for the rest; its body is
-  // opened before it is returned: (0, (opcode, status, count, opaque, body)) or a failure.
+  // waiting up to `idle` for its first byte, then up to `timeout` for the rest of it (header and
+  // body together), and never past max(idle, timeout) from the call: a caller with one deadline
+  // (the client) passes its time left as both. Its body is opened before it is returned:
+  // (0, (opcode, status, count, opaque, body)) or a failure.
   py::tuple recv_message(int fd, const std::vector<int>& allowed, double idle, double timeout) {
     Turn turn(this);
     if (rx_broken_) return unusable();
     net::Header h;
     int r;
+    int64_t rest;  // the deadline of the whole message once its first byte is here
     {
       py::gil_scoped_release nogil;
+      int64_t cap = deadline_after(std::max(idle, timeout));
       r = net::wait_readable(fd, deadline_after(idle));
-      if (r == net::kOk) r = net::recv_exact(fd, &h, kHead, deadline_after(timeout));
+      rest = std::min(deadline_after(timeout), cap);
+      if (r == net::kOk) r = net::recv_exact(fd, &h, kHead, rest);
     }
     if (r != net::kOk) return fail_rx(io_failure(r));
     uint16_t code = 0;
@@ -232,7 +239,7 @@ class PeerSession {
     bool opened = false;
     {
       py::gil_scoped_release nogil;
-      r = net::recv_exact(fd, buf.data(), buf.size(), deadline_after(timeout));
+      r = net::recv_exact(fd, buf.data(), buf.size(), rest);
       opened = r == net::kOk && rx_.begin(&h, kHead) && rx_.update(buf.data(), buf.data(), n) &&
                rx_.open_end(buf.data() + n);
     }
@@ -300,7 +307,7 @@ class PeerSession {
           Slot& s = slots[k];
           if (s.kind == Slot::kMissed && !no_pins) {
             Cache::Pinned pin;
-            if (cache->pin(p[k], &pin)) {
+            if (cache->pin(p[k], &pin, pins.pid())) {
               s.data = pin.data;
               s.len = pin.len;
               s.crc = pin.crc;
@@ -400,10 +407,14 @@ class PeerSession {
     py::list out(n);
     for (size_t k = 0; k < n; ++k) PyList_SET_ITEM(out.ptr(), k, Py_NewRef(Py_None));
     size_t got = 0, refused = 0;
+    net::Header h, next;  // next: the header of the message that follows, read with this one's tail
+    bool have_next = false;
     for (;;) {
-      net::Header h;
-      int r;
-      {
+      int r = net::kOk;
+      if (have_next) {
+        h = next;
+        have_next = false;
+      } else {
         py::gil_scoped_release nogil;
         r = net::recv_exact(fd, &h, kHead, deadline);
       }
@@ -459,14 +470,24 @@ class PeerSession {
       }
       std::vector<uint32_t> bad;
       std::vector<uint32_t> crc(h.count, 0);
+      // The values' tag comes with the last piece, and when the (authenticated) header says MORE,
+      // the next message's header too: never a byte past this reply.
+      const bool more = h.status & net::kMore;
+      const iovec tail[2] = {{tag, kTag}, {&next, kHead}};
+      const size_t tails = more ? 2 : 1;
       {
         py::gil_scoped_release nogil;
         opened = rx_.begin(nullptr, 0);
         std::vector<iovec> window;
+        if (pieces.empty()) {
+          window.assign(tail, tail + tails);
+          r = net::recv_all(fd, window.data(), window.size(), deadline);
+        }
         for (size_t i = 0; opened && r == net::kOk && i < pieces.size();) {
           size_t j = i, bytes = 0;
           while (j < pieces.size() && (j == i || bytes + pieces[j].iov_len <= kPiece)) bytes += pieces[j++].iov_len;
           window.assign(pieces.begin() + i, pieces.begin() + j);  // recv_all consumes its iovecs
+          if (j == pieces.size()) window.insert(window.end(), tail, tail + tails);
           r = net::recv_all(fd, window.data(), window.size(), deadline);
           // Decrypted in place, and checksummed while the bytes are in cache; neither result is
           // used before the tag has been checked below.
@@ -476,7 +497,6 @@ class PeerSession {
           }
           i = j;
         }
-        if (r == net::kOk && opened) r = net::recv_exact(fd, tag, kTag, deadline);
         opened = opened && r == net::kOk && rx_.open_end(tag);
         for (uint32_t k = 0; opened && k < h.count; ++k)  // the tag first, then the store's checksum
           if (dest[k] && crc[k] != table[k].crc) bad.push_back(k);
@@ -486,7 +506,8 @@ class PeerSession {
       for (uint32_t k : bad) PyList_SetItem(out.ptr(), got + k, Py_NewRef(Py_None));  // refused
       refused += bad.size();
       got += h.count;
-      if (!(h.status & net::kMore)) break;
+      if (!more) break;
+      have_next = true;
     }
     if (got != n)
       return fail_rx(protocol(net::kEBadLength, "reply has " + std::to_string(got) + " of " + std::to_string(n) + " entries"));
@@ -673,6 +694,8 @@ void register_peer_io(py::module_& m) {
   m.def("peer_missed", &missed_positions, py::arg("core"), py::arg("ids"),
         "positions of ids (u64) the cache does not hold now");
   m.attr("PEER_PIN_POOL") = PinPool::kCapacity;
+  m.def("peer_aead", &net::Aead::implementation,
+        "the AES-256-GCM implementation this process seals and opens frames with (net/aead.h)");
 }
 
 }  // namespace shadecache

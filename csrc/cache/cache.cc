@@ -211,7 +211,7 @@ bool Cache::contains(uint64_t id) {
   return idx_get(id, std::memory_order_acquire) != 0;
 }
 
-bool Cache::pin(uint64_t id, Pinned* out) {
+bool Cache::pin(uint64_t id, Pinned* out, int64_t self) {
   uint32_t token = 0;
   for (int attempt = 0; attempt < kMaxReadAttempts; ++attempt) {
     if (attempt) stripe().read_retries.fetch_add(1, std::memory_order_relaxed);
@@ -225,7 +225,7 @@ bool Cache::pin(uint64_t id, Pinned* out) {
     }
     // Record the pin, then check that the slot is still this value (seq_cst both: see pins.h).
     uint32_t code = slot_code(at.off);
-    if (token) pins_.set(token, code); else token = pins_.claim(code, name_);
+    if (token) pins_.set(token, code); else token = pins_.claim(code, name_, self);
     if (index_[id].load(std::memory_order_seq_cst) != at.v || at.slot->seq.load(std::memory_order_seq_cst) != at.seq ||
         at.page->gen.load(std::memory_order_seq_cst) != at.gen)
       continue;
@@ -313,8 +313,8 @@ uint32_t Cache::stale_pin_for_tests(uint64_t id) {
   return v ? pins_.claim(slot_code(v - 1), name_) : 0;
 }
 
-void Cache::unpin(uint32_t token, int64_t pinned_by) {
-  if (pinned_by == ::getpid()) {
+void Cache::unpin(uint32_t token, int64_t pinned_by, int64_t self) {
+  if (pinned_by == (self ? self : ::getpid())) {
     if (token & kCopyToken) {
       std::lock_guard<std::mutex> g(copies_mu_);
       copies_.erase(token);

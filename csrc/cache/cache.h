@@ -141,7 +141,8 @@ class Cache {
   // lies: no writer frees, rewrites or moves that slot until unpin(token). A value in chunks is
   // not contiguous: its view is a private copy instead (the token then names the copy, seq is 0
   // and gen kCopyGen; unpin frees it). false on a miss. Throws kCapacity when this process
-  // already holds kPinsPerOwner pins. `id` must be checked.
+  // already holds kPinsPerOwner pins. `id` must be checked. `self`: this process's pid as the
+  // caller read it (getpid) in the same native call, so that a batch reads it once; 0: pin reads it.
   struct Pinned {
     const char* data;
     uint32_t len;
@@ -150,7 +151,7 @@ class Cache {
     uint32_t crc = 0;   // the crc32c put() recorded for the value (the peer server sends it)
   };
   static constexpr uint64_t kCopyGen = ~uint64_t{0};
-  bool pin(uint64_t id, Pinned* out);
+  bool pin(uint64_t id, Pinned* out, int64_t self = 0);
   // A forked child's copy of a view names its parent's pin, which the parent may end at any time.
   // The child pins the same slot in its own record, then checks that the slot still holds the
   // value the view showed (seq and page generation unchanged: no writer freed, rewrote or moved it
@@ -159,8 +160,8 @@ class Cache {
   // own memory after the fork: its token is found again, nothing is pinned.
   bool repin(uint64_t id, Pinned* p);
   // Ends a view. `pinned_by` is the pid that pinned it: a forked child ending an inherited view
-  // drops nothing of its parent's. Unmaps a closed cache when its last view ends.
-  void unpin(uint32_t token, int64_t pinned_by);
+  // drops nothing of its parent's. Unmaps a closed cache when its last view ends. `self` as for pin.
+  void unpin(uint32_t token, int64_t pinned_by, int64_t self = 0);
   // Test only: stores a pin entry naming the slot index[id] names now, without validating it, as a
   // reader that raced a writer leaves it while it backs out (or dies). 0 if id is not indexed.
   uint32_t stale_pin_for_tests(uint64_t id);

@@ -24,8 +24,7 @@ bool PinTable::take_over(PinOwner& o, int64_t pid) {
   return true;
 }
 
-int PinTable::my_record(const std::string& cache_name) {
-  const int64_t pid = ::getpid();
+int PinTable::my_record(const std::string& cache_name, int64_t pid) {
   int64_t m = mine_.load(std::memory_order_relaxed);
   // The pid check on the record itself: a record is only ever taken from its owner when the owner
   // looked dead, and then this process must not keep writing into it.
@@ -60,8 +59,8 @@ int PinTable::my_record(const std::string& cache_name) {
                                         " processes already hold views; release views in other processes");
 }
 
-uint32_t PinTable::claim(uint32_t code, const std::string& cache_name) {
-  const int r = my_record(cache_name);
+uint32_t PinTable::claim(uint32_t code, const std::string& cache_name, int64_t pid) {
+  const int r = my_record(cache_name, pid ? pid : ::getpid());
   PinOwner& o = owners_[r];
   for (uint32_t k = 0; k < kPinsPerOwner; ++k) {
     if (o.slots[k].load(std::memory_order_relaxed) != 0) continue;

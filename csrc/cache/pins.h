@@ -39,8 +39,8 @@ class PinTable {
   // Stores `code` (the slot as the index names it: offset >> unit_shift + 1) in a free entry of
   // this process's record, claiming a record first if the process has none. Returns a token for
   // set/release. Throws kCapacity when the process already holds kPinsPerOwner pins, or every
-  // record is taken.
-  uint32_t claim(uint32_t code, const std::string& cache_name);
+  // record is taken. `pid`: getpid() as the caller read it in the same call (0: claim reads it).
+  uint32_t claim(uint32_t code, const std::string& cache_name, int64_t pid = 0);
   // Re-points an entry this process holds (a retry of the same view after a race).
   void set(uint32_t token, uint32_t code) { entry(token).store(code, std::memory_order_seq_cst); }
   // Drops an entry. Only in the process that claimed it (a forked child must not call it).
@@ -64,7 +64,7 @@ class PinTable {
     uint32_t t = token - 1;
     return owners_[t / kPinsPerOwner].slots[t % kPinsPerOwner];
   }
-  int my_record(const std::string& cache_name);
+  int my_record(const std::string& cache_name, int64_t pid);
   // True only when the owner `pid` of record `o` is known to be gone (exited, even if not yet
   // waited for, or its pid reused): common/proc.h's process_gone, where doubt means alive.
   static bool dead(const PinOwner& o, int64_t pid);

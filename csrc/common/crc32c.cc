@@ -48,10 +48,13 @@ __attribute__((target("sse4.2"))) uint32_t crc_hw(const uint8_t* p, size_t n, ui
 // large inputs, which matters because every stored sample and every cached value is checksummed.
 // The raw CRC state (no pre/post inversion) is linear over GF(2), so
 //   crc(s, A || B) = zeros(crc(s, A), |B|) ^ crc(0, B)
-// where zeros(x, k) advances state x over k zero bytes; zeros(., kLane) is linear in x and is
-// applied a byte of x at a time from a 4 x 256 table.
-constexpr size_t kLane = 512;  // bytes per chain per round; a round covers 3 * kLane
+// where zeros(x, k) advances state x over k zero bytes; zeros(., lane) is linear in x and is
+// applied a byte of x at a time from a 4 x 256 table. Rounds of 3 x 512 bytes, then of 3 x 64 for
+// what is left (a 3 KB value would otherwise spend half its time in one chain).
+constexpr size_t kLane = 512;      // bytes per chain per round; a round covers 3 * kLane
+constexpr size_t kShortLane = 64;  // the same for the rest
 
+template <size_t Lane>
 struct Zeros {
   uint32_t t[4][256];
   Zeros() {
@@ -60,7 +63,7 @@ struct Zeros {
   }
   __attribute__((target("sse4.2"))) static uint32_t advance(uint32_t x) {
     uint64_t c = x;
-    for (size_t i = 0; i < kLane / 8; ++i) c = _mm_crc32_u64(c, 0);
+    for (size_t i = 0; i < Lane / 8; ++i) c = _mm_crc32_u64(c, 0);
     return static_cast<uint32_t>(c);
   }
   uint32_t apply(uint32_t x) const {
@@ -68,24 +71,32 @@ struct Zeros {
   }
 };
 
-__attribute__((target("sse4.2"))) uint32_t crc_hw3(const uint8_t* p, size_t n, uint32_t state) {
-  static const Zeros zeros;
-  while (n >= 3 * kLane) {
+// Rounds of three chains of Lane bytes each while n allows; advances p and n.
+template <size_t Lane>
+__attribute__((target("sse4.2"))) uint32_t crc_rounds(const uint8_t*& p, size_t& n, uint32_t state) {
+  static const Zeros<Lane> zeros;
+  while (n >= 3 * Lane) {
     uint64_t a = state, b = 0, c = 0;
-    for (size_t i = 0; i < kLane; i += 8) {
+    for (size_t i = 0; i < Lane; i += 8) {
       uint64_t x, y, z;
       std::memcpy(&x, p + i, 8);
-      std::memcpy(&y, p + kLane + i, 8);
-      std::memcpy(&z, p + 2 * kLane + i, 8);
+      std::memcpy(&y, p + Lane + i, 8);
+      std::memcpy(&z, p + 2 * Lane + i, 8);
       a = _mm_crc32_u64(a, x);
       b = _mm_crc32_u64(b, y);
       c = _mm_crc32_u64(c, z);
     }
     state = zeros.apply(zeros.apply(static_cast<uint32_t>(a)) ^ static_cast<uint32_t>(b)) ^
             static_cast<uint32_t>(c);
-    p += 3 * kLane;
-    n -= 3 * kLane;
+    p += 3 * Lane;
+    n -= 3 * Lane;
   }
+  return state;
+}
+
+__attribute__((target("sse4.2"))) uint32_t crc_hw3(const uint8_t* p, size_t n, uint32_t state) {
+  state = crc_rounds<kLane>(p, n, state);
+  state = crc_rounds<kShortLane>(p, n, state);
   return crc_hw(p, n, state);
 }
 #endif
@@ -105,7 +116,7 @@ uint32_t crc32c(const void* data, size_t n, uint32_t seed) {
   const auto* p = static_cast<const uint8_t*>(data);
   uint32_t crc = ~seed;
 #if defined(__x86_64__)
-  if (hw) return ~(n >= 3 * kLane ? crc_hw3(p, n, crc) : crc_hw(p, n, crc));
+  if (hw) return ~(n >= 3 * kShortLane ? crc_hw3(p, n, crc) : crc_hw(p, n, crc));
 #endif
   return ~crc_soft(p, n, crc);
 }

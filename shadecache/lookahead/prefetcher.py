@@ -5,9 +5,10 @@
         ...train: ShadeSampler publishes each epoch's order on the board as the loader iterates...
 
 One per node (start() refuses while another one registered on the board lives), a background
-process of its own (`python -m shadecache.lookahead.prefetcher`, started by start()): the training processes
-keep their GIL and their cores, and a prefetcher killed at any point (SIGKILL included) can leave
-nothing half-done that matters. Its only writes to the cache are put_many and remove, the engine's
+process of its own (this module, started by start() in an isolated interpreter as `python -m`
+would run it, minus the working directory on its import path: shadecache/process.py): the
+training processes keep their GIL and their cores, and a prefetcher killed at any point (SIGKILL
+included) can leave nothing half-done that matters. Its only writes to the cache are put_many and remove, the engine's
 crash-safe writers (robust mutex, repair by the next locker), so check() passes after any kill; its
 writes to the board are counters and "prefetched" flags, which no reader trusts for correctness.
 
@@ -47,7 +48,7 @@ import numpy as np
 
 from ..cache.handle import DEFAULT_MAX_ITEM_BYTES
 from ..peer.tier import HomePeerTier
-from ..process import alive
+from ..process import alive, isolated_python
 from ..store.protocol import check_store, lengths_of
 from ..tiers import TierChain
 from .board import OrderBoard
@@ -100,8 +101,7 @@ class Prefetcher:
                                "one per node")
         self.board.request_stop(False)
         payload = pickle.dumps((self.cache_name, self.chain, self.options, os.getpid()))
-        self.proc = subprocess.Popen([sys.executable, "-m", "shadecache.lookahead.prefetcher"],
-                                     stdin=subprocess.PIPE, env=dict(os.environ))
+        self.proc = subprocess.Popen(isolated_python("shadecache.lookahead.prefetcher"), stdin=subprocess.PIPE)
         self.proc.stdin.write(payload)
         self.proc.stdin.close()
         # the child registers itself once running; wait for it so that stop() can find it

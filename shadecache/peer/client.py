@@ -159,8 +159,9 @@ class PeerClient:
         if not len(ids):
             return []
         deadline = time.monotonic() + timeout
-        op = self.send_get(ids, deadline)
-        return self.recv_get(ids, op, deadline)
+        a = np.ascontiguousarray(ids, dtype="<u8")   # once for both calls
+        op = self.send_get(a, deadline)
+        return self.recv_get(a, op, deadline)
 
     def _ask(self, opcode: int, answer: int, deadline: float):
         if self.sock is None:
@@ -168,7 +169,7 @@ class PeerClient:
         try:
             fd = self.sock.fileno()
             self._check(*self.session.send_message(fd, opcode, 0, 0, 0, b"", self._left(deadline)))
-            left = self._left(deadline)
+            left = self._left(deadline)   # as idle and timeout both: the reply is whole by the deadline
             op, status, _, _, body = self._check(*self.session.recv_message(fd, [answer, wire.ERROR], left, left))
         except BaseException:
             self.close()

@@ -157,19 +157,20 @@ class Cluster:
             for part in np.array_split(where, -(-where.size // wire.MAX_BATCH)):
                 try:
                     client = self._client(k)
-                    sent.append((k, part, client.send_get(ids[part], deadline)))
+                    asked = ids[part].astype("<u8")
+                    sent.append((k, part, asked, client.send_get(asked, deadline)))
                 except FingerprintError:
                     raise
                 except (OSError, ValueError):
                     self._failed(peer)
                     break
-        for k, part, opaque in sent:
+        for k, part, asked, opaque in sent:
             peer = self._peers[k]
             if peer.client is None or peer.client.sock is None:
                 continue    # failed on an earlier part of this call
             try:
                 refused = peer.client.refused
-                values = peer.client.recv_get(ids[part].tolist(), opaque, deadline)
+                values = peer.client.recv_get(asked, opaque, deadline)
                 self.counters["refused"] += peer.client.refused - refused   # failed crc32c: None
             except (OSError, ValueError):   # timeouts, resets, ProtocolError, RemoteError
                 self._failed(peer)
@@ -181,7 +182,7 @@ class Cluster:
         c["requests"] += len(sent)
         hits = sum(v is not None for v in out)
         c["hits"] += hits
-        c["misses"] += sum(p.size for _, p, _ in sent) - hits
+        c["misses"] += sum(p.size for _, p, _, _ in sent) - hits
         c["bytes"] += sum(len(v) for v in out if v is not None)
         c["seconds"] += time.monotonic() - t0
         return out

@@ -1,24 +1,22 @@
 """serve(): starts this node's peer server in a process of its own and returns its handle.
 
 The server process is a fresh interpreter (no fork of a training process with its threads, no
-re-import of the user's __main__), started isolated (`python -I`: no working directory or script
-directory on its import path, no PYTHON* variables, no user site) with an import path it is
-given: this package's folder, then the parent's own path (its working directory for "") minus
-every entry another user or group could write to (a module planted in a world-writable working directory would run inside the server and
-read the secret). It gets its configuration, secret included, over its stdin pipe, never on the
-command line, and exits when that pipe closes, so it never outlives the process that started it.
+re-import of the user's __main__), started isolated with a safe import path
+(shadecache/process.py `isolated_python`: a module planted in a world-writable working directory
+would run inside the server and read the secret). It gets its configuration, secret included,
+over its stdin pipe, never on the command line, and exits when that pipe closes, so it never
+outlives the process that started it.
 """
-import os
 import pickle
 import select
 import signal
 import struct
 import subprocess
-import sys
 
 from . import identity
 from . import secret as secrets_
 from .server import check_bind
+from ..process import isolated_python
 
 START_TIMEOUT = 60.0
 
@@ -90,7 +88,7 @@ def serve(cache, host: str = "127.0.0.1", port: int = 0, secret=None, ssd=None, 
     identity.of_server(cache, store)   # a store of another data set than the cache's: refused here
     cfg = pickle.dumps({"cache": cache.name, "host": host, "port": port, "secret": key,
                         "ssd": ssd, "store": store})
-    proc = subprocess.Popen(server_argv(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(isolated_python("shadecache.peer"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             start_new_session=True)
     proc.stdin.write(struct.pack("<I", len(cfg)) + cfg)
     proc.stdin.flush()
@@ -104,23 +102,3 @@ def serve(cache, host: str = "127.0.0.1", port: int = 0, secret=None, ssd=None, 
         raise OSError(f"peer server did not start (exit status {proc.returncode})")
     return PeerServer(proc, line)
 
-
-def server_argv() -> list:
-    """The command of the server process: an isolated interpreter with a safe import path."""
-    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    path = [here] + [p for p in (q or os.getcwd() for q in sys.path) if _trusted_dir(p)]
-    code = (f"import sys; sys.path[:0] = {list(dict.fromkeys(path))!r}; "
-            "from shadecache.peer.server import main; main()")
-    return [sys.executable, "-I", "-c", code]
-
-
-def _trusted_dir(path: str) -> bool:
-    """An import path entry no other user could have planted a module in: absolute, owned by
-    this user or root, writable by no group and nobody else."""
-    if not os.path.isabs(path):
-        return False
-    try:
-        st = os.stat(path)
-    except OSError:
-        return False
-    return st.st_uid in (0, os.geteuid()) and not st.st_mode & 0o022

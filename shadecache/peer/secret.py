@@ -4,7 +4,11 @@ The peer layer always needs one, loopback included (another user of the same nod
 127.0.0.1 too). It is at least 16 random bytes, given as the bytes themselves or as their hex or
 base64 text (`shadecache secret` prints 32 fresh ones as hex). A password is refused: one sniffed
 handshake lets anyone test guesses offline, as fast as they can compute HKDF, so only a secret
-too large to guess keeps the traffic safe.
+too large to guess keeps the traffic safe. Refused: printable text (in any script) that is
+neither hex nor base64 as an encoder writes random bytes (canonical, with as many distinct
+characters as random text shows), and bytes that repeat themselves. A password is found by these
+marks; randomness cannot be proven (a long passphrase of varied letters and digits can pass as
+base64): make the secret with `shadecache secret`.
 
 Where it comes from, in order: `secret=` (a Python argument: never a command line, where `ps`
 shows it to every user), then $SHADECACHE_SECRET, then the file named by $SHADECACHE_SECRET_FILE,
@@ -91,8 +95,8 @@ def check(secret) -> bytes:
         raise TypeError(f"secret must be str or bytes, got {type(secret).__name__}")
     raw = _decoded(key)
     if raw is None:
-        raise SecretError(f"the secret is text that is neither hex nor base64: a password, not random "
-                          f"bytes; {HOW}")
+        raise SecretError(f"the secret is text that is neither hex nor random base64: a password, not "
+                          f"random bytes; {HOW}")
     if len(raw) < MIN_BYTES:
         raise SecretError(f"the secret holds {len(raw)} random bytes; at least {MIN_BYTES} are needed; {HOW}")
     if len(set(raw)) < _min_distinct(len(raw)):
@@ -102,29 +106,51 @@ def check(secret) -> bytes:
 
 
 def _decoded(key: bytes):
-    """The random bytes `key` stands for: the bytes of its hex or base64 text when it is such
-    text, else the bytes themselves unless they are other printable text (then None)."""
+    """The random bytes `key` stands for: the bytes of its hex text, or of its base64 text when it
+    reads as random base64 (_base64); else the bytes themselves, unless they are printable text
+    in any script (a password, then None): UTF-8 text beyond ASCII is text, not raw bytes."""
     try:
-        text = key.decode("ascii").strip()
+        text = key.decode("utf-8").strip()
     except UnicodeDecodeError:
         return key                       # raw bytes
     if text and len(text) % 2 == 0 and all(c in "0123456789abcdefABCDEF" for c in text):
         return binascii.unhexlify(text)
-    padded = text + "=" * (-len(text) % 4)
-    for alphabet, altchars in ((_B64, None), (_B64URL, b"-_")):
-        if text and all(c in alphabet for c in padded):
-            try:
-                return base64.b64decode(padded, altchars=altchars, validate=True)
-            except ValueError:
-                pass
+    raw = _base64(text)
+    if raw is not None:
+        return raw
     return None if text.isprintable() else key
+
+
+def _base64(text: str):
+    """The bytes of `text` when it is base64 (standard or URL-safe, padded or not) as an encoder
+    writes it: canonical (its last character carries no stray bits: "hunter2...2h" and most other
+    passwords of letters and digits that happen to decode are not) and with as many distinct
+    characters as random base64 of its length shows (_min_distinct). Else None.
+    A long passphrase of varied letters and digits can still pass: this check finds passwords,
+    it cannot prove randomness."""
+    padded = text + "=" * (-len(text) % 4)
+    body = text.rstrip("=")
+    for alphabet, altchars in ((_B64, None), (_B64URL, b"-_")):
+        if not text or not all(c in alphabet for c in padded):
+            continue
+        try:
+            raw = base64.b64decode(padded, altchars=altchars, validate=True)
+        except ValueError:
+            continue
+        if len(raw) < MIN_BYTES:   # too short anyway: check() says so
+            return raw
+        if base64.b64encode(raw, altchars=altchars).decode("ascii") == padded \
+                and len(set(body)) >= _min_distinct(len(body), symbols=64, share=0.5):
+            return raw
+    return None
 
 
 _B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/="
 _B64URL = _B64[:62] + "-_="
 
 
-def _min_distinct(n: int) -> int:
-    """The fewest distinct byte values `n` random bytes show, with a margin: 60% of the number
-    expected (256 (1 - (255/256)^n)); random input falls below it with odds under 1e-6."""
-    return math.ceil(0.6 * 256 * (1 - (255 / 256) ** n))
+def _min_distinct(n: int, symbols: int = 256, share: float = 0.6) -> int:
+    """The fewest distinct values `n` random draws from `symbols` show, with a margin: `share` of
+    the number expected (symbols (1 - (1 - 1/symbols)^n)). Random input falls below it with odds
+    under 1e-8: 60% for bytes (from 16 on), 50% for base64 characters (from 22 on)."""
+    return math.ceil(share * symbols * (1 - (1 - 1 / symbols) ** n))

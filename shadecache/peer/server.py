@@ -15,15 +15,17 @@ A GET is answered in chunks of at most CHUNK_ITEMS ids and CHUNK_BYTES of values
 than that goes alone), one GET_REPLY message each, status MORE on all but the last. The misses of
 a chunk are filled first (SSD tier, then the store: read-through, so that the home node reads its
 own samples from shared storage once and caches them by its policy), then one native call seals
-the chunk as messages of at most 64 ids, each pinning its cached values (pins from a pool shared
+the chunk as messages of at most 256 ids, each pinning its cached values (pins from a pool shared
 by all connections, waiting at most PIN_WAIT) only while it encrypts them straight from shared
 memory; only then does the server wait for the client to take the bytes, under IO_TIMEOUT: a
 client that reads slowly holds nothing another client needs. Every value carries its crc32c.
 
 A client that breaks the protocol gets an ERROR and a closed connection; the server goes on
-serving everyone else. An error from accept() (out of descriptors, say) is counted and retried
-after a backoff, never the end of serving. close() ends every connection and joins every thread
-it started: a thread left inside a native call while the interpreter exits aborts the process.
+serving everyone else. An error from accept() (out of descriptors, say), or a connection whose
+thread cannot start (out of memory, or of the user's process limit: that connection is closed),
+is counted and retried after a backoff, never the end of serving. close() ends every connection
+and joins every thread it started: a thread left inside a native call while the interpreter
+exits aborts the process.
 """
 import ipaddress
 import json
@@ -111,7 +113,8 @@ class PeerService:
         self._stop = threading.Event()
         self._closed = False
         self.counters = {"connections": 0, "refused": 0, "refused_busy": 0, "refused_auth": 0,
-                         "refused_dataset": 0, "forged": 0, "accept_errors": 0, "requests": 0, "ids": 0,
+                         "refused_dataset": 0, "forged": 0, "accept_errors": 0, "thread_errors": 0,
+                         "requests": 0, "ids": 0,
                          "cache_hits": 0, "ssd_hits": 0, "store_reads": 0, "misses": 0, "pin_waits": 0,
                          "bytes_sent": 0, "errors": 0, "get_ns": 0}
         self.peers = []           # the other nodes' addresses, when the launcher told us
@@ -141,6 +144,8 @@ class PeerService:
             self._spawn(self.publish_forever)
 
     def _spawn(self, target, *args) -> None:
+        """Runs target(*args) in a thread of this service (close() joins it). RuntimeError when no
+        thread can be started (out of memory, or of the user's process limit)."""
         def run():
             try:
                 target(*args)
@@ -151,7 +156,12 @@ class PeerService:
         t = threading.Thread(target=run, daemon=True)
         with self._lock:
             self._threads.add(t)
-        t.start()
+        try:
+            t.start()
+        except RuntimeError:
+            with self._lock:
+                self._threads.discard(t)   # never started: close() must not join it
+            raise
 
     # ---- accept loop -------------------------------------------------------------------------
     def serve_forever(self) -> None:
@@ -165,13 +175,30 @@ class PeerService:
                 # Out of descriptors (EMFILE/ENFILE) or memory, a connection aborted before it was
                 # taken: the listening socket is fine; try again after a backoff.
                 self.counters["accept_errors"] += 1
-                delay = min(max(2 * delay, ACCEPT_BACKOFF[0]), ACCEPT_BACKOFF[1])
-                self._stop.wait(delay)
+                delay = self._back_off(delay)
+                continue
+            host = addr[0]
+            if not self._take(conn, host):
+                continue
+            try:
+                self._spawn(self._connection, conn, host, time.monotonic() + auth.HANDSHAKE_TIMEOUT)
+            except RuntimeError:
+                # No thread for it (out of memory, or of the user's process limit): this
+                # connection is closed, and the next waits for a backoff, as after an accept error.
+                with self._lock:
+                    self._handshake_ended(host)
+                    self._conns.discard(conn)
+                conn.close()
+                self.counters["thread_errors"] += 1
+                delay = self._back_off(delay)
                 continue
             delay = 0.0
-            host = addr[0]
-            if self._take(conn, host):
-                self._spawn(self._connection, conn, host, time.monotonic() + auth.HANDSHAKE_TIMEOUT)
+
+    def _back_off(self, delay: float) -> float:
+        """Waits the next step of ACCEPT_BACKOFF after `delay` (or until close()); returns it."""
+        delay = min(max(2 * delay, ACCEPT_BACKOFF[0]), ACCEPT_BACKOFF[1])
+        self._stop.wait(delay)
+        return delay
 
     def _take(self, conn, host: str) -> bool:
         """Counts a new connection from `host` into the handshake caps; over them, tells it E_BUSY
@@ -193,6 +220,16 @@ class PeerService:
                 pass
             conn.close()
         return not busy
+
+    def _handshake_ended(self, host: str) -> None:
+        """Counts a connection from `host` out of the handshake caps (_take counted it in).
+        Caller holds self._lock."""
+        self._handshaking -= 1
+        left = self._per_address[host] - 1
+        if left:
+            self._per_address[host] = left
+        else:
+            del self._per_address[host]
 
     def close(self, timeout: float = 5.0) -> bool:
         """Stops accepting, ends every connection and joins every thread this service started.
@@ -234,12 +271,7 @@ class PeerService:
                 return
             finally:
                 with self._lock:
-                    self._handshaking -= 1
-                    left = self._per_address[host] - 1
-                    if left:
-                        self._per_address[host] = left
-                    else:
-                        del self._per_address[host]
+                    self._handshake_ended(host)
             with self._lock:
                 full = self._authenticated >= MAX_CONNECTIONS
                 if not full:

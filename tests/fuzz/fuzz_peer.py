@@ -236,7 +236,7 @@ def check_replies(data: bytes, truth: dict, session, reset: bool = False) -> str
     whose values are truth[id] with their crc32c (a MISS is always allowed: a value may be
     evicted, pins may be busy), PONGs, STATS replies, optionally ended by an ERROR (or, when the
     connection was reset, by a message cut short: a client never accepts that); otherwise what
-    is wrong. (tests/test_peer_fuzz.py checks a live server's replies with it too.)"""
+    is wrong. (tests/peer/test_peer_fuzz.py checks a live server's replies with it too.)"""
     off = 0
 
     def record(aad, n):

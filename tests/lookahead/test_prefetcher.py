@@ -17,6 +17,7 @@ import pytest
 
 import shadecache as sc
 from shadecache.lookahead.board import OrderBoard
+from planted_modules import run_among_planted_modules
 from values import make_value, verify_value
 
 N = 1200
@@ -432,3 +433,20 @@ def test_bench_prefetch_short_run_produces_the_table_and_the_png(tmp_path, step_
     assert f"step 1 ms ({step_mode})" in res.stdout
     assert png.stat().st_size > 0
     assert not os.listdir(tmp_path / "data"), "the packed store is removed after the run"
+
+
+def test_the_prefetcher_imports_nothing_from_the_working_directory(store_path, name, tmp_path):
+    """A job runs in a world-writable working directory that holds planted modules named like
+    those the prefetcher process imports: the prefetcher (started from a script elsewhere, in
+    that directory) runs none of them, registers on the board and stops cleanly."""
+    out, ran = run_among_planted_modules(
+        tmp_path, ("numpy", "pickle", "ctypes", "signal", "subprocess", "runpy", "shadecache"), f"""
+        import shadecache as sc
+        store = sc.PackedStore({str(store_path)!r})
+        with sc.Cache.create({name!r}, num_samples={N}, capacity_bytes=1 << 20) as c, \\
+                sc.OrderBoard.create({name!r}, {N}):
+            pf = sc.Prefetcher(c, store).start()
+            print("stopped", pf.stop(), flush=True)
+    """)
+    assert not ran, ran
+    assert out.stdout.strip() == "stopped 0", out.stdout + out.stderr

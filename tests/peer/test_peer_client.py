@@ -4,7 +4,7 @@ replayed and reordered GET replies: the client returns exact bytes for the good 
 (None) a value that fails its crc32c, and raises for every other (ProtocolError, RemoteError,
 ForgedFrameError, ConnectionError, socket.timeout), never returning a wrong byte. Also: a hostile
 endpoint cannot make a connecting client allocate what its headers claim, nor hold it past the
-caller's deadline (that one: tests/test_peer_security.py)."""
+caller's deadline (that one: tests/peer/test_peer_security.py)."""
 import os
 import socket
 import subprocess
@@ -52,9 +52,9 @@ def _sealed_reply(session, ids, opaque, status=0, table_edit=None, values_edit=N
     return bytes(head) + session.seal(bytes(head), bytes(table)) + session.seal(b"", bytes(values))
 
 
-def _serve(behaviour):
+def _serve(behaviour, requests=(wire.GET,)):
     """A one-connection server speaking the real handshake; `behaviour(conn, session, ids, opaque)`
-    answers the first GET."""
+    answers the first request (a GET, or another of `requests`: ids then empty)."""
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen(1)
@@ -63,7 +63,7 @@ def _serve(behaviour):
         conn, _ = srv.accept()
         with conn:
             session = auth.server_handshake(conn, KEY, IDENTITY, time.monotonic() + 5)
-            code, detail = session.recv_message(conn.fileno(), [wire.GET], 5, 5)
+            code, detail = session.recv_message(conn.fileno(), list(requests), 5, 5)
             assert code == 0, detail
             ids = np.frombuffer(detail[4], dtype="<u8").tolist()
             behaviour(conn, session, ids, detail[3])
@@ -211,3 +211,39 @@ print("grew", (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1
     lines = out.stdout.split()
     assert lines[:3] == ["AuthenticationError"] * 3, out.stdout + out.stderr
     assert int(lines[-1]) < 32, f"client peak RSS grew {lines[-1]} MiB"
+
+
+def _dribbled(answer, body, pause, gap):
+    """A behaviour for _serve: a correctly sealed `answer` message, sent after `pause` seconds and
+    then one byte every `gap` seconds (a slow or hostile peer, or a middleman delaying bytes)."""
+    def behaviour(conn, session, ids, opaque):
+        head = wire.pack_header(answer, 0, len(body), opaque)
+        message = head + session.seal(head, body)
+        time.sleep(pause)
+        try:
+            for b in message:
+                conn.send(bytes([b]))
+                time.sleep(gap)
+        except OSError:
+            pass
+    return behaviour
+
+
+@pytest.mark.parametrize("ask", ["ping", "server_stats"])
+def test_ping_and_stats_end_by_the_callers_deadline_against_a_dribbling_peer(ask):
+    """The reply starts just inside the caller's 1-second timeout and then dribbles: the call
+    raises socket.timeout by its deadline, not after a second more for the header and another
+    for the body."""
+    answer = (wire.PONG, b"") if ask == "ping" else (wire.STATS_REPLY, b"{}")
+    address, srv = _serve(_dribbled(*answer, pause=0.7, gap=0.04), requests=(wire.PING, wire.STATS))
+    client = PeerClient(address, SECRET, DATASET)
+    try:
+        client.connect(time.monotonic() + 5)   # the handshake is not what is timed here
+        t0 = time.monotonic()
+        with pytest.raises(socket.timeout):
+            getattr(client, ask)(timeout=1.0)
+        assert time.monotonic() - t0 < 1.3, f"{ask}(timeout=1.0) took {time.monotonic() - t0:.2f} s"
+        assert client.sock is None
+    finally:
+        client.close()
+        srv.close()

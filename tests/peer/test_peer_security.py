@@ -18,6 +18,7 @@ import pytest
 
 import shadecache as sc
 from shadecache.peer import ForgedFrameError, PeerClient, SecretError, new_secret, server, wire
+from planted_modules import run_among_planted_modules
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -250,6 +251,32 @@ def test_an_accept_error_backs_off_and_serving_goes_on(cache_factory, store):
         stats = PeerClient(srv.address, dataset=store).server_stats(5)
         assert stats["accept_errors"] >= 1
 
+
+def test_a_connection_whose_thread_cannot_start_does_not_end_serving(cache_factory, store):
+    """The server process runs out of address space for thread stacks (RLIMIT_AS lowered to what
+    it maps now) while four connections are open: the threads of those it cannot start for are
+    closed and counted, and it serves again as soon as memory is there."""
+    c = _full_cache(cache_factory, store)
+    with sc.serve(c, read_through=False) as srv:
+        first = PeerClient(srv.address, dataset=store)   # serving: its own threads are up
+        assert first.get_many([0], timeout=10) == [store.read(0)]
+        first.close()
+        deadline = time.monotonic() + 10
+        while len(os.listdir(f"/proc/{srv.pid}/task")) > 3 and time.monotonic() < deadline:
+            time.sleep(0.05)   # main, accept and status threads; the first connection's is gone
+        soft, hard = resource.prlimit(srv.pid, resource.RLIMIT_AS)
+        mapped = _memory_kib(srv.pid, "VmSize") << 10
+        resource.prlimit(srv.pid, resource.RLIMIT_AS, (mapped + (2 << 20), hard))   # no room for an 8 MiB stack
+        try:
+            held = [socket.create_connection(_address(srv), timeout=5) for _ in range(4)]
+            time.sleep(1.0)
+            assert srv.alive
+        finally:
+            resource.prlimit(srv.pid, resource.RLIMIT_AS, (soft, hard))
+        for s in held:
+            s.close()
+        assert PeerClient(srv.address, dataset=store).get_many([3], timeout=10) == [store.read(3)]
+        assert PeerClient(srv.address, dataset=store).server_stats(5)["thread_errors"] >= 1
 
 # ---- after authentication -----------------------------------------------------------------------
 
@@ -485,23 +512,52 @@ def test_weak_secrets_are_refused_at_every_entry_point(cache_factory, store, mon
     assert len(fresh) == 64 and sc.peer.secret.check(fresh)
 
 
+# Passwords that one form of the secret check took for random bytes: text that decodes as base64
+# (the refused `hunter2hunter2hunter2` with one more letter), text with letters beyond ASCII
+# (whose UTF-8 bytes were taken as raw bytes), as str and as the bytes a secret file holds.
+PASSWORDS = ["hunter2hunter2hunter2h", "CorrectHorseBatteryStaple1", "Passwort-für-Müller-2024",
+             "Passwort-für-Müller-2024".encode(), "Ünïcödé-Pässwörd-2024"]
+
+
+@pytest.mark.parametrize("weak", PASSWORDS, ids=repr)
+def test_passwords_written_as_base64_or_beyond_ascii_are_refused(cache_factory, store, tmp_path, weak):
+    c = _full_cache(cache_factory, store)
+    for make in (lambda: sc.serve(c, read_through=False, secret=weak),
+                 lambda: sc.Cluster(["127.0.0.1:1", "127.0.0.1:2"], node=0, secret=weak),
+                 lambda: PeerClient("127.0.0.1:1", weak, store)):
+        with pytest.raises(SecretError, match="shadecache secret"):
+            make()
+    path = tmp_path / "secret"
+    path.write_bytes(weak if isinstance(weak, bytes) else weak.encode())
+    path.chmod(0o600)
+    with pytest.raises(SecretError, match="shadecache secret"):
+        sc.peer.secret.check(sc.peer.secret.read_file(str(path)))
+
+
+def test_random_secrets_pass_in_every_form_they_are_written_in():
+    """What the check refuses must not include secrets that are random: 16 to 64 random bytes
+    as raw bytes, hex (either case) and base64 (standard or URL-safe, padded or not), 500 of
+    each size (a fixed seed: the odds of refusing a random one are under 1e-8 per secret)."""
+    import base64
+    import random
+
+    check = sc.peer.secret.check
+    rng = random.Random(21)
+    for n in (16, 17, 18, 24, 32, 48, 64):
+        for _ in range(500):
+            raw = rng.randbytes(n)
+            b64, url = base64.b64encode(raw).decode(), base64.urlsafe_b64encode(raw).decode()
+            for form in (raw, raw.hex(), raw.hex().upper(), b64, b64.rstrip("="), url, url.rstrip("=")):
+                check(form)
+
+
 def test_the_server_imports_nothing_from_the_working_directory(cache_factory, store, tmp_path):
     """A world-writable working directory holds planted modules named like the ones the server
     imports; the server process (started from a script elsewhere, in that directory) runs none
     of them, and serves."""
-    evil = tmp_path / "evil"
-    evil.mkdir()
-    os.chmod(evil, 0o777)
-    marker = tmp_path / "planted-module-ran"
-    for name in ("hmac", "json", "pickle", "struct", "secrets", "hashlib", "ipaddress"):
-        (evil / f"{name}.py").write_text(f"open({str(marker)!r}, 'a').write({name!r} + '\\n')\n"
-                                         "raise ImportError('planted')\n")
     c = _full_cache(cache_factory, store)
-    script = tmp_path / "job" / "node.py"
-    script.parent.mkdir()
-    script.write_text(textwrap.dedent(f"""
-        import sys
-        sys.path.insert(1, {ROOT!r})
+    out, ran = run_among_planted_modules(
+        tmp_path, ("hmac", "json", "pickle", "struct", "secrets", "hashlib", "ipaddress", "runpy"), f"""
         import shadecache as sc
         from shadecache.peer import PeerClient
         store = sc.PackedStore({store.path!r})
@@ -509,14 +565,9 @@ def test_the_server_imports_nothing_from_the_working_directory(cache_factory, st
         with sc.serve(cache, read_through=False) as srv:
             ok = PeerClient(srv.address, dataset=store).get_many([4], timeout=10) == [store.read(4)]
         print("served" if ok else "wrong bytes")
-    """))
-    env = dict(os.environ)
-    env.pop("PYTHONPATH", None)
-    out = subprocess.run([sys.executable, str(script)], cwd=str(evil), env=env, capture_output=True, text=True,
-                         timeout=120)
+    """)
     assert out.stdout.strip() == "served", out.stdout + out.stderr
-    assert not marker.exists(), marker.read_text()
-
+    assert not ran, ran
 
 def test_serve_fetch_close_cycles_never_abort(cache_factory, store):
     """12 cycles of serve, fetch, close (with a connection still open at close): every server
