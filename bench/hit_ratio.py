@@ -127,8 +127,11 @@ def run_all(args):
         for k, (size, seed, (label, sampler, policy, rep, floor), aug) in enumerate(
                 tqdm(todo, desc="training runs", unit="run")):
             extra = {"sampler": sampler_options(label)} if rep is not None else {}
-            if rep is None:
-                rep, floor = sampler_defaults()["rep_factor"], sampler_defaults()["coverage_epochs"]
+            if rep is None:   # the defaults as they are (train_run's "shade" sets pads=True)
+                d = sampler_defaults()
+                rep, floor = d["rep_factor"], d["coverage_epochs"]
+                extra = {"sampler": {k: d[k] for k in ("pads", "substitute", "temper", "stalls",
+                                                       "stall_budget")}}
             cfg = RunConfig(label, sampler=sampler, policy=policy, rep_factor=rep,
                             coverage_epochs=floor, cache_fraction=size, epochs=args.epochs,
                             batch_size=args.batch_size, num_workers=args.workers, seed=seed,

@@ -21,8 +21,9 @@ sample size runs three ways, epoch 0 cold and --warm warm epochs each:
   store only     the same prefetcher given no ssd=: it reads the store past the SSD tier, as it did
                  before the chain (the row is there to show what the chain changes)
 Printed per warm epoch: samples/s and the data read from shared storage as a multiple of the data
-set's size. The target: with the prefetcher (chain) every warm epoch reads no more than without
-one and is at least as fast.
+set's size; with --detail, per epoch, the loaders' reads from the store and the SSD tier, the
+prefetcher's reads and insertions, and the cache's evictions. The target: with the prefetcher
+(chain) every warm epoch reads no more than without one and is at least as fast.
 """
 from __future__ import annotations
 
@@ -113,8 +114,19 @@ def losses_of(ids: np.ndarray, epoch: int) -> np.ndarray:
     return (x % np.uint64(1000)).astype(np.float64) / 1000.0 + 0.01 * epoch
 
 
+def _detail(ds, cache, board) -> dict:
+    """Counts so far: the loaders' reads from the store and the SSD tier, the prefetcher's reads
+    (reads_issued: store and SSD tier), what it put in the cache, and the cache's evictions."""
+    d = ds.stats()
+    t = board.totals()
+    return {"loader_store": d["store_reads"], "loader_ssd": d["ssd_hits"],
+            "prefetcher": t["reads_issued"], "prefetched": t["prefetched"],
+            "evictions": cache.stats()["evictions"]}
+
+
 def run_mode(mode, store_path, dev, ssd_dir, args):
-    """[(samples/s, bytes read from the device) per epoch] of one fresh node."""
+    """[(samples/s, bytes read from the device, detail) per epoch] of one fresh node; detail:
+    _detail's counts in that epoch."""
     store = sc.PackedStore(store_path, direct=True)
     n = len(store)
     name = f"sc-tiers-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -135,6 +147,7 @@ def run_mode(mode, store_path, dev, ssd_dir, args):
         try:
             for epoch in range(1 + args.warm):
                 sampler.set_epoch(epoch)
+                before = _detail(ds, cache, board)
                 r0, t0 = device_bytes_read(dev), time.perf_counter()
                 seen, total = 0, 0.0
                 for x, y, idx in loader:
@@ -146,7 +159,9 @@ def run_mode(mode, store_path, dev, ssd_dir, args):
                         time.sleep(args.step_ms / 1000)
                 sampler.end_epoch(total / max(seen, 1))
                 dt = time.perf_counter() - t0
-                out.append((seen / dt, device_bytes_read(dev) - r0))
+                nbytes = device_bytes_read(dev) - r0
+                after = _detail(ds, cache, board)
+                out.append((seen / dt, nbytes, {k: after[k] - before[k] for k in after}))
         finally:
             if pf is not None:
                 pf.stop()
@@ -170,6 +185,7 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=1, help="repeat the three modes this often")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--workdir", default="/var/tmp")
+    ap.add_argument("--detail", action="store_true", help="per epoch: who read what, evictions")
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     modes = args.modes.split(",")
@@ -187,11 +203,15 @@ def main(argv=None):
                     for mode in modes:
                         per = run_mode(mode, store_path, dev, os.path.join(work, "ssd"), args)
                         data = n * size
-                        for e, (rate, nbytes) in enumerate(per):
+                        for e, (rate, nbytes, _) in enumerate(per):
                             rows.append((size, n, rnd, mode, e, rate, nbytes / data))
                         warm = per[1:]
                         print(f"{size} B x {n}, round {rnd}, {mode:>10}: warm epochs "
-                              + ", ".join(f"{r:,.0f}/s {b / data:.3f}x" for r, b in warm), flush=True)
+                              + ", ".join(f"{r:,.0f}/s {b / data:.3f}x" for r, b, _ in warm), flush=True)
+                        if args.detail:
+                            for e, (_, _, d) in enumerate(per):
+                                print(f"    epoch {e}: " + ", ".join(f"{k} {v:,}" for k, v in d.items()),
+                                      flush=True)
                 os.unlink(store_path)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -94,6 +94,15 @@ class Read:
         """Positions no tier had (so far)."""
         return np.flatnonzero(self.source < 0)
 
+    def part(self, positions) -> "Read":
+        """A Read of these positions of this one (ids, values, sources, keep; no counts): the
+        prefetcher offers a batch to the cache a few ids at a time."""
+        pos = np.asarray(positions, dtype=np.int64).reshape(-1)
+        r = Read(self.ids[pos], self.keep[pos])
+        r.values = [self.values[k] for k in pos.tolist()]
+        r.source = self.source[pos]
+        return r
+
 
 class MateStage:
     """Extent mates the cache refused, kept in this process until their turn (first in, first

@@ -253,10 +253,18 @@ class Cache {
   bool do_move_head(uint64_t off);   // false: a view pinned it meanwhile (now a zombie)
   void do_move_chunk(uint64_t off);
   // The heap's pages: room for one more node (a page taken off the free list when the heap is
-  // full), and pages given back once the heap has shrunk by more than a quarter page beyond one.
+  // full), and pages given back once the heap, with `reserve` more nodes, has shrunk by more than
+  // a quarter page beyond one (true when a page went back).
   uint64_t heap_capacity() const { return hdr_->heap_pages * heap_.per_page(); }
   void do_heap_grow();
-  void do_heap_trim();
+  bool do_heap_trim(uint64_t reserve = 0) {
+    // Asked at the end of every write and of every allocation short of pages: the answer is
+    // nearly always no, and costs no call.
+    const uint64_t npp = heap_.per_page(), pages = hdr_->heap_pages, nodes = heap_.size() + reserve;
+    if (pages == 0 || (nodes != 0 && nodes + npp / 4 > (pages - 1) * npp)) return false;
+    return do_heap_give_back(reserve);
+  }
+  bool do_heap_give_back(uint64_t reserve);
   // After making slot `off` unreachable (index entry unpublished, or seq odd): does a view pin it?
   bool do_slot_pinned(uint64_t off);
   void do_push_zombie(uint64_t off);

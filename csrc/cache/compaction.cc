@@ -160,15 +160,19 @@ void Cache::do_heap_grow() {
   ++hdr_->heap_pages;
 }
 
-void Cache::do_heap_trim() {
+bool Cache::do_heap_give_back(uint64_t reserve) {
   const uint64_t npp = heap_.per_page();
+  const uint64_t nodes = heap_.size() + reserve;
+  bool gave = false;
   // Keep a quarter page of room beyond the nodes in use, so that a cache whose item count
   // hovers at a page boundary does not give and take a page on every put.
-  while (hdr_->heap_pages && (heap_.empty() || heap_.size() + npp / 4 <= (hdr_->heap_pages - 1) * npp)) {
+  while (hdr_->heap_pages && (nodes == 0 || nodes + npp / 4 <= (hdr_->heap_pages - 1) * npp)) {
     uint64_t p = heap_table_[--hdr_->heap_pages];
     crash_point(CrashPoint::kHeapShrinkMid);
     slab_.do_push_free_page(p);
+    gave = true;
   }
+  return gave;
 }
 
 }  // namespace shadecache

@@ -73,6 +73,10 @@ bool Cache::do_alloc(uint32_t cls, uint64_t k, uint32_t id, double key, uint64_t
     HeapNode victim;
     while (do_pages_short(cls, k, id) > 0) {
       if (do_compact_one()) continue;
+      // The victims' nodes left the heap: its spare pages (the nodes set aside, and this value's
+      // own when the id has none, stay reserved) serve the value before anything more is evicted.
+      // Without this a value needing nearly every page evicted the whole cache, then was refused.
+      if (do_heap_trim(aside_.size() + (idx_get(id, std::memory_order_relaxed) == 0))) continue;
       if (!policy_->evicts() || !do_next_victim(key, &reaped, &victim)) return false;
       do_evict(victim.id);  // pinned at the last moment: a zombie now, its node gone; go on
       hdr_->stats.evictions.fetch_add(1, std::memory_order_relaxed);

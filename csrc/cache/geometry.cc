@@ -66,9 +66,12 @@ Layout bare_layout(uint64_t capacity, uint64_t n, Policy policy) {
   uint64_t data = pages * l.page_size;
   l.unit_shift = kMinUnitShift;
   while ((data >> l.unit_shift) >= 0xFFFFFFFFull) ++l.unit_shift;
-  // The largest value: its head (16 bytes, 4 per chunk, the tail) fits a page, and its chunks fit
-  // the pages left when a page holds heap nodes and one its head.
-  uint64_t by_head = (l.page_size - sizeof(SlotHeader)) / 4 * l.chunk_size;
+  // The largest value: the head of every length up to it (16 bytes, 4 per chunk, the tail) fits a
+  // page, and its chunks fit the pages left when a page holds heap nodes and one its head. The
+  // widest head below c + 1 chunks is a tail of chunk - 1 bytes behind c chunks: c is at most
+  // `full`, and a length of full + 1 chunks keeps the tail that still fits beside them.
+  const uint64_t full = (l.page_size - sizeof(SlotHeader) - (l.chunk_size - 1)) / 4;
+  uint64_t by_head = (full + 1) * l.chunk_size + (l.page_size - sizeof(SlotHeader) - 4 * (full + 1));
   uint64_t by_data = pages > 2 ? (pages - 2) * l.page_size : 0;
   l.max_value = std::min<uint64_t>({by_head, by_data, 0xFFFFFFFFull});
   return l;

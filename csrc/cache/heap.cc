@@ -1,38 +1,52 @@
 #include "cache/heap.h"
 
+#include <cstdint>
+
 namespace shadecache {
 
 void IndexedHeap::sift_up(uint64_t k) {
-  HeapNode n = at(k);
+  // The hole moves up: each step reads one parent and writes it down into the hole (by address,
+  // so no node's place is computed twice).
+  HeapNode* hole = &at(k);
+  const HeapNode n = *hole;
   while (k > 0) {
-    uint64_t parent = (k - 1) / 2;
-    HeapNode p = at(parent);
-    if (!(n.key < p.key)) break;
-    place(k, p);
+    const uint64_t parent = (k - 1) / 2;
+    HeapNode* p = &at(parent);
+    if (!(n.key < p->key)) break;
+    *hole = *p;
+    pos_[hole->id] = static_cast<uint32_t>(k + 1);
+    hole = p;
     k = parent;
   }
-  place(k, n);
+  *hole = n;
+  pos_[n.id] = static_cast<uint32_t>(k + 1);
 }
 
 void IndexedHeap::sift_down(uint64_t k) {
   const uint64_t n_size = *size_;
-  HeapNode n = at(k);
+  HeapNode* hole = &at(k);
+  const HeapNode n = *hole;
   for (;;) {
-    uint64_t child = 2 * k + 1;
+    const uint64_t child = 2 * k + 1;
     if (child >= n_size) break;
-    HeapNode c = at(child);
+    bool last_on_page;
+    HeapNode* c = locate(child, &last_on_page);
+    uint64_t to = child;
     if (child + 1 < n_size) {
-      HeapNode d = at(child + 1);
-      if (d.key < c.key) {
+      HeapNode* d = last_on_page ? &at(child + 1) : c + 1;
+      if (d->key < c->key) {
         c = d;
-        ++child;
+        ++to;
       }
     }
-    if (!(c.key < n.key)) break;
-    place(k, c);
-    k = child;
+    if (!(c->key < n.key)) break;
+    *hole = *c;
+    pos_[hole->id] = static_cast<uint32_t>(k + 1);
+    hole = c;
+    k = to;
   }
-  place(k, n);
+  *hole = n;
+  pos_[n.id] = static_cast<uint32_t>(k + 1);
 }
 
 void IndexedHeap::push(uint32_t id, double key) {
@@ -47,8 +61,10 @@ void IndexedHeap::remove(uint32_t id) {
   uint64_t last = --(*size_);
   if (k == last) return;
   HeapNode moved = at(last);
-  double old_key = at(k).key;
-  place(k, moved);
+  HeapNode* hole = &at(k);
+  double old_key = hole->key;
+  *hole = moved;
+  pos_[moved.id] = static_cast<uint32_t>(k + 1);
   if (moved.key < old_key)
     sift_up(k);
   else

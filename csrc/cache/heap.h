@@ -57,8 +57,16 @@ class IndexedHeap {
   // ceil(2^64 / npp), exact for k < 2^32 (npp is not a power of two, and a hardware division on
   // every step of a sift costs more than the step's own work when its nodes are cached).
   HeapNode& at(uint64_t k) const {
+    bool last;
+    return *locate(k, &last);
+  }
+  // Node k's address, and whether it is the last node of its page (node k + 1 then lies on
+  // another page; otherwise right after it).
+  HeapNode* locate(uint64_t k, bool* last_on_page) const {
     uint64_t q = static_cast<uint64_t>((static_cast<unsigned __int128>(k) * magic_) >> 64);
-    return reinterpret_cast<HeapNode*>(data_ + (static_cast<uint64_t>(table_[q]) << page_shift_))[k - q * per_page_];
+    uint64_t r = k - q * per_page_;
+    *last_on_page = r + 1 == per_page_;
+    return reinterpret_cast<HeapNode*>(data_ + (static_cast<uint64_t>(table_[q]) << page_shift_)) + r;
   }
   // A prefetch the compiler keeps: GCC drops a __builtin_prefetch whose address needs the page
   // table load and the reciprocal multiply of at() (update_scores lost every heap prefetch and ran

@@ -15,6 +15,22 @@ namespace shadecache {
 // counts, the heap, items, bytes_used) is derived again from that truth, with the heap's pages
 // from heap_table and its count. Idempotent: a repairer killed half way leaves EOWNERDEAD for the
 // next locker, which starts over.
+namespace {
+
+// A head slot that is not live (seq as read: odd when a writer died mid-write) becomes free: seq
+// odd, id none, seq even. The id goes while seq is odd (the index may still name the slot until
+// the end of the repair, and a reader must never find an even seq and a matching id on bytes a
+// dead writer left half written), and the seq moves on whatever it was, so that a reader that
+// validated it before the repair retries.
+void drop_head(SlotHeader* s, uint32_t seq) {
+  if (!(seq & 1)) s->seq.store(seq + 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  __atomic_store_n(&s->id, kNoId, __ATOMIC_RELAXED);
+  s->seq.store((seq | 1) + 1, std::memory_order_release);
+}
+
+}  // namespace
+
 void Cache::do_repair() {
   // The dead writer may have unpublished a slot without reaching its own fence before the pin
   // check (pins.h): this one orders its stores before the table loads below.
@@ -95,9 +111,7 @@ void Cache::do_repair() {
       }
       // Undo a partial claim: the loop stopped one past the chunk it refused.
       for (uint64_t j = 0; j + 1 < claimed; ++j) slab_.owner(refs[j]) = kNoId;
-      // Not live. Its id goes first, while a torn slot's seq is still odd: the index may still
-      // name it (cleared below), and a reader must never find an even seq with a matching id on
-      // bytes that a dead writer left half written.
+      // Not live.
       if (s->id != kNoId && std::binary_search(pinned.begin(), pinned.end(), slot_code(off)) &&
           !(seq & 1) && (s->len >> chunk_shift_) == 0) {
         // A view may be reading it: keep the bytes, as a zombie. (A torn slot is never under a
@@ -105,9 +119,10 @@ void Cache::do_repair() {
         // writing. An entry naming one is a reader's that is backing out.)
         continue;
       }
-      __atomic_store_n(&s->id, kNoId, __ATOMIC_RELAXED);
-      std::atomic_thread_fence(std::memory_order_release);
-      if (seq & 1) s->seq.store(seq + 1, std::memory_order_release);
+      // A whole head (even seq) goes odd first, as in an eviction: its chunks go back to the
+      // free list below and a put may write over them, so a reader still copying them (it
+      // found the head before the dead writer unpublished it) must fail its seq recheck.
+      drop_head(s, seq);
     }
   }
 
@@ -122,7 +137,7 @@ void Cache::do_repair() {
     SlotHeader* s = slab_.slot(off);
     const uint32_t* refs = slab_.refs(off);
     for (uint64_t j = 0; j < (s->len >> chunk_shift_); ++j) slab_.owner(refs[j]) = kNoId;
-    __atomic_store_n(&s->id, kNoId, __ATOMIC_RELAXED);
+    drop_head(s, s->seq.load(std::memory_order_relaxed));
   }
   for (uint64_t off : live) {
     SlotHeader* s = slab_.slot(off);

@@ -170,6 +170,8 @@ def train_run(store, cfg: RunConfig, test, cache_name: str, progress: bool = Fal
         st = ds.stats()
     out.update(final_acc=out["acc"][-1], total_hit_ratio=st["hit_ratio"],
                total_bytes_read=st["bytes_read"], samples_per_s=samples / train_time,
+               wall_s=train_time, stall_repeats=sum(h["stall_repeats"]
+                                                    for h in sampler.repeats_history),
                min_coverage=min(out["coverage"]), steps=cfg.epochs * len(sampler) // cfg.batch_size)
     return out
 
@@ -209,10 +211,12 @@ def plot_runs(runs, path: str, title: str = ""):
     plt.close(fig)
 
 
-def format_table(runs) -> str:
-    head = ("| run | hit ratio | MB read from store | samples/s | coverage (min) | final accuracy |\n"
-            "|---|---|---|---|---|---|")
+def format_table(runs, store: str = "") -> str:
+    """The runs' table; `store` names the store they read (the wall-clock column's heading)."""
+    wall = f"wall clock, s ({store})" if store else "wall clock, s"
+    head = (f"| run | hit ratio | MB read from store | samples/s | {wall} | coverage (min) | "
+            "final accuracy |\n|---|---|---|---|---|---|---|")
     rows = [f"| {r['config']['label']} | {r['total_hit_ratio']:.3f} | "
             f"{r['total_bytes_read'] / 1e6:.2f} | {r['samples_per_s']:,.0f} | "
-            f"{r['min_coverage']:.3f} | {r['final_acc']:.2f}% |" for r in runs]
+            f"{r['wall_s']:.2f} | {r['min_coverage']:.3f} | {r['final_acc']:.2f}% |" for r in runs]
     return "\n".join([head] + rows)

@@ -106,6 +106,7 @@ class CachedDataset(Dataset):
         self.counters = SharedCounters(_FIELDS)
         self._miss_lock = threading.Lock()
         self._lock_pid = os.getpid()
+        self._notes = {}      # epoch -> a sampler's counts (note_epoch), this process only
 
     def __len__(self):
         return self._n
@@ -178,25 +179,34 @@ class CachedDataset(Dataset):
         reader (fetch_bytes, sc.CachedLoader); see fetch_missing_now for who may overlap."""
         board = board_for(self.cache)
         if board is not None and board.prefetcher_pid:
-            # What the node's prefetcher is reading now is read once: wait for it to land.
+            # What the node's prefetcher is reading, or holds, is read once: wait for it to be
+            # offered to the cache (the wait asks the prefetcher for it).
             a = np.asarray(ids, dtype=np.int64)
-            coming = board.wait_for(a, ON_WAY_WAIT_S)
+            waited = board.wait_for(a, ON_WAY_WAIT_S)
+            # and what it put in the cache since this reader missed it there (flagged prefetched)
+            coming = waited | board.prefetched(a)
             if coming.any():
-                landed = self.cache.get_many(a[coming])
-                got = dict(zip(a[coming].tolist(), landed))
-                rest = [i for i in ids if got.get(i) is None]
-                if len(rest) < len(ids):
-                    landed_ids = [i for i, v in got.items() if v is not None]
-                    board.unmark(landed_ids)          # used: neither unused nor wasted
-                    self.counters.add(prefetch_hits=len(landed_ids))
-                    board.count_reads(reader_stream(board), 0, 0, len(landed_ids), 0)
-                    values = dict(zip(rest, self.fetch_missing_now(rest)))
-                    return [got[i] if got.get(i) is not None else values[i] for i in ids]
+                look = a[coming].tolist()
+                got = {i: v for i, v in zip(look, self.cache.get_many(look)) if v is not None}
+                if got:
+                    board.unmark(list(got))          # used: neither unused nor wasted
+                    self.counters.add(prefetch_hits=len(got))
+                    board.count_reads(reader_stream(board), 0, 0, len(got), 0)
+                # The cache refused those it did not take when the prefetcher offered them, at
+                # this request: they are read from the tier that took them (the SSD tier) and
+                # not offered again, as a miss of this reader's own is offered once.
+                refused = [i for i in a[waited].tolist() if i not in got]
+                skip = set(got).union(refused)
+                rest = [i for i in ids if i not in skip]
+                values = dict(zip(rest, self.fetch_missing_now(rest)))
+                values.update(zip(refused, self.fetch_missing_now(refused, admit=False)))
+                return [got[i] if i in got else values[i] for i in ids]
         return self.fetch_missing_now(ids)
 
-    def fetch_missing_now(self, ids: list) -> list:
-        """fetch_missing without waiting for the prefetcher: the tier chain. One caller at a time
-        per process when there is a cluster (its connections, one per peer per process, take one
+    def fetch_missing_now(self, ids: list, admit: bool = True) -> list:
+        """fetch_missing without waiting for the prefetcher: the tier chain; admit=False: read
+        only (nothing offered to the cache or given to the SSD tier). One caller at a time per
+        process when there is a cluster (its connections, one per peer per process, take one
         request at a time) or the store reads whole extents (the process's stage of extent mates;
         two callers would read one extent twice); otherwise callers overlap (one thread's store
         read with another's SSD tier read and admission: the batched reads release the GIL)."""
@@ -204,7 +214,8 @@ class CachedDataset(Dataset):
             return []
         if self.cluster is None and getattr(self.store, "extent_layout", None) is None:
             r = self.chain.read(ids)
-            self.chain.admit(r)
+            if admit:
+                self.chain.admit(r)
         else:
             if self._lock_pid != os.getpid():
                 # a forked child (a DataLoader worker) inherits the lock as it was at the fork:
@@ -213,7 +224,8 @@ class CachedDataset(Dataset):
                 self._miss_lock, self._lock_pid = threading.Lock(), os.getpid()
             with self._miss_lock:
                 r = self.chain.read(ids)
-                self.chain.admit(r)
+                if admit:
+                    self.chain.admit(r)
         self.counters.add(**{f"{name}_{field}": v for name, c in r.counts.items()
                              for field, v in (("calls", 1), ("hits", c.hits), ("bytes", c.bytes),
                                               ("ns", c.ns))})
@@ -251,9 +263,11 @@ class CachedDataset(Dataset):
         the tiers below the cache for misses), prefetch_hits (hits on samples the prefetcher
         brought); with an order board also prefetched, prefetch_wasted and `per_epoch` (alias
         `prefetch_per_epoch`): one row per epoch (the board keeps the last 32) with the
-        prefetcher's counters (prefetched, prefetch_wasted, prefetched_bytes, reads_issued) and
-        what the loaders of every process on the node read in it (samples, hits, prefetch_hits,
-        wait_s)."""
+        prefetcher's counters (prefetched, prefetch_wasted, prefetched_bytes, reads_issued), what
+        the loaders of every process on the node read in it (samples, hits, prefetch_hits,
+        wait_s) and what the samplers' orders held (accuracy_repeats, stall_deferrals,
+        stall_repeats: ShadeSampler). Without a board, `per_epoch` has the sampler's counts
+        alone, as noted in this process (note_epoch)."""
         c = self.counters.totals()
         d = {"hits": c["hits"], "misses": c["misses"], "bytes_read": c["store_bytes"],
              "samples": c["samples"], "store_reads": c["store_hits"],
@@ -269,7 +283,28 @@ class CachedDataset(Dataset):
                              "seconds": seconds, "mean_latency_s": seconds / calls if calls else 0.0}
         d["wait_s"] = c["wait_ns"] / 1e9
         d.update(_prefetch_stats(self.cache))
+        if "per_epoch" not in d and self._notes:
+            d["per_epoch"] = [{"epoch": e, "accuracy_repeats": 0, "stall_deferrals": 0,
+                               "stall_repeats": 0, **self._notes[e]} for e in sorted(self._notes)]
         return d
+
+    def loader_totals(self):
+        """(samples read from the tiers below the cache, seconds those tiers' calls took, seconds
+        the loaders waited on misses, samples not cached when a loader asked for them) summed
+        over every process of this data set so far: what ShadeSampler's stall budget measures
+        the store's pace and the training step by."""
+        c = self.counters.totals()
+        read = sum(c[f"{t}_hits"] for t in _TIERS)
+        tier_ns = sum(c[f"{t}_ns"] for t in _TIERS)
+        return read, tier_ns / 1e9, c["wait_ns"] / 1e9, c["misses"]
+
+    def note_epoch(self, epoch: int, **counts) -> None:
+        """Adds a sampler's per-epoch counts (accuracy_repeats, stall_deferrals, stall_repeats)
+        to this process's record, which stats()["per_epoch"] shows when there is no order board
+        (the board's rows hold them, node-wide, when there is one)."""
+        row = self._notes.setdefault(int(epoch), {})
+        for k, v in counts.items():
+            row[k] = row.get(k, 0) + int(v)
 
     def reset_stats(self):
         """Zero the counters (call it while no worker is fetching)."""

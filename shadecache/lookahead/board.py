@@ -26,8 +26,9 @@ Layout (little-endian; all offsets fixed by the header so attach checks them):
 
     header   4096 bytes   magic, version, streams, capacity, num_samples, creator pid,
                           prefetcher pid + stop word, creator and prefetcher start times
-                          (at 64 and 72; 0 in a board of an older writer), per-epoch prefetch
-                          counters
+                          (at 64 and 72; 0 in a board of an older writer), per-epoch rows: the
+                          prefetcher's counters, the readers' (CachedDataset), the samplers'
+                          (repeats and deferrals)
     streams  S x 64 bytes seq, epoch, length, cursor (see the contract below)
     ids      S x capacity int64    the published order of each stream
     nxt      S x capacity int32    nxt[k]: the next k' > k with ids[k'] == ids[k] in the same stream
@@ -36,12 +37,15 @@ Layout (little-endian; all offsets fixed by the header so attach checks them):
                                    current epoch, or NONE
     flags    N uint8               PREFETCHED (1) while sample i sits in the cache because the
                                    prefetcher brought it and no read has used it yet; ON_WAY (2)
-                                   while the prefetcher reads it (a reader waits for it)
+                                   while the prefetcher reads it or holds it for its turn (a reader
+                                   waits for it); WANTED (3): on its way and a reader waits for it
+                                   now (the prefetcher hands it to the cache)
 
 Concurrency contract (single writer per stream; any number of readers; no lock):
 - The writer of stream s is the training process of that rank (through ShadeSampler's hook).
   publish() is a seqlock write: seq += 1 (odd), a full fence, write ids/nxt/next_use/length/epoch,
-  a full fence, seq += 1 (even). A reader copies what it needs between two reads of seq and keeps
+  a full fence, seq += 1 (even); so is rewrite(), by which the sampler's stall budget changes
+  entries the loader has not taken yet (shadecache/sampling/stalls.py). A reader copies what it needs between two reads of seq and keeps
   the copy only when both are equal and even, with a fence after the first read and before the
   second (memory_fence(): std::atomic_thread_fence(seq_cst) in the native _io module), so the
   contract holds on weakly ordered CPUs too, not only on x86-TSO.
@@ -55,9 +59,13 @@ Concurrency contract (single writer per stream; any number of readers; no lock):
   prefetcher's room-making, never what a reader gets: a wrong one costs a read, nothing else.
 - The per-epoch prefetch counters and the flags are written by the prefetcher (one per node); the
   flags are also cleared by the processes that read a prefetched sample (a byte store; two readers
-  clearing the same flag at once may both count the prefetch hit, a rare overcount). A reader
-  waits for a sample on its way only while the prefetcher lives, and only so long: a killed
-  prefetcher's ON_WAY flags cost a reader that wait, never a wrong value (the cache decides).
+  clearing the same flag at once may both count the prefetch hit, a rare overcount), and a reader
+  that waits for a sample on its way turns its ON_WAY into WANTED. That store may land just after
+  the prefetcher handed the sample over (a byte store, no compare-and-swap): the prefetcher clears
+  WANTED on every id it no longer holds, on each pass, so such a reader waits one pass longer. A
+  reader waits for a sample on its way only while the prefetcher lives, and only so long: a
+  killed prefetcher's ON_WAY and WANTED flags cost a reader that wait, never a wrong value (the
+  cache decides).
 - A process killed at any point leaves at most one stream with an odd seq: readers skip that
   stream until its writer (or a successor) publishes again. Nothing in the cache depends on the
   board, so a dead board writer can never make the cache inconsistent.
@@ -87,7 +95,8 @@ EPOCH_SLOTS = 32                       # per-epoch counter rows kept (epoch mod 
 # sampler knows it already (a uniform order the cache does not rearrange). Far more than any
 # lookahead window needs; 12 bytes each per stream.
 NEXT_EPOCH_ROOM = 65536
-PREFETCHED, ON_WAY = 1, 2               # flags[i]: brought and unused / being read by the prefetcher
+# flags[i]: brought and unused / being read or held by the prefetcher / that, and a reader waits
+PREFETCHED, ON_WAY, WANTED = 1, 2, 3
 COUNTERS = ("epoch", "prefetched", "prefetch_wasted", "prefetched_bytes", "reads_issued")
 _COUNTER_OFF = 128                     # header offset of the counter rows
 # The readers' per-epoch rows (CachedDataset in any process of the node adds to them with an
@@ -95,6 +104,11 @@ _COUNTER_OFF = 128                     # header offset of the counter rows
 # loop saw, per epoch. In the header's spare bytes (zeros in a board of an older writer).
 READER_COUNTERS = ("epoch", "samples", "hits", "prefetch_hits", "wait_ns")
 _READER_OFF = 2048
+# The samplers' per-epoch rows (ShadeSampler in any rank of the node adds with an atomic add): the
+# repeats and deferrals its epoch's order holds. Epoch e's row is slot e % EPOCH_SLOTS, stamped by
+# the reader row of that slot; cleared with it. The header's last spare bytes (3328..4096).
+SAMPLER_COUNTERS = ("accuracy_repeats", "stall_deferrals", "stall_repeats")
+_SAMPLER_OFF = _READER_OFF + EPOCH_SLOTS * len(READER_COUNTERS) * 8
 
 # header words (int64 each) at these byte offsets
 _H_MAGIC, _H_VERSION, _H_STREAMS, _H_CAPACITY, _H_N = 0, 8, 16, 24, 32
@@ -192,6 +206,9 @@ class OrderBoard:
         self._readers = np.frombuffer(self._mm, dtype=np.int64,
                                       count=EPOCH_SLOTS * len(READER_COUNTERS),
                                       offset=_READER_OFF)   # flat: _io.atomic_add indexes it
+        self._samplers = np.frombuffer(self._mm, dtype=np.int64,
+                                       count=EPOCH_SLOTS * len(SAMPLER_COUNTERS),
+                                       offset=_SAMPLER_OFF)
         self._creator = os.getpid() if owner else None
 
     # ---- lifetime ----------------------------------------------------------------------------
@@ -256,7 +273,8 @@ class OrderBoard:
     def close(self):
         if self._mm is None:
             return
-        for a in ("_header", "_srec", "_ids", "_nxt", "_next", "_flags", "_counters", "_readers"):
+        for a in ("_header", "_srec", "_ids", "_nxt", "_next", "_flags", "_counters", "_readers",
+                  "_samplers"):
             setattr(self, a, None)
         try:
             self._mm.close()
@@ -342,8 +360,13 @@ class OrderBoard:
         if row[0] != e:
             row[0] = e
         nxt = self._readers[((e + 1) % EPOCH_SLOTS) * w:((e + 1) % EPOCH_SLOTS + 1) * w]
-        if nxt[0] != e + 1 and nxt[1:].any():
-            nxt[1:] = 0
+        if nxt[0] != e + 1:
+            if nxt[1:].any():
+                nxt[1:] = 0
+            ws = len(SAMPLER_COUNTERS)
+            srow = self._samplers[((e + 1) % EPOCH_SLOTS) * ws:((e + 1) % EPOCH_SLOTS + 1) * ws]
+            if srow.any():
+                srow[:] = 0
         return m
 
     def published(self, stream: int) -> np.ndarray:
@@ -365,6 +388,46 @@ class OrderBoard:
         # in position order, so a sample taken twice in the range ends at its latest successor
         self._next[stream][ids] = self._nxt[stream, first:last]
         return ids
+
+    def rewrite(self, stream: int, positions, ids, lo: int) -> np.ndarray:
+        """Entries `positions` of the stream's order (not taken by the loader yet: >= lo) now hold
+        `ids` (the sampler moved or replaced them while the epoch runs). A seqlock write, as
+        publish: the chains (nxt) of every id that left or entered those entries are rebuilt, and
+        each such id's next use becomes its first position >= lo. Positions past the published
+        length are ignored. Returns the ids whose next use changed (for the clairvoyant policy)."""
+        s = self._check_stream(stream)
+        rec = self._srec[s]
+        length = int(rec[_S_LENGTH])
+        pos = np.asarray(positions, dtype=np.int64).reshape(-1)
+        new = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if pos.shape != new.shape:
+            raise ValueError(f"{pos.size} positions but {new.size} ids")
+        keep = pos < length
+        pos, new = pos[keep], new[keep]
+        if pos.size == 0:
+            return np.empty(0, dtype=np.int64)
+        if pos.min() < lo or (new.size and (new.min() < 0 or new.max() >= self.num_samples)):
+            raise IndexError(f"rewrite: positions must be >= {lo} and ids in 0..{self.num_samples - 1}")
+        row = self._ids[s, :length]
+        touched = np.unique(np.concatenate([row[pos], new]))
+        seq = int(rec[_S_SEQ])
+        odd = seq + 1 if seq % 2 == 0 else seq + 2
+        rec[_S_SEQ] = odd
+        _fence()
+        row[pos] = new
+        at = np.flatnonzero(np.isin(row, touched))        # every entry of a touched id, in order
+        srt = at[np.argsort(row[at], kind="stable")]       # by id, then position
+        same = row[srt[1:]] == row[srt[:-1]]
+        nxt = self._nxt[s]
+        nxt[srt] = NONE
+        nxt[srt[:-1][same]] = srt[1:][same]
+        nu = self._next[s]
+        nu[touched] = NONE
+        later = srt[srt >= lo]
+        nu[row[later][::-1]] = later[::-1].astype(np.int32)   # the last write per id: its first
+        _fence()
+        rec[_S_SEQ] = odd + 1
+        return touched
 
     # ---- the reader side ---------------------------------------------------------------------
     def snapshot(self, stream: int, window: Optional[int] = None):
@@ -415,8 +478,15 @@ class OrderBoard:
         self._flags[ids] = ON_WAY
 
     def on_way(self, ids) -> np.ndarray:
-        """Bool mask: which ids the prefetcher is reading now."""
-        return self._flags[ids] == ON_WAY
+        """Bool mask: which ids the prefetcher is reading or holding now (ON_WAY or WANTED)."""
+        return self._flags[ids] >= ON_WAY
+
+    def wanted(self, ids=None) -> np.ndarray:
+        """Bool mask over `ids`: those on their way that a reader waits for now; with no ids,
+        the ids so flagged (a scan of N bytes)."""
+        if ids is None:
+            return np.flatnonzero(self._flags == WANTED)
+        return self._flags[ids] == WANTED
 
     def mark_prefetched(self, ids) -> None:
         """The prefetcher brought these ids into the cache; no read has used them yet."""
@@ -428,8 +498,9 @@ class OrderBoard:
         self._flags[ids] = 0
 
     def clear_on_way(self) -> None:
-        """Drops every "on its way" flag (a prefetcher that starts: one killed left them set)."""
-        self._flags[self._flags == ON_WAY] = 0
+        """Drops every "on its way" flag, WANTED included (a prefetcher that starts: one killed
+        left them set)."""
+        self._flags[self._flags >= ON_WAY] = 0
 
     def prefetched(self, ids) -> np.ndarray:
         """Bool mask: which ids still carry the flag (brought, and not used by a read yet)."""
@@ -450,11 +521,14 @@ class OrderBoard:
     def wait_for(self, ids, timeout: float) -> np.ndarray:
         """Waits (up to `timeout` seconds, while the prefetcher lives) until none of `ids` is on
         its way; returns the mask of those that were. A reader calls it before reading its misses,
-        so that a sample the prefetcher is reading is read once."""
+        so that a sample the prefetcher is reading is read once. It flags them WANTED: the
+        prefetcher holds what it read ahead until a reader asks for it, then offers it to the
+        cache (docs/prefetch.md)."""
         coming = self.on_way(ids)
         if not coming.any():
             return coming
         wait = ids[coming]
+        self._flags[wait] = WANTED
         deadline = time.monotonic() + timeout
         if not self.prefetcher_alive():
             return coming
@@ -523,10 +597,20 @@ class OrderBoard:
             if v:
                 _io.atomic_add(self._readers, base + READER_COUNTERS.index(name), int(v))
 
+    def count_sampler(self, epoch: int, **deltas) -> None:
+        """Adds to epoch's sampler row (any process; atomic adds): accuracy_repeats,
+        stall_deferrals, stall_repeats (SAMPLER_COUNTERS)."""
+        from .. import _io
+        base = (int(epoch) % EPOCH_SLOTS) * len(SAMPLER_COUNTERS)
+        for name, v in deltas.items():
+            if v:
+                _io.atomic_add(self._samplers, base + SAMPLER_COUNTERS.index(name), int(v))
+
     def epoch_counters(self) -> list:
         """[{epoch, prefetched, prefetch_wasted, prefetched_bytes, reads_issued, samples, hits,
-        prefetch_hits, wait_s}] of the epochs recorded, oldest first (the last EPOCH_SLOTS
-        epochs): the prefetcher's counters and what the loaders read (CachedDataset)."""
+        prefetch_hits, wait_s, accuracy_repeats, stall_deferrals, stall_repeats}] of the epochs
+        recorded, oldest first (the last EPOCH_SLOTS epochs): the prefetcher's counters, what the
+        loaders read (CachedDataset) and what the samplers' orders repeated or deferred."""
         by_epoch = {}
         for r in self._counters:
             d = dict(zip(COUNTERS, (int(v) for v in r)))
@@ -535,12 +619,14 @@ class OrderBoard:
         w = len(READER_COUNTERS)
         for k in range(EPOCH_SLOTS):
             d = dict(zip(READER_COUNTERS, (int(v) for v in self._readers[k * w:(k + 1) * w])))
-            if any(d[c] for c in READER_COUNTERS[1:]):
+            ws = len(SAMPLER_COUNTERS)
+            sd = dict(zip(SAMPLER_COUNTERS, (int(v) for v in self._samplers[k * ws:(k + 1) * ws])))
+            if any(d[c] for c in READER_COUNTERS[1:]) or any(sd.values()):
                 row = by_epoch.setdefault(d["epoch"], {c: 0 for c in COUNTERS} | {"epoch": d["epoch"]})
                 row.update(samples=d["samples"], hits=d["hits"], prefetch_hits=d["prefetch_hits"],
-                           wait_s=d["wait_ns"] / 1e9)
+                           wait_s=d["wait_ns"] / 1e9, **sd)
         for row in by_epoch.values():
-            for c in ("samples", "hits", "prefetch_hits"):
+            for c in ("samples", "hits", "prefetch_hits") + SAMPLER_COUNTERS:
                 row.setdefault(c, 0)
             row.setdefault("wait_s", 0.0)
         return [by_epoch[e] for e in sorted(by_epoch)]

@@ -16,8 +16,9 @@ The loop, in one pass:
 1. window: from each stream's cursor (the position up to which the DataLoader has taken ids), the
    next `lookahead_samples` ids, merged across streams by distance from each cursor, first
    occurrence kept; the ids neither cached nor already on their way are the candidates, cut where
-   their bytes (plus the bytes in flight) pass `lookahead_bytes`.
-2. room: never evict a sample needed sooner than the one it brings. Before a batch is read, cached
+   their bytes (plus the bytes in flight and held) pass `lookahead_bytes`. With an SSD tier (ssd=),
+   once the cache is full, only those it would admit when due and the SSD tier does not hold.
+2. room (no SSD tier): never evict a sample needed sooner than the one it brings. Before a batch is read, cached
    samples whose next use (any stream) is later than the batch's latest next use, or unknown, are
    removed, farthest first, the unknown ones lowest score first, until the batch fits in the free
    bytes; if they do not suffice the batch is cut to what fits. (Under the clairvoyant policy the
@@ -27,9 +28,14 @@ The loop, in one pass:
    across batch boundaries (a PackedStore's stream: `queue_depth` reads per lane; any other
    store's read_many on a thread per batch). Up to `max_batches` batches are in flight. With a
    cluster, only the ids this node keeps are read ahead (those it is home to, unless keep_remote).
-4. insert: each finished batch goes in with put_many (admission as the policy says; room made as
-   in 2.); what the cache refused goes to the SSD tier, as the chain admits a loader's misses. The
-   admitted ids get their "prefetched" flag; counters per epoch: prefetched, prefetched_bytes,
+4. insert: without an SSD tier each finished batch goes in with put_many (admission as the policy
+   says; room made as in 2.). With one, the batch is held in this process (its ids stay ON_WAY on
+   the board) and each sample is offered with put_many when a loader takes the batch that holds it
+   (the cursor passes it) or asks for it (WANTED: a loader waits for it); the hand-over thread
+   does that every poll_s. What the cache refuses goes to the SSD tier, written before the flag is
+   cleared, as the chain admits a loader's misses: the cache and the SSD tier see each sample
+   when the loader reads it, as without a prefetcher (docs/prefetch.md says why). The admitted
+   ids get their "prefetched" flag; counters per epoch: prefetched, prefetched_bytes,
    reads_issued, and prefetch_wasted (a flagged sample found evicted before any read used it).
 It exits when the board's stop word is set (stop()), when its parent dies (PR_SET_PDEATHSIG, and
 a check of the parent pid), or on SIGTERM.
@@ -41,14 +47,16 @@ import pickle
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import deque
 
 import numpy as np
 
+from .. import _io
 from ..cache.handle import DEFAULT_MAX_ITEM_BYTES
 from ..peer.tier import HomePeerTier
-from ..process import alive, isolated_python
+from ..process import isolated_python
 from ..store.protocol import check_store, lengths_of
 from ..tiers import TierChain
 from .board import OrderBoard
@@ -96,7 +104,7 @@ class Prefetcher:
 
     def start(self) -> "Prefetcher":
         other = self.board.prefetcher_pid
-        if other and alive(other):
+        if self.board.prefetcher_alive():   # pid and start time: a reused pid is not a prefetcher
             raise RuntimeError(f"cache {self.cache_name!r} already has a prefetcher (pid {other}); "
                                "one per node")
         self.board.request_stop(False)
@@ -199,8 +207,8 @@ class _Pace:
 
 def _window(board, lookahead):
     """(epoch of the most advanced stream, the merged window's ids by distance from the cursors,
-    {stream: (epoch, cursor)})."""
-    parts, dists, epoch, cursors = [], [], -1, {}
+    their global positions (board.py: epoch * capacity + entry), {stream: (epoch, cursor)})."""
+    parts, dists, places, epoch, cursors = [], [], [], -1, {}
     for s in range(board.streams):
         snap = board.snapshot(s, window=lookahead)
         if snap is None:
@@ -210,13 +218,66 @@ def _window(board, lookahead):
         epoch = max(epoch, e)
         parts.append(ids)
         dists.append(np.arange(ids.size))
+        places.append(e * board.capacity + cursor + dists[-1])
     if not parts:
-        return epoch, np.empty(0, np.int64), cursors
+        return epoch, np.empty(0, np.int64), np.empty(0, np.int64), cursors
     ids = np.concatenate(parts)
-    d = np.concatenate(dists)
-    ids = ids[np.argsort(d, kind="stable")]
+    by_distance = np.argsort(np.concatenate(dists), kind="stable")
+    ids, places = ids[by_distance], np.concatenate(places)[by_distance]
     _, first = np.unique(ids, return_index=True)
-    return epoch, ids[np.sort(first)], cursors
+    first = np.sort(first)
+    return epoch, ids[first], places[first], cursors
+
+
+def _cursors(board) -> dict:
+    """{stream: (epoch, cursor)} of the streams that published."""
+    out = {}
+    for s in range(board.streams):
+        st = board.stream_state(s)
+        if st["seq"]:
+            out[s] = (st["epoch"], st["cursor"])
+    return out
+
+
+def _now(cursors: dict, capacity: int) -> int:
+    """The global position of the most advanced cursor (-1: none)."""
+    return max((e * capacity + c for e, c in cursors.values()), default=-1)
+
+
+class _Held:
+    """What the prefetcher read ahead and holds until a reader asks for it (a tier that keeps
+    copies is in the chain): batches as read (tiers.Read), each sample's global position in the
+    order, and which are still held. Guarded by the prefetcher's lock."""
+
+    def __init__(self):
+        self.batches = []       # [Read, epoch, positions, still held (bool mask), bytes held]
+
+    def add(self, read, epoch: int, positions: np.ndarray, nbytes: np.ndarray) -> None:
+        self.batches.append([read, epoch, positions, np.ones(read.ids.size, dtype=bool), nbytes])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(b[4][b[3]].sum()) for b in self.batches)
+
+    def ids(self) -> np.ndarray:
+        parts = [b[0].ids[b[3]] for b in self.batches]
+        return np.concatenate(parts) if parts else np.empty(0, np.int64)
+
+    def take(self, due) -> list:
+        """[(Read of the due samples, epoch)]: due(ids, positions) -> bool mask of those to hand
+        over now; they are held no more."""
+        out, left = [], []
+        for b in self.batches:
+            read, epoch, positions, held, _ = b
+            pos = np.flatnonzero(held)
+            pos = pos[due(read.ids[pos], positions[pos])]
+            if pos.size:
+                out.append((read.part(pos), epoch))
+                held[pos] = False
+            if held.any():
+                left.append(b)
+        self.batches = left
+        return out
 
 
 def _make_room(cache, board, count: int, latest_use: int) -> int:
@@ -268,9 +329,11 @@ def run(cache_name, chain, options, parent_pid):
     tier = chain.reader(options["max_batches"], options["queue_depth"], options["lanes"])
 
     # With a tier that keeps copies (an SSD tier), the prefetcher keeps what it reads as the
-    # loader's misses are kept: the cache's policy decides, the SSD tier takes what it refused, and
-    # nothing is removed to make room (a sample only the cache holds, removed, would be read from
-    # the shared storage again). Without one, room is made among the samples needed later.
+    # loader's misses are kept, and when they are: it holds each sample it read ahead until a
+    # reader asks for it (WANTED on the board) and then offers it to the cache, whose policy
+    # decides as it would on the reader's own miss at that moment; the SSD tier takes what it
+    # refused. Nothing is removed to make room. Without one, samples go in as they arrive and room
+    # is made among the samples needed later.
     copies = chain.keeps_copies
     rounds = 0 if copies else 4
 
@@ -284,13 +347,90 @@ def run(cache_name, chain, options, parent_pid):
                      int(cache.capacity_bytes // max(mean_len, 1.0)))
         L = pace.window(board.capacity)
     max_bytes, max_batches = options["lookahead_bytes"], options["max_batches"]
-    inflight = deque()            # (ids, epoch) in submission order
-    on_way = set()
+    copying = [t for _, t in chain.tiers if callable(getattr(t, "put_many", None))]
+    # The loop and the hand-over thread share what follows; `mu` guards it (and the board's
+    # counter rows, whose adds are not atomic).
+    mu = threading.Lock()
+    inflight = deque()            # (ids, epoch, bytes, submit time, positions) in submission order
+    on_way = set()                # read, or held, and not offered yet
+    held = _Held()
     flagged = set()               # ids this process flagged "prefetched" and not yet seen used
     refused = set()               # ids the cache refused this epoch: not read again for it
-    full = False                  # the last insert was refused: make room before reading more
+    # the cache is full (it refused an insert, or, with a copying tier, what is held and in
+    # flight would fill it): read ahead only what it would admit (a cache that has evicted or
+    # refused before this process started is full already)
+    st = cache.stats()
+    full = bool(st["evictions"] or st["rejected"])
+    now = -1                      # the most advanced cursor's global position
     last_epoch = None
     stopping = False
+
+    def landed(read, ep):
+        """Offers one read to the cache (what it refuses to the copying tiers) and flags it.
+        mu held."""
+        nonlocal full
+        ids, data = read.ids, read.values
+        admitted = chain.admit(read, insert)
+        if not admitted.all():
+            full = True            # the cache only shrinks by removals
+            refused.update(ids[~admitted].tolist())
+            if copies:
+                # a reader asks for these now or soon: it reads them from the SSD tier, once
+                # written (not from the store again)
+                for t in copying:
+                    flush = getattr(t, "flush", None)
+                    if callable(flush):
+                        flush(2.0)
+        on_way.difference_update(ids.tolist())
+        got = ids[admitted]
+        board.unmark(ids[~admitted])
+        board.mark_prefetched(got)
+        flagged.update(got.tolist())
+        board.count(ep, prefetched=int(got.size),
+                    prefetched_bytes=int(sum(len(d) for d, a in zip(data, admitted) if a)))
+
+    def asked_part(read, ep):
+        """The part of a read that was asked for. The extent mates the store read along with it
+        (positions from read.asked on, tiers.Read) are offered to the cache now, by their scores,
+        so that they are not read again at their turn; the asked part is held or offered as
+        usual. mu held."""
+        if read.asked == read.ids.size:
+            return read
+        landed(read.part(np.arange(read.asked, read.ids.size)), ep)
+        return read.part(np.arange(read.asked))
+
+    def hand_over(everything: bool = False):
+        """Offers the held samples a reader waits for (WANTED), and those no reader will ask for
+        any more (their turn is a window behind the cursors, or no published order reads them
+        now); everything when stopping. Clears WANTED on ids this process does not hold (a
+        reader's flag that landed after the hand-over). mu held."""
+        def due(ids, positions):
+            if everything:
+                return np.ones(ids.size, dtype=bool)
+            nu = board.next_use(ids)
+            return board.wanted(ids) | (nu < 0) | (positions < _now(_cursors(board), board.capacity))
+        for read, ep in held.take(due):
+            landed(read, ep)
+
+    def clear_stray_wanted():
+        stray = board.wanted()
+        if stray.size:
+            mine = held.ids()
+            if inflight:
+                mine = np.concatenate([mine] + [f[0] for f in inflight])
+            stray = stray[~np.isin(stray, mine)]
+            board.unmark(stray)
+
+    done = threading.Event()
+
+    def hand_over_loop():
+        while not done.wait(options["poll_s"]):
+            with mu:
+                hand_over()
+    helper = None
+    if copies:
+        helper = threading.Thread(target=hand_over_loop, name="sc-prefetch-hand-over", daemon=True)
+        helper.start()
 
     def on_term(*_):
         nonlocal stopping
@@ -298,92 +438,125 @@ def run(cache_name, chain, options, parent_pid):
     signal.signal(signal.SIGTERM, on_term)
     try:
         while not stopping and not board.stop_requested and os.getppid() == parent_pid:
-            epoch, window, cursors = _window(board, L)
-            if pace is not None:
-                pace.saw_cursors(time.monotonic(), cursors)
-            if epoch != last_epoch:
-                refused.clear()
-                last_epoch = epoch
+            # what the board and the cache say now, before the lock (the hand-over waits on it)
+            epoch, window, places, cursors = _window(board, L)
             cached = np.asarray(cache.cached_mask(), dtype=bool)
-            # flags cleared by readers are used prefetches; flagged and gone are wasted ones
-            if flagged:
-                f = np.fromiter(flagged, dtype=np.int64, count=len(flagged))
-                used = ~board.prefetched(f)
-                wasted = f[~used & ~cached[f]]
-                if wasted.size:
-                    board.unmark(wasted)
-                    board.count(max(epoch, 0), prefetch_wasted=int(wasted.size))
-                flagged.difference_update(f[used].tolist())
-                flagged.difference_update(wasted.tolist())
-            cand = window[~cached[window]] if window.size else window
-            if cand.size:
-                cand = cand[chain.keeps(cand)]   # never what another node keeps for this one
-            skip = on_way | refused
-            if skip and cand.size:
-                cand = cand[~np.isin(cand, np.fromiter(skip, np.int64, len(skip)))]
-            if pace is not None:
-                pace.saw_window(int(window.size), int(cand.size) + len(on_way))
-                L = pace.window(board.capacity)
-            if cand.size and full and copies and len(inflight) < max_batches:
-                # Only what the cache would admit and keep until it is due, and not what the SSD
-                # tier holds (the loader reads that without the shared storage): the rest the
-                # loader reads when it is due and the SSD tier keeps, as without a prefetcher. A
-                # sample read now and lost before it is due would be read again then. Each sample
-                # not cached that is due before a candidate (read ahead, or read by the loader)
-                # may displace the lowest cached one first, and scores move meanwhile (counted
-                # twice): a candidate is read only if it outscores what would be left.
-                due_before = 2 * (len(on_way) + np.arange(cand.size))
-                cand = cand[~chain.held(cand) & cache.admits(cand, due_before)]
-            submitted = False
-            if cand.size and len(inflight) < max_batches:
-                nbytes = (lengths[cand] if lengths is not None   # unknown sizes: a page's worth
-                          else np.full(cand.size, min(cache.max_item_bytes, DEFAULT_MAX_ITEM_BYTES), np.int64))
-                budget = max_bytes - sum(int(f[2]) for f in inflight)
-                cut = int(np.searchsorted(np.cumsum(nbytes), budget, side="right"))
-                batch = cand[:min(B, cut)]
-                if batch.size and full and not copies:
-                    # one out for one in (the engine's free bytes do not say how many slots of a
-                    # size class are free, so "full" is learnt from a refused insert); whatever
-                    # cannot be matched by a sample needed later stays unread
-                    latest = int(board.next_use(batch).max())
-                    batch = batch[:_make_room(cache, board, int(batch.size), latest)]
-                if batch.size:
-                    board.mark_on_way(batch)     # readers wait for these instead of reading them
-                    tier.submit(batch)
-                    inflight.append((batch, max(epoch, 0), int(nbytes[:batch.size].sum()),
-                                     time.monotonic()))
-                    on_way.update(batch.tolist())
-                    board.count(max(epoch, 0), reads_issued=int(batch.size))
-                    submitted = True
+            mu.acquire()
+            try:
+                now = _now(cursors, board.capacity)
+                if pace is not None:
+                    pace.saw_cursors(time.monotonic(), cursors)
+                if epoch != last_epoch:
+                    refused.clear()
+                    last_epoch = epoch
+                if copies:
+                    clear_stray_wanted()
+                    if not full:
+                        # what is held and in flight, offered later, may not fit any more: read
+                        # ahead from now on only what the cache would admit
+                        st = cache.stats()
+                        pending = held.nbytes + sum(int(f[2].sum()) for f in inflight)
+                        full = st["bytes_used"] + pending >= 0.9 * st["capacity_bytes"]
+                # flags cleared by readers are used prefetches; flagged and gone are wasted ones
+                if flagged:
+                    f = np.fromiter(flagged, dtype=np.int64, count=len(flagged))
+                    used = ~board.prefetched(f)
+                    wasted = f[~used & ~cached[f]]
+                    if wasted.size:
+                        board.unmark(wasted)
+                        board.count(max(epoch, 0), prefetch_wasted=int(wasted.size))
+                    flagged.difference_update(f[used].tolist())
+                    flagged.difference_update(wasted.tolist())
+                keep = ~cached[window] if window.size else np.zeros(0, dtype=bool)
+                if keep.any():
+                    keep[keep] = chain.keeps(window[keep])   # never what another node keeps for this one
+                skip = on_way | refused
+                if skip and keep.any():
+                    keep[keep] = ~np.isin(window[keep], np.fromiter(skip, np.int64, len(skip)))
+                cand, cand_at = window[keep], places[keep]
+                if pace is not None:
+                    pace.saw_window(int(window.size), int(cand.size) + len(on_way))
+                    L = pace.window(board.capacity)
+                if cand.size and full and copies and len(inflight) < max_batches:
+                    # Only what the cache would admit when it is due, and not what the SSD tier
+                    # holds (the loader reads that without the shared storage): the rest the loader
+                    # reads when it is due and the SSD tier keeps, as without a prefetcher. A sample
+                    # read now that neither the cache nor the SSD tier keeps when it is offered
+                    # would be read again by the loader. Each sample not cached that is due before a
+                    # candidate (held, or read by the loader) may displace the lowest cached one
+                    # first, and scores move meanwhile (counted twice): a candidate is read only if
+                    # it outscores what would be left.
+                    due_before = 2 * (len(on_way) + np.arange(cand.size))
+                    ok = ~chain.held(cand) & cache.admits(cand, due_before)
+                    cand, cand_at = cand[ok], cand_at[ok]
+                submitted = False
+                if cand.size and len(inflight) < max_batches:
+                    nbytes = (lengths[cand] if lengths is not None   # unknown sizes: a page's worth
+                              else np.full(cand.size, min(cache.max_item_bytes, DEFAULT_MAX_ITEM_BYTES), np.int64))
+                    budget = max_bytes - sum(int(f[2].sum()) for f in inflight) - held.nbytes
+                    cut = int(np.searchsorted(np.cumsum(nbytes), budget, side="right"))
+                    batch = cand[:min(B, cut)]
+                    if batch.size and full and not copies:
+                        # one out for one in (the engine's free bytes do not say how many slots of a
+                        # size class are free, so "full" is learnt from a refused insert); whatever
+                        # cannot be matched by a sample needed later stays unread
+                        latest = int(board.next_use(batch).max())
+                        batch = batch[:_make_room(cache, board, int(batch.size), latest)]
+                    if batch.size:
+                        board.mark_on_way(batch)     # readers wait for these instead of reading them
+                        # A loader that took one of them since the window was read may have looked
+                        # for the mark before it was made, and reads it itself: leave it to it.
+                        # (The loader moves the cursor before it looks; the fence orders our mark
+                        # before our look at the cursor.)
+                        _io.memory_fence()
+                        taken = cand_at[:batch.size] < _now(_cursors(board), board.capacity)
+                        if taken.any():
+                            board.unmark(batch[taken])
+                            keep_ = ~taken
+                            batch, cand_at = batch[keep_], cand_at[:taken.size][keep_]
+                            nbytes = nbytes[:taken.size][keep_]
+                    if batch.size:
+                        tier.submit(batch)
+                        inflight.append((batch, max(epoch, 0), nbytes[:batch.size], time.monotonic(),
+                                         cand_at[:batch.size]))
+                        on_way.update(batch.tolist())
+                        board.count(max(epoch, 0), reads_issued=int(batch.size))
+                        submitted = True
+            finally:
+                mu.release()
             if inflight and (not submitted or len(inflight) >= max_batches):
-                ids, ep, nb, t_sub = inflight.popleft()
-                read = tier.take()
-                data = read.values
+                ids, ep, nb, t_sub, at = inflight[0]
+                read = tier.take()            # waits for the device, without the lock
                 if pace is not None:
                     pace.saw_batch(time.monotonic() - t_sub)
-                # the batch's ids, then the extent mates read with them (tiers.Read)
-                admitted = chain.admit(read, insert)
-                on_way.difference_update(ids.tolist())
-                asked = admitted[:read.asked]
-                full = full or not asked.all()   # the cache only shrinks by removals
-                refused.update(ids[~asked].tolist())
-                got = read.ids[admitted]
-                board.unmark(ids[~asked])
-                board.mark_prefetched(got)
-                flagged.update(got.tolist())
-                board.count(ep, prefetched=int(got.size),
-                            prefetched_bytes=int(sum(len(d) for d, a in zip(data, admitted) if a)))
+                with mu:
+                    inflight.popleft()
+                    read = asked_part(read, ep)
+                    if copies:
+                        held.add(read, ep, at, nb)
+                        hand_over()           # what a reader already waits for
+                    else:
+                        landed(read, ep)
             elif not submitted:
                 time.sleep(options["poll_s"])
-        # a clean stop: finish (and insert) what is in flight, so no read is left to die with us
-        while inflight:
-            ids, ep, *_ = inflight.popleft()
-            read = tier.take()
-            admitted = chain.admit(read, insert)
-            board.unmark(ids[~admitted[:read.asked]])
-            board.mark_prefetched(read.ids[admitted])
-            board.count(ep, prefetched=int(admitted.sum()))
+        # a clean stop: finish what is in flight and offer everything held, so no read is left
+        # to die with us
+        done.set()
+        if helper is not None:
+            helper.join()
+        with mu:
+            while inflight:
+                ids, ep, nb, _, at = inflight.popleft()
+                read = asked_part(tier.take(), ep)
+                if copies:
+                    held.add(read, ep, at, nb)
+                else:
+                    landed(read, ep)
+            hand_over(everything=True)
     finally:
+        done.set()
+        if helper is not None:
+            helper.join(5.0)
         tier.close()
         if board.prefetcher_pid == os.getpid():
             board.clear_on_way()      # batches dropped unread: nobody waits for them

@@ -2,7 +2,8 @@
 sampler's order on its stream, moves the cursor as the loader takes ids, and feeds the next uses
 to the clairvoyant policy.
 
-ShadeSampler calls publish_ahead (set_epoch, end_epoch) and published_iter (__iter__); readers
+ShadeSampler calls publish_ahead (set_epoch, end_epoch) and published_iter (__iter__), and, for
+its stall budget, rewrite_published (entries it moved while the epoch runs) and prefetcher_live; readers
 (CachedDataset, `shadecache stats`) find the board with board_for and count their reads in the
 epoch of reader_stream. Everything here is per process (the dicts below are keyed by pid): a
 forked DataLoader worker attaches on its own and never publishes for its parent.
@@ -14,6 +15,7 @@ from typing import Optional
 
 import numpy as np
 
+from ..process import alive
 from .board import OrderBoard
 
 _ATTACHED: dict = {}   # (pid, cache name) -> OrderBoard, or the time a look found none
@@ -117,22 +119,62 @@ def publish_ahead(sampler, draw=None) -> bool:
     return True
 
 
-def published_iter(sampler, order: np.ndarray, start: int):
+def published_iter(sampler, order: np.ndarray, start: int, plan=None):
     """ShadeSampler.__iter__'s hook: publishes the epoch's order when the sampler's cache has a
     board (unless publish_ahead already put this very order up and nothing of it was taken), and
     returns the iterator of order[start:] that moves the board's cursor as the DataLoader takes
-    ids (and the next uses of the ids taken, for the clairvoyant policy)."""
+    ids (and the next uses of the ids taken, for the clairvoyant policy). plan(k): called before
+    the ids of each batch (positions k.. up to the next multiple of the batch size) are read from
+    `order`; it may rewrite order[k:] in place (and show it on the board: rewrite_published)."""
     board = board_for(getattr(sampler, "cache", None))
+    step = max(1, int(getattr(sampler, "batch_size", 64)))
     if board is None:
-        return iter(order[start:].tolist())
+        if plan is None:
+            return iter(order[start:].tolist())
+        return _planned(order, start, step, plan)
     s = stream_of(getattr(sampler, "rank", 0), board.streams)
     if start == 0 and _up_already(board, s, sampler, order) and board.stream_state(s)["cursor"] == 0:
         _MY_STREAM[(os.getpid(), board.path)] = s
         m = min(order.size, board.capacity)
     else:
         m = _publish(sampler, board, s, order)
-    return _tracked(board, s, order, start, m, sampler.cache,
-                    max(1, int(getattr(sampler, "batch_size", 64))))
+    return _tracked(board, s, order, start, m, sampler.cache, step, plan)
+
+
+def rewrite_published(sampler, order: np.ndarray, positions: np.ndarray, lo: int) -> None:
+    """The sampler changed entries `positions` (all >= lo, not taken by the loader yet) of its
+    epoch's `order` while the epoch runs (the stall budget): its stream on the cache's board shows
+    the new ids there, and the next uses of the ids that left or entered go to the clairvoyant
+    policy. Nothing without a board."""
+    board = board_for(getattr(sampler, "cache", None))
+    if board is None or not len(positions):
+        return
+    touched = board.rewrite(stream_of(getattr(sampler, "rank", 0), board.streams), positions,
+                            order[positions], lo=lo)
+    _push_next_use(sampler.cache, board, touched)
+
+
+def prefetcher_live(cache) -> bool:
+    """Whether a live prefetcher reads the published orders of `cache`'s board."""
+    board = board_for(cache)
+    return board is not None and alive(board.prefetcher_pid)
+
+
+def _batches(order, start, step, plan):
+    """(k, ids of the batch from position k) for each batch of order[start:], the ids read after
+    plan(k) ran."""
+    k = start
+    while k < order.size:
+        end = min((k // step + 1) * step, order.size)
+        if plan is not None:
+            plan(k)
+        yield k, order[k:end].tolist()
+        k = end
+
+
+def _planned(order, start, step, plan):
+    for _, ids in _batches(order, start, step, plan):
+        yield from ids
 
 
 def _next_use_setter(cache):
@@ -148,7 +190,7 @@ def _push_next_use(cache, board, ids):
         setter(ids, board.next_use(ids))
 
 
-def _tracked(board, s, order, start, m, cache, step):
+def _tracked(board, s, order, start, m, cache, step, plan=None):
     setter = _next_use_setter(cache)
     if start:
         board.consumed(s, 0, min(start, m))
@@ -164,20 +206,21 @@ def _tracked(board, s, order, start, m, cache, step):
             used = upto
 
     k = start
-    for i in order[start:].tolist():
-        k += 1
-        # At every batch boundary the cursor moves past the batch just taken, and the next use
-        # of its ids moves to the read after it (their read is now; what matters for keeping
-        # them is the next one). With a prefetcher running, that move waits one batch: the
-        # loader is still reading the batch it just took, and a sample whose next use looked
-        # "none" would be the first that the prefetcher's room-making and the clairvoyant
-        # policy evict, under the very read that needs it. (Without one, the immediate move
-        # lets the policy refuse a demand miss that is not read again: Belady's bypass.)
-        if k - done >= step and done < m:
-            last = min(k, m)
-            board.set_cursor(s, last)
-            consume(done if board.prefetcher_pid else last)
-            done = last
-        yield i
+    for _, ids in _batches(order, start, step, plan):
+        for i in ids:
+            k += 1
+            # At every batch boundary the cursor moves past the batch just taken, and the next use
+            # of its ids moves to the read after it (their read is now; what matters for keeping
+            # them is the next one). With a prefetcher running, that move waits one batch: the
+            # loader is still reading the batch it just took, and a sample whose next use looked
+            # "none" would be the first that the prefetcher's room-making and the clairvoyant
+            # policy evict, under the very read that needs it. (Without one, the immediate move
+            # lets the policy refuse a demand miss that is not read again: Belady's bypass.)
+            if k - done >= step and done < m:
+                last = min(k, m)
+                board.set_cursor(s, last)
+                consume(done if board.prefetcher_pid else last)
+                done = last
+            yield i
     consume(m)
     board.set_cursor(s, m)

@@ -16,10 +16,20 @@ Each epoch the whole order is drawn up front, in four steps:
           together at most `substitute` * (the share's length) of them; then cached ids go first and
           misses after, each group shuffled.
 
-`rep_factor` is the number of EXTRA copies each cached draw may take in place of a miss: 0 means
-ordering only, 1 means a cached sample drawn once is trained up to twice while one miss fewer is
-read from the store. `substitute` caps the substitutions at a fraction of the epoch, so the
-distinct samples trained per epoch stay >= 1 - substitute of the draw whatever the cache size.
+No scores, no repeats: until update() has given scores, step 4 is skipped and the epoch is a plain
+permutation (a loop that never calls update() compares loaders, not samplers).
+
+Repeats come from two budgets. The accuracy budget, `substitute` (step 4): `rep_factor` is the
+number of EXTRA copies each cached draw may take in place of a miss (0: ordering only, 1: a cached
+sample drawn once is trained up to twice while one miss fewer is read), and `substitute` caps the
+substitutions at a fraction of the epoch, so the distinct samples trained per epoch stay >= 1 -
+substitute of the draw whatever the cache size. The stall budget, `stall_budget` (stalls=True):
+while the epoch runs, a miss that the store, at its measured speed, cannot deliver by the time its
+batch is assembled is deferred later in the epoch while the prefetcher reads it, or, when no later
+position hides it, replaced by a cached sample chosen by importance, in at most `stall_budget` of
+the epoch's positions (shadecache/sampling/stalls.py). On a store faster than training it does
+nothing. The counts of both, per epoch: `repeats_history`, CachedDataset.stats()["per_epoch"],
+`shadecache stats`.
 
 Unbiased weights: `weights(idx)` gives each sample of a batch the weight 1 / (N * p_i * f_i), where
 N * p_i is its expected number of draws relative to a uniform epoch and f_i the factor by which
@@ -45,7 +55,8 @@ from torch.utils.data import Sampler
 
 from .extents import DEFAULT_WINDOW, ExtentLayout, arrange, store_of
 from .importance import ImportanceTable
-from ..lookahead.publish import publish_ahead, published_iter
+from .stalls import StallPlanner, StallView
+from ..lookahead.publish import board_for, publish_ahead, published_iter, rewrite_published
 
 
 def _dist_world():
@@ -73,8 +84,14 @@ class ShadeSampler(Sampler):
     coverage_epochs  K: every sample is drawn at least once every K epochs; 0/None disables
     temper           in [0, 1]: 1 draws by the scores (SHADE), 0 uniformly (a permutation), between
                      a mix of the two
-    substitute       fraction of this rank's epoch that substitution may take at most (None: no
-                     cap beyond rep_factor)
+    substitute       the accuracy budget: fraction of this rank's epoch that substitution may
+                     take at most (None: no cap beyond rep_factor)
+    stalls           watch for stalls: defer or repeat misses the store cannot deliver in time
+                     (needs a CachedDataset as data_source, whose counters time the store)
+    stall_budget     the stall budget: fraction of this rank's epoch that stall repeats may take
+                     at most (0: deferrals only)
+    stall_speeds     None: measure the step time and the store's per-sample wait; (step_s,
+                     miss_s): take these (a store whose latency is known; tests)
     epoch_size       samples per epoch over all ranks (default N)
     smoothing        the floor of the loss-trend blend (see ImportanceTable)
     num_replicas/rank  default: from torch.distributed when initialized, else 1/0
@@ -92,9 +109,10 @@ class ShadeSampler(Sampler):
     """
 
     def __init__(self, data_source, cache=None, batch_size: int = 64, rep_factor: float = 1.0,
-                 seed: int = 0, importance: bool = True, pads: bool = True,
+                 seed: int = 0, importance: bool = True, pads: bool = False,
                  coverage_epochs=2, epoch_size=None, smoothing: float = 0.5,
-                 draw: str = "systematic", temper: float = 0.0, substitute=0.1,
+                 draw: str = "systematic", temper: float = 0.0, substitute=0.0,
+                 stalls: bool = True, stall_budget: float = 0.3, stall_speeds=None,
                  num_replicas=None, rank=None, order: str = "auto",
                  extent_window: int = DEFAULT_WINDOW, extent_bytes=None, store=None):
         n = data_source if isinstance(data_source, (int, np.integer)) else len(data_source)
@@ -106,6 +124,12 @@ class ShadeSampler(Sampler):
             raise ValueError(f"temper must be in [0, 1], got {temper}")
         if substitute is not None and not 0.0 <= substitute <= 1.0:
             raise ValueError(f"substitute must be None or in [0, 1], got {substitute}")
+        if not 0.0 <= stall_budget <= 1.0:
+            raise ValueError(f"stall_budget must be in [0, 1], got {stall_budget}")
+        if stall_speeds is not None and (len(stall_speeds) != 2 or not all(
+                math.isfinite(v) and v > 0 for v in map(float, stall_speeds))):
+            raise ValueError(f"stall_speeds must be None or (step_s, miss_s), two positive "
+                             f"seconds, got {stall_speeds!r}")
         if coverage_epochs is not None and coverage_epochs < 0:
             raise ValueError(f"coverage_epochs must be >= 0 or None, got {coverage_epochs}")
         world, r = _dist_world()
@@ -128,6 +152,8 @@ class ShadeSampler(Sampler):
         self.temper = float(temper)
         self.substitute = None if substitute is None else float(substitute)
         self.pads = bool(pads)
+        self.stalls = bool(stalls)
+        self.stall_budget = float(stall_budget)
         self.coverage_epochs = int(coverage_epochs or 0)
         size = self.n if epoch_size is None else int(epoch_size)
         if size < 1:
@@ -154,6 +180,14 @@ class ShadeSampler(Sampler):
         self._loss_sum = 0.0
         self._loss_cnt = 0
         self.last_epoch_stats = {}
+        self.repeats_history = []   # per epoch: accuracy_repeats, stall_deferrals, stall_repeats
+        self._source = data_source if hasattr(data_source, "loader_totals") else None
+        self._planner = (StallPlanner(self.batch_size, self.stall_budget, stall_speeds)
+                         if self.stalls else None)
+        self._planner_epoch = None  # the epoch the planner's state belongs to
+        self._view = None
+        self._counted_epoch = None  # the epoch whose accuracy repeats were counted
+        self._scored = False        # update() has given scores (has_scores)
         self._warned_unmerged = False
         self._push_scores(np.arange(self.n, dtype=np.int64), self.table.scores)
 
@@ -265,16 +299,21 @@ class ShadeSampler(Sampler):
         rng = self._rng(1 + self.rank)
         stats = {"substituted": 0, "planned_hits": 0}
         cached = None
-        if self.cache is None or not (self.pads or self.rep_factor > 0):
-            if self.importance and self.extents is None:
-                rng.shuffle(share)   # forced ids were placed at random slots; keep order random
+        # no scores, no repeats: until update() has given scores the epoch is a plain permutation.
+        # The draw's own order is kept wherever nothing has to move (it is random already), so
+        # that a configuration differs from uniform sampling only by what it changes.
+        if self.cache is None or not (self.pads or self.rep_factor > 0) or not self.has_scores():
             order = share
         else:
             cached = np.asarray(self.cache.cached_mask(), dtype=bool)
             hit = cached[share]
-            hits, misses = share[hit], share[~hit]
-            stats["cached_draws"], stats["missed_draws"] = int(hits.size), int(misses.size)
-            if self.rep_factor > 0 and hits.size and misses.size:
+            miss_at = np.flatnonzero(~hit)
+            stats["cached_draws"] = int(hit.sum())
+            stats["missed_draws"] = int(miss_at.size)
+            copies = np.empty(0, dtype=np.int64)
+            dropped = np.empty(0, dtype=np.int64)
+            if self.rep_factor > 0 and stats["cached_draws"] and miss_at.size:
+                misses = share[miss_at]
                 # the floor: one occurrence of every id due this epoch (not drawn in the last K-1
                 # epochs; the floor added those absent from the raw draw) must stay
                 protected = np.zeros(misses.size, dtype=bool)
@@ -283,26 +322,23 @@ class ShadeSampler(Sampler):
                     _, first = np.unique(misses, return_index=True)
                     protected[first] = due[first]
                 free = np.flatnonzero(~protected)
-                want = self.rep_factor * hits.size
+                want = self.rep_factor * stats["cached_draws"]
                 want = int(math.floor(want) + (rng.random() < want - math.floor(want)))
                 if self.substitute is not None:   # the budget: a fraction of the epoch, no more
                     want = min(want, int(self.substitute * share.size))
                 k = min(want, free.size)
                 if k:
-                    drop = rng.choice(free, size=k, replace=False)
-                    copies = np.tile(rng.permutation(hits), math.ceil(self.rep_factor))[:k]
-                    keep = np.ones(misses.size, dtype=bool)
-                    keep[drop] = False
-                    misses = misses[keep]
-                    hits = np.concatenate([hits, copies])
+                    dropped = np.sort(miss_at[rng.choice(free, size=k, replace=False)])
+                    copies = np.tile(rng.permutation(share[hit]), math.ceil(self.rep_factor))[:k]
                     stats["substituted"] = int(k)
-            stats["planned_hits"] = int(hits.size)
-            if self.extents is not None:   # cached first; the misses keep their extent order
-                order = np.concatenate([rng.permutation(hits), misses])
-            elif self.pads:
-                order = np.concatenate([rng.permutation(hits), rng.permutation(misses)])
-            else:
-                order = rng.permutation(np.concatenate([hits, misses]))
+            stats["planned_hits"] = stats["cached_draws"] + int(copies.size)
+            if self.pads:   # cached first (in the draw's order, then the copies), then misses
+                keep = np.ones(share.size, dtype=bool)
+                keep[dropped] = False
+                order = np.concatenate([share[hit], copies, share[~hit & keep]])
+            else:           # each copy takes the place of the miss it replaces
+                order = share.copy()
+                order[dropped] = copies
         self._weights = self._unbiased_weights(cached, stats)
         return order.astype(np.int64), forced, stats
 
@@ -325,13 +361,15 @@ class ShadeSampler(Sampler):
         """The unbiased importance weight of each sample id in `idx` for this epoch's order, as a
         float32 torch tensor when idx is a tensor (same device), else a numpy array. Multiply it
         into the per-sample losses: `(losses * sampler.weights(idx)).mean()`. All ones for a
-        uniform epoch without substitution.
+        uniform epoch without substitution (the defaults: nothing to correct).
 
-        Unbiased (each sample's count x weight averages one uniform epoch's) at the defaults and
-        wherever every draw is random: the coverage floor's forced draws and a substitution that
-        takes every miss are not random, so with temper=1 and the floor on, low-score samples
-        average ~1.1, and with substitute=None and rep_factor large enough to replace every miss,
-        misses average ~0.5 (tests/sampling/test_sampler.py measures the defaults)."""
+        Unbiased (each sample's count x weight averages one uniform epoch's) with the accuracy
+        budget and wherever every draw is random: the coverage floor's forced draws and a
+        substitution that takes every miss are not random, so with temper=1 and the floor on,
+        low-score samples average ~1.1, and with substitute=None and rep_factor large enough to
+        replace every miss, misses average ~0.5 (tests/sampling/test_sampler_ranks.py measures a
+        10% budget). The stall budget's repeats are not corrected: they depend on the store's
+        speed, which the weights of the epoch, fixed when it is drawn, cannot know."""
         ids = self.table.check_ids(_as_numpy(idx, np.int64).reshape(-1))
         self.order()
         w = self._weights[ids]
@@ -366,12 +404,13 @@ class ShadeSampler(Sampler):
     def next_epoch_order(self):
         """This rank's order for the next epoch when it is fixed already, else None. It is fixed
         when the draw is uniform (importance=False or temper=0) and the cache does not reorder
-        it (pads=False and rep_factor=0, or no cache): the seed and the epoch number alone decide
-        it. The order board then shows the next epoch's first samples behind this one's, so the
+        it (pads=False and no accuracy budget, or no cache): the seed and the epoch number alone
+        decide it (the stall budget may still bend it while it runs; the board then shows that).
+        The order board then shows the next epoch's first samples behind this one's, so the
         prefetcher reads across the epoch boundary instead of waiting for end_epoch.
         Drawing it changes nothing in the sampler."""
         if self.draw_probabilities() is not None or (
-                self.cache is not None and (self.pads or self.rep_factor > 0)):
+                self.cache is not None and (self.pads or self._substitutes())):
             return None
         saved = self.epoch, self._weights
         self.epoch += 1
@@ -381,12 +420,67 @@ class ShadeSampler(Sampler):
             self.epoch, self._weights = saved
         return order
 
+    def _substitutes(self) -> bool:
+        """Whether the accuracy budget can replace misses at all."""
+        return self.rep_factor > 0 and (self.substitute is None or self.substitute > 0)
+
     def __iter__(self):
         order = self.order()
         start, self._start = self._start, 0
         if start == 0:
             self._consumed = 0
-        return published_iter(self, order, start)   # publishes to the order board
+        plan = None
+        if self._planner is not None and self.cache is not None and self._source is not None:
+            if start == 0 or self._planner_epoch != self.epoch:
+                self._planner.start_epoch(self._rng(2 + self.num_replicas + self.rank))
+                self._planner_epoch = self.epoch
+            plan = self._plan_batch
+        if self._counted_epoch != self.epoch:   # once per epoch, when its order is first used
+            self._counted_epoch = self.epoch
+            self._note(accuracy_repeats=self.last_epoch_stats.get("substituted", 0))
+        return published_iter(self, order, start, plan)   # publishes to the order board
+
+    # ---- the stall budget ----------------------------------------------------------------------
+    def _plan_batch(self, k: int) -> None:
+        """Before the batch at position k is taken: the stall budget may defer or repeat misses
+        from k on (shadecache/sampling/stalls.py); the board shows the changed entries."""
+        p = self._planner
+        if self._view is None:
+            self._view = StallView(self, self._source)
+        self._view.refresh()
+        before = (p.deferrals, p.repeats)
+        changed = p.plan(self._order, k, self._view)
+        if changed.size:
+            rewrite_published(self, self._order, changed, lo=max(0, k - self.batch_size))
+        if (p.deferrals, p.repeats) != before:
+            self._note(stall_deferrals=p.deferrals - before[0],
+                       stall_repeats=p.repeats - before[1])
+
+    def _note(self, **counts) -> None:
+        """This epoch's repeats and deferrals: the sampler's history, the data set's per-epoch
+        record (CachedDataset.note_epoch) and the order board's sampler row (node-wide)."""
+        while len(self.repeats_history) <= self.epoch:
+            self.repeats_history.append({"accuracy_repeats": 0, "stall_deferrals": 0,
+                                         "stall_repeats": 0})
+        row = self.repeats_history[self.epoch]
+        for k, v in counts.items():
+            row[k] += int(v)
+        if self._source is not None and hasattr(self._source, "note_epoch"):
+            self._source.note_epoch(self.epoch, **counts)   # zeros too: the epoch has a row
+        if any(counts.values()):
+            board = board_for(self.cache)
+            if board is not None:
+                board.count_sampler(self.epoch, **counts)
+
+    def has_scores(self) -> bool:
+        """Whether scores exist: update() has given some (this rank's since the last end_epoch,
+        or any rank's folded at one). Until then the epoch is a plain permutation: no cached-first
+        reordering and no repeats of either budget (a loop that never calls update() compares
+        loaders, not samplers)."""
+        if not self._scored:
+            t = self.table
+            self._scored = bool(t.obs_cnt.any()) or bool((t.base != t.prior).any())
+        return self._scored
 
     # ---- scores ------------------------------------------------------------------------------
     def update(self, idx, losses):
@@ -487,7 +581,10 @@ class ShadeSampler(Sampler):
                 "weights": None if self._weights is None else self._weights.copy(),
                 "consumed": self._consumed, "loss_sum": self._loss_sum,
                 "loss_cnt": self._loss_cnt, "rank": self.rank,
-                "num_replicas": self.num_replicas}
+                "num_replicas": self.num_replicas,
+                "repeats_history": [dict(r) for r in self.repeats_history],
+                "stalls": (None if self._planner is None or self._planner_epoch != self.epoch
+                           else self._planner.state())}
 
     def load_state_dict(self, state: dict):
         if int(state["n"]) != self.n:
@@ -511,4 +608,10 @@ class ShadeSampler(Sampler):
         self._start = self._consumed if self._order is not None else 0
         self._loss_sum = float(state["loss_sum"])
         self._loss_cnt = int(state["loss_cnt"])
+        self.repeats_history = [dict(r) for r in state.get("repeats_history", [])]
+        self._scored = False
+        self._planner_epoch = None
+        if self._planner is not None and state.get("stalls") is not None and self._order is not None:
+            self._planner.load(state["stalls"], self._rng(2 + self.num_replicas + self.rank))
+            self._planner_epoch = self.epoch
         self._push_scores(np.arange(self.n, dtype=np.int64), self.table.scores)

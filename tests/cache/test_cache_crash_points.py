@@ -8,7 +8,9 @@ next locker repairs; then check() passes, no value that was cached before is los
 moved value is either at its old place or its new one), and the cache keeps working.
 """
 import multiprocessing as mp
+import os
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -174,3 +176,61 @@ def test_compaction_evicts_nothing_out_of_order(cache_name):
         assert s["evictions"] == ev and s["items"] == items + 1 and s["page_moves"] >= 1, s
         c.check()
         assert np.count_nonzero(c.cached_mask()) == items + 1
+
+
+def _state(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def _read_forever(name, expected, stop, out):
+    """Reads id 0 until told to stop; reports every read that is neither a miss nor `expected`."""
+    cache = sc.Cache.attach(name)
+    reads = torn = 0
+    while not stop.is_set():
+        v = cache.get(0)
+        if v is not None:
+            reads += 1
+            torn += v != expected
+    out.put((reads, torn))
+    cache.close()
+
+
+def test_a_reader_paused_mid_copy_across_a_repair_never_returns_reused_chunks(cache_name):
+    """A reader copying a value in chunks is frozen (SIGSTOP) mid-copy; the writer evicting that
+    value is killed after the unpublish (evict_after_unpublish), the next writer repairs and puts
+    another value into the freed chunks, and the reader is thawed. Its seq recheck must see that
+    the value went: repair changes a dropped head's seq as an eviction does, or the reader returns
+    the old value's first chunks followed by the new value's bytes."""
+    ctx = mp.get_context("fork")
+    with sc.Cache.create(cache_name, num_samples=4, capacity_bytes=48 * MiB, policy="lru") as c:
+        chunk = c.stats()["chunk_size"]
+        k = 5000                                   # chunks per value: heads of 2 per page ...
+        a = make_value(0, 1, k * chunk + chunk - 96)
+        b = make_value(1, 1, k * chunk + chunk - 96)
+        fresh = make_value(2, 1, k * chunk)        # ... and of 3 per page: another head class
+        stop, out = ctx.Event(), ctx.Queue()
+        reader = ctx.Process(target=_read_forever, args=(cache_name, a, stop, out))
+        reader.start()
+        rng = np.random.default_rng(3)
+        try:
+            for _ in range(10):
+                assert c.put(0, a) and c.put(1, b)   # a's head shares its page with b's: the page stays
+                time.sleep(0.05 + rng.random() * 0.05)
+                os.kill(reader.pid, signal.SIGSTOP)
+                while _state(reader.pid) != "T":
+                    time.sleep(0.001)
+                _die_at(cache_name, "evict_after_unpublish", lambda cache: cache.remove(0))
+                assert c.put(2, fresh)             # repairs, then takes a's chunks
+                os.kill(reader.pid, signal.SIGCONT)
+                time.sleep(0.05)
+                assert c.remove(2) and c.get(0) is None
+                c.check()
+        finally:
+            os.kill(reader.pid, signal.SIGCONT)
+            stop.set()
+            reads, torn = out.get(timeout=30)
+            reader.join(30)
+        assert reads > 0
+        assert torn == 0, f"{torn} of {reads} reads returned a value whose chunks were reused"
+        assert c.stats()["recoveries"] == 10

@@ -122,7 +122,7 @@ def test_the_sampler_publishes_its_order_and_moves_the_cursor(board_name, tmp_pa
     n = 300
     with sc.Cache.create(board_name, num_samples=n, capacity_bytes=1 << 20) as cache, \
             OrderBoard.create(board_name, n) as b:
-        s = sc.ShadeSampler(n, cache=cache, batch_size=32, seed=1)
+        s = sc.ShadeSampler(n, cache=cache, batch_size=32, seed=1, pads=True)
         s.set_epoch(2)
         it = iter(s)
         first = [next(it) for _ in range(70)]
@@ -237,7 +237,7 @@ def test_set_epoch_and_end_epoch_publish_ahead_of_iter(board_name):
         assert s._order is None                  # no board: drawn at __iter__, as before
     with sc.Cache.create(board_name, num_samples=n, capacity_bytes=1 << 20) as cache, \
             OrderBoard.create(board_name, n) as b:
-        s = sc.ShadeSampler(n, cache=cache, batch_size=32, seed=1)
+        s = sc.ShadeSampler(n, cache=cache, batch_size=32, seed=1, pads=True)
         s.set_epoch(4)
         st = b.stream_state(0)
         assert (st["epoch"], st["length"], st["cursor"]) == (4, len(s.order()), 0)
@@ -353,7 +353,8 @@ def test_an_order_drawn_ahead_is_reported_and_saved_as_without_a_board(board_nam
     n = 300
     with sc.Cache.create(board_name, num_samples=n, capacity_bytes=1 << 20) as cache, \
             OrderBoard.create(board_name, n) as b:
-        s = sc.ShadeSampler(n, cache=cache, batch_size=32, seed=2)
+        s = sc.ShadeSampler(n, cache=cache, batch_size=32, seed=2, pads=True)
+        s.update([0, 1], [0.5, 1.0])     # scores exist: the order is drawn against the cache
         cache.put_many(np.arange(0, n, 3), [b"x" * 16] * len(range(0, n, 3)))
         s.set_epoch(0)
         list(iter(s))
@@ -382,7 +383,7 @@ def test_iter_publishes_again_after_another_process_published_on_its_stream(boar
     n = 300
     with sc.Cache.create(board_name, num_samples=n, capacity_bytes=1 << 20) as cache, \
             OrderBoard.create(board_name, n) as b:
-        s = sc.ShadeSampler(n, cache=cache, batch_size=32, seed=1)
+        s = sc.ShadeSampler(n, cache=cache, batch_size=32, seed=1, pads=True)
         s.set_epoch(0)
         p = mp.get_context("fork").Process(target=_publish_reversed, args=(board_name, n))
         p.start()

@@ -14,13 +14,20 @@ import shadecache as sc
 from shadecache.sampling.importance import rank_weights
 
 
-# SHADE's draw by scores without a substitution budget (ShadeSampler's defaults draw a permutation
-# and cap substitution at 10% of the epoch by measurement): the tests of the draw use it by name
-SHADE_DRAW = dict(temper=1.0, substitute=None)
+# SHADE's draw by scores, cached samples first, without a substitution budget (ShadeSampler's
+# defaults draw a permutation and keep its order): the tests of SHADE's algorithm use it by name
+SHADE_DRAW = dict(temper=1.0, substitute=None, pads=True)
 
 
 def shade(*args, **kw):
     return sc.ShadeSampler(*args, **{**SHADE_DRAW, **kw})
+
+
+def scored(s):
+    """The sampler with scores (one update), so that it orders and repeats against the cache:
+    without scores an epoch is a plain permutation."""
+    s.update([0, 1], [0.5, 1.0])
+    return s
 
 
 def drain(sampler):
@@ -109,12 +116,12 @@ def test_pads_puts_cached_first_and_substitutes_misses(cache_factory):
     cache.put_many(cached, [b"x" * 8] * cached.size)
     mask = cache.cached_mask()
     assert mask.sum() == cached.size
-    plain = shade(n, cache=cache, seed=3, rep_factor=0.0, coverage_epochs=0)
+    plain = scored(shade(n, cache=cache, seed=3, rep_factor=0.0, coverage_epochs=0))
     o0 = drain(plain)
     hits0 = int(mask[o0].sum())
     assert mask[o0[:hits0]].all() and not mask[o0[hits0:]].any()   # hits first, then misses
     for rep in (1.0, 2.0, 0.5):
-        s = shade(n, cache=cache, seed=3, rep_factor=rep, coverage_epochs=0)
+        s = scored(shade(n, cache=cache, seed=3, rep_factor=rep, coverage_epochs=0))
         o = drain(s)
         assert o.size == n
         hits = int(mask[o].sum())
@@ -173,6 +180,7 @@ def test_score_goes_to_the_sample_whose_loss_produced_it(cache_factory, workers)
     cache = cache_factory(n)
     cache.put_many(np.arange(0, n, 3), [b"z"] * len(range(0, n, 3)))
     s = shade(n, cache=cache, batch_size=b, seed=11, rep_factor=1.0)
+    s.table.base[0] += 1e-3      # scores exist (barely): the epoch is reordered against the cache
     loader = DataLoader(IdEncodedData(n), batch_size=b, sampler=s, num_workers=workers)
     expected_sum = np.zeros(n)
     expected_cnt = np.zeros(n)
@@ -185,7 +193,7 @@ def test_score_goes_to_the_sample_whose_loss_produced_it(cache_factory, workers)
     seen = expected_cnt > 0
     # epoch 0 blends with a = 1: each seen id's score is exactly the mean weight of its own losses
     assert np.allclose(s.scores[seen], expected_sum[seen] / expected_cnt[seen])
-    assert np.allclose(s.scores[~seen], s.table.prior)
+    assert np.allclose(s.scores[~seen], s.table.base[~seen])
     assert np.allclose(cache.scores()[seen], (expected_sum[seen] / expected_cnt[seen]), atol=1e-5)
     # SHADE's public sampler wrote batch k's weights to positions k*b..k*b+b-1 of the raw draw,
     # taken before PADS reordered it: that puts most scores on other samples
@@ -253,14 +261,10 @@ def test_bad_arguments():
 # ---- DDP: two real processes, gloo over loopback (a file rendezvous) ----------------------------
 def _ddp_worker(rank, world, init_file, out_dir, n, b, epochs, cache_name):
     import torch.distributed as dist
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                            world_size=world)
+    from node_ranks import join_node, leave_node
     # both ranks on this node share one cache: rank 0 creates it, rank 1 attaches
-    if rank == 0:
-        cache = sc.Cache.create(cache_name, num_samples=n, capacity_bytes=1 << 20, policy="lru")
-    dist.barrier()
-    if rank != 0:
-        cache = sc.Cache.attach(cache_name)
+    cache = join_node(rank, world, init_file, cache_name, num_samples=n,
+                      capacity_bytes=1 << 20, policy="lru")
     s = shade(n, cache=cache, batch_size=b, seed=21, coverage_epochs=2, rep_factor=0.0)
     assert (s.num_replicas, s.rank) == (world, rank)
     for epoch in range(epochs):
@@ -276,12 +280,7 @@ def _ddp_worker(rank, world, init_file, out_dir, n, b, epochs, cache_name):
         np.save(os.path.join(out_dir, f"scores-{rank}-{epoch}.npy"), s.scores)
     dist.barrier()
     np.save(os.path.join(out_dir, f"cache-scores-{rank}.npy"), cache.scores())
-    dist.barrier()
-    cache.close()
-    dist.barrier()
-    if rank == 0:
-        cache.unlink()
-    dist.destroy_process_group()
+    leave_node(rank, cache)
 
 
 def test_ddp_two_ranks_share_the_draw_and_merge_scores(tmp_path):
@@ -370,8 +369,8 @@ def test_substitution_budget_caps_the_repeats(cache_factory):
     cache.put_many(np.arange(0, n, 4), [b"x" * 8] * (n // 4))  # a quarter cached
     mask = cache.cached_mask()
     for budget in (0.0, 0.05, 0.1):
-        s = sc.ShadeSampler(n, cache=cache, seed=3, rep_factor=2.0, substitute=budget,
-                            importance=False, coverage_epochs=0)
+        s = scored(sc.ShadeSampler(n, cache=cache, seed=3, rep_factor=2.0, substitute=budget,
+                                   importance=False, coverage_epochs=0, pads=True))
         o = drain(s)
         assert o.size == n
         assert s.last_epoch_stats["substituted"] == int(budget * n)
@@ -379,8 +378,8 @@ def test_substitution_budget_caps_the_repeats(cache_factory):
         hits = int(mask[o].sum())
         assert mask[o[:hits]].all() and hits == n // 4 + int(budget * n)
     # the per-cached-draw cap still applies below the budget
-    s = sc.ShadeSampler(n, cache=cache, seed=3, rep_factor=0.1, substitute=0.5,
-                        importance=False, coverage_epochs=0)
+    s = scored(sc.ShadeSampler(n, cache=cache, seed=3, rep_factor=0.1, substitute=0.5,
+                               importance=False, coverage_epochs=0))
     drain(s)
     assert abs(s.last_epoch_stats["substituted"] - 0.1 * n // 4) <= 1
 
@@ -405,8 +404,8 @@ def test_weights_are_one_over_n_p_f_and_average_one(cache_factory):
     cache = cache_factory(n)
     cached = np.arange(0, n, 5)
     cache.put_many(cached, [b"z" * 8] * cached.size)
-    c = sc.ShadeSampler(n, cache=cache, seed=1, importance=False, rep_factor=1.0,
-                        coverage_epochs=0)
+    c = scored(sc.ShadeSampler(n, cache=cache, seed=1, importance=False, rep_factor=1.0,
+                               substitute=0.1, coverage_epochs=0))
     o = drain(c)
     st = c.last_epoch_stats
     k, h, m = st["substituted"], st["cached_draws"], st["missed_draws"]
@@ -454,6 +453,7 @@ def test_next_epoch_order_is_the_next_epochs_draw_when_nothing_learned_can_chang
     cache = cache_factory(n)
     cache.put_many(np.arange(0, n, 3), [b"x" * 8] * 100)
     known = [dict(importance=False, pads=False, rep_factor=0.0),
+             dict(),                                                             # the defaults
              dict(importance=True, temper=0.0, pads=False, rep_factor=0.0),   # scores unused
              dict(importance=False, pads=False, rep_factor=0.0, num_replicas=2, rank=1),
              dict(importance=False, pads=True, rep_factor=1.0, use_cache=False)]
@@ -473,7 +473,7 @@ def test_next_epoch_order_is_the_next_epochs_draw_when_nothing_learned_can_chang
         assert not np.array_equal(ahead, now)
     unknown = [dict(importance=True, temper=1.0),                       # draws by the scores
                dict(importance=False, pads=True, rep_factor=0.0),       # cached first
-               dict(importance=False, pads=False, rep_factor=1.0)]      # misses swapped for hits
+               dict(importance=False, rep_factor=1.0, substitute=0.1)]  # misses -> hits
     for kw in unknown:
         s = sc.ShadeSampler(n, cache=cache, batch_size=16, seed=4, **kw)
         s.set_epoch(1)

@@ -1,0 +1,380 @@
+"""The stall budget: the epoch's order bends around a store that cannot keep up with training.
+
+A miss stalls the training loop when it is not in the cache by the time its batch is assembled and
+the store, at its measured speed, cannot deliver it in time. ShadeSampler calls `StallPlanner.plan`
+before each batch's ids are taken; the planner changes the order from that position on, in place.
+
+When the store is too slow. Two speeds are measured in each batch (StallPace): step_s, the
+seconds of one training step outside the loader's waits, and miss_s, the seconds the tiers below
+the cache take per sample they serve. The store delivers step_s / miss_s samples during one step
+(the median over the last batches); when that is half a batch or more (SLOW), or when the store
+serves a sample in under 200 us (STORAGE_S: memory, the page cache, a local NVMe drive), nothing is
+ever moved or repeated: a store that fast keeps up with
+training once reads overlap compute, as DataLoader workers or a prefetcher make them (the stall
+budget does not replace them: it acts where the store is too slow for any overlap to keep up).
+
+What the planner does with the batch's misses when the store is too slow:
+- with a live prefetcher (the order board's), every miss of the batch is one the prefetcher has not
+  brought yet, most likely one it is reading: a read by the loader now would read it twice. Each is
+  deferred: it trades places with the nearest cached sample after the batch (the loop trains that
+  one now, without waiting), or, when none is left, with a miss beyond the prefetcher's reach (half
+  the cache ahead of the loader) that nobody reads yet, the lowest-scored first: the loader reads
+  that one, once, while the prefetcher brings the first. The epoch keeps every sample it held;
+  only the order changes, and each sample is read once.
+- without one, the loader reads as many misses as the store delivers during one step; the rest
+  would make the loop wait longer than a step.
+- what still waits on the store (the far misses brought forward, the misses beyond a step's worth)
+  is replaced by cached samples chosen by importance (probability proportional to the score),
+  within the stall budget: at most `budget` x the positions planned so far, so repeats spread over
+  the epoch; the misses replaced are the lowest-scored (a sample the model already fits costs
+  least to leave out), never one the coverage floor protects this epoch, and only once scores
+  exist (no scores, no repeats). The rest is read: a stall.
+- with a prefetcher, what is left of the budget replaces upcoming misses that nobody reads yet
+  (neither cached nor on their way, within twice the prefetcher's reach), the lowest-scored
+  first: the prefetcher reads every miss of the order at the store's pace, so an epoch on a store
+  slower than training takes its misses / the store's rate whatever the order, and only a read
+  that never happens saves time. Measured on a throttled disk (bench/fidelity.py slow, tabular,
+  seed 0, a 10% budget): repeats made only at the batch being assembled replaced misses the
+  prefetcher was already reading (1,419 repeats, 35,323 device reads against uniform's 34,941,
+  1.02x its wall time); with this step, 3,252 repeats, 33,028 reads against 34,995 (0.96x).
+
+Reproducible: the planner's random choices come from its own stream of the sampler's seed (seed,
+epoch, rank); given the same sequence of stalls (which ids of which batch were not cached, at which
+measured speeds) the order is the same. state() / load() carry the position planned up to, the
+counts, the stream's state and the speeds, so a resumed epoch goes on exactly.
+"""
+import math
+import os
+import time
+from collections import deque
+
+import numpy as np
+
+from ..lookahead.publish import board_for, prefetcher_live
+from ..store.protocol import lengths_of
+
+DEFER_HORIZON_BATCHES = 64   # a miss is deferred at most this many batches
+# The planner acts when the store delivers less than this fraction of a batch during one step. A
+# store within twice of training is left to the overlap of reads and compute (a prefetcher,
+# workers); and on a machine whose CPUs are shared, both speeds swing with the processes that run
+# meanwhile (a page-cache read measured 20 us to 2 ms a sample under a load of 13 on 2 cores), so
+# a store that keeps up can look as slow as training for a few batches, never twice as slow.
+SLOW = 0.5
+# ... and only a store that takes at least this long a sample is storage the loop can stall on. A
+# store in memory, in the page cache or on a local NVMe drive serves a sample in microseconds to
+# tens of them: its reads cost the loop CPU, which more readers (workers, a prefetcher) take off
+# it, not waiting. Measured on this project's shared 2-vCPU machines: a store in tmpfs read by a
+# tiny model's loop, 3-86 us a sample (a read of 58 samples outlasted a 0.8 ms step); the
+# throttled disk of bench/fidelity.py, 0.3-2 ms a sample in most windows.
+STORAGE_S = 200e-6
+
+
+def thread_sched_s():
+    """(seconds the calling thread has run on a CPU, seconds it has waited on a run queue for
+    one, seconds the other threads of this process have waited on a run queue) from the
+    kernel's schedstat files (/proc/thread-self/schedstat, /proc/self/task/*/schedstat: the first
+    two fields, in ns), or None where the kernel does not say. The rest of the calling thread's
+    wall time it slept: on storage, on another thread of the process, or on anything else."""
+    try:
+        me = os.path.basename(os.readlink("/proc/thread-self"))
+        ran = queued = others = 0
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/schedstat", "rb") as f:
+                    r, q = f.read().split()[:2]
+            except FileNotFoundError:     # the thread ended meanwhile
+                continue
+            if tid == me:
+                ran, queued = int(r), int(q)
+            else:
+                others += int(q)
+        return ran / 1e9, queued / 1e9, others / 1e9
+    except (OSError, ValueError):
+        return None
+
+
+class StallPace:
+    """How many samples the store delivers during one training step (per_step), from the data
+    set's running totals (CachedDataset.loader_totals) at each batch boundary: the median over the
+    last WINDOW batches (at least MIN_SAMPLES) of step_i / miss_i, with step_i the seconds between
+    the two boundaries minus what the loader waited for misses, and miss_i the seconds the tiers
+    below the cache took per sample they served in that batch (their own calls: the cache insert
+    and the Python around them are the loader's cost, not the store's), from batches that read at
+    least MIN_MISSES samples (a few stragglers measure a read's latency, not the store's pace).
+    Both come from the same batch, so when other processes take the CPUs a read from the page
+    cache and a training step slow down together and the ratio stays; a store that waits on its
+    device does not. With a prefetcher the loader reads little itself: it waits for the samples
+    the prefetcher is reading (CachedDataset.fetch_missing). A batch whose loader read fewer than
+    MIN_MISSES samples but waited at least as long as it computed, for at least MIN_MISSES
+    samples that were not cached when it asked, measures the store by that wait instead: those
+    samples took (step_i + wait_i) to come, miss_i = (step_i + wait_i) / missed. (Measured on a
+    throttled disk with the prefetcher: the loader read nothing itself in the whole first epoch
+    and waited a third of it, so the first epoch went unplanned.) The median keeps one slow batch
+    from moving anything. step_s and miss_s:
+    the medians of each, for reports. restart() forgets the last boundary (an epoch's end: the
+    time until the next one is evaluation, not a step). fixed=(step_s, miss_s): these speeds,
+    nothing measured."""
+
+    WINDOW = 9
+    MIN_SAMPLES = 9     # a full window: with 3, the first batches of a run under a loaded CPU
+    #                     made a page-cache store look too slow (3 of 47 fidelity runs, epoch 0)
+    MIN_MISSES = 8
+
+    def __init__(self, fixed=None):
+        self.fixed = fixed is not None
+        self.step_s, self.miss_s = (None, None) if fixed is None else map(float, fixed)
+        self._steps = deque(maxlen=self.WINDOW)
+        self._misses = deque(maxlen=self.WINDOW)
+        self._ratios = deque(maxlen=self.WINDOW)
+        self._last = None
+
+    def restart(self):
+        self._last = None
+
+    def observe(self, now: float, read: int, tier_s: float, wait_s: float, missed: int = 0,
+                sched=None) -> None:
+        """One batch boundary: the data set's running totals (CachedDataset.loader_totals):
+        samples the loader read from the tiers below the cache, the seconds of those reads, the
+        seconds it waited on misses, the samples not cached when it asked for them; sched: this
+        thread's (ran, queued) seconds so far (thread_sched_s), or None.
+
+        What the CPUs' contention explains is not the store's. Only the time the thread slept in
+        a batch (its wall time less what it ran and what it waited for a CPU) can be the store's,
+        less what the process's other threads waited for a CPU meanwhile: a read from memory is
+        handed to other threads (io_uring's worker, a pread pool) that wait for a CPU while this
+        one sleeps. Measured in the fidelity sweep under a load of 13-18 on 2 vCPUs: without the
+        bound a store in tmpfs looked slow in 9 of 16 runs (up to 4,748 stall repeats in one);
+        the loop thread slept 14 ms of a 52 ms wait for 16 samples from tmpfs and waited for a
+        CPU most of the rest, while io_uring's worker thread waited for one."""
+        if self.fixed:
+            return
+        if self._last is not None:
+            t0, r0, s0, w0, m0, c0 = self._last
+            dt, dr, ds, dw = now - t0, read - r0, tier_s - s0, max(wait_s - w0, 0.0)
+            dm = missed - m0
+            if dt > 0:
+                step = max(dt - dw, 0.0)
+                self._steps.append(step)
+                if sched is not None and c0 is not None:
+                    ran, queued, others = (a - b for a, b in zip(sched, c0))
+                    slept = max(dt - ran - queued - others, 0.0)
+                    ds, dw = min(ds, slept), min(dw, slept)
+                miss = None
+                if dr >= self.MIN_MISSES and ds > 0:
+                    miss = ds / dr
+                elif dm >= self.MIN_MISSES and dw >= step > 0:   # waited on the prefetcher
+                    miss = (step + dw) / dm
+                if miss is not None:
+                    self._misses.append(miss)
+                    self._ratios.append(step / miss)
+                if len(self._ratios) >= self.MIN_SAMPLES:
+                    self.step_s = float(np.median(self._steps))
+                    self.miss_s = float(np.median(self._misses))
+        self._last = (now, read, tier_s, wait_s, missed, sched)
+
+    def per_step(self):
+        """Samples the store delivers during one training step, or None before it is measured."""
+        if self.step_s is None or self.miss_s is None:
+            return None
+        if self.fixed:
+            return self.step_s / max(self.miss_s, 1e-12)
+        return float(np.median(self._ratios))
+
+    def state(self) -> dict:
+        return {"step_s": self.step_s, "miss_s": self.miss_s, "steps": list(self._steps),
+                "misses": list(self._misses), "ratios": list(self._ratios)}
+
+    def load(self, state: dict) -> None:
+        if not self.fixed:
+            self.step_s, self.miss_s = state["step_s"], state["miss_s"]
+            self._steps = deque(state.get("steps", []), maxlen=self.WINDOW)
+            self._misses = deque(state.get("misses", []), maxlen=self.WINDOW)
+            self._ratios = deque(state.get("ratios", []), maxlen=self.WINDOW)
+        self._last = None
+
+
+class StallPlanner:
+    """One rank's stall budget over its epochs (see the module docstring).
+
+    batch_size  the loader's batch size (plans act on batches of it)
+    budget      the fraction of the epoch's positions stall repeats may take at most
+    speeds      None: measured (StallPace); (step_s, miss_s): these, fixed
+    """
+
+    def __init__(self, batch_size: int, budget: float, speeds=None):
+        self.batch_size = int(batch_size)
+        self.budget = float(budget)
+        self.pace = StallPace(speeds)
+        self.rng = None
+        self.planned = 0          # positions [0, planned) were planned
+        self.deferrals = 0
+        self.repeats = 0
+
+    def start_epoch(self, rng) -> None:
+        self.rng = rng
+        self.planned = self.deferrals = self.repeats = 0
+        self.pace.restart()
+
+    # ---- one batch ----------------------------------------------------------------------------
+    def plan(self, order, k, view) -> np.ndarray:
+        """Plans the batch at position k of `order`, in place, before its ids are taken. view:
+        what the planner reads of the world (StallView). Returns the positions whose ids
+        changed."""
+        b = self.batch_size
+        if k < self.planned:
+            return np.empty(0, dtype=np.int64)    # planned before a resume: taken as it stands
+        self.pace.observe(time.perf_counter(), *view.loader_totals(), sched=thread_sched_s())
+        per_step = self.pace.per_step()
+        end = self.planned = min((k // b + 1) * b, order.size)   # the batch that k is in
+        if per_step is None or per_step >= SLOW * b or self.pace.miss_s < STORAGE_S:
+            return np.empty(0, dtype=np.int64)    # not measured yet, or the store keeps up
+        uncached = ~view.cached(order[k:end])
+        prefetching = view.prefetching()
+        # With a prefetcher reading the published order, a miss here is one it has not brought
+        # yet: most likely in flight, so a read now would read it twice. Without one, the loader
+        # reads what the store delivers during one step without the store setting the pace.
+        allow = 0 if prefetching else math.floor(per_step)
+        pos = k + np.flatnonzero(uncached)
+        if pos.size <= allow:
+            return np.empty(0, dtype=np.int64)
+        changed = []
+        if prefetching:
+            # defer: each miss trades places with the nearest cached sample after this batch
+            # (the loop trains that one now, without a wait), else with a miss beyond the
+            # prefetcher's reach, the lowest scores first (nobody reads those yet: the loader
+            # does, once, while the prefetcher brings the first); the cache keeps the arrivals
+            # until their turn, which comes within about its own size
+            reach = max(b, view.cache_items() // 2)
+            stop = min(order.size, end + max(2 * reach, DEFER_HORIZON_BATCHES * b))
+            ahead = view.cached(order[end:stop])
+            targets = (end + np.flatnonzero(ahead))[:pos.size]
+            far = end + reach + np.flatnonzero(~ahead[reach:])
+            need = pos.size - targets.size
+            if need > 0 and far.size:
+                far = np.sort(far[self._easiest(view, order[far], need)])
+                targets = np.concatenate([targets, far])
+            m = targets.size
+            if m:
+                near = pos[:m]
+                order[near], order[targets] = order[targets], order[near].copy()
+                changed += near.tolist() + targets.tolist()
+                self.deferrals += m
+            # what still waits on the store: the far misses the loader reads now, or misses
+            # nothing could move
+            pos = pos[~view.cached(order[pos])]
+        else:
+            pos = pos[self._easiest(view, order[pos], pos.size - allow)]
+        if view.scored():
+            changed += self._repeat(order, pos, view)
+            if prefetching:
+                # The prefetcher reads every miss of the order at the store's pace, so the epoch
+                # takes (misses / the store's rate) whatever the order: time is saved only by
+                # reads that never happen. What is left of the budget replaces upcoming misses
+                # that nobody reads yet (neither cached nor on their way) within twice the
+                # prefetcher's reach, the lowest-scored of them (near: the cached samples put
+                # there are used before the prefetcher's room-making evicts them).
+                ahead = np.arange(end, min(stop, end + 2 * reach))
+                ahead = ahead[~view.cached(order[ahead]) & ~view.on_way(order[ahead])]
+                changed += self._repeat(order, ahead, view)
+        return np.asarray(sorted(set(changed)), dtype=np.int64)
+
+    def _repeat(self, order, pos, view) -> list:
+        """Replaces the lowest-scored misses at positions `pos` (not due under the coverage floor)
+        by cached samples chosen by importance, within what the budget allows so far (paced over
+        the epoch: budget x the positions planned). Returns the positions changed."""
+        credit = math.floor(self.budget * self.planned) - self.repeats
+        if credit <= 0 or pos.size == 0:
+            return []
+        left = pos[~view.due(order[pos])]
+        left = np.sort(left[self._easiest(view, order[left], credit)])
+        got = view.pick_cached(self.rng, left.size) if left.size else left
+        left = left[:got.size]
+        if left.size == 0:
+            return []
+        order[left] = got
+        self.repeats += int(left.size)
+        return left.tolist()
+
+    def _easiest(self, view, ids, m: int) -> np.ndarray:
+        """Indices into `ids` of the m with the lowest scores (a sample the model already fits
+        costs least to leave out), ties in a random order from the planner's stream."""
+        if m >= ids.size:
+            return np.arange(ids.size)
+        tie = self.rng.permutation(ids.size)
+        return tie[np.argsort(view.scores(ids[tie]), kind="stable")[:m]]
+
+    # ---- checkpoint ---------------------------------------------------------------------------
+    def state(self) -> dict:
+        return {"planned": self.planned, "deferrals": self.deferrals,
+                "repeats": self.repeats, "pace": self.pace.state(),
+                "rng": None if self.rng is None else self.rng.bit_generator.state}
+
+    def load(self, state: dict, rng) -> None:
+        self.planned = int(state["planned"])
+        self.deferrals, self.repeats = int(state["deferrals"]), int(state["repeats"])
+        self.pace.load(state["pace"])
+        self.rng = rng
+        if state["rng"] is not None:
+            self.rng.bit_generator.state = state["rng"]
+
+
+class StallView:
+    """What the planner reads of the world, for one ShadeSampler: the cache's cached set (one
+    snapshot per plan: ids do not change their cached state when the order moves them), the data
+    set's loader totals, whether a live prefetcher reads the published order, the scores, the
+    coverage floor's due samples. refresh() before each plan."""
+
+    def __init__(self, sampler, source):
+        self.sampler = sampler
+        self.source = source          # a CachedDataset (loader_totals)
+        self._mask = None
+
+    def refresh(self):
+        self._mask = None
+
+    def loader_totals(self):
+        return self.source.loader_totals()
+
+    def cached(self, ids) -> np.ndarray:
+        if self._mask is None:
+            self._mask = np.asarray(self.sampler.cache.cached_mask(), dtype=bool)
+        return self._mask[ids]
+
+    def prefetching(self) -> bool:
+        return prefetcher_live(self.sampler.cache)
+
+    def on_way(self, ids) -> np.ndarray:
+        """Which ids the prefetcher is reading now (the board's ON_WAY flags)."""
+        board = board_for(self.sampler.cache)
+        return np.zeros(len(ids), dtype=bool) if board is None else board.on_way(ids)
+
+    def scored(self) -> bool:
+        return self.sampler.has_scores()
+
+    def scores(self, ids) -> np.ndarray:
+        return self.sampler.table.scores[ids]
+
+    def due(self, ids) -> np.ndarray:
+        s = self.sampler
+        if s.coverage_epochs <= 0:
+            return np.zeros(len(ids), dtype=bool)
+        return s.last_drawn[ids] <= s.epoch - s.coverage_epochs
+
+    def pick_cached(self, rng, m: int) -> np.ndarray:
+        """m cached ids drawn with probability proportional to their scores (distinct when the
+        cache holds enough)."""
+        if self._mask is None:
+            self.cached(np.empty(0, dtype=np.int64))
+        cand = np.flatnonzero(self._mask)
+        if cand.size == 0 or m <= 0:
+            return np.empty(0, dtype=np.int64)
+        w = np.asarray(self.sampler.table.scores[cand], dtype=np.float64)
+        w = w / w.sum() if w.sum() > 0 else None
+        return rng.choice(cand, size=m, replace=m > cand.size, p=w).astype(np.int64)
+
+    def cache_items(self) -> int:
+        """About how many samples the cache holds when full (its bytes over the store's mean
+        sample size): the prefetcher reads at most half of that ahead of the loader."""
+        lengths = lengths_of(getattr(self.source, "store", None))
+        mean = float(np.mean(lengths)) if lengths is not None and lengths.size else 4096.0
+        return int(self.sampler.cache.capacity_bytes // max(mean, 1.0))

@@ -1,0 +1,285 @@
+"""The stall budget (shadecache/sampling/stalls.py) through real loaders over a real cache and a
+store slower than training (bench/bench_prefetch.py's SlowStore): without scores an epoch stays a
+permutation; deferral never loses a sample from an epoch (a real prefetcher process reads ahead); a
+resumed epoch gives the same batches; CachedLoader and DataLoader give the same batches; two DDP
+ranks (real processes, gloo) stay in step; the counts reach ds.stats() and `shadecache stats`; a
+fast store is left alone."""
+import json
+import os
+import subprocess
+import sys
+import uuid
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as tmp_mp
+from torch.utils.data import DataLoader
+
+import shadecache as sc
+from shadecache.sampling import stalls
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+BENCH = os.path.join(ROOT, "bench")
+sys.path.insert(0, BENCH)
+from bench_prefetch import SlowStore  # noqa: E402  (the prefetcher process imports it too)
+
+
+def slow(path, per_sample_s):
+    """A store slower than training: the packed file (O_DIRECT) and `per_sample_s` a sample, as
+    storage bound by its requests per second."""
+    return SlowStore(path, per_sample_s, depth=1)
+N, B = 600, 20
+# The planner's speeds, fixed so that its decisions depend on the cache alone: a step of 1 ms, a
+# store taking 2 ms a sample: it delivers half a sample per step, so every miss of a batch stalls.
+SLOW = (0.001, 0.002)
+
+
+@pytest.fixture
+def store_path(tmp_path):
+    path = str(tmp_path / "s.shc")
+    sc.pack([(np.full(64, i % 251, np.uint8).tobytes(), i % 10) for i in range(N)], path,
+            progress=False)
+    return path
+
+
+def losses_of(idx):
+    """Losses that depend on the sample alone, so that two runs give the same scores."""
+    return ((idx.to(torch.float64) * 7919.0) % 101.0) / 101.0
+
+
+def make_loader(kind, ds, sampler):
+    if kind == "CachedLoader":
+        return sc.CachedLoader(ds, batch_size=B, sampler=sampler, num_workers=0)
+    return DataLoader(ds, batch_size=B, sampler=sampler, num_workers=0)
+
+
+def run_epochs(loader, sampler, epochs, first=0, score=True, stop=None):
+    """Batches (id arrays) of a training loop over `epochs`; stop=(epoch, batches) returns after
+    that many batches of that epoch, without end_epoch."""
+    out = []
+    for e in range(first, epochs):
+        sampler.set_epoch(e)
+        for k, (_, _, idx) in enumerate(loader):
+            out.append(idx.numpy().copy())
+            if score:
+                sampler.update(idx, losses_of(idx))
+            if stop == (e, k + 1):
+                return out
+        sampler.end_epoch()
+    return out
+
+
+@pytest.mark.parametrize("kind", ["CachedLoader", "DataLoader"])
+def test_without_scores_every_epoch_is_a_permutation(store_path, cache_factory, kind):
+    store = slow(store_path, 0.0005)
+    cache = cache_factory(N, capacity=sc.Cache.capacity_for(120, store.lengths),
+                          policy="importance", sizes=store.lengths)
+    ds = sc.CachedDataset(store, cache)
+    s = sc.ShadeSampler(ds, cache=cache, batch_size=B, seed=3, stall_speeds=SLOW)
+    batches = run_epochs(make_loader(kind, ds, s), s, 3, score=False)
+    per_epoch = np.concatenate(batches).reshape(3, N)
+    for e in range(3):
+        assert sorted(per_epoch[e].tolist()) == list(range(N)), f"epoch {e} is not a permutation"
+    assert s.repeats_history == [{"accuracy_repeats": 0, "stall_deferrals": 0,
+                                  "stall_repeats": 0}] * 3
+    # the same loop giving scores: both budgets repeat (so the check above can fail)
+    cache2 = cache_factory(N, capacity=sc.Cache.capacity_for(120, store.lengths),
+                           policy="importance", sizes=store.lengths)
+    ds2 = sc.CachedDataset(store, cache2)
+    s2 = sc.ShadeSampler(ds2, cache=cache2, batch_size=B, seed=3, stall_speeds=SLOW,
+                         substitute=0.1)
+    run_epochs(make_loader(kind, ds2, s2), s2, 2)
+    assert s2.repeats_history[0]["stall_repeats"] > 0
+    assert s2.repeats_history[1]["accuracy_repeats"] > 0
+
+
+@pytest.mark.parametrize("score", [False, True])
+def test_deferral_never_loses_a_sample_from_an_epoch(store_path, cache_factory, monkeypatch,
+                                                     score):
+    """A real prefetcher reads the published order ahead of the loop; the planner defers the
+    misses it has not brought to later positions (its speeds: the store delivers 8 samples per
+    step of 20; half the samples are cached). Stall repeats off: every epoch holds exactly the ids
+    it was drawn with, in another order."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([BENCH, ROOT, os.environ.get("PYTHONPATH", "")]))
+    store = slow(store_path, 0.001)
+    cache = cache_factory(N, capacity=sc.Cache.capacity_for(N // 2, store.lengths),
+                          policy="importance", sizes=store.lengths)
+    cache.put_many(np.arange(0, N, 2), store.read_many(list(range(0, N, 2))))
+    ds = sc.CachedDataset(store, cache)
+    s = sc.ShadeSampler(ds, cache=cache, batch_size=B, seed=4, pads=False, substitute=0.0,
+                        stall_budget=0.0, stall_speeds=(0.008, 0.001))
+    drawn = []
+    with sc.OrderBoard.create(cache.name, N) as board, \
+            sc.Prefetcher(cache, store, lookahead_samples=40, batch=16):
+        loader = make_loader("CachedLoader", ds, s)
+        batches = []
+        for e in range(3):
+            s.set_epoch(e)
+            drawn.append(np.sort(s.order().copy()))
+            for _, _, idx in loader:
+                batches.append(idx.numpy().copy())
+                if score:
+                    s.update(idx, losses_of(idx))
+            s.end_epoch()
+        rows = {r["epoch"]: r for r in ds.stats()["per_epoch"]}
+        board.close()
+    per_epoch = np.concatenate(batches).reshape(3, N)
+    for e in range(3):
+        assert np.array_equal(np.sort(per_epoch[e]), drawn[e]), f"epoch {e} lost samples"
+        assert np.unique(per_epoch[e]).size == N
+        assert rows[e]["stall_deferrals"] == s.repeats_history[e]["stall_deferrals"]
+        assert rows[e]["stall_repeats"] == 0
+    assert sum(h["stall_deferrals"] for h in s.repeats_history) > 0, "nothing was deferred"
+
+
+@pytest.mark.parametrize("kind", ["CachedLoader", "DataLoader"])
+def test_resume_mid_epoch_gives_the_same_batches(store_path, cache_factory, kind):
+    """The planner's state (position, counts, random stream) comes back with state_dict. The
+    cache is an input of the plan, not part of the checkpoint: a static cache keeps the same
+    samples however the scores are pushed (a resumed sampler pushes its whole table; under the
+    importance policy that rebuilds the engine's heap, and samples of equal score are then
+    evicted in another order, a different input)."""
+    store = slow(store_path, 0.0)
+    size = sc.Cache.capacity_for(120, store.lengths)
+
+    def fresh():
+        cache = cache_factory(N, capacity=size, policy="static", sizes=store.lengths)
+        ds = sc.CachedDataset(store, cache)
+        return cache, ds, sc.ShadeSampler(ds, cache=cache, batch_size=B, seed=6,
+                                          stall_speeds=SLOW)
+
+    cache, ds, ref = fresh()
+    full = run_epochs(make_loader(kind, ds, ref), ref, 3)
+    assert ref.repeats_history[1]["stall_repeats"] > 0
+    cache, ds, s = fresh()
+    part = run_epochs(make_loader(kind, ds, s), s, 3, stop=(1, 7))
+    state = s.state_dict()
+    # a new sampler and loader over the same cache and store (the process came back)
+    ds2 = sc.CachedDataset(store, cache)
+    s2 = sc.ShadeSampler(ds2, cache=cache, batch_size=B, seed=6, stall_speeds=SLOW)
+    s2.load_state_dict(state)
+    rest = run_epochs(make_loader(kind, ds2, s2), s2, 3, first=1)
+    assert len(part) + len(rest) == len(full)
+    for k, (a, b) in enumerate(zip(part + rest, full)):
+        assert np.array_equal(a, b), f"batch {k} differs after the resume"
+    assert s2.repeats_history == ref.repeats_history
+
+
+def test_both_loaders_give_the_same_batches(store_path, cache_factory):
+    store = slow(store_path, 0.0)
+    got = {}
+    for kind in ("CachedLoader", "DataLoader"):
+        cache = cache_factory(N, capacity=sc.Cache.capacity_for(120, store.lengths),
+                              policy="importance", sizes=store.lengths)
+        ds = sc.CachedDataset(store, cache)
+        s = sc.ShadeSampler(ds, cache=cache, batch_size=B, seed=8, stall_speeds=SLOW)
+        got[kind] = (run_epochs(make_loader(kind, ds, s), s, 3), s.repeats_history)
+    (a, ha), (b, hb) = got["CachedLoader"], got["DataLoader"]
+    assert ha == hb and ha[1]["stall_repeats"] > 0
+    assert len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+def test_a_fast_store_is_left_alone(store_path, cache_factory):
+    """Speeds measured: a PackedStore in the page cache serves a sample in microseconds, far more
+    than a batch per step (or never makes the loop's thread sleep at all, and is not measured as
+    storage), so nothing is deferred or repeated for stalls."""
+    store = sc.PackedStore(store_path)
+    cache = cache_factory(N, capacity=sc.Cache.capacity_for(60, store.lengths),
+                          policy="importance", sizes=store.lengths)
+    ds = sc.CachedDataset(store, cache)
+    s = sc.ShadeSampler(ds, cache=cache, batch_size=B, seed=2)
+    loader = make_loader("CachedLoader", ds, s)
+    for e in range(3):
+        s.set_epoch(e)
+        for _, _, idx in loader:
+            torch.mm(torch.ones(96, 96), torch.ones(96, 96))     # a step of work
+            s.update(idx, losses_of(idx))
+        s.end_epoch()
+    per_step = s._planner.pace.per_step()
+    assert per_step is None or per_step > B * stalls.SLOW
+    assert all(h["stall_repeats"] == 0 and h["stall_deferrals"] == 0 for h in s.repeats_history)
+
+
+def test_counts_per_epoch_in_stats_and_the_cli(store_path, cache_factory):
+    store = slow(store_path, 0.0)
+    cache = cache_factory(N, capacity=sc.Cache.capacity_for(120, store.lengths),
+                          policy="importance", sizes=store.lengths)
+    ds = sc.CachedDataset(store, cache)
+    s = sc.ShadeSampler(ds, cache=cache, batch_size=B, seed=1, stall_speeds=SLOW, substitute=0.1)
+    with sc.OrderBoard.create(cache.name, N):
+        run_epochs(make_loader("CachedLoader", ds, s), s, 2)
+        rows = {r["epoch"]: r for r in ds.stats()["per_epoch"]}
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+        out = subprocess.run([sys.executable, "-m", "shadecache.cli", "stats", cache.name],
+                             env=env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        cli = {r["epoch"]: r for r in json.loads(out.stdout)["prefetch"]["per_epoch"]}
+    for e in (0, 1):
+        for key in ("accuracy_repeats", "stall_deferrals", "stall_repeats"):
+            assert rows[e][key] == cli[e][key] == s.repeats_history[e][key], (e, key)
+    assert rows[0]["stall_repeats"] > 0 and rows[1]["accuracy_repeats"] > 0
+    # without a board: the data set's own record
+    ds2 = sc.CachedDataset(store, cache)
+    s2 = sc.ShadeSampler(ds2, cache=cache, batch_size=B, seed=1, stall_speeds=SLOW)
+    run_epochs(make_loader("CachedLoader", ds2, s2), s2, 1)
+    assert [{k: r[k] for k in s2.repeats_history[0]} for r in ds2.stats()["per_epoch"]] \
+        == s2.repeats_history
+
+
+# ---- DDP: two real processes, gloo over a file rendezvous ----------------------------------------
+def _ddp_rank(rank, world, init_file, out_dir, store_path, cache_name, epochs):
+    import torch.distributed as dist
+    from node_ranks import join_node, leave_node
+    store = slow(store_path, 0.0005)
+    cache = join_node(rank, world, init_file, cache_name, num_samples=N, policy="importance",
+                      capacity_bytes=sc.Cache.capacity_for(120, store.lengths),
+                      sizes=store.lengths)
+    ds = sc.CachedDataset(store, cache)
+    s = sc.ShadeSampler(ds, cache=cache, batch_size=B, seed=9, stall_speeds=SLOW)
+    loader = sc.CachedLoader(ds, batch_size=B, sampler=s, num_workers=0)
+    steps = []
+    for e in range(epochs):
+        s.set_epoch(e)
+        n = 0
+        for _, _, idx in loader:
+            g = torch.ones(1)
+            dist.all_reduce(g)             # the gradient all-reduce of a DDP step
+            assert g.item() == world
+            s.update(idx, losses_of(idx))
+            n += 1
+        steps.append(n)
+        s.end_epoch()
+    with open(os.path.join(out_dir, f"rank-{rank}.json"), "w") as f:
+        json.dump({"steps": steps, "history": s.repeats_history}, f)
+    leave_node(rank, cache)
+
+
+def test_two_ddp_ranks_stay_in_step(tmp_path, store_path):
+    name = f"t-{os.getpid()}-ddp-{uuid.uuid4().hex[:8]}"
+    epochs = 3
+    tmp_mp.spawn(_ddp_rank, args=(2, str(tmp_path / "rdzv"), str(tmp_path), store_path, name,
+                                  epochs), nprocs=2, join=True)
+    ranks = [json.load(open(tmp_path / f"rank-{r}.json")) for r in range(2)]
+    assert ranks[0]["steps"] == ranks[1]["steps"] == [N // 2 // B] * epochs
+    for r in ranks:
+        assert sum(h["stall_repeats"] for h in r["history"]) > 0
+
+
+@pytest.mark.parametrize("others_queued_ms", [0.0, 8.0])
+def test_the_store_is_timed_by_the_sleep_no_cpu_wait_explains(others_queued_ms):
+    """StallPace fed batch boundaries as the planner reads them: each batch 10 ms of wall time, of
+    which the loader waited 8 ms for 16 samples the store served in 8 ms, and the loop's thread
+    ran 2 ms and slept 8 ms. A store is timed by that sleep (0.5 ms a sample, 4 samples per 2 ms
+    step: too slow); when the process's other threads (io_uring's worker reading from memory)
+    waited 8 ms for a CPU meanwhile, the sleep is the CPUs' contention, not the store's, and
+    nothing is measured."""
+    pace = stalls.StallPace()
+    for k in range(pace.MIN_SAMPLES + 2):
+        pace.observe(0.010 * k, 16 * k, 0.008 * k, 0.008 * k, 16 * k,
+                     sched=(0.002 * k, 0.0, others_queued_ms / 1e3 * k))
+    if others_queued_ms:
+        assert pace.per_step() is None
+    else:
+        assert pace.miss_s == pytest.approx(0.0005) and pace.per_step() == pytest.approx(4.0)
