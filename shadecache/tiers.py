@@ -23,6 +23,11 @@ One batch, fetch(ids) = read(ids), then admit(read):
           to, so the cluster caches the sum of its nodes. What the cache refused goes to each tier
           that keeps copies (put_many) and lies above the tier it came from (exclusive tiers: RAM
           and SSD together hold RAM + SSD worth of samples, not the larger of the two).
+Under whole-extent reads (the store's extent_layout, set by the sampler's extent order) a read
+first takes what this process staged (MateStage), asks a copying tier only for the store extents
+the node holds whole, with the tier's other samples of them (whole_extents: one read per extent,
+and the store is not asked for that extent at all), and reads the other misses' whole extents
+from the store; admit() then offers the mates too, in disk order, to the copying tiers.
 reader() runs the same read for a pipeline of batches (the prefetcher): the tiers above the store
 at submit, the store's share in flight until take().
 
@@ -56,9 +61,12 @@ class TierCount(NamedTuple):
 class Read:
     """One batch read through a chain. values[k]: the bytes of ids[k], or None when no tier had
     it; source[k]: the index of the tier it came from (len(tiers) for the store, -1 for none);
-    keep[k]: whether this node keeps ids[k]; counts: {tier name: TierCount} of the tiers asked."""
+    keep[k]: whether this node keeps ids[k]; counts: {tier name: TierCount} of the tiers asked.
+    The first `asked` positions are the ids asked for; positions after them are extent mates:
+    samples the store read along with the extents of the asked ones (store.extent_mates), which
+    admit() offers like the others so that they are not read again when their turn comes."""
 
-    __slots__ = ("ids", "values", "source", "keep", "counts")
+    __slots__ = ("ids", "values", "source", "keep", "counts", "asked", "staged")
 
     def __init__(self, ids: np.ndarray, keep: np.ndarray):
         self.ids = ids
@@ -66,6 +74,21 @@ class Read:
         self.source = np.full(ids.size, -1, dtype=np.int16)
         self.keep = keep
         self.counts = {}
+        self.asked = ids.size
+        self.staged = None    # bool mask of the positions taken from the stage (None: none)
+
+    @property
+    def asked_values(self) -> list:
+        """The values of the ids asked for, in their order (the mates left out)."""
+        return self.values if len(self.values) == self.asked else self.values[:self.asked]
+
+    def add_mates(self, ids: np.ndarray, values: list, keep: np.ndarray, source: int) -> None:
+        if self.staged is not None:
+            self.staged = np.concatenate([self.staged, np.zeros(ids.size, dtype=bool)])
+        self.ids = np.concatenate([self.ids, ids])
+        self.values = self.values + list(values)
+        self.source = np.concatenate([self.source, np.full(ids.size, source, dtype=np.int16)])
+        self.keep = np.concatenate([self.keep, keep])
 
     def missing(self) -> np.ndarray:
         """Positions no tier had (so far)."""
@@ -79,6 +102,51 @@ class Read:
         r.values = [self.values[k] for k in pos.tolist()]
         r.source = self.source[pos]
         return r
+
+
+class MateStage:
+    """Extent mates the cache refused, kept in this process until their turn (first in, first
+    out, within `capacity` bytes): the extent order asks for them within its window, so a full
+    cache that admits by score (equal scores: nothing new) does not make them be read again.
+    Each value keeps the index of the tier that read it (Read.source)."""
+
+    def __init__(self, capacity: int):
+        from collections import OrderedDict
+        self.capacity = int(capacity)
+        self._d = OrderedDict()   # id -> (value, source)
+        self._bytes = 0
+
+    def put(self, ids, values, sources) -> None:
+        for i, v, src in zip(ids, values, sources):
+            if i in self._d or v is None:
+                continue
+            self._d[i] = (v, src)
+            self._bytes += len(v)
+        while self._bytes > self.capacity and self._d:
+            _, (v, _) = self._d.popitem(last=False)
+            self._bytes -= len(v)
+
+    def take(self, ids) -> list:
+        """The staged (value, source) of each id (None where there is none), removed from the
+        stage."""
+        out = []
+        for i in ids:
+            got = self._d.pop(i, None)
+            if got is not None:
+                self._bytes -= len(got[0])
+            out.append(got)
+        return out
+
+    def mask(self, ids: np.ndarray) -> np.ndarray:
+        """Bool mask: which of `ids` are staged."""
+        d = self._d
+        return np.fromiter((i in d for i in ids.tolist()), dtype=bool, count=ids.size)
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def __contains__(self, i) -> bool:
+        return i in self._d
 
 
 class TierChain:
@@ -102,6 +170,23 @@ class TierChain:
         self.cache = cache
         self.admit_to_cache = bool(admit)
         self.keep_remote = bool(keep_remote)
+        self._stage = None   # (pid, MateStage): per process, made on the first extent mates
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_stage"] = None   # a stage belongs to the process that read its values
+        return state
+
+    def stage(self) -> MateStage | None:
+        """This process's stage of extent mates (None while the store reads no whole extents):
+        room for 32 extents, the sampler's default window twice."""
+        layout = getattr(self.store, "extent_layout", None)
+        if layout is None:
+            return None
+        import os
+        if self._stage is None or self._stage[0] != os.getpid():
+            self._stage = (os.getpid(), MateStage(min(256 << 20, 32 * layout.extent_bytes)))
+        return self._stage[1]
 
     @classmethod
     def for_node(cls, store, cache=None, peer=None, ssd=None, admit: bool = True,
@@ -150,14 +235,46 @@ class TierChain:
 
     # ---- one batch --------------------------------------------------------------------------
     def read(self, ids) -> Read:
-        """Reads distinct ids through the tiers, then the store (no admission)."""
+        """Reads distinct ids through the tiers, then the store (no admission); with a store that
+        reads whole extents, their other samples come along as mates (Read)."""
         r = self.read_tiers(ids)
         rest = r.missing()
         if rest.size and self.store is not None:
+            mates = self.extent_mates(r.ids[rest])
             t0 = time.perf_counter_ns()
-            got = self.store.read_many(r.ids[rest])
-            self.took_from_store(r, rest, got, time.perf_counter_ns() - t0)
+            got = self.store.read_many(np.concatenate([r.ids[rest], mates]) if mates.size else r.ids[rest])
+            self.took_from_store(r, rest, got, time.perf_counter_ns() - t0, mates)
         return r
+
+    def take_staged(self, r: Read) -> None:
+        """Fills the positions no tier had yet from this process's stage of extent mates (with
+        the source that read them)."""
+        stage = self.stage()
+        rest = r.missing()
+        if stage is None or not len(stage) or not rest.size:
+            return
+        staged = np.zeros(r.ids.size, dtype=bool)
+        for k, got in zip(rest.tolist(), stage.take(r.ids[rest].tolist())):
+            if got is not None:
+                r.values[k] = got[0]
+                r.source[k] = got[1]
+                staged[k] = True
+        r.staged = staged
+
+    def extent_mates(self, ids: np.ndarray) -> np.ndarray:
+        """The samples a read of `ids`' extents brings besides them (store.extent_mates: empty
+        unless the store reads whole extents, for the sampler's extent order) that this node would
+        keep and its cache does not hold yet."""
+        mates_of = getattr(self.store, "extent_mates", None)
+        mates = np.empty(0, np.int64) if mates_of is None else np.asarray(mates_of(ids), np.int64)
+        if mates.size and self.cache is not None and self.admit_to_cache:
+            mates = mates[~np.asarray(self.cache.cached_mask(), dtype=bool)[mates]]
+        if mates.size:
+            mates = mates[self.keeps(mates)]
+        stage = self.stage() if mates.size else None
+        if stage is not None and len(stage):
+            mates = mates[~stage.mask(mates)]
+        return mates
 
     def admit(self, r: Read, insert=None) -> np.ndarray:
         """Offers the values of the ids this node keeps to the cache (insert(ids, values) -> bool
@@ -166,8 +283,20 @@ class TierChain:
         above the tier it came from. Returns the admitted mask."""
         admitted = np.zeros(r.ids.size, dtype=bool)
         have = r.keep & (r.source >= 0)
-        if self.cache is not None and self.admit_to_cache and have.any():
-            pos = np.flatnonzero(have)
+        fresh = have if r.staged is None else have & ~r.staged
+        # Values taken from the stage were offered when they were staged (the cache refused them,
+        # the copying tiers had them in disk order): the loaders' path does not offer them again,
+        # a batch at a time; a caller with its own insert (the prefetcher, which counts what the
+        # cache refuses) offers them to the cache as before.
+        offer = fresh if insert is None else have
+        layout = getattr(self.store, "extent_layout", None)
+        if self.cache is not None and self.admit_to_cache and offer.any():
+            pos = np.flatnonzero(offer)
+            if layout is not None and r.ids.size > r.asked:
+                # in disk order, asked ids among their mates: a cache that fills up holds whole
+                # extents and at most one in part (its rest goes to the copying tiers), so that
+                # the extents the node holds whole are as many as its room allows
+                pos = pos[np.argsort(layout.position[r.ids[pos]], kind="stable")]
             put = self.cache.put_many if insert is None else insert
             try:
                 admitted[pos] = np.asarray(put(r.ids[pos], [r.values[k] for k in pos.tolist()]),
@@ -181,9 +310,20 @@ class TierChain:
                     except ValueTooLargeError:
                         pass
         for j in self._copying():
-            below = np.flatnonzero(have & ~admitted & (r.source > j))
+            # the extent mates too, in disk order: the samples of one store extent then lie in
+            # neighbouring slots and come back in one read (the tier drops what it holds, and
+            # when full what scores no higher than what it holds, without per-sample work)
+            below = np.flatnonzero(fresh & ~admitted & (r.source > j))
+            if below.size and layout is not None and r.ids.size > r.asked:
+                below = below[np.argsort(layout.position[r.ids[below]], kind="stable")]
             if below.size:
-                self.tiers[j][1].put_many(r.ids[below].tolist(), [r.values[k] for k in below.tolist()])
+                self.tiers[j][1].put_many(r.ids[below], [r.values[k] for k in below.tolist()])
+        if r.ids.size > r.asked:   # mates the cache refused wait in this process for their turn
+            refused = np.flatnonzero(~admitted[r.asked:] & have[r.asked:]) + r.asked
+            stage = self.stage()
+            if stage is not None and refused.size:
+                stage.put(r.ids[refused].tolist(), [r.values[k] for k in refused.tolist()],
+                          r.source[refused].tolist())
         return admitted
 
     def fetch(self, ids) -> list:
@@ -191,7 +331,7 @@ class TierChain:
         read through the tiers and admitted: the miss path of every reader."""
         r = self.read(ids)
         self.admit(r)
-        return r.values
+        return r.asked_values
 
     def reader(self, batches: int = 4, queue_depth: int = 32, lanes: int = 2) -> "ChainReader":
         """A pipeline of up to `batches` batches in flight (see ChainReader)."""
@@ -207,14 +347,22 @@ class TierChain:
             for mask in served.values():
                 keep &= ~mask
         r = Read(a, keep)
+        self.take_staged(r)
+        copying = self._copying()
         for j, (name, tier) in enumerate(self.tiers):
             pending = r.missing()
             if j in served:
                 pending = pending[served[j][pending]]
+            mates = None
+            if j in copying:
+                pending, mates = self.whole_extents(r, tier, pending)
             if not pending.size:
                 continue
             t0 = time.perf_counter_ns()
-            got = _answer(tier.read_many(a[pending]), pending.size, f"tier {name!r}", tier)
+            want = pending.size + (0 if mates is None else mates.size)
+            got = _answer(tier.read_many(a[pending] if want == pending.size
+                                         else np.concatenate([a[pending], mates])),
+                          want, f"tier {name!r}", tier)
             ns = time.perf_counter_ns() - t0
             hits = nbytes = 0
             for k, v in zip(pending.tolist(), got):
@@ -225,24 +373,73 @@ class TierChain:
                     r.source[k] = j
                     hits += 1
                     nbytes += len(v)
+            if mates is not None and mates.size:
+                extra = got[pending.size:]
+                ok = np.fromiter((v is not None for v in extra), dtype=bool, count=len(extra))
+                if ok.any():
+                    values = [v if type(v) is bytes else _as_bytes(v, f"tier {name!r}", tier, i)
+                              for v, i in zip(extra, mates.tolist()) if v is not None]
+                    nbytes += sum(len(v) for v in values)
+                    r.add_mates(mates[ok], values, self.keeps(mates[ok]), j)
             r.counts[name] = TierCount(int(pending.size), hits, nbytes, ns)
         return r
 
-    def took_from_store(self, r: Read, rest: np.ndarray, got: list, ns: int) -> None:
-        """Records the store's values `got` for positions `rest` of `r` (ValueError or TypeError
-        naming the store and the id when they are not one value, bytes-like, per id)."""
-        got = _answer(got, rest.size, "store", self.store)
-        nbytes = 0
-        for k, v in zip(rest.tolist(), got):
+    def whole_extents(self, r: Read, tier, pending: np.ndarray):
+        """Which of the `pending` positions to ask of a copying tier (the SSD tier), and which of
+        its other samples to read with them. Without whole-extent reads of the store: all of them,
+        no others. With them (the extent order): only the positions whose store extent the node
+        holds whole (each of its samples cached, held by this tier, or staged), and with them the
+        tier's other samples of those extents that are neither cached nor staged, so that an
+        extent comes back from the tier in one read and the store is not asked for it at all;
+        the rest are left to the store, whose read of their extents brings them anyway (a read of
+        this tier for them would be one more read and save the shared storage nothing)."""
+        layout = getattr(self.store, "extent_layout", None)
+        holds = getattr(tier, "holds", None)
+        none = np.empty(0, np.int64)
+        if layout is None or holds is None or not pending.size:
+            return pending, none
+        ids = r.ids[pending]
+        members = layout.widen(ids)                    # disk order: grouped by extent
+        ext = layout.extent_of[members]
+        held = np.asarray(holds(members), dtype=bool)
+        other = np.zeros(members.size, dtype=bool)      # cached or staged: not this tier's to read
+        if self.cache is not None:
+            other |= np.asarray(self.cache.cached_mask(), dtype=bool)[members]
+        stage = self.stage()
+        if stage is not None and len(stage):
+            other |= stage.mask(members)
+        starts = np.flatnonzero(np.concatenate([[True], ext[1:] != ext[:-1]]))
+        whole = ext[starts][np.logical_and.reduceat(held | other, starts)]
+        if not whole.size:
+            return pending[:0], none
+        in_whole = np.isin(ext, whole)
+        mates = members[in_whole & held & ~other & ~np.isin(members, r.ids)]
+        return pending[np.isin(layout.extent_of[ids], whole)], mates
+
+    def took_from_store(self, r: Read, rest: np.ndarray, got: list, ns: int,
+                        mates: np.ndarray | None = None) -> None:
+        """Records the store's values `got` for positions `rest` of `r`, then those of the extent
+        mates read with them (the values after rest's, in the order of `mates`); ValueError or
+        TypeError naming the store and the id when they are not one value, bytes-like, per id."""
+        nmates = 0 if mates is None else mates.size
+        got = _answer(got, rest.size + nmates, "store", self.store)
+        ids = r.ids[rest] if not nmates else np.concatenate([r.ids[rest], mates])
+        for k, v in enumerate(got):
             if type(v) is not bytes:
                 if v is None:
                     raise ValueError(f"{_who(STORE, self.store)} has no value for sample id "
-                                     f"{int(r.ids[k])} (a store holds every id: "
+                                     f"{int(ids[k])} (a store holds every id: "
                                      "shadecache/store/protocol.py)")
-                v = _as_bytes(v, "store", self.store, r.ids[k])
+                got[k] = _as_bytes(v, "store", self.store, ids[k])
+        nbytes = 0
+        for k, v in zip(rest.tolist(), got):
             r.values[k] = v
             nbytes += len(v)
         r.source[rest] = len(self.tiers)
+        if nmates:
+            extra = got[rest.size:]
+            nbytes += sum(len(v) for v in extra)
+            r.add_mates(mates, extra, np.ones(mates.size, dtype=bool), len(self.tiers))
         r.counts[STORE] = TierCount(int(rest.size), int(rest.size), nbytes, ns)
 
 
@@ -295,19 +492,21 @@ class ChainReader:
     def submit(self, ids) -> None:
         r = self.chain.read_tiers(ids)
         rest = r.missing() if self.chain.store is not None else np.empty(0, np.int64)
+        mates = self.chain.extent_mates(r.ids[rest]) if rest.size else np.empty(0, np.int64)
+        wanted = np.concatenate([r.ids[rest], mates]) if mates.size else r.ids[rest]
         fut = None
         if rest.size:
             if self._stream is not None:
-                self._stream.submit(r.ids[rest])
+                self._stream.submit(wanted)
             else:
-                fut = self._pool.submit(self.chain.store.read_many, r.ids[rest])
-        self._inflight.append((r, rest, time.perf_counter_ns(), fut))
+                fut = self._pool.submit(self.chain.store.read_many, wanted)
+        self._inflight.append((r, rest, mates, time.perf_counter_ns(), fut))
 
     def take(self) -> Read:
-        r, rest, t0, fut = self._inflight.popleft()
+        r, rest, mates, t0, fut = self._inflight.popleft()
         if rest.size:
             got = self._stream.take() if fut is None else fut.result()
-            self.chain.took_from_store(r, rest, got, time.perf_counter_ns() - t0)
+            self.chain.took_from_store(r, rest, got, time.perf_counter_ns() - t0, mates)
         return r
 
     def __len__(self) -> int:

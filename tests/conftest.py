@@ -82,3 +82,24 @@ def cache_factory():
     for c in made:
         c.close()
         c.unlink()
+
+
+# What bench/throttled_disk.py's disk delivers: a request costs the time of ~70 KB of transfer.
+CLOUD_DEVICE = {"iops": 3000, "bandwidth": 200 << 20}
+
+
+@pytest.fixture
+def cloud_store(tmp_path):
+    """3,000 samples of 2-4 KB (labels i % 10), shuffled on disk, opened with the cloud disk's
+    device figures: an IOPS-bound store (its samples cost far more in requests than in bytes)."""
+    import numpy as np
+
+    import shadecache as sc
+
+    rng = np.random.default_rng(0)
+    p = tmp_path / "cloud.shc"
+    with sc.PackWriter(p, seed=9) as w:
+        for i in range(3000):
+            w.add(rng.bytes(int(rng.integers(2000, 4000))), i % 10)
+    with sc.PackedStore(p, device=CLOUD_DEVICE) as s:
+        yield s

@@ -20,6 +20,7 @@
 #include "bindings/ids.h"
 #include "common/crc32c.h"
 #include "common/error.h"
+#include "io/device_probe.h"
 #include "io/folder_reader.h"
 #include "io/pack_writer.h"
 #include "io/packed_reader.h"
@@ -108,7 +109,16 @@ PYBIND11_MODULE(_io, m) {
 
   m.attr("FORMAT_VERSION") = store::kVersion;
   m.attr("ALIGN") = store::kAlign;
-  m.attr("ENTRY_BYTES") = sizeof(store::Entry);
+  m.def(
+      "placement_order",
+      [](uint64_t n, uint64_t seed) {
+        std::vector<uint64_t> order = store::placement_order(n, seed);
+        py::array_t<int64_t> a(static_cast<py::ssize_t>(order.size()));
+        std::memcpy(a.mutable_data(), order.data(), order.size() * sizeof(uint64_t));
+        return a;
+      },
+      py::arg("n"), py::arg("seed"),
+      "The ids in the order a store packed with shuffle=True, seed=`seed` lays out n samples.");
   m.def("built_with_uring", &built_with_uring, "True when this build links liburing.");
   m.def(
       "crc32c",
@@ -146,7 +156,8 @@ PYBIND11_MODULE(_io, m) {
       "(name, fallback_reason) of the backend this process would use.");
 
   py::class_<PackWriter>(m, "PackWriter")
-      .def(py::init<const std::string&>(), py::arg("path"))
+      .def(py::init<const std::string&, bool, uint64_t>(), py::arg("path"),
+           py::arg("shuffle") = false, py::arg("seed") = 0)
       .def(
           "add",
           [](PackWriter& w, py::buffer data, int64_t label) {
@@ -168,6 +179,8 @@ PYBIND11_MODULE(_io, m) {
       .def("abort", &PackWriter::abort)
       .def_property_readonly("num_samples", &PackWriter::num_samples)
       .def_property_readonly("is_open", &PackWriter::is_open)
+      .def_property_readonly("shuffle", &PackWriter::shuffle)
+      .def_property_readonly("seed", &PackWriter::seed)
       // bytes: a Linux path need not be UTF-8 (store.py fsdecodes them)
       .def_property_readonly("path", [](const PackWriter& w) { return py::bytes(w.path()); })
       .def_property_readonly("temp_path", [](const PackWriter& w) { return py::bytes(w.temp_path()); });
@@ -206,7 +219,65 @@ PYBIND11_MODULE(_io, m) {
           py::arg("first"), py::arg("count"))
       .def_property_readonly("meta",
                              [](const PackedReader& r) { return py::bytes(r.meta()); })
+      .def("disk_order",
+           [](const PackedReader& r) {
+             std::vector<uint64_t> order = r.disk_order();
+             py::array_t<int64_t> a(static_cast<py::ssize_t>(order.size()));
+             std::memcpy(a.mutable_data(), order.data(), order.size() * sizeof(uint64_t));
+             return a;
+           },
+           "The ids in the order their bytes lie in the file.")
+      .def(
+          "set_shape",
+          [](PackedReader& r, uint64_t gap_bytes, uint64_t max_extent_bytes) {
+            if (max_extent_bytes < 4096 || max_extent_bytes > (uint64_t{1} << 31))
+              throw Error(ErrorKind::kInvalidArgument,
+                          "max_extent_bytes must be in [4096, 2 GiB], not " +
+                              std::to_string(max_extent_bytes));
+            r.set_shape(ReadShape{gap_bytes, max_extent_bytes});
+          },
+          py::arg("gap_bytes"), py::arg("max_extent_bytes"),
+          "Coalesce reads into extents: neighbours at most gap_bytes apart are read together.")
+      .def_property_readonly("shape",
+                             [](const PackedReader& r) {
+                               return py::make_tuple(r.shape().gap_bytes, r.shape().max_extent_bytes);
+                             })
+      .def(
+          "counters",
+          [](PackedReader& r) {
+            py::dict d;
+            d["samples"] = r.counters().samples.load();
+            d["requests"] = r.counters().requests.load();
+            d["bytes"] = r.counters().bytes.load();
+            return d;
+          },
+          "Samples read, read requests issued (extents) and bytes asked of the device.")
+      .def(
+          "probe_device",
+          [](PackedReader& r, unsigned small, unsigned large, uint64_t seed) {
+            DeviceProbe p;
+            {
+              py::gil_scoped_release nogil;
+              if (r.closed()) throw Error(ErrorKind::kClosed, "PackedStore " + r.path() + " is closed");
+              const store::Header& h = r.header();
+              r.backend().with([&](IoBackend& b) {
+                p = probe_device(r.path(), r.buffered_fd(), h.data_offset,
+                                 h.data_offset + h.data_bytes, b, small, large, seed);
+              });
+            }
+            return py::make_tuple(p.iops, p.bandwidth, p.direct);
+          },
+          py::arg("small") = 128, py::arg("large") = 8, py::arg("seed") = 1,
+          "(4 KiB reads/s, bytes/s of 1 MiB reads, measured with O_DIRECT) over the data region.")
       .def_property_readonly("version", [](const PackedReader& r) { return r.header().version; })
+      .def_property_readonly("placement",
+                             [](const PackedReader& r) {
+                               return r.header().placement == store::kShuffled ? "shuffled" : "as written";
+                             })
+      .def_property_readonly("placement_seed",
+                             [](const PackedReader& r) { return r.header().placement_seed; })
+      .def_property_readonly("data_bytes", [](const PackedReader& r) { return r.header().data_bytes; })
+      .def_property_readonly("dir_crc", [](const PackedReader& r) { return r.header().dir_crc; })
       .def_property_readonly("file_bytes",
                              [](const PackedReader& r) { return r.header().file_bytes; })
       .def_property_readonly("path", [](const PackedReader& r) { return py::bytes(r.path()); })

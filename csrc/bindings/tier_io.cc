@@ -31,12 +31,17 @@ py::array_t<T, py::array::c_style | py::array::forcecast> column(const py::handl
 
 void register_tier_reader(py::module_& m) {
   py::class_<TierReader>(m, "TierReader")
-      .def(py::init([](const std::string& backend, unsigned queue_depth) {
-             auto r = std::make_unique<TierReader>(parse_backend_kind(backend), queue_depth);
+      .def(py::init([](const std::string& backend, unsigned queue_depth, int64_t gap_bytes) {
+             if (gap_bytes < 0) throw py::value_error("TierReader: gap_bytes must be >= 0");
+             auto r = std::make_unique<TierReader>(parse_backend_kind(backend), queue_depth,
+                                                   static_cast<uint64_t>(gap_bytes));
              r->backend().name();
              return r;
            }),
-           py::arg("backend") = "auto", py::arg("queue_depth") = 64)
+           py::arg("backend") = "auto", py::arg("queue_depth") = 64,
+           py::arg("gap_bytes") = static_cast<int64_t>(TierReader::kDefaultGapBytes),
+           "A reader of the SSD tier's slot files: values of one file at most gap_bytes apart are "
+           "read as one extent")
       .def(
           "read_many",
           [](TierReader& r, const py::handle& ids_obj, const py::handle& fd_obj, const py::handle& off_obj,
@@ -107,6 +112,9 @@ void register_tier_reader(py::module_& m) {
           "raises IndexError. The columns are read without the GIL: a row changed meanwhile can only "
           "fail its crc32c, never pass with wrong bytes")
       .def_property_readonly("backend", [](TierReader& r) { return r.backend().name(); })
+      .def_property_readonly("requests", &TierReader::requests,
+                             "reads issued so far (an extent of neighbouring values is one)")
+      .def_property_readonly("gap_bytes", &TierReader::gap_bytes)
       .def_property_readonly("fallback_reason",
                              [](TierReader& r) { return r.backend().fallback_reason(); });
 }

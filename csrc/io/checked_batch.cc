@@ -16,31 +16,20 @@ std::string hex32(uint32_t v) {
 
 CheckedBatch::CheckedBatch(const std::vector<store::Entry>& dir, const int64_t* ids, size_t n,
                            char* const* dests, bool verify)
-    : dir_(dir), ids_(ids), verify_(verify) {
-  ops_.reserve(n);
-  pos_.reserve(n);
-  for (size_t k = 0; k < n; ++k) {
-    const store::Entry& e = dir[static_cast<size_t>(ids[k])];
-    if (e.length == 0) continue;
-    ops_.push_back(RangeRead{e.offset, e.length, dests[k]});
-    pos_.push_back(k);
-  }
-}
+    : dir_(dir), ids_(ids), n_(n), dests_(dests), verify_(verify) {}
 
-RangeDone CheckedBatch::done() {
-  return [this](size_t j) {
-    if (!verify_) return;
-    const RangeRead& op = ops_[j];
-    uint32_t c = crc32c(op.dest, op.len);
-    if (c != dir_[static_cast<size_t>(ids_[pos_[j]])].crc) {
-      std::lock_guard<std::mutex> lk(mu_);
-      bad_ids_.push_back(ids_[pos_[j]]);
-      if (pos_[j] < bad_) {
-        bad_ = pos_[j];
-        bad_crc_ = c;
-      }
+void CheckedBatch::check(size_t k) {
+  if (!verify_) return;
+  const store::Entry& e = dir_[static_cast<size_t>(ids_[k])];
+  uint32_t c = crc32c(dests_[k], e.length);
+  if (c != e.crc) {
+    std::lock_guard<std::mutex> lk(mu_);
+    bad_ids_.push_back(ids_[k]);
+    if (k < bad_) {
+      bad_ = k;
+      bad_crc_ = c;
     }
-  };
+  }
 }
 
 void CheckedBatch::throw_if_corrupt(const std::string& path) const {

@@ -1,6 +1,7 @@
-// One batch of sample reads of a packed store, planned from its directory and checked against the
-// directory's crc32c as each read completes: the one home of the checksum-verify callback that
-// PackedReader::read_into and ReadStream::run hand their I/O backend.
+// One batch of sample reads of a packed store and its checks against the directory's crc32c: the
+// one home of the per-sample verify and of the CorruptSample message, for every reader of the
+// store (PackedReader::read_into, find_corrupt and ReadStream::run, all through read_samples of
+// io/extent_read.h, which reads the batch as extents and checks each sample as its extent lands).
 #pragma once
 
 #include <cstddef>
@@ -9,7 +10,6 @@
 #include <string>
 #include <vector>
 
-#include "io/io_backend.h"
 #include "io/store_format.h"
 
 namespace shadecache {
@@ -19,21 +19,23 @@ std::string hex32(uint32_t v);
 
 class CheckedBatch {
  public:
-  // Plans a read of each id's bytes into dests[k]. A sample of no bytes needs no read (the crc32c
-  // of no bytes is 0, and the reader refuses a directory that says otherwise). `dir`, `ids` and
-  // `dests` must outlive the batch; ids must be in range.
+  // A batch that reads each id's bytes into dests[k]. `dir`, `ids` and `dests` must outlive the
+  // batch; ids must be in range.
   CheckedBatch(const std::vector<store::Entry>& dir, const int64_t* ids, size_t n, char* const* dests,
                bool verify);
   CheckedBatch(const CheckedBatch&) = delete;
   CheckedBatch& operator=(const CheckedBatch&) = delete;
 
-  RangeRead* ops() { return ops_.data(); }
-  size_t size() const { return ops_.size(); }
+  const store::Entry* dir() const { return dir_.data(); }
+  const int64_t* ids() const { return ids_; }
+  size_t size() const { return n_; }
+  char* const* dests() const { return dests_; }
+  bool verify() const { return verify_; }
 
-  // The backend's completion callback for read j: with verify, its crc32c against the
-  // directory's; the lowest failing batch position is kept. Backends call it from their own
-  // threads, so the record is under a mutex (taken only on a mismatch).
-  RangeDone done();
+  // Checks position k once its bytes are in dests[k] (nothing without verify): its crc32c against
+  // the directory's; the lowest failing position is kept. Called from the backend's threads, so
+  // the record is under a mutex (taken only on a mismatch).
+  void check(size_t k);
 
   // CorruptSample naming the lowest failing id, its file offset, its length and both checksums,
   // when a read failed its check; nothing otherwise.
@@ -45,9 +47,9 @@ class CheckedBatch {
  private:
   const std::vector<store::Entry>& dir_;
   const int64_t* ids_;
+  size_t n_;
+  char* const* dests_;
   bool verify_;
-  std::vector<RangeRead> ops_;
-  std::vector<size_t> pos_;  // ops_[j] reads batch position pos_[j]
   std::mutex mu_;
   size_t bad_ = SIZE_MAX;    // lowest failing batch position
   uint32_t bad_crc_ = 0;

@@ -55,10 +55,11 @@ class IoBackend {
   virtual bool bound_to_thread() const { return false; }
   virtual bool usable_here() { return true; }
 
-  // Reads every range of `fd`. With `direct` the fd was opened O_DIRECT: offsets are multiples of
-  // 4096 and the file extends to at least align_up(offset + len), so the backend reads whole
-  // aligned blocks into its own aligned bounce buffers and copies `len` bytes to dest.
-  // A read that hits end of file early throws kFormat (truncated file) naming the offset.
+  // Reads every range of `fd`. With `direct` the fd was opened O_DIRECT: the backend reads the
+  // aligned blocks that cover each range (direct_span bytes from align_down(offset)) into its own
+  // aligned bounce buffers and copies `len` bytes to dest; the last blocks may end at end of file.
+  // A read that hits end of file before the range's end throws kFormat (truncated file) naming
+  // the offset.
   virtual void read_ranges(int fd, bool direct, RangeRead* ops, size_t n,
                            const RangeDone& done) = 0;
 
@@ -66,6 +67,14 @@ class IoBackend {
   // caller can name the path; only a failure of the backend itself throws.
   virtual void read_files(FileRead* ops, size_t n) = 0;
 };
+
+// Bytes an O_DIRECT read of `op` asks for: the aligned blocks that cover it (at least one).
+inline uint64_t direct_span(const RangeRead& op) {
+  constexpr uint64_t kBlock = 4096;  // store::kAlign
+  uint64_t start = op.offset / kBlock * kBlock;
+  uint64_t end = (op.offset + op.len + kBlock - 1) / kBlock * kBlock;
+  return end > start ? end - start : kBlock;
+}
 
 enum class BackendKind { kAuto, kUring, kPread };
 

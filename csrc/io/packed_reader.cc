@@ -83,6 +83,9 @@ PackedReader::PackedReader(const std::string& path, BackendKind kind, bool direc
     ::close(fd);
     throw;
   }
+  // The kernel reads nothing nobody asked for: no read-ahead around these reads, which are
+  // random by sample (or whole extents chosen by the reader). A dup (the read stream's) shares it.
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
   fd_ = fd;
 }
 
@@ -114,22 +117,35 @@ void PackedReader::load(int fd) {
                  " bytes, shorter than the header");
   if (std::memcmp(h.magic, store::kMagic, sizeof(h.magic)) != 0)
     format_error("not a shadecache store (bad magic; an interrupted pack leaves a zero header)");
+  if (h.version == 1)
+    format_error("format version 1 (every sample padded to 4 KiB), but this shadecache reads "
+                 "version 2: convert it with `shadecache pack " + path_ + " NEW.shc`");
   if (h.version != store::kVersion)
     format_error("format version " + std::to_string(h.version) + ", but this shadecache reads " +
                  "version " + std::to_string(store::kVersion) + " (repack the data set)");
   uint32_t hcrc = crc32c(&h, offsetof(store::Header, header_crc));
   if (hcrc != h.header_crc)
     format_error("header damaged: checksum " + hex32(hcrc) + " != stored " + hex32(h.header_crc));
-  if (h.header_bytes != store::kHeaderBytes || h.align != store::kAlign ||
-      h.entry_bytes != sizeof(store::Entry))
+  bool zero_reserved = h.reserved0 == 0 &&
+                       std::all_of(std::begin(h.reserved), std::end(h.reserved),
+                                   [](uint8_t b) { return b == 0; });
+  if (h.header_bytes != store::kHeaderBytes ||
+      (h.len_width != 1 && h.len_width != 2 && h.len_width != 4) ||
+      (h.label_width != 1 && h.label_width != 2 && h.label_width != 4 && h.label_width != 8) ||
+      h.placement > store::kShuffled || (h.placement == store::kAsWritten && h.placement_seed != 0) ||
+      !zero_reserved)
     format_error("header has unsupported geometry (header_bytes " +
-                 std::to_string(h.header_bytes) + ", align " + std::to_string(h.align) +
-                 ", entry_bytes " + std::to_string(h.entry_bytes) + ")");
+                 std::to_string(h.header_bytes) + ", len_width " + std::to_string(h.len_width) +
+                 ", label_width " + std::to_string(h.label_width) + ", placement " +
+                 std::to_string(h.placement) + ")");
   // Overflow-checked: a hostile header (its checksum is easy to recompute) must not make these
   // sums wrap, and nothing is allocated before the sizes are known to fit the real file.
-  uint64_t dir_bytes = 0, meta_offset = 0, file_bytes = 0;
-  if (h.dir_offset % store::kAlign != 0 || h.dir_offset < store::kHeaderBytes ||
-      __builtin_mul_overflow(h.num_samples, sizeof(store::Entry), &dir_bytes) || h.dir_bytes != dir_bytes ||
+  uint64_t dir_offset = 0, dir_bytes = 0, meta_offset = 0, file_bytes = 0;
+  if (h.data_offset != h.header_bytes ||
+      __builtin_add_overflow(h.data_offset, h.data_bytes, &dir_offset) || h.dir_offset != dir_offset ||
+      __builtin_mul_overflow(h.num_samples, store::entry_bytes(h), &dir_bytes) ||
+      __builtin_add_overflow(dir_bytes, uint64_t{store::kTrailerBytes}, &dir_bytes) ||
+      h.dir_bytes != dir_bytes ||
       __builtin_add_overflow(h.dir_offset, h.dir_bytes, &meta_offset) || h.meta_offset != meta_offset ||
       __builtin_add_overflow(h.meta_offset, h.meta_bytes, &file_bytes) || h.file_bytes != file_bytes)
     format_error("header fields are inconsistent (directory at " + std::to_string(h.dir_offset) +
@@ -140,12 +156,22 @@ void PackedReader::load(int fd) {
                  std::to_string(h.file_bytes) + " (the sample directory at offset " +
                  std::to_string(h.dir_offset) + " is " +
                  (size <= h.dir_offset ? "missing)" : "cut short)"));
-  // Nothing the header claims is allocated before it has been read and checked in pieces: a
-  // sparse file can claim gigabytes of directory (with a recomputed checksum) that are holes, and
-  // holes read as zeros, which no valid entry is (offset 0 is the header). Pass 1 streams the
-  // directory and the metadata through one piece-sized buffer; only a directory whose checksum
-  // and entries hold, and metadata whose checksum holds and that has no NUL byte (JSON text never
-  // does), are then allocated and read again (and checked again: the file may have changed).
+  // Nothing the header claims is allocated before it has been read and checked in pieces. The
+  // directory's trailer (its last 16 bytes) is checked first: a sparse file that claims gigabytes
+  // of directory it never wrote has a hole there, and holes read as zeros. Pass 1 then streams
+  // the directory and the metadata through one piece-sized buffer: the directory's checksum, its
+  // lengths adding up to the data region, and metadata whose checksum holds and that has no NUL
+  // byte (JSON text never does). Only then are they allocated and read again (and checked again:
+  // the file may have changed).
+  char trailer[store::kTrailerBytes];
+  uint64_t trailer_n = 0;
+  uint64_t trailer_at = h.dir_offset + h.dir_bytes - store::kTrailerBytes;
+  if (!pread_exact(fd, trailer, sizeof(trailer), trailer_at, path_))
+    format_error("truncated while reading the sample directory");
+  std::memcpy(&trailer_n, trailer + sizeof(store::kDirMagic), sizeof(trailer_n));
+  if (std::memcmp(trailer, store::kDirMagic, sizeof(store::kDirMagic)) != 0 || trailer_n != h.num_samples)
+    format_error("sample directory damaged: its trailer at offset " + std::to_string(trailer_at) +
+                 " is not there (a sparse or overwritten directory)");
   std::string first_error;
   scan_directory(fd, nullptr, &first_error);
   if (!first_error.empty()) format_error(first_error);
@@ -156,24 +182,26 @@ void PackedReader::load(int fd) {
     meta_.resize(h.meta_bytes);
   } catch (const std::bad_alloc&) {
     throw Error(ErrorKind::kCapacity, path_ + ": cannot hold the sample directory (" +
-                                          std::to_string(h.dir_bytes) + " bytes) and metadata (" +
-                                          std::to_string(h.meta_bytes) + " bytes) in memory");
+                                          std::to_string(h.num_samples * sizeof(store::Entry)) +
+                                          " bytes in memory) and metadata (" +
+                                          std::to_string(h.meta_bytes) + " bytes)");
   }
   scan_directory(fd, dir_.data(), &first_error);
   if (first_error.empty()) scan_metadata(fd, &meta_[0], &first_error);
   if (!first_error.empty()) format_error("changed while it was being opened: " + first_error);
+  place_samples();
 }
 
 // Reads [off, off + bytes) in pieces of at most kPiece bytes, into dest when it is given (else
 // through one scratch piece), and calls each(piece, n, index of its first byte) on every piece.
-// Returns the crc32c of the whole region. False from `each` stops early (the crc is then partial).
+// Returns the crc32c of the whole region, chained from `crc`. False from `each` stops early (the
+// crc is then partial).
 template <typename Each>
 uint32_t PackedReader::scan(int fd, uint64_t off, uint64_t bytes, char* dest, const char* what,
-                            Each each) const {
-  constexpr size_t kPiece = 43690 * sizeof(store::Entry);  // ~1 MiB, whole entries
+                            Each each, uint32_t crc) const {
+  constexpr size_t kPiece = 131070 * 8;  // ~1 MiB, whole entries of every column width
   std::unique_ptr<char[]> scratch;
   if (dest == nullptr) scratch.reset(new char[std::min<uint64_t>(bytes, kPiece) + 1]);
-  uint32_t crc = 0;
   for (uint64_t done = 0; done < bytes;) {
     size_t n = static_cast<size_t>(std::min<uint64_t>(bytes - done, kPiece));
     char* piece = dest ? dest + done : scratch.get();
@@ -187,42 +215,88 @@ uint32_t PackedReader::scan(int fd, uint64_t off, uint64_t bytes, char* dest, co
 }
 
 void PackedReader::scan_directory(int fd, store::Entry* dest, std::string* error) const {
+  // Column by column, in file order, the checksum chained over all of them and the trailer.
+  // Pass 1 (dest == nullptr) checks that the lengths add up to the data region (so the offsets
+  // derived from them stay inside it); pass 2 also fills dest and checks each entry.
   const store::Header& h = header_;
   error->clear();
-  // Even with a matching checksum, never trust offsets that would read outside the data region
-  // (written so that nothing can wrap: offset and length are each at most dir_offset). A 0-byte
-  // sample has the checksum of no bytes (0): any other value is a damaged entry, never bytes
-  // handed out unchecked.
-  uint64_t min_off = store::kHeaderBytes;
+  const uint64_t n = h.num_samples;
+  uint64_t off = h.dir_offset;
+  uint64_t total = 0;
+  bool overflow = false;
   std::string bad_entry;
-  uint32_t dcrc = scan(fd, h.dir_offset, h.dir_bytes, reinterpret_cast<char*>(dest),
-                       "sample directory", [&](const char* piece, size_t n, uint64_t at) {
-    for (size_t k = 0; k < n / sizeof(store::Entry); ++k) {
-      store::Entry e;
-      std::memcpy(&e, piece + k * sizeof(e), sizeof(e));
-      uint64_t i = at / sizeof(store::Entry) + k;
-      if (e.offset % store::kAlign != 0 || e.offset < min_off || e.offset > h.dir_offset ||
-          e.length > h.dir_offset - e.offset ||
-          store::align_up(e.offset + e.length) > h.dir_offset) {
-        bad_entry = "sample directory damaged: entry " + std::to_string(i) + " is invalid (offset " +
-                    std::to_string(e.offset) + ", length " + std::to_string(e.length) + ")";
-        return false;
-      }
-      if (e.length == 0 && e.crc != 0) {
-        bad_entry = "sample directory damaged: entry " + std::to_string(i) + " is invalid (length 0, " +
-                    "checksum " + hex32(e.crc) + " where no bytes have checksum 0x00000000)";
-        return false;
-      }
-      min_off = e.offset + store::align_up(e.length);
-    }
-    return true;
-  });
-  // The scan stops at the first bad entry (a sparse claim of gigabytes fails at entry 0, without
-  // reading the rest), so the checksum is then unknown and the entry is the reason given.
-  if (!bad_entry.empty())
+  auto column = [](uint32_t width, auto put) {
+    return [width, put](const char* piece, size_t len, uint64_t at) {
+      for (size_t k = 0; k < len / width; ++k) put(at / width + k, piece + k * width);
+      return true;
+    };
+  };
+  uint32_t crc = 0;
+  crc = scan(fd, off, n * h.len_width, nullptr, "sample directory",
+             column(h.len_width, [&](uint64_t i, const char* p) {
+               uint32_t v = 0;
+               std::memcpy(&v, p, h.len_width);
+               overflow |= __builtin_add_overflow(total, uint64_t{v}, &total);
+               if (dest) dest[i].length = v;
+             }), crc);
+  off += n * h.len_width;
+  crc = scan(fd, off, n * store::kCrcBytes, nullptr, "sample directory",
+             column(store::kCrcBytes, [&](uint64_t i, const char* p) {
+               uint32_t v;
+               std::memcpy(&v, p, sizeof(v));
+               if (!dest) return;
+               dest[i].crc = v;
+               // A 0-byte sample has the checksum of no bytes (0): any other value is a damaged
+               // entry, never bytes handed out unchecked.
+               if (dest[i].length == 0 && v != 0 && bad_entry.empty())
+                 bad_entry = "sample directory damaged: entry " + std::to_string(i) +
+                             " is invalid (length 0, checksum " + hex32(v) +
+                             " where no bytes have checksum 0x00000000)";
+             }), crc);
+  off += n * store::kCrcBytes;
+  crc = scan(fd, off, n * h.label_width, nullptr, "sample directory",
+             column(h.label_width, [&](uint64_t i, const char* p) {
+               if (!dest) return;
+               int64_t v = 0;
+               std::memcpy(&v, p, h.label_width);
+               unsigned shift = 64 - 8 * h.label_width;  // sign-extend the stored width
+               dest[i].label = shift ? static_cast<int64_t>(static_cast<uint64_t>(v) << shift) >> shift : v;
+             }), crc);
+  off += n * h.label_width;
+  crc = scan(fd, off, store::kTrailerBytes, nullptr, "sample directory",
+             [](const char*, size_t, uint64_t) { return true; }, crc);
+  if (overflow || total != h.data_bytes)
+    *error = "sample directory damaged: the sample lengths add up to " +
+             (overflow ? std::string("more than 2^64") : std::to_string(total)) +
+             " bytes, the data region has " + std::to_string(h.data_bytes);
+  else if (!bad_entry.empty())
     *error = bad_entry;
-  else if (dcrc != h.dir_crc)
-    *error = "sample directory damaged: checksum " + hex32(dcrc) + " != stored " + hex32(h.dir_crc);
+  else if (crc != h.dir_crc)
+    *error = "sample directory damaged: checksum " + hex32(crc) + " != stored " + hex32(h.dir_crc);
+}
+
+void PackedReader::place_samples() {
+  // Offsets follow from the lengths in placement order (store_format.h); the lengths add up to
+  // the data region (checked by scan_directory), so every sample lies inside it.
+  const store::Header& h = header_;
+  uint64_t at = h.data_offset;
+  auto place = [&](uint64_t id) {
+    dir_[id].offset = at;
+    at += dir_[id].length;
+  };
+  if (h.placement == store::kShuffled) {
+    for (uint64_t id : store::placement_order(h.num_samples, h.placement_seed)) place(id);
+  } else {
+    for (uint64_t id = 0; id < h.num_samples; ++id) place(id);
+  }
+}
+
+std::vector<uint64_t> PackedReader::disk_order() const {
+  const store::Header& h = header_;
+  if (h.placement == store::kShuffled) return store::placement_order(h.num_samples, h.placement_seed);
+  std::vector<uint64_t> ids(h.num_samples);
+  for (uint64_t i = 0; i < ids.size(); ++i) ids[i] = i;
+  return ids;
 }
 
 void PackedReader::scan_metadata(int fd, char* dest, std::string* error) const {
@@ -234,7 +308,7 @@ void PackedReader::scan_metadata(int fd, char* dest, std::string* error) const {
     const void* z = std::memchr(piece, 0, n);
     if (z != nullptr) nul = at + static_cast<uint64_t>(static_cast<const char*>(z) - piece);
     return z == nullptr;
-  });
+  }, 0);
   if (nul != UINT64_MAX)
     *error = "metadata is not JSON text (a NUL byte at offset " + std::to_string(h.meta_offset + nul) + ")";
   else if (mcrc != h.meta_crc)
@@ -253,7 +327,7 @@ void PackedReader::read_into(const int64_t* ids, size_t n, char* const* dests) {
   check_open();
   CheckedBatch batch(dir_, ids, n, dests, verify_);
   int fd = direct_ ? direct_fd_ : fd_;
-  slot_.with([&](IoBackend& b) { b.read_ranges(fd, direct_, batch.ops(), batch.size(), batch.done()); });
+  slot_.with([&](IoBackend& b) { read_samples(b, fd, direct_, batch, shape_, &counters_); });
   batch.throw_if_corrupt(path_);
 }
 
@@ -278,7 +352,7 @@ std::vector<int64_t> PackedReader::find_corrupt(int64_t first, int64_t count) {
   }
   CheckedBatch batch(dir_, ids.data(), ids.size(), dests.data(), true);
   int fd = direct_ ? direct_fd_ : fd_;
-  slot_.with([&](IoBackend& b) { b.read_ranges(fd, direct_, batch.ops(), batch.size(), batch.done()); });
+  slot_.with([&](IoBackend& b) { read_samples(b, fd, direct_, batch, shape_, &counters_); });
   return batch.corrupt_ids();
 }
 

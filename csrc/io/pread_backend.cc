@@ -21,10 +21,15 @@
 
 namespace shadecache {
 
-ssize_t pread_full(int fd, char* buf, size_t n, uint64_t off) {
+namespace {
+
+// Reads up to `want` bytes at off, retrying EINTR/EAGAIN and short reads until `need` bytes are
+// in or end of file. For O_DIRECT need < want: the read of the last aligned blocks ends early at
+// end of file (and a retry at the unaligned end would be EINVAL).
+ssize_t pread_direct(int fd, char* buf, size_t want, uint64_t off, size_t need) {
   size_t got = 0;
-  while (got < n) {
-    ssize_t r = ::pread(fd, buf + got, n - got, static_cast<off_t>(off + got));
+  while (got < need) {
+    ssize_t r = ::pread(fd, buf + got, want - got, static_cast<off_t>(off + got));
     if (r < 0) {
       if (errno == EINTR || errno == EAGAIN) continue;
       return -errno;
@@ -34,6 +39,10 @@ ssize_t pread_full(int fd, char* buf, size_t n, uint64_t off) {
   }
   return static_cast<ssize_t>(got);
 }
+
+}  // namespace
+
+ssize_t pread_full(int fd, char* buf, size_t n, uint64_t off) { return pread_direct(fd, buf, n, off, n); }
 
 namespace {
 
@@ -236,14 +245,16 @@ class PreadBackend final : public IoBackend {
     pool_->run(n, parallel_, [&](size_t i) {
       const RangeRead& op = ops[i];
       ssize_t r;
-      if (direct) {
+      if (direct) {  // the aligned blocks that cover the range; the last may end at end of file
         static thread_local Bounce bounce;
-        size_t want = std::max<size_t>(store::align_up(op.len), store::kAlign);
+        size_t want = direct_span(op);
+        size_t skip = op.offset % store::kAlign;
         char* buf = bounce.get(want);
         if (buf == nullptr)
           throw Error(ErrorKind::kCapacity, "pread: cannot allocate an O_DIRECT buffer");
-        r = pread_full(fd, buf, want, op.offset);
-        if (r >= static_cast<ssize_t>(op.len)) std::memcpy(op.dest, buf, op.len);
+        r = pread_direct(fd, buf, want, store::align_down(op.offset), skip + op.len);
+        if (r >= static_cast<ssize_t>(skip + op.len)) std::memcpy(op.dest, buf + skip, op.len);
+        r = r < 0 ? r : std::max<ssize_t>(0, r - static_cast<ssize_t>(skip));
       } else {
         r = pread_full(op.fd >= 0 ? op.fd : fd, op.dest, op.len, op.offset);
       }

@@ -116,7 +116,7 @@ void ReadStream::lane_main() {
 
 void ReadStream::run(Batch& b, IoBackend& backend) {
   CheckedBatch batch(reader_.directory(), b.ids.data(), b.ids.size(), b.dests.data(), reader_.verify());
-  backend.read_ranges(fd_, reader_.direct(), batch.ops(), batch.size(), batch.done());
+  read_samples(backend, fd_, reader_.direct(), batch, reader_.shape(), &reader_.counters());
   batch.throw_if_corrupt(reader_.path());
 }
 

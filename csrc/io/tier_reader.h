@@ -4,7 +4,10 @@
 // The layout is the packed one (docs/ssd_tier.md): values sit at known offsets of a few large
 // slot files that the caller keeps open; the caller looks each id up in its index and passes
 // (descriptor, offset, length, crc32c) per value. The cost per value is then the packed store's:
-// one read by offset in a batch of many, no path lookup, open or close.
+// one read by offset in a batch of many, no path lookup, open or close. Values of one file that
+// lie at most `gap_bytes` apart are read as one extent (sorted by offset, like the store's reads:
+// io/extent_read.h): the tier writes the samples of one store extent into neighbouring slots, so
+// an extent the tier holds whole comes back in one read instead of one per sample.
 //
 // Contract: read() must be called WITHOUT the GIL and touches no Python object. A value whose
 // bytes are short (file truncated behind our back) or whose crc32c does not match (flipped bytes,
@@ -13,6 +16,7 @@
 // the whole call.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -31,7 +35,13 @@ class TierReader {
     char* dest;       // len bytes
   };
 
-  TierReader(BackendKind kind, unsigned queue_depth) : slot_(kind, queue_depth) {}
+  // Neighbours at most this far apart are read together; no extent longer than max_extent_bytes
+  // (unless one value is).
+  static constexpr uint64_t kDefaultGapBytes = 32u << 10;
+  static constexpr uint64_t kMaxExtentBytes = 8u << 20;
+
+  TierReader(BackendKind kind, unsigned queue_depth, uint64_t gap_bytes = kDefaultGapBytes)
+      : slot_(kind, queue_depth), gap_bytes_(gap_bytes) {}
   TierReader(const TierReader&) = delete;
   TierReader& operator=(const TierReader&) = delete;
   BackendSlot& backend() { return slot_; }
@@ -39,8 +49,14 @@ class TierReader {
   // status[k] / err[k] for ops[k] (status kFailed: err is the errno).
   void read(const Op* ops, size_t n, int32_t* status, int32_t* err);
 
+  // Reads issued by this reader (extents) and values handed out, for tests and benchmarks.
+  uint64_t requests() const { return requests_.load(std::memory_order_relaxed); }
+  uint64_t gap_bytes() const { return gap_bytes_; }
+
  private:
   BackendSlot slot_;
+  uint64_t gap_bytes_;
+  std::atomic<uint64_t> requests_{0};
 };
 
 }  // namespace shadecache

@@ -139,13 +139,16 @@ void UringBackend::ensure_arena(size_t slot_bytes, unsigned slots) {
 void UringBackend::read_ranges(int fd, bool direct, RangeRead* ops, size_t n,
                                const RangeDone& done) {
   if (n == 0) return;
+  // Bytes that must be in before a range is done: for O_DIRECT, counted from the aligned start.
+  auto need = [direct](const RangeRead& op) {
+    return direct ? op.offset % store::kAlign + op.len : uint64_t{op.len};
+  };
   unsigned depth = qd_;
   size_t slot_bytes = 0;
   unsigned nslots = 0;
   std::vector<unsigned> free_slots, slot_of;
   if (direct) {
-    for (size_t i = 0; i < n; ++i)
-      slot_bytes = std::max<size_t>(slot_bytes, store::align_up(ops[i].len));
+    for (size_t i = 0; i < n; ++i) slot_bytes = std::max<size_t>(slot_bytes, direct_span(ops[i]));
     slot_bytes = std::max<size_t>(slot_bytes, store::kAlign);
     // Twice as many bounce slots as reads in flight: finished reads are copied out of their slots
     // while the replacement reads already run in the other half (see the loop below).
@@ -156,7 +159,7 @@ void UringBackend::read_ranges(int fd, bool direct, RangeRead* ops, size_t n,
     for (unsigned sl = nslots; sl-- > 0;) free_slots.push_back(sl);
     slot_of.assign(n, 0);
   }
-  std::vector<uint32_t> got(n, 0);  // bytes in so far (for direct: of the aligned read)
+  std::vector<uint64_t> got(n, 0);  // bytes in so far (for direct: of the aligned read)
   std::vector<size_t> retry;        // ops whose next piece must be (re)submitted
   std::vector<size_t> finished;     // ops whose bytes are all in, not yet handed over
   finished.reserve(depth);
@@ -194,14 +197,14 @@ void UringBackend::read_ranges(int fd, bool direct, RangeRead* ops, size_t n,
       }
       io_uring_sqe* s = sqe();
       const RangeRead& op = ops[i];
-      if (direct) {
+      if (direct) {  // the aligned blocks that cover the range
         char* buf = arena_ + static_cast<size_t>(slot_of[i]) * slot_bytes + got[i];
-        unsigned want = static_cast<unsigned>(store::align_up(op.len) - got[i]);
-        if (want == 0) want = store::kAlign;  // a 0-byte sample still reads (and checks) a block
+        unsigned want = static_cast<unsigned>(direct_span(op) - got[i]);
+        uint64_t at = store::align_down(op.offset) + got[i];
         if (registered_)
-          io_uring_prep_read_fixed(s, fd, buf, want, op.offset + got[i], 0);
+          io_uring_prep_read_fixed(s, fd, buf, want, at, 0);
         else
-          io_uring_prep_read(s, fd, buf, want, op.offset + got[i]);
+          io_uring_prep_read(s, fd, buf, want, at);
       } else {
         io_uring_prep_read(s, op.fd >= 0 ? op.fd : fd, op.dest + got[i], op.len - got[i], op.offset + got[i]);
       }
@@ -231,16 +234,19 @@ void UringBackend::read_ranges(int fd, bool direct, RangeRead* ops, size_t n,
                                  std::to_string(op.offset + got[i]) + ": " + std::strerror(-res),
              -res);
         if (direct) free_slots.push_back(slot_of[i]);
-      } else if (res == 0 && got[i] < op.len) {
+      } else if (res == 0 && got[i] < need(op)) {
         fail(ErrorKind::kFormat, "data file truncated: end of file at offset " +
-                                     std::to_string(op.offset + got[i]) + " while reading " +
+                                     std::to_string(op.offset + got[i] - (direct ? op.offset % store::kAlign : 0)) +
+                                     " while reading " +
                                      std::to_string(op.len) + " bytes at offset " +
                                      std::to_string(op.offset),
              0);
         if (direct) free_slots.push_back(slot_of[i]);
       } else {
-        got[i] += static_cast<uint32_t>(res);
-        if (got[i] >= op.len)
+        got[i] += static_cast<uint64_t>(res);
+        // An O_DIRECT read of the last blocks ends early at end of file: enough once the range
+        // itself is in.
+        if (got[i] >= need(op))
           finished.push_back(i);
         else
           retry.push_back(i);  // short read: ask for the rest
@@ -254,7 +260,8 @@ void UringBackend::read_ranges(int fd, bool direct, RangeRead* ops, size_t n,
     // 3. Hand over the finished reads: copy out of the bounce slot, checksum (in `done`).
     for (size_t i : finished) {
       if (direct) {
-        std::memcpy(ops[i].dest, arena_ + static_cast<size_t>(slot_of[i]) * slot_bytes,
+        std::memcpy(ops[i].dest,
+                    arena_ + static_cast<size_t>(slot_of[i]) * slot_bytes + ops[i].offset % store::kAlign,
                     ops[i].len);
         free_slots.push_back(slot_of[i]);
       }

@@ -8,7 +8,8 @@ import sys
 def _pack(args) -> int:
     from ..store.writer import pack
 
-    n = pack(args.src, args.dst, progress=not args.quiet, backend=args.backend)
+    n = pack(args.src, args.dst, progress=not args.quiet, backend=args.backend,
+             shuffle=not args.no_shuffle, seed=args.seed)
     size = os.path.getsize(args.dst)
     print(f"packed {n} samples into {args.dst} ({size / 2**20:.1f} MiB)")
     return 0
@@ -46,6 +47,8 @@ def _info(args) -> int:
         lengths = store.lengths.astype(np.int64)
         print(f"store          {args.path}")
         print(f"format version {store.version}")
+        print(f"placement      {store.placement}" +
+              (f" (seed {store.placement_seed})" if store.placement == "shuffled" else ""))
         print(f"file size      {store.file_bytes} bytes ({store.file_bytes / 2**20:.1f} MiB)")
         print(f"samples        {len(store)}")
         if len(store):
@@ -67,10 +70,16 @@ def _info(args) -> int:
 
 def register(subparsers) -> None:
     backends = ("auto", "io_uring", "pread")
-    p = subparsers.add_parser("pack", help="pack an image folder into one store file")
-    p.add_argument("src", help="folder in ImageFolder layout: SRC/<class>/<file>")
+    p = subparsers.add_parser("pack", help="pack an image folder (or convert an older store) "
+                                           "into one store file")
+    p.add_argument("src", help="folder in ImageFolder layout (SRC/<class>/<file>), or a store "
+                               "file to convert (format version 1) or repack")
     p.add_argument("dst", help="store file to write (replaced atomically)")
     p.add_argument("--backend", choices=backends, default="auto")
+    p.add_argument("--no-shuffle", action="store_true",
+                   help="lay samples out in id order (default: a seeded shuffle, so that "
+                        "neighbours on disk are unrelated samples)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the placement shuffle")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_pack)
 

@@ -176,8 +176,7 @@ class CachedDataset(Dataset):
         chain: the peer node that is home to the id (cluster=), the local SSD tier (ssd=), the
         store; what this node keeps is offered to the cache (admitted by its policy) and what the
         cache refused to the SSD tier (written behind, off this path). The one miss path of every
-        reader (fetch_bytes, sc.CachedLoader). One caller at a time per process: the Cluster's
-        connections (one per peer per process) take one request at a time."""
+        reader (fetch_bytes, sc.CachedLoader); see fetch_missing_now for who may overlap."""
         board = board_for(self.cache)
         if board is not None and board.prefetcher_pid:
             # What the node's prefetcher is reading, or holds, is read once: wait for it to be
@@ -205,22 +204,32 @@ class CachedDataset(Dataset):
         return self.fetch_missing_now(ids)
 
     def fetch_missing_now(self, ids: list, admit: bool = True) -> list:
-        """fetch_missing without waiting for the prefetcher: the tier chain, under the lock;
-        admit=False: read only (nothing offered to the cache or given to the SSD tier)."""
+        """fetch_missing without waiting for the prefetcher: the tier chain; admit=False: read
+        only (nothing offered to the cache or given to the SSD tier). One caller at a time per
+        process when there is a cluster (its connections, one per peer per process, take one
+        request at a time) or the store reads whole extents (the process's stage of extent mates;
+        two callers would read one extent twice); otherwise callers overlap (one thread's store
+        read with another's SSD tier read and admission: the batched reads release the GIL)."""
         if not ids:
             return []
-        if self._lock_pid != os.getpid():
-            # a forked child (a DataLoader worker) inherits the lock as it was at the fork: taken,
-            # if a thread of the parent was reading misses then, by a thread it does not have
-            self._miss_lock, self._lock_pid = threading.Lock(), os.getpid()
-        with self._miss_lock:
+        if self.cluster is None and getattr(self.store, "extent_layout", None) is None:
             r = self.chain.read(ids)
             if admit:
                 self.chain.admit(r)
+        else:
+            if self._lock_pid != os.getpid():
+                # a forked child (a DataLoader worker) inherits the lock as it was at the fork:
+                # taken, if a thread of the parent was reading misses then, by a thread it does
+                # not have
+                self._miss_lock, self._lock_pid = threading.Lock(), os.getpid()
+            with self._miss_lock:
+                r = self.chain.read(ids)
+                if admit:
+                    self.chain.admit(r)
         self.counters.add(**{f"{name}_{field}": v for name, c in r.counts.items()
                              for field, v in (("calls", 1), ("hits", c.hits), ("bytes", c.bytes),
                                               ("ns", c.ns))})
-        return r.values
+        return r.asked_values
 
     def __getitems__(self, ids):
         a = self.check_ids(ids)

@@ -389,6 +389,16 @@ def run(cache_name, chain, options, parent_pid):
         board.count(ep, prefetched=int(got.size),
                     prefetched_bytes=int(sum(len(d) for d, a in zip(data, admitted) if a)))
 
+    def asked_part(read, ep):
+        """The part of a read that was asked for. The extent mates the store read along with it
+        (positions from read.asked on, tiers.Read) are offered to the cache now, by their scores,
+        so that they are not read again at their turn; the asked part is held or offered as
+        usual. mu held."""
+        if read.asked == read.ids.size:
+            return read
+        landed(read.part(np.arange(read.asked, read.ids.size)), ep)
+        return read.part(np.arange(read.asked))
+
     def hand_over(everything: bool = False):
         """Offers the held samples a reader waits for (WANTED), and those no reader will ask for
         any more (their turn is a window behind the cursors, or no published order reads them
@@ -521,6 +531,7 @@ def run(cache_name, chain, options, parent_pid):
                     pace.saw_batch(time.monotonic() - t_sub)
                 with mu:
                     inflight.popleft()
+                    read = asked_part(read, ep)
                     if copies:
                         held.add(read, ep, at, nb)
                         hand_over()           # what a reader already waits for
@@ -536,7 +547,7 @@ def run(cache_name, chain, options, parent_pid):
         with mu:
             while inflight:
                 ids, ep, nb, _, at = inflight.popleft()
-                read = tier.take()
+                read = asked_part(tier.take(), ep)
                 if copies:
                     held.add(read, ep, at, nb)
                 else:

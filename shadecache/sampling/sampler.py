@@ -53,6 +53,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Sampler
 
+from .extents import DEFAULT_WINDOW, ExtentLayout, arrange, store_of
 from .importance import ImportanceTable
 from .stalls import StallPlanner, StallView
 from ..lookahead.publish import board_for, publish_ahead, published_iter, rewrite_published
@@ -94,6 +95,17 @@ class ShadeSampler(Sampler):
     epoch_size       samples per epoch over all ranks (default N)
     smoothing        the floor of the loss-trend blend (see ImportanceTable)
     num_replicas/rank  default: from torch.distributed when initialized, else 1/0
+    order            "uniform": the sequence is a shuffle of the draw; "extents": the draw arranged
+                     as a shuffle of the store's extents, samples shuffled within each window of
+                     `extent_window` extents (shadecache/sampling/extents.py; with a cache, the
+                     cached samples still go first and the misses follow in extent order);
+                     "auto" (default): "extents" when the packed store behind the data source (or
+                     `store`) is IOPS-bound (store.iops_bound: its samples are under a quarter of
+                     what the device transfers in the time of one request, measured at open), else
+                     "uniform". The draw itself (which ids, how often) is the same in both.
+    extent_window    extents whose samples are shuffled together (default 16)
+    extent_bytes     bytes of one extent (default: 16 x the store's gap threshold, 64 KiB-8 MiB)
+    store            the packed store (default: data_source, or data_source.store)
     """
 
     def __init__(self, data_source, cache=None, batch_size: int = 64, rep_factor: float = 1.0,
@@ -101,7 +113,8 @@ class ShadeSampler(Sampler):
                  coverage_epochs=2, epoch_size=None, smoothing: float = 0.5,
                  draw: str = "systematic", temper: float = 0.0, substitute=0.0,
                  stalls: bool = True, stall_budget: float = 0.3, stall_speeds=None,
-                 num_replicas=None, rank=None):
+                 num_replicas=None, rank=None, order: str = "auto",
+                 extent_window: int = DEFAULT_WINDOW, extent_bytes=None, store=None):
         n = data_source if isinstance(data_source, (int, np.integer)) else len(data_source)
         if n < 1:
             raise ValueError(f"ShadeSampler needs at least one sample, got {n}")
@@ -147,6 +160,12 @@ class ShadeSampler(Sampler):
             raise ValueError(f"epoch_size must be at least 1, got {epoch_size!r}")
         self.num_samples = math.ceil(size / self.num_replicas)     # this rank's share
         self.total_size = self.num_samples * self.num_replicas
+        self.extents = self._extent_layout(order, store if store is not None else store_of(data_source),
+                                           extent_bytes)
+        self.order_kind = "uniform" if self.extents is None else "extents"
+        if int(extent_window) < 1:
+            raise ValueError(f"extent_window must be >= 1, got {extent_window}")
+        self.extent_window = int(extent_window)
         self.table = ImportanceTable(self.n, self.batch_size, smoothing)
         self.last_drawn = np.full(self.n, -1, dtype=np.int64)   # last epoch each id was trained
         self.coverage_history = []                              # distinct ids trained / N, per epoch
@@ -171,6 +190,22 @@ class ShadeSampler(Sampler):
         self._scored = False        # update() has given scores (has_scores)
         self._warned_unmerged = False
         self._push_scores(np.arange(self.n, dtype=np.int64), self.table.scores)
+
+    def _extent_layout(self, order, store, extent_bytes):
+        if order not in ("auto", "uniform", "extents"):
+            raise ValueError(f"order must be 'auto', 'uniform' or 'extents', got {order!r}")
+        if order == "uniform" or (order == "auto" and (store is None or not store.iops_bound)):
+            return None
+        if store is None:
+            raise ValueError("order='extents' needs the packed store: pass store=, or a data "
+                             "source over one (a PackedStore, a CachedDataset of one)")
+        if len(store) != self.n:
+            raise ValueError(f"the store has {len(store)} samples, the data set {self.n}")
+        layout = ExtentLayout.of_store(store, extent_bytes)
+        # misses now come an extent at a time: the miss path reads whole extents and keeps the
+        # samples due later in the window (tiers.py, extent mates)
+        store.read_whole_extents(layout)
+        return layout
 
     @classmethod
     def defaults(cls) -> dict:
@@ -258,6 +293,8 @@ class ShadeSampler(Sampler):
 
     def _draw_share(self):
         g, forced = self.global_draw()
+        if self.extents is not None:   # the same arrangement on every rank (one rng stream)
+            g = arrange(g, self.extents, self.extent_window, self._rng(7))
         share = g[self.rank::self.num_replicas].copy()
         rng = self._rng(1 + self.rank)
         stats = {"substituted": 0, "planned_hits": 0}

@@ -65,6 +65,16 @@ def slot_bytes(n: int) -> int:
     return max(16, -(-n // g) * g)
 
 
+def slot_bytes_of(lengths: np.ndarray) -> np.ndarray:
+    """slot_bytes of every length (an int64 array), as arrays."""
+    n = np.asarray(lengths, dtype=np.int64)
+    bits = np.zeros(n.size, dtype=np.int64)
+    pos = n > 0
+    bits[pos] = np.floor(np.log2(n[pos])).astype(np.int64) + 1     # n.bit_length()
+    g = np.maximum(16, np.left_shift(1, np.maximum(0, bits - 4)))
+    return np.maximum(16, -(-n // g) * g)
+
+
 def entry(i: int, size: int, slot: int, length: int, crc: int) -> bytes:
     head = ENTRY.pack(i, size, slot, length, crc, 0, 0)[:28]
     return head + struct.pack("<I", crc32c(head))

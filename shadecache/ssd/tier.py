@@ -15,11 +15,16 @@ removed and reported as a miss, so the caller reads the store instead and nothin
 returned; a torn journal entry is dropped on replay.
 
 Reads are one native batch without the GIL (csrc/io/tier_reader.h): the index gives each id's
-descriptor, offset, length and crc32c (numpy, no per-sample Python), then one read per value by
-offset through io_uring (the pread pool where io_uring is refused), all in one batch, checked as
-they complete: the packed store's read_many cost. Writes happen off the read path, in one
-background thread per process, fed by a bounded queue (when the queue is full the sample is
-simply not written). `capacity_bytes` bounds the bytes of the slots held (a value takes
+descriptor, offset, length and crc32c (numpy, no per-sample Python), then the values are read by
+offset through io_uring (the pread pool where io_uring is refused), all in one batch, values of one
+file at most `gap_bytes` apart in one read, checked as they complete: the packed store's
+read_many cost. Writes happen off the read path, in one background thread per process, fed by a
+bounded queue of batches (at most `queue_size` values and `queue_bytes` bytes queued; what does
+not fit is simply not written). A batch's values go into neighbouring slots in the order given,
+written with one pwrite per run of slots, so that the samples of one store extent, offered
+together in disk order (the tier chain does), come back in one read. put_many itself does no
+per-sample work for what the writer would refuse anyway: ids the tier holds, and, when the tier
+has no room left, ids that score no higher than the lowest score it holds (checked as arrays). `capacity_bytes` bounds the bytes of the slots held (a value takes
 ssd_layout.slot_bytes(len) bytes: at most 12.5% more than its length). Over budget, the writer
 evicts the samples with the lowest importance score in the cache's shared score table
 (`cache=`), or in id order without one, and admits a newcomer only when it scores higher than
@@ -51,15 +56,16 @@ import numpy as np
 from .. import _io, node_files
 from .._io import crc32c
 from ..errors import FingerprintError
-from .layout import MAX_ID, REMOVED, Layout, entry, slot_bytes
+from .layout import MAX_ID, REMOVED, Layout, entry, slot_bytes, slot_bytes_of
 
-_BATCH = 256     # values the writer takes from its queue per journal append
+_BATCH = 256     # values the writer gathers from its queue before a round
+_ROUND = 1024    # values written per journal append at most (the locks are held for one round)
 _DISK_FULL_RETRY = 60.0   # seconds after ENOSPC before a slot file is grown again
 
 
 class SSDTier:
-    def __init__(self, path, capacity_bytes: int, cache=None, queue_size: int = 4096, queue_depth: int = 64,
-                 fingerprint=None):
+    def __init__(self, path, capacity_bytes: int, cache=None, queue_size: int = 65536, queue_depth: int = 64,
+                 fingerprint=None, queue_bytes: int = 64 << 20, gap_bytes: int = 32 << 10):
         if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int) or capacity_bytes < 0:
             raise ValueError(f"capacity_bytes must be an int >= 0, got {capacity_bytes!r}")
         # "dir/" and "dir/." are "dir": a link there is refused, never followed (node_files).
@@ -75,7 +81,12 @@ class SSDTier:
             warnings.warn(f"shadecache: SSD tier {self.path} holds directories of the old "
                           "one-file-per-sample layout; they are ignored (remove them to free the disk)",
                           RuntimeWarning, stacklevel=2)
+        for name, v in (("queue_size", queue_size), ("queue_bytes", queue_bytes), ("gap_bytes", gap_bytes)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {v!r}")
         self.queue_size = queue_size
+        self.queue_bytes = queue_bytes
+        self.gap_bytes = gap_bytes
         self.queue_depth_io = int(queue_depth)
         self._layout = None
         self._setup()
@@ -95,7 +106,10 @@ class SSDTier:
         self._mu = threading.Lock()    # the index arrays (Layout's do_* methods)
         self._layout = Layout(self.path)
         self._reader = None            # _io.TierReader, made in the process that reads
-        self._queue = queue.Queue(self.queue_size)
+        self._queue = queue.Queue()    # batches [(id, bytes)]; bounded by _queued (values, bytes)
+        self._qmu = threading.Lock()   # _queued
+        self._queued = [0, 0]          # values and bytes queued, not yet written
+        self._floor = (-1.0, None)     # (monotonic time, lowest score held) of the last look
         self._thread = None
         self.disabled = None           # why writes stopped, or None
         self._disk_full = 0.0          # until when (monotonic) no slot file is grown: ENOSPC
@@ -104,7 +118,7 @@ class SSDTier:
 
     def __reduce__(self):
         return (SSDTier, (self.path, self.capacity_bytes, self.cache, self.queue_size, self.queue_depth_io,
-                          self.fingerprint))
+                          self.fingerprint, self.queue_bytes, self.gap_bytes))
 
     def bind_store(self, store) -> None:
         """bind(store.fingerprint) when the store has one (a store without one binds nothing):
@@ -174,7 +188,7 @@ class SSDTier:
         where each value is; one native batch reads and checks them all without the GIL."""
         self._mine()
         if self._reader is None:
-            self._reader = _io.TierReader("auto", self.queue_depth_io)
+            self._reader = _io.TierReader("auto", self.queue_depth_io, self.gap_bytes)
         t0 = time.perf_counter_ns()
         lay = self._layout
         with self._mu:
@@ -219,23 +233,84 @@ class SSDTier:
 
     # ---- writes (background) -----------------------------------------------------------------
     def put_many(self, ids, values) -> None:
-        """Queues the samples to be written; returns at once (a full queue drops them)."""
+        """Queues the samples to be written, in this order (neighbouring slots); returns at once.
+        Left out without per-sample work: ids the tier holds, ids past MAX_ID, and, when the tier
+        has no room for them, those that score no higher than the lowest score it holds (the
+        writer would refuse them); what does not fit the queue is dropped (counted)."""
         self._mine()
         if self.disabled is not None or self.capacity_bytes == 0:
             return
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._writer, name="shadecache-ssd-writer", daemon=True)
-            self._thread.start()
-        for i, v in zip(ids, values):
-            try:
-                self._queue.put_nowait((int(i), bytes(v)))
-            except queue.Full:
-                self.counters["dropped"] += 1
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if ids.size != len(values):
+            raise ValueError(f"put_many got {ids.size} ids but {len(values)} values")
+        if not ids.size:
+            return
+        keep = self._worth_writing(ids, values)
+        if not keep.any():
+            return
+        pos = np.flatnonzero(keep).tolist()
+        batch, nbytes = [], 0
+        with self._qmu:
+            room_values = self.queue_size - self._queued[0]
+            room_bytes = self.queue_bytes - self._queued[1]
+            for k in pos:
+                v = values[k]
+                if len(batch) >= room_values or nbytes + len(v) > room_bytes:
+                    break
+                batch.append((int(ids[k]), bytes(v)))
+                nbytes += len(v)
+            self._queued[0] += len(batch)
+            self._queued[1] += nbytes
+        self.counters["dropped"] += len(pos) - len(batch)
+        if batch:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._writer, name="shadecache-ssd-writer", daemon=True)
+                self._thread.start()
+            self._queue.put(batch)
+
+    def _worth_writing(self, ids: np.ndarray, values) -> np.ndarray:
+        """Bool mask of the ids the writer could admit: not held, in range, and, past the room the
+        budget has left (queued bytes counted as taken), scoring above the lowest held score (the
+        writer's own rule, _admit; that floor is looked up at most every 0.2 s)."""
+        size = self._layout.size   # read without mu: a stale answer only costs the writer a look
+        keep = (ids >= 0) & (ids <= MAX_ID)
+        inside = keep & (ids < size.size)
+        keep[inside] &= size[ids[inside]] < 0
+        if not keep.any():
+            return keep
+        scores = self.cache.scores() if self.cache is not None else None
+        if scores is None:
+            return keep
+        room = self.capacity_bytes - self._layout.used - self._queued[1]
+        slots = slot_bytes_of(np.fromiter(map(len, (values[k] for k in np.flatnonzero(keep).tolist())),
+                                          np.int64))
+        fits = np.cumsum(slots) <= room
+        if fits.all():
+            return keep
+        floor = self._lowest_held(scores)
+        if floor is None:
+            return keep
+        pos = np.flatnonzero(keep)
+        rest = pos[~fits]
+        inrange = ids[rest] < scores.size
+        keep[rest] = inrange & (scores[np.minimum(ids[rest], scores.size - 1)] > floor)
+        return keep
+
+    def _lowest_held(self, scores):
+        t, floor = self._floor
+        now = time.monotonic()
+        if now - t < 0.2:
+            return floor
+        size = self._layout.size
+        held = np.flatnonzero(size[:scores.size] >= 0)
+        floor = float(scores[held].min()) if held.size else None
+        self._floor = (now, floor)
+        return floor
 
     def flush(self, timeout: float = 30.0) -> None:
         """Waits until everything queued so far is written (tests, benchmarks, shutdown)."""
         deadline = time.monotonic() + timeout
-        while self._queue.unfinished_tasks and time.monotonic() < deadline:
+        while self._queued[0] and time.monotonic() < deadline:
             time.sleep(0.005)
 
     def close(self, timeout: float = 30.0) -> None:
@@ -262,35 +337,37 @@ class SSDTier:
 
     def _writer(self):
         while True:
-            first = self._queue.get()
-            if first is None:   # close()
-                self._queue.task_done()
+            item = self._queue.get()
+            if item is None:   # close()
                 return
-            batch, stop = [first], False
-            while len(batch) < _BATCH:
+            batch, stop = list(item), False
+            while len(batch) < _BATCH:   # more rounds in one journal append
                 try:
                     item = self._queue.get_nowait()
                 except queue.Empty:
                     break
                 if item is None:   # close() right behind: write this batch, then end
-                    self._queue.task_done()
                     stop = True
                     break
-                batch.append(item)
+                batch.extend(item)
             try:
-                if self.disabled is None:
-                    self._write(batch)
+                # rounds of at most _ROUND values: the file lock and mu are held for one round
+                for at in range(0, len(batch), _ROUND):
+                    if self.disabled is None:
+                        self._write(batch[at:at + _ROUND])
             except Exception as e:   # keep the thread alive; the samples are simply not kept
                 self._disable(f"SSD tier {self.path}: unexpected error writing: {e!r}; writes disabled")
             finally:
-                for _ in batch:
-                    self._queue.task_done()
+                with self._qmu:
+                    self._queued[0] -= len(batch)
+                    self._queued[1] -= sum(len(v) for _, v in batch)
             if stop:
                 return
 
     def _write(self, batch):
         """One journal round: under the file lock, evictions (remove entries appended first),
-        then every value into its slot, then their put entries in one append."""
+        then every value into its slot (a run of neighbouring slots in one pwrite), then their
+        put entries in one append."""
         lay = self._layout
         with lay.locked(), self._mu:
             lay.do_open_journal()
@@ -312,32 +389,60 @@ class SSDTier:
                     room[s] -= 1
                 plan = kept
             plan = self._admit(plan)
-            puts, taken, failed = [], [], None
+            slotted, failed = [], None
             for i, v, s in plan:
                 try:
-                    k = lay.take_slot(s)
+                    slotted.append((i, v, s, lay.take_slot(s)))
                 except OSError as e:
                     failed = e
                     break
-                try:
-                    os.pwrite(lay.fd(s), v, k * s)
-                except OSError as e:
+            written = self._write_runs(lay, slotted)
+            if len(written) < len(slotted):
+                for _, _, s, k in slotted[len(written):]:
                     lay.give_back(s, k)
-                    failed = e
-                    break
-                puts.append(entry(i, s, k, len(v), crc32c(v)))
-                taken.append((s, k, len(v)))
+                failed = failed or self._run_error
+            puts = [entry(i, s, k, len(v), crc32c(v)) for i, v, s, k in written]
             try:
                 lay.append(puts)
             except OSError as e:   # no put entry kept: the slots are free again
-                for s, k, _ in taken:
+                for _, _, s, k in written:
                     lay.give_back(s, k)
-                failed, taken = e, []
-            self.counters["writes"] += len(taken)
-            self.counters["bytes_written"] += sum(n for _, _, n in taken)
+                failed, written = e, []
+            self.counters["writes"] += len(written)
+            self.counters["bytes_written"] += sum(len(v) for _, v, _, _ in written)
             if failed is not None:   # after the append: a shrunk budget counts what was written
                 self._write_failed(failed)
             lay.compact_if_needed()
+
+    _run_error = None
+
+    def _write_runs(self, lay, slotted) -> list:
+        """Writes each value into its slot: a run of neighbouring slots of one file as one pwrite
+        (the slots' slack zero-filled). Returns the prefix of `slotted` written; the first failure
+        is kept in _run_error."""
+        self._run_error = None
+        done, j = 0, 0
+        while j < len(slotted):
+            s, k0 = slotted[j][2], slotted[j][3]
+            e = j + 1
+            while e < len(slotted) and e - j < 2048 and slotted[e][2] == s and slotted[e][3] == k0 + (e - j):
+                e += 1
+            if e - j == 1:
+                buf = slotted[j][1]
+            else:
+                buf = bytearray((e - j) * s)
+                for r in range(j, e):
+                    v = slotted[r][1]
+                    at = (r - j) * s
+                    buf[at:at + len(v)] = v
+            try:
+                if os.pwrite(lay.fd(s), buf, k0 * s) != len(buf):
+                    raise OSError(errno.EIO, "short write")
+            except OSError as err:
+                self._run_error = err
+                return slotted[:done]
+            done = j = e
+        return slotted[:done]
 
     def _admit(self, plan):
         """The planned values that fit the budget, after evicting (lowest score first) what they
@@ -405,6 +510,8 @@ class SSDTier:
             items, used, torn = self._layout.items, self._layout.used, self._layout.torn
         d = dict(self.counters)
         d["mean_get_seconds"] = d["read_ns"] / d["calls"] / 1e9 if d["calls"] else 0.0
+        # reads this process issued (values of one file at most gap_bytes apart: one read)
+        d["read_requests"] = self._reader.requests if self._reader is not None else 0
         d.update(items=items, bytes_used=used, capacity_bytes=self.capacity_bytes, torn_entries=torn,
                  disabled=self.disabled, path=self.path)
         return d

@@ -5,6 +5,7 @@
   folder.py    FolderStore (one file per sample, an ImageFolder tree)
   reader.py    what the two share over their native reader (csrc/io: io_uring, or the pread pool)
   writer.py    PackWriter and pack(): write a packed store
+  legacy.py    reads a store of format version 1, for `shadecache pack OLD NEW` to convert
 """
 from .folder import FolderStore, scan_image_folder  # noqa: F401
 from .packed import FORMAT_VERSION, PackedStore  # noqa: F401

@@ -22,6 +22,8 @@ from .reader import NativeStore, check_backend_args, native_path, warn_fallback
 __all__ = ["PackedStore", "PackedStream", "FORMAT_VERSION"]
 
 FORMAT_VERSION = _io.FORMAT_VERSION
+DEFAULT_MAX_EXTENT = 8 << 20   # bytes of one read request at most (unless one sample is larger)
+IOPS_BOUND_FACTOR = 4          # see PackedStore.iops_bound
 
 
 class PackedStore(NativeStore):
@@ -29,15 +31,23 @@ class PackedStore(NativeStore):
 
     backend: "auto" (io_uring, or the pread pool with a one-time warning when io_uring is
     refused), "io_uring" (refusal is an error) or "pread". direct: read with O_DIRECT (bypass the
-    page cache; samples are 4096-aligned for it). queue_depth: reads kept in flight per batch.
-    verify: check every sample's crc32c (a mismatch raises CorruptSampleError).
+    page cache; each read is widened to the 4096-byte blocks that cover it). queue_depth: reads kept in flight per batch.
+    verify: check every sample's crc32c (a mismatch raises CorruptSampleError). A store of an
+    older format version is refused (StoreFormatError) with the command that converts it.
+
+    Reads of a batch are coalesced into extents (csrc/io/extent_read.h): samples whose bytes lie
+    at most `gap_bytes` apart are read in one request. gap_bytes=None: from the device, measured
+    at open (`device`: under a second of reads; not for stores under 16 MiB, where it is 0), or from
+    `device={"iops": ..., "bandwidth": ...}` when given. max_extent_bytes caps one request.
 
     Fork-safe: a forked DataLoader worker builds its own ring on first use; spawned workers get
     the store by pickling, which reopens it by path with the same options.
     """
 
     def __init__(self, path: str | os.PathLike, backend: str = "auto", direct: bool = False,
-                 queue_depth: int = 64, verify: bool = True):
+                 queue_depth: int = 64, verify: bool = True, *, gap_bytes: int | None = None,
+                 max_extent_bytes: int = DEFAULT_MAX_EXTENT, device: dict | None = None,
+                 extent_layout=None):
         check_backend_args(backend, queue_depth)
         self.path = os.fspath(path)
         self._options = (backend, bool(direct), int(queue_depth), bool(verify))
@@ -47,6 +57,15 @@ class PackedStore(NativeStore):
                                    bool(verify))
         tune_malloc_once()
         warn_fallback(self._r.fallback_reason)
+        self.device = _device_profile(self, device)
+        if gap_bytes is None:
+            gap_bytes = self.device["gap_bytes"]
+        elif not isinstance(gap_bytes, (int, np.integer)) or gap_bytes < 0:
+            raise ValueError(f"gap_bytes must be None or an integer >= 0, not {gap_bytes!r}")
+        self._r.set_shape(int(gap_bytes), int(max_extent_bytes))
+        self._shape_options = {"gap_bytes": int(gap_bytes), "max_extent_bytes": int(max_extent_bytes),
+                               "device": self.device}
+        self.extent_layout = extent_layout
         self._labels = self._r.labels()
         self._labels.flags.writeable = False
         self._lengths = None
@@ -65,6 +84,31 @@ class PackedStore(NativeStore):
     @property
     def version(self) -> int:
         return self._r.version
+
+    @property
+    def placement(self) -> str:
+        """How samples lie in the file: "shuffled" (a seeded shuffle of the ids, pack's default)
+        or "as written" (id order)."""
+        return self._r.placement
+
+    @property
+    def placement_seed(self) -> int:
+        return self._r.placement_seed
+
+    @property
+    def _placement_bytes(self) -> bytes:
+        import struct
+        return struct.pack("<IIQ", 1 if self.placement == "shuffled" else 0, 0, self.placement_seed)
+
+    def disk_order(self) -> np.ndarray:
+        """The ids in the order their bytes lie in the file (int64): neighbours in this array are
+        neighbours on disk, which a read of one extent gets together."""
+        return self._r.disk_order()
+
+    @property
+    def data_bytes(self) -> int:
+        """Bytes of sample data (the sum of all lengths)."""
+        return self._r.data_bytes
 
     @property
     def file_bytes(self) -> int:
@@ -143,15 +187,89 @@ class PackedStore(NativeStore):
                 bar.update(count)
         return bad
 
+    @property
+    def gap_bytes(self) -> int:
+        """Neighbours on disk at most this many bytes apart are read in one request (an
+        extent). From the device's measured cost of a request unless given at open."""
+        return self._r.shape[0]
+
+    @property
+    def iops_bound(self) -> bool:
+        """Whether a read of one sample costs the device at least IOPS_BOUND_FACTOR (4) times
+        more in its request than in its bytes (the mean sample is under a quarter of what the
+        device transfers in the time of one request): then reads of whole extents, and the order
+        that reads them (ShadeSampler's extent order), pay off. Below that factor they do not:
+        an extent's read also carries the samples the cache holds inside it (measured:
+        BENCHMARKS.md, "Reads shaped for the device", 100 KB samples)."""
+        n = len(self)
+        return bool(n) and IOPS_BOUND_FACTOR * self.data_bytes / n < self.device["gap_bytes"]
+
+    def read_whole_extents(self, layout) -> None:
+        """From now on the tier chain reads the whole extents (shadecache/sampling/extents.py's
+        ExtentLayout) that the ids it misses touch, and keeps their other samples (tiers.Read's
+        mates: the cache by its policy, else the process's stage) instead of reading them again
+        when their turn comes.
+        ShadeSampler sets this when it draws the extent order; None stops it. Travels with a
+        pickled store (spawned workers)."""
+        self.extent_layout = layout
+
+    def extent_mates(self, ids) -> np.ndarray:
+        """The ids a read of the extents of `ids` brings besides them (empty unless
+        read_whole_extents was given a layout)."""
+        if self.extent_layout is None:
+            return np.empty(0, dtype=np.int64)
+        wide = self.extent_layout.widen(ids)
+        return wide[~np.isin(wide, np.asarray(ids, dtype=np.int64))]
+
+    def io_counters(self) -> dict:
+        """What this process's reads of the store asked of the device: samples handed out, read
+        requests issued (extents) and bytes requested (gaps and O_DIRECT widening included)."""
+        return self._r.counters()
+
     def close(self) -> None:
         self._r.close()
 
     def __reduce__(self):
-        return (PackedStore, (self.path,) + self._options)
+        return (_reopen, (self.path, self._options,
+                          {**self._shape_options, "extent_layout": self.extent_layout}))
 
     def __repr__(self) -> str:
         return (f"PackedStore({self.path!r}, {len(self)} samples, backend={self.backend!r}, "
                 f"direct={self.direct}, queue_depth={self.queue_depth})")
+
+
+def _reopen(path, options, shape_options):
+    return PackedStore(path, *options, **shape_options)
+
+
+# A store smaller than this is not probed (its reads are few, and the page cache holds it soon):
+# extents then merge touching samples only.
+_PROBE_MIN_BYTES = 16 << 20
+_GAP_CAP = 1 << 20
+
+
+def _device_profile(store: "PackedStore", given: dict | None) -> dict:
+    """What a read request costs on the store's device: {iops, bandwidth, gap_bytes, source}.
+    gap_bytes = bandwidth / iops, the bytes the device transfers in the time of one request, so
+    reading a gap up to it never costs more than one more request would (capped at 1 MiB)."""
+    if given is not None and given.get("iops") is None and given.get("gap_bytes") == 0:
+        return dict(given)     # "not measured" carried over by pickling
+    if given is not None:
+        try:
+            iops, bw = float(given["iops"]), float(given["bandwidth"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError("device must be a dict with 'iops' and 'bandwidth' (numbers > 0), "
+                             f"not {given!r}") from None
+        if not (iops > 0 and bw > 0):
+            raise ValueError(f"device iops and bandwidth must be > 0, not {given!r}")
+        source = given.get("source", "given")
+    elif store.data_bytes < _PROBE_MIN_BYTES:
+        return {"iops": None, "bandwidth": None, "gap_bytes": 0, "source": "not measured (small store)"}
+    else:
+        iops, bw, direct = store._r.probe_device()
+        source = "measured" + (" (O_DIRECT)" if direct else " (buffered)")
+    gap = int(min(_GAP_CAP, bw / iops))
+    return {"iops": iops, "bandwidth": bw, "gap_bytes": gap, "source": source}
 
 
 class PackedStream:
@@ -187,7 +305,6 @@ class PackedStream:
         self.close()
 
 
-_ENTRY = np.dtype([("offset", "<u8"), ("length", "<u4"), ("crc", "<u4"), ("label", "<i8")])
 _HEADER_SUMMED = 124          # header bytes [0, 124): everything but the header's own crc
 _FINGERPRINT_CHUNK = 16 << 20
 
@@ -195,8 +312,10 @@ _FINGERPRINT_CHUNK = 16 << 20
 def _fingerprint_of(path: str, identity: tuple, store: "PackedStore") -> str:
     """sha256 of a packed store's header, directory and metadata (the layout of
     docs/store_format.md), read again from `path`. What is read must be what `store` validated at
-    open: the same file (device and inode), the same size, sample count, lengths, labels and
-    metadata; a file replaced or rewritten in place since (`cp other.shc path`) is refused."""
+    open: the same file (device and inode), the same size and sample count, a directory with the
+    checksum it had (it holds every sample's length, checksum and label, and the header its
+    placement) and the same metadata; a file replaced or rewritten in place since
+    (`cp other.shc path`) is refused."""
     import hashlib
     import struct
 
@@ -211,10 +330,12 @@ def _fingerprint_of(path: str, identity: tuple, store: "PackedStore") -> str:
         if len(header) != _HEADER_SUMMED:
             raise StoreFormatError(f"{path}: truncated header while taking the fingerprint")
         h.update(header)
-        num_samples, dir_offset, dir_bytes = struct.unpack_from("<QQQ", header, 24)
-        meta_offset, meta_bytes, file_bytes = struct.unpack_from("<QQQ", header, 56)
+        (num_samples,) = struct.unpack_from("<Q", header, 24)
+        dir_offset, dir_bytes = struct.unpack_from("<QQ", header, 48)
+        (dir_crc,) = struct.unpack_from("<I", header, 64)
+        meta_offset, meta_bytes, file_bytes = struct.unpack_from("<QQQ", header, 72)
         changed = (num_samples != len(store) or file_bytes != store.file_bytes
-                   or dir_bytes != num_samples * _ENTRY.itemsize)
+                   or dir_crc != store._r.dir_crc or header[96:112] != store._placement_bytes)
         parts = {}
         for part, start, size in (("dir", dir_offset, dir_bytes), ("meta", meta_offset, meta_bytes)):
             if changed:
@@ -229,9 +350,7 @@ def _fingerprint_of(path: str, identity: tuple, store: "PackedStore") -> str:
             h.update(buf)
             parts[part] = buf
         if not changed:
-            entries = np.frombuffer(parts["dir"], dtype=_ENTRY)
-            changed = (not np.array_equal(entries["length"], store.lengths)
-                       or not np.array_equal(entries["label"], store.labels)
+            changed = (_io.crc32c(bytes(parts["dir"])) != store._r.dir_crc
                        or bytes(parts["meta"]) != store._r.meta)
         if changed:
             raise StoreFormatError(f"{path} was rewritten since the store was opened; reopen it "

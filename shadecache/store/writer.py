@@ -1,9 +1,15 @@
 """Writing a packed store (format: docs/store_format.md).
 
 - ``PackWriter``: appends samples to a temporary file and publishes it atomically on ``close()``.
-- ``pack``: packs a folder (ImageFolder layout), a list of (path, label) files, or any map-style
-  data set yielding (bytes-like, label) into one store; files are read in batches through a
-  FolderStore (io_uring where available).
+- ``pack``: packs a folder (ImageFolder layout), a list of (path, label) files, a store file (of
+  this format, or of version 1: the conversion), or any map-style data set yielding (bytes-like,
+  label) into one store; files are read in batches through a FolderStore (io_uring where
+  available).
+
+Placement: by default the samples are laid out in a seeded shuffle of their ids (the seed is kept
+in the header), so that neighbours on disk are unrelated samples while ids stay the order they
+were added in: a read of a run of neighbours (an extent, docs/store_format.md) is then a random
+draw of the data set, whatever order the source had (an ImageFolder is sorted by class).
 """
 from __future__ import annotations
 
@@ -65,12 +71,20 @@ class PackWriter:
     temporary file; an existing store at ``path`` is replaced only by a successful close.
     """
 
-    def __init__(self, path: str | os.PathLike, meta: dict | None = None):
+    def __init__(self, path: str | os.PathLike, meta: dict | None = None, *, shuffle: bool = True,
+                 seed: int = 0):
         self.path = os.fspath(path)
         if os.path.isdir(self.path):
             raise IsADirectoryError(f"PackWriter: {self.path} is a directory")
+        if not isinstance(shuffle, bool):
+            raise TypeError(f"PackWriter: shuffle must be True or False, not {shuffle!r}")
+        seed = operator.index(seed)
+        if not 0 <= seed < (1 << 64):
+            raise ValueError(f"PackWriter: seed must be in [0, 2**64), not {seed}")
         self.meta = dict(meta or {})
-        self._w = _io.PackWriter(native_path(self.path))  # bytes: see PackedStore
+        # bytes: see PackedStore. With shuffle, samples are staged in an anonymous file and laid
+        # out in placement order at close (csrc/io/pack_writer.h).
+        self._w = _io.PackWriter(native_path(self.path), shuffle, seed)
 
     def add(self, data, label: int = 0) -> int:
         """Appends one sample (any contiguous bytes-like object); returns its id."""
@@ -110,22 +124,43 @@ def _is_path(x) -> bool:
 
 
 def pack(src, dst: str | os.PathLike, *, progress: bool = True, meta: dict | None = None,
-         batch: int = 256, backend: str = "auto") -> int:
+         batch: int = 256, backend: str = "auto", shuffle: bool = True, seed: int = 0) -> int:
     """Packs ``src`` into the store file ``dst`` atomically; returns the number of samples.
 
     src may be:
     - a folder in ImageFolder layout (``src/<class>/<file>``): labels are class indices and the
       class names are kept in the store's metadata;
+    - a store file: one of this format (packed again, e.g. with another placement) or of format
+      version 1, which is converted (its metadata is kept);
     - a list of ``(path, label)`` pairs: each file becomes one sample;
     - any map-style data set (``len()`` and ``ds[i] -> (bytes-like, label)``), e.g. a PackedStore.
-    Files are read in batches through a FolderStore (io_uring where available).
+    Files are read in batches through a FolderStore (io_uring where available). shuffle/seed: the
+    placement (module docstring); ids always stay the source's order.
     """
     from tqdm import tqdm
+
+    from .legacy import VersionOneStore, format_version
+    from .packed import PackedStore
 
     dst = os.fspath(dst)
     meta = dict(meta or {})
     folder = None
-    if _is_path(src):
+    opened = None
+    if _is_path(src) and os.path.isfile(src):
+        version = format_version(src)
+        if version is None:
+            raise ValueError(f"pack: {os.fspath(src)} is a file but not a shadecache store; give a "
+                             "folder (SRC/<class>/<file>) or a store to convert")
+        if os.path.exists(dst) and os.path.samefile(src, dst):
+            raise ValueError(f"pack: the source and the destination are the same file ({dst}); "
+                             "write the converted store to another path")
+        opened = VersionOneStore(src) if version == 1 else PackedStore(src, backend=backend)
+        for k, v in opened.meta.items():
+            meta.setdefault(k, v)
+        meta["converted_from"] = {"path": os.path.abspath(os.fspath(src)), "format_version": version}
+        meta.pop("created_by", None)
+        src = opened
+    elif _is_path(src):
         folder = FolderStore(src, backend=backend)
         meta.setdefault("classes", folder.classes)
         meta.setdefault("source", os.path.abspath(os.fspath(src)))
@@ -140,14 +175,24 @@ def pack(src, dst: str | os.PathLike, *, progress: bool = True, meta: dict | Non
         raise ValueError(f"pack: the source {src!r} is empty; there is nothing to pack")
     if folder is None:
         meta.setdefault("source", type(src).__name__)
-    with PackWriter(dst, meta=meta) as w, \
+    try:
+        _write(src, folder, dst, meta, n, batch, progress, shuffle, seed, tqdm)
+    finally:
+        if opened is not None:
+            opened.close()
+    return n
+
+
+def _write(src, folder, dst, meta, n, batch, progress, shuffle, seed, tqdm) -> None:
+    batched = folder if folder is not None else (src if hasattr(src, "read_many") else None)
+    with PackWriter(dst, meta=meta, shuffle=shuffle, seed=seed) as w, \
             tqdm(total=n, unit="sample", desc=f"pack {os.path.basename(dst)}",
                  disable=not progress) as bar:
-        if folder is not None:
-            labels = folder.labels
+        if batched is not None:
+            labels = batched.labels
             for start in range(0, n, batch):
                 ids = np.arange(start, min(start + batch, n))
-                for i, data in zip(ids, folder.read_many(ids)):
+                for i, data in zip(ids, batched.read_many(ids)):
                     w.add(data, int(labels[i]))
                 bar.update(len(ids))
         else:
@@ -160,7 +205,6 @@ def pack(src, dst: str | os.PathLike, *, progress: bool = True, meta: dict | Non
                                     f"pair: {type(item).__name__}") from None
                 w.add(_contiguous_bytes(data, f"pack: item {i}"), _label(label, f"pack: item {i}"))
                 bar.update(1)
-    return n
 
 
 def _is_pair_of_path(x) -> bool:

@@ -47,7 +47,8 @@ def test_pack_verify_info(tmp_path):
                 (ln.replace("format version", "format_version").replace("I/O backend", "backend")
                  .replace("sample bytes", "sample_bytes").replace("file size", "file_size")
                  for ln in out.stdout.splitlines()))
-    assert info["format_version"].strip() == "1"
+    assert info["format_version"].strip() == "2"
+    assert info["placement"].strip() == "shuffled (seed 0)"
     assert info["samples"].strip() == "60"
     assert info["classes"].strip() == "2"
     assert info["labels"].strip() == "0:30, 1:30"
@@ -78,3 +79,22 @@ def test_cli_bad_input_is_one_clear_line(tmp_path):
     assert out.returncode == 2 and "StoreFormatError" in out.stderr and str(junk) in out.stderr
     out = cli("verify", tmp_path / "absent.shc")
     assert out.returncode == 2 and "FileNotFoundError" in out.stderr
+
+
+def test_cli_converts_a_version_one_store(tmp_path):
+    from store_layout import write_version_one
+
+    old, new = tmp_path / "old.shc", tmp_path / "new.shc"
+    data = [bytes([i]) * (300 + i) for i in range(20)]
+    write_version_one(old, data, [i % 3 for i in range(20)], meta={"classes": ["a", "b", "c"]})
+    out = cli("info", old)
+    assert out.returncode == 2 and "format version 1" in out.stderr
+    assert f"shadecache pack {old}" in out.stderr and "Traceback" not in out.stderr
+    out = cli("pack", old, new, "--seed", "5")
+    assert out.returncode == 0 and "packed 20 samples" in out.stdout, out.stderr
+    with sc.PackedStore(new) as s:
+        assert s.read_many(range(20)) == data and s.placement_seed == 5
+    out = cli("pack", old, tmp_path / "plain.shc", "--no-shuffle")
+    assert out.returncode == 0, out.stderr
+    with sc.PackedStore(tmp_path / "plain.shc") as s:
+        assert s.placement == "as written" and s.disk_order().tolist() == list(range(20))

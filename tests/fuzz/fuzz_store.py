@@ -3,16 +3,20 @@
 Input: one mode byte + the bytes of a store file. Mode bit 0: O_DIRECT; bit 1: the io_uring
 backend ("auto"), else the pread pool; bit 2: verify=False; bit 3: the file is extended with a
 hole to the size its header claims (up to 8 GiB), as a sparse file that claims gigabytes of
-directory it never wrote. Files come from the seed corpus
-(corpus/store/*.shc, written by the real PackWriter) with structure-aware mutations: header fields
-set to edge values with the header checksum recomputed, directory entries edited with the
-directory checksum recomputed, metadata replaced, samples changed with or without fixing their
-checksum, truncation, junk appended, random byte flips.
+directory it never wrote; bit 4: reads coalesced over gaps up to 64 KiB (else touching samples
+only), bit 5: extents capped at one block (4 KiB). Files come from the seed corpus
+(corpus/store/*.shc, written by the real PackWriter, shuffled and in id order) with
+structure-aware mutations: header fields set to edge values with the header checksum recomputed,
+directory entries edited (lengths, checksums, labels; lengths moved between samples so that they
+still add up) with the directory checksum recomputed, the directory re-encoded with other column
+widths, the placement or its seed changed, metadata replaced, samples changed with or without
+fixing their checksum, truncation, junk appended, random byte flips.
 
-Oracle: an independent reading of docs/store_format.md (ref_parse below). A file opens if and only
-if the reference says it is valid (else StoreFormatError); every byte handed out equals the file's
-bytes at the directory's offset, and with verify on only when their crc32c matches the directory
-(else CorruptSampleError naming the first bad id); labels, lengths, meta and verify() agree.
+Oracle: an independent reading of docs/store_format.md (ref_parse below, placement order
+included). A file opens if and only if the reference says it is valid (else StoreFormatError);
+every byte handed out equals the file's bytes at the offset the placement gives, and with verify
+on only when their crc32c matches the directory (else CorruptSampleError naming the first bad
+id); labels, lengths, meta and verify() agree.
 """
 from __future__ import annotations
 
@@ -27,22 +31,36 @@ BUDGET_MB = 256      # inputs are < 1 MiB: nothing may need more
 TIMEOUT_S = 20.0
 CALLS_PER_INPUT = None
 
-_HDR = struct.Struct("<8sIIIIQQQIIQQQ44sI")
-_ENT = struct.Struct("<QIIq")
+_HDR = struct.Struct("<8sIIIIQQQQQIIQQQIIQ12sI")
 MAGIC = b"SHDCPACK"
-(F_MAGIC, F_VERSION, F_HBYTES, F_ALIGN, F_EBYTES, F_N, F_DIR_OFF, F_DIR_BYTES, F_DIR_CRC,
- F_META_CRC, F_META_OFF, F_META_BYTES, F_FILE_BYTES, F_RESERVED, F_HCRC) = range(15)
+DIR_MAGIC = b"SHDCDIR\0"
+(F_MAGIC, F_VERSION, F_HBYTES, F_LW, F_BW, F_N, F_DATA_OFF, F_DATA_BYTES, F_DIR_OFF, F_DIR_BYTES,
+ F_DIR_CRC, F_META_CRC, F_META_OFF, F_META_BYTES, F_FILE_BYTES, F_PLACEMENT, F_RESERVED0, F_SEED,
+ F_RESERVED, F_HCRC) = range(20)
 U64 = 1 << 64
 MAX_FILE = 1 << 20
-
-
-def align_up(n):
-    return (n + 4095) // 4096 * 4096
+_U32_FIELDS = (F_VERSION, F_HBYTES, F_LW, F_BW, F_DIR_CRC, F_META_CRC, F_PLACEMENT, F_RESERVED0, F_HCRC)
 
 
 def crc32c(b) -> int:
     from shadecache import _io
     return _io.crc32c(bytes(b))
+
+
+def placement_order(n: int, seed: int) -> list:
+    """docs/store_format.md: Fisher-Yates over 0..n-1 driven by splitmix64 from the seed."""
+    order = list(range(n))
+    state = seed
+    m = U64 - 1
+    for i in range(n - 1, 0, -1):
+        state = (state + 0x9E3779B97F4A7C15) & m
+        z = state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+        z ^= z >> 31
+        j = (z * (i + 1)) >> 64
+        order[i], order[j] = order[j], order[i]
+    return order
 
 
 # ---- the reference reading of the format --------------------------------------------------------
@@ -58,36 +76,48 @@ class Sparse:
         return b + bytes(min(n, max(0, self.size - off)) - len(b))
 
 
+def _column(b: bytes, width: int, signed: bool) -> list:
+    return [int.from_bytes(b[k:k + width], "little", signed=signed) for k in range(0, len(b), width)]
+
+
 def ref_parse(f: Sparse):
-    """(None, entries, meta) for a valid store, or (reason, None, None)."""
+    """(None, entries [(offset, length, crc, label)] by id, meta) for a valid store, or
+    (reason, None, None)."""
     if f.size < _HDR.size:
         return "short", None, None
     h = _HDR.unpack(f.get(0, _HDR.size))
     if h[F_MAGIC] != MAGIC:
         return "magic", None, None
-    if h[F_VERSION] != 1:
+    if h[F_VERSION] != 2:
         return "version", None, None
     if crc32c(f.get(0, 124)) != h[F_HCRC]:
         return "header crc", None, None
-    if (h[F_HBYTES], h[F_ALIGN], h[F_EBYTES]) != (4096, 4096, 24):
+    lw, bw, n = h[F_LW], h[F_BW], h[F_N]
+    if (h[F_HBYTES] != 4096 or lw not in (1, 2, 4) or bw not in (1, 2, 4, 8)
+            or h[F_PLACEMENT] not in (0, 1) or (h[F_PLACEMENT] == 0 and h[F_SEED] != 0)
+            or h[F_RESERVED0] != 0 or h[F_RESERVED] != bytes(12)):
         return "geometry", None, None
-    n, d_off, d_bytes = h[F_N], h[F_DIR_OFF], h[F_DIR_BYTES]
+    d_off, d_bytes = h[F_DIR_OFF], h[F_DIR_BYTES]
     m_off, m_bytes, f_bytes = h[F_META_OFF], h[F_META_BYTES], h[F_FILE_BYTES]
-    if (d_off % 4096 or d_off < 4096 or n * 24 >= U64 or d_bytes != n * 24
-            or d_off + d_bytes >= U64 or m_off != d_off + d_bytes
-            or m_off + m_bytes >= U64 or f_bytes != m_off + m_bytes):
+    if (h[F_DATA_OFF] != 4096 or h[F_DATA_OFF] + h[F_DATA_BYTES] >= U64
+            or d_off != h[F_DATA_OFF] + h[F_DATA_BYTES] or n * (lw + 4 + bw) + 16 >= U64
+            or d_bytes != n * (lw + 4 + bw) + 16 or d_off + d_bytes >= U64
+            or m_off != d_off + d_bytes or m_off + m_bytes >= U64 or f_bytes != m_off + m_bytes):
         return "inconsistent", None, None
     if f.size < f_bytes:
         return "truncated", None, None
-    entries, min_off = [], 4096
-    for i in range(n):  # stops at the first bad entry: a hole of zeros fails at once
-        off, length, crc, label = _ENT.unpack(f.get(d_off + 24 * i, 24))
-        if (off % 4096 or off < min_off or off > d_off or length > d_off - off
-                or align_up(off + length) > d_off or (length == 0 and crc != 0)):
-            return "entry", None, None
-        min_off = off + align_up(length)
-        entries.append((off, length, crc, label))
-    if crc32c(f.get(d_off, d_bytes)) != h[F_DIR_CRC]:
+    trailer = f.get(d_off + d_bytes - 16, 16)
+    if trailer != DIR_MAGIC + struct.pack("<Q", n):
+        return "trailer", None, None
+    d = f.get(d_off, d_bytes)
+    lengths = _column(d[:n * lw], lw, False)
+    crcs = _column(d[n * lw:n * (lw + 4)], 4, False)
+    labels = _column(d[n * (lw + 4):n * (lw + 4 + bw)], bw, True)
+    if sum(lengths) != h[F_DATA_BYTES]:
+        return "lengths", None, None
+    if any(ln == 0 and c != 0 for ln, c in zip(lengths, crcs)):
+        return "entry", None, None
+    if crc32c(d) != h[F_DIR_CRC]:
         return "dir crc", None, None
     if m_bytes and m_off + m_bytes > len(f.raw):  # reaches into the hole: zeros, never read whole
         return "meta nul", None, None
@@ -96,7 +126,11 @@ def ref_parse(f: Sparse):
         return "meta nul", None, None
     if crc32c(meta) != h[F_META_CRC]:
         return "meta crc", None, None
-    return None, entries, meta
+    offsets, at = [0] * n, 4096
+    for i in (placement_order(n, h[F_SEED]) if h[F_PLACEMENT] == 1 else range(n)):
+        offsets[i] = at
+        at += lengths[i]
+    return None, list(zip(offsets, lengths, crcs, labels)), meta
 
 
 # ---- inputs ------------------------------------------------------------------------------------
@@ -108,17 +142,24 @@ def write_corpus() -> None:
     import shadecache as sc
 
     os.makedirs(CORPUS, exist_ok=True)
+    for old in glob.glob(os.path.join(CORPUS, "*.shc")):
+        os.unlink(old)
     rng = random.Random(13)
     specs = {
-        "empty-samples": [0, 0, 1, 0],
-        "mixed": [rng.randrange(0, 6000) for _ in range(10)] + [0, 4096, 4095, 4097],
-        "one": [100],
+        "empty-samples": ([0, 0, 1, 0], True),
+        "mixed": ([rng.randrange(0, 6000) for _ in range(10)] + [0, 4096, 4095, 4097], True),
+        "mixed-in-order": ([rng.randrange(0, 300) for _ in range(12)] + [0, 70000], False),
+        "one": ([100], True),
     }
-    for name, sizes in specs.items():
+    for name, (sizes, shuffle) in specs.items():
         meta = {"classes": ["cat", "dog", "émile"]} if name != "one" else {}
-        with sc.PackWriter(os.path.join(CORPUS, name + ".shc"), meta=meta) as w:
-            for k, n in enumerate(sizes):
-                w.add(bytes(rng.randrange(256) for _ in range(n)), rng.randrange(-3, 3))
+        labels = [rng.randrange(-3, 3) for _ in sizes]
+        if name == "mixed-in-order":
+            labels = [rng.choice([-(1 << 40), 5, 300]) for _ in sizes]
+        with sc.PackWriter(os.path.join(CORPUS, name + ".shc"), meta=meta, shuffle=shuffle,
+                           seed=rng.randrange(1 << 64)) as w:
+            for n, label in zip(sizes, labels):
+                w.add(bytes(rng.randrange(256) for _ in range(n)), label)
 
 
 _seeds: list = []
@@ -130,8 +171,8 @@ def seeds() -> list:
     return _seeds
 
 
-INTERESTING = [0, 1, 2, 23, 24, 25, 4095, 4096, 4097, 8192, 2**31 - 1, 2**31, 2**32 - 1, 2**32,
-               2**32 + 4096, 2**63 - 1, 2**63, 2**64 - 1, 2**64 - 4096, (3 << 30) // 24,
+INTERESTING = [0, 1, 2, 7, 8, 9, 15, 16, 17, 4095, 4096, 4097, 8192, 2**31 - 1, 2**31, 2**32 - 1,
+               2**32, 2**32 + 4096, 2**63 - 1, 2**63, 2**64 - 1, 2**64 - 4096, (3 << 30) // 6,
                (3 << 30), 2**26]
 METAS = [b"", b"{}", b"[]", b"null", b"1e999", b'"x"', b"[" * 5000 + b"]" * 5000,
          b'{"a":' * 3000 + b"1" + b"}" * 3000, b"\xff\xfe", b'{"classes": 5}',
@@ -151,61 +192,91 @@ class _File:
 
     def set_header(self, h, fix=True):
         h = [v % U64 if isinstance(v, int) else v for v in h]
-        for f in (F_VERSION, F_HBYTES, F_ALIGN, F_EBYTES, F_DIR_CRC, F_META_CRC, F_HCRC):
+        for f in _U32_FIELDS:
             h[f] %= 1 << 32
         _HDR.pack_into(self.b, 0, *h)
         if fix:
             struct.pack_into("<I", self.b, 124, crc32c(self.b[:124]))
 
-    def fix_dir_crc(self, h):
-        d = self.b[h[F_DIR_OFF]:h[F_DIR_OFF] + h[F_DIR_BYTES]]
-        h[F_DIR_CRC] = crc32c(d)
+    def columns(self, h):
+        """(lengths, crcs, labels) as the directory holds them, or None when it lies outside."""
+        n, lw, bw, at = h[F_N], h[F_LW], h[F_BW], h[F_DIR_OFF]
+        if (lw not in (1, 2, 4) or bw not in (1, 2, 4, 8) or n > MAX_FILE or at < _HDR.size
+                or at + n * (lw + 4 + bw) > len(self.b)):
+            return None   # nowhere to re-encode a directory (it would overwrite the header)
+        d = bytes(self.b[at:at + n * (lw + 4 + bw)])
+        return (_column(d[:n * lw], lw, False), _column(d[n * lw:n * (lw + 4)], 4, False),
+                _column(d[n * (lw + 4):], bw, True))
+
+    def set_columns(self, h, cols, lw=None, bw=None, fix_crc=True):
+        """Re-encodes the directory (widths may change: the tail moves), fixes the header."""
+        lengths, crcs, labels = cols
+        lw, bw = lw or h[F_LW], bw or h[F_BW]
+        d = b"".join(int(v % (1 << (8 * lw))).to_bytes(lw, "little") for v in lengths)
+        d += b"".join(int(v % (1 << 32)).to_bytes(4, "little") for v in crcs)
+        d += b"".join(int(v % (1 << (8 * bw))).to_bytes(bw, "little") for v in labels)
+        d += DIR_MAGIC + struct.pack("<Q", len(lengths))
+        meta = bytes(self.b[h[F_META_OFF]:h[F_META_OFF] + h[F_META_BYTES]])
+        del self.b[h[F_DIR_OFF]:]
+        self.b += d + meta
+        h[F_LW], h[F_BW], h[F_DIR_BYTES] = lw, bw, len(d)
+        h[F_META_OFF] = h[F_DIR_OFF] + len(d)
+        h[F_FILE_BYTES] = h[F_META_OFF] + len(meta)
+        if fix_crc:
+            h[F_DIR_CRC] = crc32c(d)
         self.set_header(h)
 
-
-def _entry_at(h, size, rng):
-    """File offset of a random directory entry that lies inside the file, or None."""
-    n = min(h[F_N], max(0, (size - h[F_DIR_OFF]) // 24))
-    return h[F_DIR_OFF] + 24 * rng.randrange(n) if n > 0 else None
+    def offsets(self, h, lengths):
+        order = placement_order(len(lengths), h[F_SEED]) if h[F_PLACEMENT] == 1 else range(len(lengths))
+        out, at = [0] * len(lengths), 4096
+        for i in order:
+            out[i] = at
+            at += lengths[i]
+        return out
 
 
 def _mutate(rng, f: _File) -> None:
     h = f.header()
-    op = rng.randrange(11)
+    op = rng.randrange(13)
     size = len(f.b)
+    cols = f.columns(h) if h is not None else None
     if h is None or op == 0:  # random byte flips anywhere
         for _ in range(rng.randrange(1, 8)):
             if f.b:
                 f.b[rng.randrange(len(f.b))] ^= 1 << rng.randrange(8)
         return
     if op == 1:  # a header field to an edge value, checksum recomputed (usually)
-        fld = rng.choice([F_VERSION, F_HBYTES, F_ALIGN, F_EBYTES, F_N, F_DIR_OFF, F_DIR_BYTES,
-                          F_META_OFF, F_META_BYTES, F_FILE_BYTES])
+        fld = rng.choice([F_VERSION, F_HBYTES, F_LW, F_BW, F_N, F_DATA_OFF, F_DATA_BYTES, F_DIR_OFF,
+                          F_DIR_BYTES, F_META_OFF, F_META_BYTES, F_FILE_BYTES, F_PLACEMENT,
+                          F_RESERVED0, F_SEED])
         h[fld] = rng.choice(INTERESTING + [size, size - 1, size + 1, h[fld] + rng.randrange(-9, 9)])
         f.set_header(h, fix=rng.random() < 0.9)
     elif op == 2:  # num_samples with every derived field kept consistent
-        n = rng.choice([0, 1, h[F_N] - 1, h[F_N] + 1, (3 << 30) // 24, 2**26, 2**60])
-        h[F_N], h[F_DIR_BYTES] = n, n * 24
-        h[F_META_OFF] = h[F_DIR_OFF] + n * 24
+        n = rng.choice([0, 1, h[F_N] - 1, h[F_N] + 1, (3 << 30) // 6, 2**26, 2**60])
+        h[F_N], h[F_DIR_BYTES] = n, n * (h[F_LW] + 4 + h[F_BW]) + 16
+        h[F_META_OFF] = h[F_DIR_OFF] + h[F_DIR_BYTES]
         h[F_FILE_BYTES] = h[F_META_OFF] + h[F_META_BYTES]
         f.set_header(h)
-    elif op in (3, 4) and _entry_at(h, size, rng) is not None:  # an entry edited
-        at = _entry_at(h, size, rng)
-        e = list(_ENT.unpack_from(f.b, at))
+    elif op in (3, 4) and cols and cols[0]:  # an entry edited
+        lengths, crcs, labels = (list(c) for c in cols)
+        i = rng.randrange(len(lengths))
         k = rng.randrange(4)
-        if k == 0:
-            e[0] = rng.choice(INTERESTING + [e[0] + 4096, e[0] - 4096, h[F_DIR_OFF]]) % U64
+        if k == 0:   # bytes moved from one sample to another: the lengths still add up
+            j = rng.randrange(len(lengths))
+            move = rng.randrange(lengths[i] + 1)
+            lengths[i] -= move
+            lengths[j] += move
         elif k == 1:
-            e[1] = rng.choice(INTERESTING + [e[1] + 1, e[1] - 1]) % (1 << 32)
+            lengths[i] = rng.choice(INTERESTING + [lengths[i] + 1, lengths[i] - 1])
         elif k == 2:
-            e[2] = rng.choice([0, 1, e[2] ^ 1, 0xFFFFFFFF])
+            crcs[i] = rng.choice([0, 1, crcs[i] ^ 1, 0xFFFFFFFF])
         else:
-            e[3] = rng.choice([-(2**63), 2**63 - 1, -1, 0])
-        if k == 1 and rng.random() < 0.5 and e[0] + e[1] <= size:  # keep the sample honest
-            e[2] = crc32c(f.b[e[0]:e[0] + e[1]])
-        _ENT.pack_into(f.b, at, *e)
-        if op == 3:
-            f.fix_dir_crc(h)
+            labels[i] = rng.choice([-(2**63), 2**63 - 1, -1, 0, 127, -129])
+        if k in (0, 1) and rng.random() < 0.5:  # keep the samples honest where they now lie
+            offs = f.offsets(h, lengths)
+            crcs = [crc32c(f.b[o:o + ln]) if o + ln <= size else c
+                    for o, ln, c in zip(offs, lengths, crcs)]
+        f.set_columns(h, (lengths, crcs, labels), fix_crc=op == 3)
     elif op == 5 and 128 <= h[F_META_OFF] <= MAX_FILE:  # metadata replaced, everything fixed
         meta = rng.choice(METAS)
         del f.b[h[F_META_OFF]:]
@@ -214,30 +285,43 @@ def _mutate(rng, f: _File) -> None:
         h[F_META_CRC] = crc32c(meta)
         f.set_header(h)
     elif op == 6:  # truncated
-        cut = rng.choice([rng.randrange(size + 1), h[F_DIR_OFF], h[F_META_OFF], 4096, 128, 127])
-        del f.b[min(cut, size):]
+        cut = rng.choice([rng.randrange(size + 1), h[F_DIR_OFF], h[F_META_OFF], 4096, 128, 127,
+                          h[F_DIR_OFF] + h[F_DIR_BYTES] - 1])
+        del f.b[max(0, min(cut, size)):]
     elif op == 7:  # junk or zeros appended
         f.b += rng.choice([b"\0", b"x"]) * rng.choice([1, 4096, 10000])
-    elif op in (8, 9) and _entry_at(h, size, rng) is not None:  # sample bytes changed
-        at = _entry_at(h, size, rng)
-        e = list(_ENT.unpack_from(f.b, at))
-        if e[1] and e[0] + e[1] <= size:
-            f.b[e[0] + rng.randrange(e[1])] ^= 1 << rng.randrange(8)
+    elif op in (8, 9) and cols and cols[0]:  # sample bytes changed
+        lengths, crcs, labels = cols
+        i = rng.randrange(len(lengths))
+        off = f.offsets(h, lengths)[i]
+        if lengths[i] and off + lengths[i] <= size:
+            f.b[off + rng.randrange(lengths[i])] ^= 1 << rng.randrange(8)
             if op == 9:  # ... and its checksum fixed: an honest file with other bytes
-                e[2] = crc32c(f.b[e[0]:e[0] + e[1]])
-                _ENT.pack_into(f.b, at, *e)
-                f.fix_dir_crc(h)
-    elif op == 10 and _entry_at(h, size, rng) is not None:  # entries swapped
-        a, b = _entry_at(h, size, rng), _entry_at(h, size, rng)
-        f.b[a:a + 24], f.b[b:b + 24] = f.b[b:b + 24], f.b[a:a + 24]
-        f.fix_dir_crc(h)
+                crcs = list(crcs)
+                crcs[i] = crc32c(f.b[off:off + lengths[i]])
+                f.set_columns(h, (lengths, crcs, labels))
+    elif op == 10 and cols and cols[0]:  # two entries swapped
+        lengths, crcs, labels = (list(c) for c in cols)
+        a, b = rng.randrange(len(lengths)), rng.randrange(len(lengths))
+        for c in (lengths, crcs, labels):
+            c[a], c[b] = c[b], c[a]
+        f.set_columns(h, (lengths, crcs, labels))
+    elif op == 11 and cols is not None:  # the directory re-encoded with other widths
+        f.set_columns(h, cols, lw=rng.choice([1, 2, 4, 3]), bw=rng.choice([1, 2, 4, 8, 5]))
+    elif op == 12:  # the placement or its seed changed: samples are looked for elsewhere
+        if rng.random() < 0.5:
+            h[F_PLACEMENT] = rng.choice([0, 1, 2])
+            h[F_SEED] = 0 if h[F_PLACEMENT] == 0 and rng.random() < 0.8 else h[F_SEED]
+        else:
+            h[F_SEED] = rng.choice([h[F_SEED] + 1, 0, 2**64 - 1])
+        f.set_header(h)
 
 
 def generate(rng) -> bytes:
     f = _File(rng.choice(seeds()))
     for _ in range(rng.choice([0, 1, 1, 1, 2, 2, 3, 5])):
         _mutate(rng, f)
-    mode = rng.randrange(8) | (8 if rng.random() < 0.125 else 0)
+    mode = rng.randrange(8) | (8 if rng.random() < 0.125 else 0) | (rng.randrange(4) << 4)
     return bytes([mode]) + bytes(f.b[:MAX_FILE])
 
 
@@ -276,7 +360,9 @@ def run(state, data: bytes) -> None:
     f = Sparse(raw, size)
     reason, entries, meta = ref_parse(f)
     try:
-        s = sc.PackedStore(path, backend=backend, direct=direct, queue_depth=8, verify=verify)
+        s = sc.PackedStore(path, backend=backend, direct=direct, queue_depth=8, verify=verify,
+                           gap_bytes=65536 if mode & 16 else 0,
+                           max_extent_bytes=4096 if mode & 32 else 8 << 20)
     except Exception as e:
         allowed(e, (sc.StoreFormatError,), "PackedStore()")
         if reason is None:

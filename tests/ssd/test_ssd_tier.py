@@ -324,7 +324,7 @@ def test_sigkilled_writer_leaves_nothing_wrong(tmp_path):
             i += 50
     """)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    for delay in (0.3, 0.5, 0.8):
+    for n, delay in enumerate((0.3, 0.5, 0.8)):
         p = subprocess.Popen([sys.executable, "-c", script], env=env)
         time.sleep(delay)
         p.send_signal(signal.SIGKILL)
@@ -335,9 +335,9 @@ def test_sigkilled_writer_leaves_nothing_wrong(tmp_path):
         got = t.get_many(range(1000))
         for j, v in enumerate(got):
             assert v is None or v == bytes([j % 251]) * (100 + j % 500)
-        t.put_many([5000], [b"after"])
+        t.put_many([5000 + n], [b"after"])   # a new id: a held one is not queued, so not written
         t.flush()
-        assert t.get_many([5000]) == [b"after"] and (os.path.getsize(t._layout.journal_path) % 32) == 0
+        assert t.get_many([5000 + n]) == [b"after"] and (os.path.getsize(t._layout.journal_path) % 32) == 0
         assert t.stats()["bytes_used"] <= t.capacity_bytes
 
 
@@ -540,3 +540,52 @@ def test_a_journal_entry_whose_length_overflows_its_slot_is_dropped(tmp_path):
     again = sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20)
     assert again.get_many(range(3)) == vals
     assert again.stats()["torn_entries"] == 1
+
+
+def test_values_written_together_come_back_in_one_read(tmp_path):
+    """One put_many fills neighbouring slots in its order, so a read of those values, in any
+    order, is one request of the native reader (values at most gap_bytes apart are read as one
+    extent): gap_bytes=100 merges neighbouring slots (3,000 B values in 3,072 B slots), no more."""
+    rng = np.random.default_rng(4)
+    vals = [rng.bytes(3000) for _ in range(100)]
+    with sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20) as t:
+        t.put_many(np.arange(100), vals)
+        t.flush()
+        order = rng.permutation(100)
+        assert t.get_many(order) == [vals[k] for k in order]
+        assert t.stats()["read_requests"] == 1
+        assert t.get_many([3, 50, 97]) == [vals[3], vals[50], vals[97]]   # 150 KB apart: 3
+        assert t.stats()["read_requests"] == 4
+    with sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20, gap_bytes=100) as t:
+        assert t.get_many([1, 2, 4]) == [vals[1], vals[2], vals[4]]
+        assert t.stats()["read_requests"] == 2          # 1-2 neighbours (72 B apart), 4 a slot further
+
+
+def test_a_full_tier_queues_nothing_it_would_refuse(tmp_path, cache_factory):
+    """put_many leaves out, as arrays and before the queue, what the writer would refuse: the
+    ids the tier holds and, once the budget is spent, ids scoring no higher than the lowest
+    score held; a higher score still goes through (and evicts)."""
+    cache = cache_factory(100, policy="importance")
+    cache.update_scores(np.arange(100), np.ones(100, np.float32))
+    t = sc.SSDTier(tmp_path, capacity_bytes=10 * sc.SSDTier.slot_bytes(100), cache=cache)
+    t.put_many(np.arange(10), [bytes([i]) * 100 for i in range(10)])
+    t.flush()
+    assert t.stats()["items"] == 10
+    t.put_many(np.arange(30), [b"x" * 100] * 30)      # held, or no higher than what is held
+    assert t._queue.qsize() == 0 and t._queued == [0, 0]
+    cache.update_scores([50], [5.0])
+    t._floor = (-1.0, None)                           # the next look sees the held scores again
+    t.put_many([49, 50], [b"y" * 100, b"z" * 100])
+    t.flush()
+    assert t.get_many([49, 50, 0]) == [None, b"z" * 100, None]   # id 0: the first of the lowest
+    assert t.stats()["items"] == 10 and t.stats()["evictions"] == 1
+    with pytest.raises(ValueError, match="queue_bytes"):
+        sc.SSDTier(tmp_path, capacity_bytes=1, queue_bytes=-1)
+
+
+def test_a_batch_larger_than_the_queue_is_cut_and_counted(tmp_path):
+    with sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20, queue_bytes=1000) as t:
+        t.put_many(np.arange(5), [b"v" * 400] * 5)   # two fit the queue's bytes, three dropped
+        t.flush()
+        assert t.stats()["dropped"] == 3
+        assert [v is not None for v in t.get_many(range(5))] == [True, True, False, False, False]

@@ -12,9 +12,11 @@ import pytest
 import shadecache as sc
 from shadecache import _io
 
+from store_layout import columns, forge as _forge, header, write_version_one
+
 HEADER = 4096
 # header field offsets (csrc/io/store_format.h)
-OFF_VERSION, OFF_NUM, OFF_DIR, OFF_HCRC = 8, 24, 32, 124
+OFF_NUM, OFF_DIR = 24, 48
 
 SIZES = [0, 1, 4096, 4095, 4097, 8192, 12345, 3 * 2**20 + 7, 1, 0, 100]
 
@@ -55,19 +57,101 @@ def test_round_trip_every_size(packed, backend, direct):
         assert s.lengths.tolist() == [len(d) for d in data]
         assert s[3] == (data[3], labels[3])
         assert s.__getitems__([2, 1]) == [(data[2], labels[2]), (data[1], labels[1])]
-        assert s.version == sc.store.FORMAT_VERSION == 1
+        assert s.version == sc.store.FORMAT_VERSION == 2
         assert s.meta["note"] == "test"
 
 
-def test_layout_is_aligned_and_compact(packed):
-    path, data, _ = packed
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_layout_is_dense(tmp_path, shuffle):
+    """Samples lie back to back after the header block, in placement order: a seeded shuffle of
+    the ids (recorded, so the same seed lays them out the same way) or id order."""
+    data, labels = make_samples()
+    path = tmp_path / "s.shc"
+    with sc.PackWriter(path, shuffle=shuffle, seed=11) as w:
+        for d, lab in zip(data, labels):
+            w.add(d, lab)
     s = sc.PackedStore(path)
-    offs = [s.offset(i) for i in range(len(s))]
-    assert all(o % 4096 == 0 for o in offs)
-    # every sample begins where the previous one's padding ends: no wasted blocks
-    for i in range(1, len(offs)):
-        assert offs[i] == offs[i - 1] + -(-len(data[i - 1]) // 4096) * 4096
+    order = s.disk_order()
+    want = _io.placement_order(len(data), 11) if shuffle else np.arange(len(data))
+    assert order.tolist() == want.tolist()
+    assert sorted(order.tolist()) == list(range(len(data)))
+    at = HEADER
+    for i in order.tolist():
+        assert s.offset(i) == at
+        at += len(data[i])
+    raw = path.read_bytes()
+    assert header(raw)["dir_off"] == at == HEADER + sum(map(len, data))
     assert s.file_bytes == os.path.getsize(path)
+    assert s.placement == ("shuffled" if shuffle else "as written")
+    assert s.placement_seed == (11 if shuffle else 0)
+    assert s.read_many(range(len(s))) == data
+
+
+def test_placement_order_is_a_seeded_permutation():
+    a, b, c = (_io.placement_order(1000, s) for s in (0, 0, 1))
+    assert a.tolist() == b.tolist() and a.tolist() != c.tolist()
+    assert sorted(a.tolist()) == list(range(1000))
+    assert _io.placement_order(0, 3).tolist() == [] and _io.placement_order(1, 3).tolist() == [0]
+
+
+def test_small_samples_take_little_more_than_their_bytes(tmp_path):
+    """10,000 samples of 256 bytes with 10 classes: <= 1.05x the raw data on disk (the header
+    block, 2 + 4 + 1 bytes of directory per sample, the metadata)."""
+    path = tmp_path / "small.shc"
+    rng = np.random.default_rng(1)
+    with sc.PackWriter(path) as w:
+        for i in range(10_000):
+            w.add(rng.bytes(256), i % 10)
+    raw = path.read_bytes()
+    assert len(raw) <= 1.05 * 10_000 * 256, len(raw) / (10_000 * 256)
+    h = header(raw)
+    assert (h["len_width"], h["label_width"]) == (2, 1)
+    lengths, _, labels = columns(raw)
+    assert (lengths == 256).all() and labels.tolist() == [i % 10 for i in range(10_000)]
+
+
+def test_columns_take_the_narrowest_width(tmp_path):
+    for lengths, labels, widths in (([0, 255], [-128, 127], (1, 1)),
+                                    ([256, 1], [-129, 0], (2, 2)),
+                                    ([65536], [1 << 31], (4, 8)),
+                                    ([3], [-(1 << 31)], (1, 4))):
+        p = tmp_path / "w.shc"
+        with sc.PackWriter(p) as w:
+            for n, lab in zip(lengths, labels):
+                w.add(b"x" * n, lab)
+        h = header(p.read_bytes())
+        assert (h["len_width"], h["label_width"]) == widths
+        with sc.PackedStore(p) as s:
+            assert s.labels.tolist() == labels and s.lengths.tolist() == lengths
+
+
+def test_a_version_one_store_is_refused_and_converted(tmp_path):
+    """The old format (samples padded to 4 KiB) is a StoreFormatError naming the conversion;
+    pack() (and `shadecache pack OLD NEW`) converts it, keeping ids, labels and metadata."""
+    data, labels = make_samples(3)
+    old = tmp_path / "old.shc"
+    write_version_one(old, data, labels, meta={"classes": ["a", "b"]})
+    with pytest.raises(sc.StoreFormatError, match="format version 1.*shadecache pack"):
+        sc.PackedStore(old)
+    new = tmp_path / "new.shc"
+    assert sc.pack(str(old), new, progress=False) == len(data)
+    with sc.PackedStore(new) as s:
+        assert s.read_many(range(len(s))) == data
+        assert s.labels.tolist() == labels
+        assert s.classes == ["a", "b"]
+        assert s.meta["converted_from"]["format_version"] == 1
+        assert s.placement == "shuffled"
+    assert os.path.getsize(new) < os.path.getsize(old)
+    # a damaged old store is refused, not converted into a valid new one
+    raw = bytearray(old.read_bytes())
+    raw[8192 + 3] ^= 1   # sample 2 (ids 0 and 1 take one block: 0 and 1 bytes)
+    bad = tmp_path / "bad_old.shc"
+    bad.write_bytes(bytes(raw))
+    with pytest.raises(sc.CorruptSampleError):
+        sc.pack(str(bad), tmp_path / "never.shc", progress=False)
+    assert not (tmp_path / "never.shc").exists()
+    with pytest.raises(ValueError, match="same file"):
+        sc.pack(str(new), new, progress=False)
 
 
 def test_large_batch_many_samples(tmp_path):
@@ -221,52 +305,37 @@ def test_missing_or_damaged_directory(packed, tmp_path):
 
 def test_other_format_version(packed, tmp_path):
     path, _, _ = packed
-    raw = bytearray(path.read_bytes())
-    struct.pack_into("<I", raw, OFF_VERSION, 2)
-    # a consistent header of version 2 (checksum updated), as a future writer would produce
-    struct.pack_into("<I", raw, OFF_HCRC, _io.crc32c(bytes(raw[:OFF_HCRC])))
-    p = tmp_path / "v2.shc"
-    p.write_bytes(bytes(raw))
-    with pytest.raises(sc.StoreFormatError, match="format version 2.*reads version 1"):
+    # a consistent header of version 3 (checksum updated), as a future writer would produce
+    p = tmp_path / "v3.shc"
+    p.write_bytes(_forge(path.read_bytes(), version=3))
+    with pytest.raises(sc.StoreFormatError, match="format version 3.*reads version 2"):
         sc.PackedStore(p)
-
-
-# The whole header (csrc/io/store_format.h), for tests that forge a consistent, checksummed one.
-_HDR = struct.Struct("<8sIIIIQQQIIQQQ44sI")
-_N, _DIR_OFF, _DIR_BYTES, _DIR_CRC, _META_CRC, _META_OFF, _META_BYTES, _FILE_BYTES = 5, 6, 7, 8, 9, 10, 11, 12
-
-
-def _forge(raw, **fields):
-    """`raw` with header fields replaced (by index name above) and the header checksum redone."""
-    h = list(_HDR.unpack_from(raw))
-    for name, value in fields.items():
-        h[globals()["_" + name.upper()]] = value % (1 << 64)
-    out = bytearray(raw)
-    _HDR.pack_into(out, 0, *h)
-    struct.pack_into("<I", out, OFF_HCRC, _io.crc32c(bytes(out[:OFF_HCRC])))
-    return bytes(out)
 
 
 def test_hostile_headers_and_entries_are_refused_before_any_allocation(packed, tmp_path):
     """A checksum is easy to forge. Counts and offsets whose sums wrap past 2^64 (2^26 samples
-    'fitting' a 20 KB file; metadata of 2^64 - 1 bytes; a directory entry at 2^64 - 4096) are
-    StoreFormatError naming the file, not gigabytes allocated, a bad_alloc or an OSError later."""
+    'fitting' a 20 KB file; metadata of 2^64 - 1 bytes; lengths that add up past the data region
+    or wrap) are StoreFormatError naming the file, not gigabytes allocated, a bad_alloc or an
+    OSError later."""
     import resource
 
     path, _, _ = packed
     raw = path.read_bytes()
-    h = _HDR.unpack_from(raw)
+    h = header(raw)
     n = 1 << 26
+    dir_bytes = n * (h["len_width"] + 4 + h["label_width"]) + 16
     cases = {
-        "wrapped directory": _forge(raw, n=n, dir_bytes=n * 24, dir_off=4096 - n * 24, meta_off=4096,
-                                    meta_bytes=0, meta_crc=0, file_bytes=4096),
-        "wrapped metadata": _forge(raw, meta_bytes=-1, file_bytes=h[_META_OFF] - 1),
+        "wrapped directory": _forge(raw, n=n, dir_bytes=dir_bytes, data_bytes=-dir_bytes,
+                                    dir_off=4096 - dir_bytes, meta_off=4096, meta_bytes=0,
+                                    meta_crc=0, file_bytes=4096),
+        "wrapped metadata": _forge(raw, meta_bytes=-1, file_bytes=h["meta_off"] - 1),
     }
-    d = bytearray(raw[h[_DIR_OFF]:h[_DIR_OFF] + h[_DIR_BYTES]])
-    struct.pack_into("<QIIq", d, 2 * 24, (1 << 64) - 4096, 4096, 0, 2)
+    d = bytearray(raw[h["dir_off"]:h["dir_off"] + h["dir_bytes"]])
+    width = h["len_width"]
+    d[2 * width:3 * width] = b"\xff" * width      # sample 2 longer than the data region allows
     entry = bytearray(raw)
-    entry[h[_DIR_OFF]:h[_DIR_OFF] + len(d)] = d
-    cases["wrapped entry"] = _forge(bytes(entry), dir_crc=_io.crc32c(bytes(d)))
+    entry[h["dir_off"]:h["dir_off"] + len(d)] = d
+    cases["lengths past the data region"] = _forge(bytes(entry), dir_crc=_io.crc32c(bytes(d)))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     for what, data in cases.items():
         p = tmp_path / (what.replace(" ", "_") + ".shc")
@@ -277,6 +346,18 @@ def test_hostile_headers_and_entries_are_refused_before_any_allocation(packed, t
     assert grown_mib < 256, f"opening hostile stores raised the peak RSS by {grown_mib:.0f} MiB"
 
 
+def test_a_directory_without_its_trailer_is_damaged(packed, tmp_path):
+    path, _, _ = packed
+    raw = bytearray(path.read_bytes())
+    h = header(raw)
+    at = h["dir_off"] + h["dir_bytes"] - 16
+    raw[at:at + 16] = bytes(16)
+    p = tmp_path / "notrailer.shc"
+    p.write_bytes(bytes(raw))
+    with pytest.raises(sc.StoreFormatError, match="trailer"):
+        sc.PackedStore(p)
+
+
 def test_metadata_that_is_not_an_object_is_a_format_error(tmp_path):
     """Metadata with a valid checksum but the wrong shape is StoreFormatError, not an
     AttributeError deep inside `classes` or the CLI."""
@@ -284,7 +365,7 @@ def test_metadata_that_is_not_an_object_is_a_format_error(tmp_path):
     with sc.PackWriter(p, meta={"classes": 5}) as w:
         w.add(b"x", 0)
     raw = p.read_bytes()
-    meta_off = _HDR.unpack_from(raw)[_META_OFF]
+    meta_off = header(raw)["meta_off"]
     for data, what in ((raw, "not a list of names"),
                        (_forge(raw[:meta_off] + b"[1, 2]", meta_bytes=6, file_bytes=meta_off + 6,
                                meta_crc=_io.crc32c(b"[1, 2]")), "JSON list")):
@@ -350,10 +431,14 @@ def test_pickle_reopens_by_path_with_options(packed):
     import pickle
 
     path, data, _ = packed
-    s = sc.PackedStore(path, backend="pread", direct=True, queue_depth=7, verify=False)
+    s = sc.PackedStore(path, backend="pread", direct=True, queue_depth=7, verify=False,
+                       gap_bytes=5000, device={"iops": 3000, "bandwidth": 200 << 20})
     t = pickle.loads(pickle.dumps(s))
     assert (t.backend, t.direct, t.queue_depth, t.path) == ("pread", True, 7, s.path)
     assert t.read_many(range(len(data))) == data
+    # the device's profile travels with the store: a worker does not measure it again
+    assert t.gap_bytes == 5000 and t.device == s.device
+    assert s.device["gap_bytes"] == (200 << 20) // 3000 and s.device["source"] == "given"
 
 
 def test_interleaved_crc32c_matches_the_serial_one():

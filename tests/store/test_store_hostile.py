@@ -4,7 +4,8 @@ the way a hostile (or unlucky) user builds it, and each failed on the code befor
 1. a named pipe given as a store blocked forever (open, verify, info);
 3. deeply nested metadata JSON raised RecursionError;
 4. a 0-byte directory entry with a non-zero checksum read as b"" with verification on;
-5. a sparse file whose header claims a 3 GiB directory allocated 3 GiB before any check;
+5. a sparse file whose header claims a 3 GiB directory allocated 3 GiB before any check (now:
+   refused at its trailer, which lies in the hole, before the hole is read);
 6. pread-backend threads outlived close(), and a thread that could not start was a RuntimeError.
 """
 import os
@@ -20,21 +21,7 @@ from shadecache import _io
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# The whole header (csrc/io/store_format.h): fields by index.
-_HDR = struct.Struct("<8sIIIIQQQIIQQQ44sI")
-N, DIR_OFF, DIR_BYTES, DIR_CRC, META_CRC, META_OFF, META_BYTES, FILE_BYTES = 5, 6, 7, 8, 9, 10, 11, 12
-
-
-def forge(raw, **fields):
-    """`raw` with header fields replaced (by index, e.g. forge(raw, **{str(N): 3})) and the
-    header checksum recomputed, as an attacker would."""
-    h = list(_HDR.unpack_from(raw))
-    for k, v in fields.items():
-        h[globals()[k.upper()]] = v % (1 << 64)
-    out = bytearray(raw)
-    _HDR.pack_into(out, 0, *h)
-    struct.pack_into("<I", out, 124, _io.crc32c(bytes(out[:124])))
-    return bytes(out)
+from store_layout import forge, header  # noqa: E402  (tests/store_layout.py: the header's fields)
 
 
 def run_py(code, timeout=60):
@@ -111,7 +98,7 @@ def test_a_directory_or_device_is_refused(tmp_path):
 # ---- 3. deeply nested metadata ----------------------------------------------------------------
 
 def _with_meta(raw, meta: bytes):
-    meta_off = _HDR.unpack_from(raw)[META_OFF]
+    meta_off = header(raw)["meta_off"]
     return forge(raw[:meta_off] + meta, meta_bytes=len(meta), file_bytes=meta_off + len(meta),
                  meta_crc=_io.crc32c(meta))
 
@@ -135,14 +122,20 @@ def test_deeply_nested_metadata_is_a_format_error(small_store, tmp_path):
 # ---- 4. a 0-byte entry with a checksum --------------------------------------------------------
 
 def test_zero_length_entry_with_a_nonzero_checksum_is_damaged(small_store, tmp_path):
+    """Sample 1's length given to sample 2, sample 1's
+    checksum left as it was: the lengths still add up to the data region, but entry 1 says 0
+    bytes with a non-zero checksum."""
     raw = small_store.read_bytes()
-    h = _HDR.unpack_from(raw)
-    d = bytearray(raw[h[DIR_OFF]:h[DIR_OFF] + h[DIR_BYTES]])
-    off, length, crc, label = struct.unpack_from("<QIIq", d, 1 * 24)
-    assert length == 101 and crc != 0
-    struct.pack_into("<QIIq", d, 1 * 24, off, 0, crc, label)  # length 0, checksum left as it was
+    h = header(raw)
+    n, w = h["n"], h["len_width"]
+    d = bytearray(raw[h["dir_off"]:h["dir_off"] + h["dir_bytes"]])
+    lengths = [int.from_bytes(d[i * w:(i + 1) * w], "little") for i in range(n)]
+    crc1 = int.from_bytes(d[n * w + 4:n * w + 8], "little")
+    assert lengths[1] == 101 and crc1 != 0
+    d[1 * w:2 * w] = (0).to_bytes(w, "little")
+    d[2 * w:3 * w] = (lengths[2] + 101).to_bytes(w, "little")
     out = bytearray(raw)
-    out[h[DIR_OFF]:h[DIR_OFF] + len(d)] = d
+    out[h["dir_off"]:h["dir_off"] + len(d)] = d
     p = tmp_path / "zero.shc"
     p.write_bytes(forge(bytes(out), dir_crc=_io.crc32c(bytes(d))))
     for backend in ("pread", "auto"):
@@ -160,13 +153,14 @@ def test_zero_length_entry_with_a_nonzero_checksum_is_damaged(small_store, tmp_p
 # ---- 5. a huge claimed directory in a sparse file ---------------------------------------------
 
 def test_a_sparse_file_claiming_a_huge_directory_allocates_nothing(small_store, tmp_path):
-    """3 GiB of directory claimed by a sparse file (every checksum recomputed; the directory CRC
-    of 3 GiB of zeros is computed here cheaply by crc32c's linearity... or simply over the hole).
-    Opened under a 1 GiB address-space limit in a child: StoreFormatError naming the file."""
+    """3 GiB of directory claimed by a sparse file (every checksum recomputed: the directory CRC
+    of 3 GiB of zeros, over the hole). Opened under a 1 GiB address-space limit in a child:
+    StoreFormatError naming the file (the directory's trailer is in the hole), at once."""
     raw = small_store.read_bytes()
-    n = (3 << 30) // 24
-    dir_off = 8192
-    dir_bytes = n * 24
+    per = 1 + 4 + 1
+    n = (3 << 30) // per
+    dir_off = 4096
+    dir_bytes = n * per + 16
     # crc32c of dir_bytes zero bytes, in 64 MiB pieces (the seed chains)
     zero = bytes(64 << 20)
     crc, left = 0, dir_bytes
@@ -177,17 +171,20 @@ def test_a_sparse_file_claiming_a_huge_directory_allocates_nothing(small_store, 
     meta_off = dir_off + dir_bytes
     p = tmp_path / "sparse.shc"
     with open(p, "wb") as f:
-        f.write(forge(raw[:4096], n=n, dir_off=dir_off, dir_bytes=dir_bytes, dir_crc=crc,
-                      meta_off=meta_off, meta_bytes=0, meta_crc=0, file_bytes=meta_off))
+        f.write(forge(raw[:4096], n=n, len_width=1, label_width=1, data_bytes=0, dir_off=dir_off,
+                      dir_bytes=dir_bytes, dir_crc=crc, meta_off=meta_off, meta_bytes=0,
+                      meta_crc=0, file_bytes=meta_off))
         f.truncate(meta_off)
     assert os.stat(p).st_blocks * 512 < (1 << 20)  # really sparse
     r = run_py(f"""
-        import resource, shadecache as sc
+        import resource, time, shadecache as sc
         resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+        t = time.monotonic()
         try:
             sc.PackedStore({str(p)!r}, backend="pread")
         except sc.StoreFormatError as e:
-            assert {str(p)!r} in str(e), e
+            assert {str(p)!r} in str(e) and "trailer" in str(e), e
+            assert time.monotonic() - t < 5, "the hole was read"
             print("refused:", e)
         """, timeout=120)
     assert r.returncode == 0 and "refused" in r.stdout, (r.stdout, r.stderr)

@@ -1,0 +1,101 @@
+"""The extent order: an epoch drawn so that its misses are read as large sequential extents.
+
+A packed store lays its samples out in a seeded shuffle of their ids (docs/store_format.md), so a
+run of neighbours on disk (an extent) is a random handful of the data set. The extent order keeps
+the epoch's draw (which ids, how often: importance, the coverage floor, the cache's substitutions
+are unchanged) and changes only the sequence: the draw's extents are shuffled, and the samples of
+each window of `window` consecutive extents are shuffled together. So the loader asks for the
+samples of a few extents at a time, and a read of a whole extent (csrc/io/extent_read.h) serves
+many of them; the idea of Streaming's py1e shuffle and LitData's chunk order, over a placement
+that is already random.
+
+What a batch sees: `window` x (samples per extent) candidates instead of the whole data set, a
+different mix every epoch (extents are shuffled, windows regrouped); bench/fidelity.py measures what
+that costs in accuracy. Memory on the reading side: about window x extent_bytes of samples read
+ahead of their turn, which the cache keeps (the prefetch window covers it).
+
+  layout = ExtentLayout.of_store(store)            # extent of each id, from the placement
+  order  = arrange(ids, layout, window=16, rng)    # the same ids, in extent order
+"""
+from __future__ import annotations
+
+import numpy as np
+
+DEFAULT_WINDOW = 16          # extents shuffled together
+MIN_EXTENT_BYTES = 64 << 10
+MAX_EXTENT_BYTES = 8 << 20
+REQUESTS_PER_EXTENT = 16     # an extent is this many gaps long: a request costs <= 1/16 of its bytes
+
+
+def extent_bytes_for(store) -> int:
+    """An extent long enough that its request costs the device at most 1/16 of its transfer:
+    16 x the store's gap threshold (bandwidth / IOPS), within [64 KiB, 8 MiB]."""
+    gap = int(getattr(store, "gap_bytes", 0) or 0)
+    return int(min(MAX_EXTENT_BYTES, max(MIN_EXTENT_BYTES, REQUESTS_PER_EXTENT * gap)))
+
+
+class ExtentLayout:
+    """Which extent each sample id lies in: consecutive runs of about `extent_bytes` bytes of the
+    store's disk order (a sample belongs to the extent its first byte falls in)."""
+
+    def __init__(self, disk_order, lengths, extent_bytes: int):
+        disk_order = np.asarray(disk_order, dtype=np.int64)
+        lengths = np.asarray(lengths, dtype=np.int64)
+        n = lengths.size
+        if disk_order.size != n or (n and not np.array_equal(np.sort(disk_order), np.arange(n))):
+            raise ValueError("disk_order must be a permutation of the ids 0..N-1 "
+                             f"(N = {n}, the number of lengths)")
+        if int(extent_bytes) < 1:
+            raise ValueError(f"extent_bytes must be >= 1, not {extent_bytes!r}")
+        self.extent_bytes = int(extent_bytes)
+        starts = np.cumsum(lengths[disk_order]) - lengths[disk_order]
+        self.extent_of = np.empty(n, dtype=np.int64)
+        self.extent_of[disk_order] = starts // self.extent_bytes
+        self.extents = int(self.extent_of.max()) + 1 if n else 0
+        # the members of extent e are by_extent[first[e]:first[e + 1]] (disk order is extent order)
+        self.by_extent = disk_order
+        self.position = np.empty(n, dtype=np.int64)   # each id's place in the disk order
+        self.position[disk_order] = np.arange(n, dtype=np.int64)
+        self.first = np.searchsorted(self.extent_of[disk_order], np.arange(self.extents + 1))
+
+    def widen(self, ids) -> np.ndarray:
+        """Every id of the extents that `ids` touch (distinct, in disk order): what one read of
+        those extents brings."""
+        ext = np.unique(self.extent_of[np.asarray(ids, dtype=np.int64)])
+        if ext.size == 0:
+            return np.empty(0, dtype=np.int64)
+        lo, hi = self.first[ext], self.first[ext + 1]
+        counts = hi - lo
+        starts = np.repeat(lo - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts)
+        return self.by_extent[starts + np.arange(int(counts.sum()))]
+
+    @classmethod
+    def of_store(cls, store, extent_bytes: int | None = None) -> "ExtentLayout":
+        return cls(store.disk_order(), store.lengths,
+                   extent_bytes_for(store) if extent_bytes is None else extent_bytes)
+
+    def __len__(self) -> int:
+        return self.extent_of.size
+
+
+def arrange(ids, layout: ExtentLayout, window: int, rng: np.random.Generator) -> np.ndarray:
+    """`ids` (with repeats, any subset) in extent order: their extents in a random sequence,
+    the samples of each `window` consecutive extents of it shuffled together."""
+    ids = np.asarray(ids, dtype=np.int64)
+    if ids.size == 0:
+        return ids.copy()
+    ext = layout.extent_of[ids]
+    present = np.unique(ext)
+    rank = np.empty(layout.extents, dtype=np.int64)
+    rank[present] = rng.permutation(present.size)
+    win = rank[ext] // max(1, int(window))
+    return ids[np.lexsort((rng.random(ids.size), win))]
+
+
+def store_of(data_source):
+    """The packed store behind a data source (a PackedStore itself, or a CachedDataset's), or
+    None when there is none (a FolderStore, a tensor data set, a size)."""
+    for candidate in (data_source, getattr(data_source, "store", None)):
+        if candidate is not None and hasattr(candidate, "disk_order") and hasattr(candidate, "lengths"):
+            return candidate
+    return None

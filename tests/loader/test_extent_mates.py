@@ -1,0 +1,131 @@
+"""The miss path under the extent order (shadecache/tiers.py, extent mates): a miss reads its
+whole extent, the extent's other samples are offered to the cache (admitted by its policy), and
+what it refuses waits in the process's stage, instead of being read again
+when its turn comes; so an epoch reads each sample it does not hold once, in about one request
+per extent."""
+import numpy as np
+import pytest
+import torch
+
+import shadecache as sc
+
+from conftest import CLOUD_DEVICE as CLOUD  # noqa: E402
+
+
+@pytest.fixture
+def store(cloud_store):
+    return cloud_store
+
+
+def _epochs(store, cache, order, epochs=1, loader="cachedloader"):
+    ds = sc.CachedDataset(store, cache, decode=bytes)
+    sampler = sc.ShadeSampler(ds, cache=cache, order=order, rep_factor=0, seed=2,
+                              extent_window=2, extent_bytes=64 << 10)
+    if loader == "cachedloader":
+        it = sc.CachedLoader(ds, batch_size=64, sampler=sampler, num_workers=2, collate=list)
+    else:
+        it = torch.utils.data.DataLoader(ds, batch_size=64, sampler=sampler, num_workers=0,
+                                         collate_fn=list)
+    check = sc.PackedStore(store.path, gap_bytes=0)
+    rows = []
+    for e in range(epochs):
+        sampler.set_epoch(e)
+        before = store.io_counters()
+        seen = []
+        for batch in it:
+            for x, y, i in batch:
+                assert x == check.read(i)
+                seen.append(i)
+        sampler.end_epoch()
+        assert np.array_equal(np.sort(seen), np.arange(len(store)))
+        after = store.io_counters()
+        rows.append({k: after[k] - before[k] for k in after})
+    return rows, sampler
+
+
+@pytest.mark.parametrize("loader", ["cachedloader", "dataloader"])
+def test_an_extent_is_read_once_and_its_samples_wait_their_turn(store, cache_factory, loader):
+    """A cache of a third of the data (full after the first third of epoch 0, and admitting by
+    equal scores nothing new after that): the samples it refuses wait in the process's stage of
+    extent mates, so each epoch reads every sample it does not hold once, an extent at a time."""
+    cache = cache_factory(len(store), capacity=3 << 20, policy="importance")
+    rows, sampler = _epochs(store, cache, "extents", epochs=2, loader=loader)
+    extents = sampler.extents.extents
+    held = int(np.asarray(cache.cached_mask(), bool).sum())
+    assert 0 < held < len(store)
+    # (two assembly threads: a batch that looked at the cache while the other thread's extent
+    # was in flight reads a few of its samples again)
+    assert len(store) <= rows[0]["samples"] <= 1.05 * len(store), rows
+    assert rows[0]["requests"] <= 1.2 * extents, rows
+    # (what the stage still holds from the end of epoch 0 is not read again either)
+    assert 0.8 * (len(store) - held) <= rows[1]["samples"] <= 1.05 * (len(store) - held), (rows, held)
+    assert rows[1]["requests"] <= 1.2 * extents, rows
+
+
+def test_the_uniform_order_reads_sample_by_sample(store, cache_factory):
+    cache = cache_factory(len(store), capacity=32 << 20, policy="importance")
+    with sc.PackedStore(store.path, device=CLOUD) as plain:
+        rows, sampler = _epochs(plain, cache, "uniform")
+    assert sampler.order_kind == "uniform" and plain.extent_layout is None
+    assert rows[0]["samples"] == len(store) and rows[0]["requests"] > 0.5 * len(store)
+
+
+def test_mates_this_node_does_not_keep_or_already_holds_are_not_read(store, cache_factory):
+    from shadecache.sampling.extents import ExtentLayout
+    from shadecache.tiers import TierChain
+
+    cache = cache_factory(len(store), capacity=32 << 20)
+    store.read_whole_extents(ExtentLayout.of_store(store, 64 << 10))
+    chain = TierChain.for_node(store, cache)
+    first = int(store.disk_order()[0])
+    mates = store.extent_mates([first])
+    assert mates.size > 5 and first not in mates.tolist()
+    cache.put(int(mates[0]), store.read(int(mates[0])))
+    r = chain.read([first])
+    assert r.asked == 1 and r.ids[0] == first and int(mates[0]) not in r.ids.tolist()
+    assert sorted(r.ids[1:].tolist()) == sorted(mates[1:].tolist())
+    assert chain.admit(r).all()
+    assert np.asarray(cache.cached_mask(), bool)[mates].all()
+    assert chain.fetch([int(mates[3])]) == [store.read(int(mates[3]))]
+    store.read_whole_extents(None)
+    assert store.extent_mates([first]).size == 0
+
+
+def test_the_ssd_tier_serves_the_extents_it_holds_whole_and_no_others(store, tmp_path):
+    """Under whole-extent reads, a miss in an extent the SSD tier holds whole is read from the
+    tier with the extent's other samples, in one request per slot file, and the store is not asked; a miss in
+    an extent the tier holds only in part is left to the store (whose read of the extent brings
+    it anyway), and the tier is not asked at all. Extent mates offered back go to the tier in
+    disk order, so an extent lands in neighbouring slots."""
+    from shadecache.sampling.extents import ExtentLayout
+    from shadecache.tiers import TierChain
+
+    layout = ExtentLayout.of_store(store, 64 << 10)
+    store.read_whole_extents(layout)
+    members = [layout.by_extent[layout.first[e]:layout.first[e + 1]] for e in range(3)]
+    with sc.SSDTier(tmp_path / "ssd", capacity_bytes=8 << 20) as ssd:
+        chain = TierChain.for_node(store, None, ssd=ssd)
+        whole, part = members[0], members[1]
+        ssd.put_many(whole, store.read_many(whole))
+        ssd.put_many(part[::2], store.read_many(part[::2]))
+        ssd.flush()
+        before, requests = store.io_counters(), ssd.stats()["read_requests"]
+        r = chain.read([int(whole[3])])
+        files = np.unique(ssd._layout.size[whole]).size       # one slot file per size class
+        assert store.io_counters() == before and ssd.stats()["read_requests"] == requests + files
+        assert sorted(r.ids.tolist()) == sorted(whole.tolist()) and (r.source == 0).all()
+        assert r.values == store.read_many(r.ids) and r.counts["ssd"].hits == 1
+        before = store.io_counters()
+        r = chain.read([int(part[0])])
+        assert "ssd" not in r.counts and r.source[0] == 1          # the store's read
+        assert sorted(r.ids.tolist()) == sorted(part.tolist())
+        assert store.io_counters()["requests"] == before["requests"] + 1
+        # the store's mates go to the tier in disk order: extent 2 in neighbouring slots of
+        # each size class's file
+        r = chain.read([int(members[2][0])])
+        chain.admit(r)
+        ssd.flush()
+        assert ssd.holds(members[2]).all()
+        sizes, slots = ssd._layout.size[members[2]], ssd._layout.slot[members[2]]
+        for s in np.unique(sizes):
+            assert (np.diff(slots[sizes == s]) == 1).all(), (s, slots[sizes == s])

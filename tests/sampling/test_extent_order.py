@@ -1,0 +1,107 @@
+"""The extent order (shadecache/sampling/extents.py): the epoch's draw, arranged so that its
+misses come a few disk extents at a time; the draw itself, the cache's first place and the ranks'
+shares are unchanged; "auto" picks it where the store is IOPS-bound."""
+import numpy as np
+import pytest
+
+import shadecache as sc
+from shadecache.sampling.extents import ExtentLayout, arrange
+
+from conftest import CLOUD_DEVICE as CLOUD  # noqa: E402
+
+
+@pytest.fixture
+def store(cloud_store):
+    return cloud_store
+
+
+def _runs(ids, layout):
+    """How many times the extent changes along `ids`."""
+    e = layout.extent_of[ids]
+    return int((e[1:] != e[:-1]).sum()) + 1
+
+
+def test_arrange_keeps_the_ids_and_groups_them_by_window(store):
+    layout = ExtentLayout.of_store(store, extent_bytes=64 << 10)
+    assert abs(layout.extents - store.data_bytes / (64 << 10)) <= 1
+    ids = np.random.default_rng(1).integers(0, len(store), 5000)      # repeats allowed
+    rng = np.random.default_rng(2)
+    out = arrange(ids, layout, window=1, rng=rng)
+    assert np.array_equal(np.sort(out), np.sort(ids))
+    # window 1: every extent's samples are consecutive
+    assert _runs(out, layout) == np.unique(layout.extent_of[ids]).size
+    # window 4: each run of 4 extents is a block; blocks differ between draws
+    out4 = arrange(ids, layout, window=4, rng=np.random.default_rng(3))
+    ext = layout.extent_of[out4]
+    seen, blocks = set(), []
+    for e in ext.tolist():
+        if not blocks or e not in blocks[-1]:
+            if blocks and len(blocks[-1]) < 4:
+                blocks[-1].add(e)
+            else:
+                assert e not in seen, "an extent came back after its window"
+                blocks.append({e})
+            seen.add(e)
+    assert not np.array_equal(out4, arrange(ids, layout, window=4, rng=np.random.default_rng(4)))
+
+
+def test_the_sampler_draws_the_same_ids_in_extent_order(store):
+    u = sc.ShadeSampler(store, order="uniform", seed=3)
+    x = sc.ShadeSampler(store, order="extents", seed=3, extent_window=2, extent_bytes=64 << 10)
+    assert u.order_kind == "uniform" and x.order_kind == "extents"
+    a, b = np.fromiter(iter(u), np.int64), np.fromiter(iter(x), np.int64)
+    assert np.array_equal(np.sort(a), np.sort(b)) and np.array_equal(np.sort(b), np.arange(len(store)))
+    # a batch of 256 touches a handful of extents, not (nearly) one per sample
+    layout = x.extents
+    per_batch = [np.unique(layout.extent_of[b[k:k + 256]]).size for k in range(0, b.size, 256)]
+    uniform = [np.unique(layout.extent_of[a[k:k + 256]]).size for k in range(0, a.size, 256)]
+    assert 4 * max(per_batch) < min(uniform), (per_batch, uniform)
+    # epochs differ, and the next epoch's order is what the sampler draws then
+    nxt = x.next_epoch_order()
+    x.end_epoch()
+    c = np.fromiter(iter(x), np.int64)
+    assert not np.array_equal(b, c) and np.array_equal(nxt, c)
+
+
+def test_cached_samples_first_misses_in_extent_order(store, cache_factory):
+    cache = cache_factory(len(store), capacity=4 << 20)
+    for i in range(0, len(store), 3):
+        cache.put(i, store.read(i))
+    s = sc.ShadeSampler(store, cache=cache, order="extents", extent_window=1, rep_factor=0,
+                        seed=1, pads=True)
+    # cached first once there are scores (until then an epoch is the plain draw)
+    s.update(np.arange(8), np.linspace(0.1, 1.0, 8))
+    order = np.fromiter(iter(s), np.int64)
+    cached = np.asarray(cache.cached_mask(), bool)
+    k = int(cached[order].sum())
+    assert cached[order[:k]].all() and not cached[order[k:]].any()
+    misses = order[k:]
+    assert _runs(misses, s.extents) == np.unique(s.extents.extent_of[misses]).size
+
+
+def test_ranks_share_one_arrangement(store):
+    ranks = [sc.ShadeSampler(store, order="extents", num_replicas=2, rank=r, seed=5) for r in (0, 1)]
+    a, b = (np.fromiter(iter(r), np.int64) for r in ranks)
+    both = np.empty(a.size + b.size, np.int64)
+    both[0::2], both[1::2] = a, b
+    assert np.array_equal(np.sort(both), np.arange(len(store)))
+    one = sc.ShadeSampler(store, order="extents", seed=5)
+    assert np.array_equal(both, np.fromiter(iter(one), np.int64))
+
+
+def test_auto_picks_extents_where_the_store_is_iops_bound(store, tmp_path):
+    assert store.iops_bound
+    assert sc.ShadeSampler(store).order_kind == "extents"
+    assert sc.ShadeSampler(len(store)).order_kind == "uniform"              # no store known
+    assert sc.ShadeSampler(store, order="uniform").order_kind == "uniform"
+    ds = sc.CachedDataset(store, None)
+    assert sc.ShadeSampler(ds).order_kind == "extents"                      # the dataset's store
+    with sc.PackedStore(store.path, device={"iops": 3000, "bandwidth": 3 << 20}) as fast_requests:
+        assert not fast_requests.iops_bound
+        assert sc.ShadeSampler(fast_requests).order_kind == "uniform"
+    with pytest.raises(ValueError, match="needs the packed store"):
+        sc.ShadeSampler(len(store), order="extents")
+    with pytest.raises(ValueError, match="order must be"):
+        sc.ShadeSampler(store, order="chunks")
+    with pytest.raises(ValueError, match="extent_window"):
+        sc.ShadeSampler(store, order="extents", extent_window=0)
