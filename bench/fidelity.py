@@ -39,8 +39,11 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import shadecache as sc  # noqa: E402
 import fidelity_datasets as fdata  # noqa: E402
+from shadecache.sampling.extents import MIN_EXTENT_BYTES  # noqa: E402
 
 SECTION = "## Sampling fidelity"
+DEFAULT_JSON = os.path.join(HERE, "fidelity.jsonl")
+DEFAULT_PNG = os.path.join(HERE, "fidelity.png")
 SLOW_SECTION = "## Repeats on a slow store"
 CACHE_FRACTION = 0.10
 LR = 0.05
@@ -65,10 +68,11 @@ class Config:
 
 UNIFORM = "uniform"
 DEFAULTS = "defaults"
+EXTENTS = "extents"
 CONFIGS = {
     # the baseline: a seeded permutation per epoch, nothing reordered, repeated or deferred
     UNIFORM: Config(dict(importance=False, pads=False, rep_factor=0.0, substitute=0.0,
-                         stalls=False), policy="static"),
+                         stalls=False, order="uniform"), policy="static"),
     # whatever ShadeSampler() does without options (recorded with each run)
     DEFAULTS: Config({}),
     # the accuracy budget at 10% of the epoch's slots (the default before these measurements);
@@ -78,6 +82,14 @@ CONFIGS = {
     "no repeats": Config(dict(substitute=0.0, stall_budget=0.0)),
     # the stall budget at 10% of the epoch (slow store: what the default's 30% buys over it)
     "stall budget 10%": Config(dict(stall_budget=0.1)),
+    # the extent order at its default window over the defaults: what "auto" draws on an
+    # IOPS-bound store. Its extents are the smallest the default makes (64 KiB: 32 stored samples
+    # here), so a window (16 extents) holds 512 samples, 8 batches and 13-17% of a training set;
+    # the 3 KB run of bench/peers.py had 23 batches and 10% of its data per window: this is the
+    # harsher mix
+    EXTENTS: Config(dict(order="extents", extent_bytes=MIN_EXTENT_BYTES)),
+    # the defaults with the extent order off (slow store: what the repeats alone buy)
+    "no extent order": Config(dict(order="uniform")),
 }
 SWEEP_CONFIGS = (UNIFORM, "accuracy budget 10%", DEFAULTS)
 SCHEDULES = {"cosine": 12, "constant": 12}    # epochs; "cosine" decays to 0, "constant" does not
@@ -85,7 +97,7 @@ SCHEDULES = {"cosine": 12, "constant": 12}    # epochs; "cosine" decays to 0, "c
 
 def sampler_defaults():
     keep = ("rep_factor", "importance", "pads", "coverage_epochs", "temper", "substitute", "draw",
-            "stalls", "stall_budget")
+            "stalls", "stall_budget", "order", "extent_window")
     return {k: v for k, v in sc.ShadeSampler.defaults().items() if k in keep}
 
 
@@ -140,7 +152,7 @@ class BatchDecode:
 class Prepared:
     """One data set: its training set packed into a store under `folder`, its test tensors."""
 
-    def __init__(self, name, folder, direct=False):
+    def __init__(self, name, folder, direct=False, device=None):
         self.name = name
         self.spec = fdata.DATASETS[name]()
         x, y = self.spec["train"]
@@ -153,7 +165,7 @@ class Prepared:
         items = [(x[i].tobytes().ljust(pad, b"\0"), int(y[i])) for i in range(len(x))]
         self.path = os.path.join(folder, f"{name}.shc")
         sc.pack(items, self.path, progress=False)
-        self.store = sc.PackedStore(self.path, direct=direct)
+        self.store = sc.PackedStore(self.path, direct=direct, device=device)
         self.n = len(self.store)
         self.capacity = sc.Cache.capacity_for(round(CACHE_FRACTION * self.n), self.store.lengths)
 
@@ -235,6 +247,7 @@ def train_run(data: Prepared, label, schedule, seed, cache_name, prefetch=None,
                 board.unlink()
     test_acc, train_acc = data.test_accuracy(model)
     cov = sampler.coverage()
+    out["order"] = sampler.order_kind
     out.update(test_acc=test_acc, train_acc=train_acc, hit_ratio=st["hit_ratio"],
                bytes_read=st["bytes_read"], min_coverage=cov["min"],
                mean_weight=wsum / wcnt if wcnt else 1.0, wall_s=float(sum(out["epoch_s"])),
@@ -426,7 +439,7 @@ def write_section(md, section, content):
 def report(args):
     res = Results([r for r in load(args.json) if r["dataset"] in args.datasets])
     tab = table(res)
-    chk = checks(res)
+    chk = checks(res, args.check)
     print(tab)
     print()
     for name, ok, val in chk:
@@ -436,8 +449,13 @@ def report(args):
     if args.md:
         d = sampler_defaults()
         seeds = sorted({r["seed"] for r in res.runs})
-        body = [f"`nice -n 10 python bench/fidelity.py run` then `python bench/fidelity.py report "
-                f"--md BENCHMARKS.md` ({len(res.runs)} runs, seeds {seeds[0]}-{seeds[-1]}; "
+        js = os.path.relpath(args.json, os.path.dirname(HERE))
+        files = "" if args.json == DEFAULT_JSON else f" --json {js}"
+        shown = "" if args.png == DEFAULT_PNG else f" --png {os.path.relpath(args.png, os.path.dirname(HERE))}"
+        check = "" if args.check == DEFAULTS else f" --check {args.check!r}"
+        body = [f"`nice -n 10 python bench/fidelity.py run{files} --configs "
+                f"{','.join([UNIFORM] + res.labels)!r}` then `python bench/fidelity.py report{files}"
+                f"{shown}{check} --md BENCHMARKS.md` ({len(res.runs)} runs, seeds {seeds[0]}-{seeds[-1]}; "
                 f"{args.note}). Real training through a PackedStore (in tmpfs: the fast "
                 f"store), a shared-memory Cache "
                 f"({CACHE_FRACTION:.0%} of the samples), CachedLoader and ShadeSampler; the data "
@@ -453,9 +471,9 @@ def report(args):
                 f"mean per epoch. Stall repeats: summed over every seed and epoch (a fast store: "
                 f"no miss waits long enough to be worth one).",
                 "", f"![fidelity]({os.path.relpath(args.png, os.path.dirname(os.path.abspath(args.md)))})",
-                "", tab, "", "Acceptance at the defaults (fast store):", ""]
+                "", tab, "", f"Acceptance of \"{args.check}\" (fast store):", ""]
         body += [f"- {'PASS' if ok else 'FAIL'}: {n} (measured {v})" for n, ok, v in chk]
-        write_section(args.md, SECTION, "\n".join(body))
+        write_section(args.md, args.section, "\n".join(body))
         print(f"{args.md} updated")
     return 0 if chk and all(ok for _, ok, _ in chk) else 1
 
@@ -466,6 +484,10 @@ SLOW_CONFIGS = (UNIFORM, DEFAULTS, "no repeats")
 # enough to leave uniform only 3x I/O-bound would serve a sample in tens of microseconds, as fast
 # as memory: not storage the stall budget waits on (shadecache/sampling/stalls.py, STORAGE_S).
 MAX_IOPS = 2000
+# The disk's bandwidth: its IOPS x this many bytes, the shape of a cloud disk (gp3's baseline of
+# 3,000 IOPS at 125 MiB/s is a 43 KB request; 500 IOPS at 100 MB/s a 200 KB one). The store is
+# given these rates (device=): its own probe skips stores under 16 MiB, as these are
+REQUEST_BYTES = 64 << 10
 SLOW_SCHEDULE = "cosine"
 
 
@@ -530,11 +552,13 @@ def slow(args):
                 iops = int(max(200, min(MAX_IOPS, (1 - CACHE_FRACTION)
                                         / (args.io_bound * per_sample))))
                 size = fast.n * 4096 * 2 + (64 << 20)
-                with throttled_disk.ThrottledDisk(size, read_iops=iops, read_bps=1 << 30,
+                bps = iops * REQUEST_BYTES
+                with throttled_disk.ThrottledDisk(size, read_iops=iops, read_bps=bps,
                                                   read_ahead_kb=0) as disk:
-                    data = Prepared(dsn, disk.mount, direct=True)
+                    data = Prepared(dsn, disk.mount, direct=True,
+                                    device={"iops": iops, "bandwidth": bps})
                     _drop_pages(data.path)
-                    extra = {"read_iops": iops, "disk": disk.describe(),
+                    extra = {"read_iops": iops, "read_bps": bps, "disk": disk.describe(),
                              "io_bound_target": args.io_bound}
 
                     def on_epoch(epoch, path=data.path):
@@ -610,6 +634,7 @@ def slow_cells(runs):
                 uniform_wall=mean(lambda r: r["wall_s"], uni), wall=mean(lambda r: r["wall_s"]),
                 reach=(float(np.mean(hit)) if hit else None, len(hit)),
                 iops=uni[seeds[0]].get("read_iops"),
+                order="/".join(sorted({cfg[s].get("order", "uniform") for s in seeds})),
                 stall_repeats=mean(lambda r: r["stall_repeats"]),
                 stall_deferrals=mean(lambda r: r["stall_deferrals"]),
                 accuracy_repeats=mean(lambda r: r["accuracy_repeats"]),
@@ -631,6 +656,7 @@ def slow_report(args):
         reach = ("not reached" if c["reach"][0] is None
                  else f"{c['reach'][0]:.2f}× ({c['reach'][1]}/{c['seeds']})")
         name = f"**{label}** (the defaults)" if c["default"] else label
+        name += f", {c['order']} order"
         lines.append(f"| {ds} | {name} | {c['seeds']} | {c['iops']} | {c['io_bound']:.2f}× | "
                      f"{c['uniform_wall']:.1f} / {c['wall']:.1f} | {_pm(wr, wse, '{:.2f}')}× | "
                      f"{_pm(da, dse)} (t = {dt:+.1f}) | {reach} | {c['accuracy_repeats']:.0f} / "
@@ -651,7 +677,9 @@ def slow_report(args):
         body = [f"`python bench/fidelity.py slow` then `python bench/fidelity.py slow-report --md "
                 f"BENCHMARKS.md` ({args.note}). The training set on a throttled disk "
                 f"(bench/throttled_disk.py: ext4 on a loop device, reads limited by the cgroup v1 "
-                f"blkio controller to the IOPS given, read-ahead off, samples padded to 4 KiB and "
+                f"blkio controller to the IOPS given and, in runs that record it, IOPS x "
+                f"{REQUEST_BYTES >> 10} KiB/s (a cloud disk's shape; the store is given both rates), "
+                f"read-ahead off, samples padded to 4 KiB and "
                 f"read with O_DIRECT, the store's pages dropped before every epoch), the node's "
                 f"prefetcher reading the published order ahead, a cache of "
                 f"{CACHE_FRACTION:.0%} of the samples, CachedLoader, the {SLOW_SCHEDULE} schedule "
@@ -664,7 +692,8 @@ def slow_report(args):
                 f"standard error). Time to uniform's final accuracy − 0.3 points: this "
                 f"configuration's training time until its test accuracy first reached it, as a "
                 f"fraction of uniform's whole run. Device reads: requests the throttled device "
-                f"completed per run.", "", tab, "", "Acceptance (slow store, the defaults):", ""]
+                f"completed per run. The order is the one the sampler drew (\"auto\", the default, "
+                f"draws the extent order where the store is IOPS-bound).", "", tab, "", "Acceptance (slow store, the defaults):", ""]
         body += [f"- {'PASS' if ok else 'FAIL'}: {n} (measured {v})" for n, ok, v in chk]
         write_section(args.md, SLOW_SECTION, "\n".join(body))
         print(f"{args.md} updated")
@@ -677,18 +706,21 @@ def main(argv=None):
     sub = p.add_subparsers(dest="cmd", required=True)
     lst = lambda s: [x for x in s.split(",") if x]   # noqa: E731
     r = sub.add_parser("run", help="run (or continue) the sweep; one JSON line per run")
-    r.add_argument("--json", default=os.path.join(HERE, "fidelity.jsonl"))
+    r.add_argument("--json", default=DEFAULT_JSON)
     r.add_argument("--datasets", type=lst, default=list(fdata.DATASETS))
     r.add_argument("--schedules", type=lst, default=list(SCHEDULES))
     r.add_argument("--configs", type=lst, default=list(SWEEP_CONFIGS))
     r.add_argument("--seeds", type=int, default=12)
     r.set_defaults(func=run)
     q = sub.add_parser("report", help="tables, acceptance and the plot of a sweep")
-    q.add_argument("--json", default=os.path.join(HERE, "fidelity.jsonl"))
-    q.add_argument("--png", default=os.path.join(HERE, "fidelity.png"))
+    q.add_argument("--json", default=DEFAULT_JSON)
+    q.add_argument("--png", default=DEFAULT_PNG)
     q.add_argument("--md", default=None, help="write the section into this Markdown file")
     q.add_argument("--datasets", type=lst, default=list(fdata.DATASETS))
     q.add_argument("--note", default="", help="a line for the Markdown (e.g. how long it took)")
+    q.add_argument("--check", default=DEFAULTS, choices=list(CONFIGS),
+                   help="the configuration whose acceptance is checked")
+    q.add_argument("--section", default=SECTION, help="the Markdown heading to write")
     q.set_defaults(func=report)
     w = sub.add_parser("slow", help="slow-store mode: uniform and defaults on a throttled disk "
                                     "(root)")
