@@ -88,8 +88,6 @@ CONFIGS = {
     # the 3 KB run of bench/peers.py had 23 batches and 10% of its data per window: this is the
     # harsher mix
     EXTENTS: Config(dict(order="extents", extent_bytes=MIN_EXTENT_BYTES)),
-    # the defaults with the extent order off (slow store: what the repeats alone buy)
-    "no extent order": Config(dict(order="uniform")),
 }
 SWEEP_CONFIGS = (UNIFORM, "accuracy budget 10%", DEFAULTS)
 SCHEDULES = {"cosine": 12, "constant": 12}    # epochs; "cosine" decays to 0, "constant" does not
@@ -484,10 +482,6 @@ SLOW_CONFIGS = (UNIFORM, DEFAULTS, "no repeats")
 # enough to leave uniform only 3x I/O-bound would serve a sample in tens of microseconds, as fast
 # as memory: not storage the stall budget waits on (shadecache/sampling/stalls.py, STORAGE_S).
 MAX_IOPS = 2000
-# The disk's bandwidth: its IOPS x this many bytes, the shape of a cloud disk (gp3's baseline of
-# 3,000 IOPS at 125 MiB/s is a 43 KB request; 500 IOPS at 100 MB/s a 200 KB one). The store is
-# given these rates (device=): its own probe skips stores under 16 MiB, as these are
-REQUEST_BYTES = 64 << 10
 SLOW_SCHEDULE = "cosine"
 
 
@@ -552,13 +546,11 @@ def slow(args):
                 iops = int(max(200, min(MAX_IOPS, (1 - CACHE_FRACTION)
                                         / (args.io_bound * per_sample))))
                 size = fast.n * 4096 * 2 + (64 << 20)
-                bps = iops * REQUEST_BYTES
-                with throttled_disk.ThrottledDisk(size, read_iops=iops, read_bps=bps,
+                with throttled_disk.ThrottledDisk(size, read_iops=iops, read_bps=1 << 30,
                                                   read_ahead_kb=0) as disk:
-                    data = Prepared(dsn, disk.mount, direct=True,
-                                    device={"iops": iops, "bandwidth": bps})
+                    data = Prepared(dsn, disk.mount, direct=True)
                     _drop_pages(data.path)
-                    extra = {"read_iops": iops, "read_bps": bps, "disk": disk.describe(),
+                    extra = {"read_iops": iops, "disk": disk.describe(),
                              "io_bound_target": args.io_bound}
 
                     def on_epoch(epoch, path=data.path):
@@ -677,9 +669,7 @@ def slow_report(args):
         body = [f"`python bench/fidelity.py slow` then `python bench/fidelity.py slow-report --md "
                 f"BENCHMARKS.md` ({args.note}). The training set on a throttled disk "
                 f"(bench/throttled_disk.py: ext4 on a loop device, reads limited by the cgroup v1 "
-                f"blkio controller to the IOPS given and, in runs that record it, IOPS x "
-                f"{REQUEST_BYTES >> 10} KiB/s (a cloud disk's shape; the store is given both rates), "
-                f"read-ahead off, samples padded to 4 KiB and "
+                f"blkio controller to the IOPS given, read-ahead off, samples padded to 4 KiB and "
                 f"read with O_DIRECT, the store's pages dropped before every epoch), the node's "
                 f"prefetcher reading the published order ahead, a cache of "
                 f"{CACHE_FRACTION:.0%} of the samples, CachedLoader, the {SLOW_SCHEDULE} schedule "
