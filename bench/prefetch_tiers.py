@@ -28,6 +28,7 @@ prefetcher's reads and insertions, and the cache's evictions. The target: with t
 from __future__ import annotations
 
 import argparse
+import json
 import contextlib
 import os
 import shutil
@@ -138,8 +139,14 @@ def run_mode(mode, store_path, dev, ssd_dir, args):
             sc.OrderBoard.create(name, n) as board:
         ssd = sc.SSDTier(ssd_dir, capacity_bytes=ssd_bytes, cache=cache)
         ds = sc.CachedDataset(store, cache, ssd=ssd)
-        sampler = sc.ShadeSampler(ds, cache=cache, batch_size=args.batch, seed=0)
+        sampler = sc.ShadeSampler(ds, cache=cache, batch_size=args.batch, seed=0, **args.sampler)
         loader = sc.CachedLoader(ds, batch_size=args.batch, sampler=sampler, num_workers=2)
+        if args.detail:   # what the store measured at open decides the order "auto" draws
+            measured = {k: (round(v) if isinstance(v, float) else v) for k, v in store.device.items()}
+            print(f"    store: device {measured}, iops_bound {store.iops_bound}; sampler order "
+                  f"{sampler.order_kind}" + ("" if sampler.extents is None else
+                                             f", extents of {sampler.extents.extent_bytes:,} B"),
+                  flush=True)
         pf = None
         if mode != "none":
             pf = sc.Prefetcher(cache, store, ssd=ssd if mode == "chain" else None,
@@ -186,6 +193,8 @@ def main(argv=None):
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--workdir", default="/var/tmp")
     ap.add_argument("--detail", action="store_true", help="per epoch: who read what, evictions")
+    ap.add_argument("--sampler", type=json.loads, default={},
+                    help='ShadeSampler options over its defaults, as JSON (e.g. \'{"order": "uniform"}\')')
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     modes = args.modes.split(",")

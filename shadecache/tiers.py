@@ -39,6 +39,7 @@ may (the Cluster's connections may not: CachedDataset serialises its misses per 
 """
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from typing import NamedTuple, Sequence
@@ -115,6 +116,23 @@ class MateStage:
         self.capacity = int(capacity)
         self._d = OrderedDict()   # id -> (value, source)
         self._bytes = 0
+        self._served = None       # (epoch, bool per id): asked of the chain in that epoch
+
+    def served(self, ids: np.ndarray, layout) -> np.ndarray:
+        """Bool mask: which of `ids` this process's chain was asked for in the layout's current
+        epoch. Only where the sampler that sets the epoch runs (layout.epoch_pid): elsewhere
+        nothing counts as served."""
+        s = self._served
+        if layout.epoch_pid != os.getpid() or s is None or s[0] != layout.epoch:
+            return np.zeros(ids.size, dtype=bool)
+        return s[1][ids]
+
+    def mark_served(self, ids: np.ndarray, layout) -> None:
+        if layout.epoch_pid != os.getpid():
+            return
+        if self._served is None or self._served[0] != layout.epoch:
+            self._served = (layout.epoch, np.zeros(len(layout), dtype=bool))
+        self._served[1][ids] = True
 
     def put(self, ids, values, sources) -> None:
         for i, v, src in zip(ids, values, sources):
@@ -183,7 +201,6 @@ class TierChain:
         layout = getattr(self.store, "extent_layout", None)
         if layout is None:
             return None
-        import os
         if self._stage is None or self._stage[0] != os.getpid():
             self._stage = (os.getpid(), MateStage(min(256 << 20, 32 * layout.extent_bytes)))
         return self._stage[1]
@@ -239,6 +256,9 @@ class TierChain:
         reads whole extents, their other samples come along as mates (Read)."""
         r = self.read_tiers(ids)
         rest = r.missing()
+        stage = self.stage()
+        if stage is not None:
+            stage.mark_served(r.ids[:r.asked], self.store.extent_layout)
         if rest.size and self.store is not None:
             mates = self.extent_mates(r.ids[rest])
             t0 = time.perf_counter_ns()
@@ -274,6 +294,12 @@ class TierChain:
         stage = self.stage() if mates.size else None
         if stage is not None and len(stage):
             mates = mates[~stage.mask(mates)]
+        if stage is not None and mates.size:
+            # what this epoch's order asked for already is not read again as a mate: a sample
+            # asked again in its extent's window (one cached when its extent was read, evicted
+            # since by the mates admitted after it) is read with the extent's unserved samples
+            # only, not with the whole extent
+            mates = mates[~stage.served(mates, self.store.extent_layout)]
         return mates
 
     def admit(self, r: Read, insert=None) -> np.ndarray:

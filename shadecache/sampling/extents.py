@@ -57,6 +57,12 @@ class ExtentLayout:
         self.position = np.empty(n, dtype=np.int64)   # each id's place in the disk order
         self.position[disk_order] = np.arange(n, dtype=np.int64)
         self.first = np.searchsorted(self.extent_of[disk_order], np.arange(self.extents + 1))
+        # The epoch the sampler that drew this layout is in, and that sampler's process
+        # (ShadeSampler.set_epoch sets both): in that process the tier chain knows what it served
+        # this epoch (tiers.MateStage.served). A copy in another process (a DataLoader worker,
+        # the prefetcher) is not told, and its pid differs.
+        self.epoch = 0
+        self.epoch_pid = None
 
     def widen(self, ids) -> np.ndarray:
         """Every id of the extents that `ids` touch (distinct, in disk order): what one read of

@@ -46,6 +46,7 @@ epoch's observations, coverage and losses are summed across ranks (torch.distrib
 backend that reduces CPU tensors, e.g. gloo) and folded into the scores.
 """
 import math
+import os
 import warnings
 
 import numpy as np
@@ -227,6 +228,8 @@ class ShadeSampler(Sampler):
                           f"in epoch {self.epoch} are not folded into the scores (nor merged across ranks), "
                           "so the draw keeps the scores of the last end_epoch; call sampler.end_epoch() "
                           "at the end of every epoch", RuntimeWarning, stacklevel=2)
+        if self.extents is not None:
+            self.extents.epoch, self.extents.epoch_pid = epoch, os.getpid()
         if epoch != self.epoch:
             self.epoch = epoch
             self._order = None
