@@ -16,7 +16,7 @@ from shadecache import _io
 from shadecache.store.legacy import VersionOneStore
 
 from other_user import VICTIM, PrivateDir, needs_root, run_as  # noqa: E402
-from store_layout import write_version_one  # noqa: E402
+from store_layout import crc32c_of_zeros, write_version_one  # noqa: E402
 
 V1_HEADER = struct.Struct("<8sIIIIQQQIIQQQ44sI")
 V1_DIR_OFF, V1_DIR_BYTES, V1_DIR_CRC = 32, 40, 48   # byte offsets of those header fields
@@ -103,13 +103,7 @@ def test_a_sample_larger_than_one_read_is_converted_whole(tmp_path):
     (zeros, a hole of a sparse file: nothing of it is on disk) is read whole, its checksum holds.
     Before, the first short read was taken for a truncated file."""
     length = (2 << 30) + (1 << 20)
-    zero = bytes(64 << 20)
-    crc, left = 0, length
-    while left:
-        k = min(left, len(zero))
-        crc = _io.crc32c(memoryview(zero)[:k], crc)
-        left -= k
-    del zero
+    crc = crc32c_of_zeros(length)
     dir_off = 4096 + length          # a multiple of 4096, as version 1 placed everything
     entry = struct.pack("<QIIq", 4096, length, crc, 7)
     meta = b"{}"
