@@ -35,6 +35,17 @@ def forge(raw, **fields) -> bytes:
     return bytes(out)
 
 
+def crc32c_of_zeros(n: int) -> int:
+    """crc32c of `n` zero bytes (the hole of a sparse file), in 64 MiB pieces (the seed chains)."""
+    zero = bytes(64 << 20)
+    crc = 0
+    while n:
+        k = min(n, len(zero))
+        crc = _io.crc32c(memoryview(zero)[:k], crc)
+        n -= k
+    return crc
+
+
 def columns(raw) -> tuple:
     """(lengths, crcs, labels) as numpy arrays, read from the directory of `raw`."""
     h = header(raw)

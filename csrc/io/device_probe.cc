@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "common/error.h"
 #include "io/store_format.h"
 
 namespace shadecache {
@@ -32,6 +34,16 @@ double timed_reads(IoBackend& backend, int fd, bool direct, std::vector<RangeRea
 DeviceProbe probe_device(const std::string& path, int buffered_fd, uint64_t lo, uint64_t hi,
                          IoBackend& backend, unsigned small, unsigned large, uint64_t seed) {
   DeviceProbe out;
+  if (small == 0 || large == 0)
+    throw Error(ErrorKind::kInvalidArgument, "probe_device: small and large must be >= 1 (reads "
+                                             "per batch), not " + std::to_string(small) + " and " +
+                                             std::to_string(large));
+  constexpr uint32_t kSmall = 4096, kLarge = 1u << 20;
+  lo = store::align_down(lo);
+  uint64_t span = hi > lo ? hi - lo : 0;
+  uint32_t large_bytes = static_cast<uint32_t>(std::min<uint64_t>(kLarge, std::max<uint64_t>(span, kSmall)));
+  // Allocated before the descriptor is opened: nothing to close when it cannot be.
+  std::unique_ptr<char[]> buf(new char[std::max<size_t>(size_t{small} * kSmall, size_t{large} * large_bytes) + large_bytes]);
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
   struct stat a, b;
   if (fd >= 0 && (::fstat(fd, &a) != 0 || ::fstat(buffered_fd, &b) != 0 || a.st_dev != b.st_dev ||
@@ -41,17 +53,12 @@ DeviceProbe probe_device(const std::string& path, int buffered_fd, uint64_t lo, 
   }
   out.direct = fd >= 0;
   int use = out.direct ? fd : buffered_fd;
-  lo = store::align_down(lo);
-  uint64_t span = hi > lo ? hi - lo : 0;
   uint64_t state = seed;
   auto place = [&](uint64_t bytes) {  // a random aligned offset with `bytes` inside [lo, hi)
     state = state * 6364136223846793005ull + 1442695040888963407ull;
     uint64_t room = span > bytes ? (span - bytes) / store::kAlign : 0;
     return lo + (room ? (state >> 11) % (room + 1) : 0) * store::kAlign;
   };
-  constexpr uint32_t kSmall = 4096, kLarge = 1u << 20;
-  uint32_t large_bytes = static_cast<uint32_t>(std::min<uint64_t>(kLarge, std::max<uint64_t>(span, kSmall)));
-  std::unique_ptr<char[]> buf(new char[std::max<size_t>(size_t{small} * kSmall, size_t{large} * large_bytes) + large_bytes]);
   try {
     // One untimed read of each size first: the backend sizes (and registers) its O_DIRECT
     // buffers for the largest read, which must not be part of what is timed. Then batches of

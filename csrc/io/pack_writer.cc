@@ -86,21 +86,23 @@ PackWriter::PackWriter(const std::string& path, bool shuffle, uint64_t seed)
   tmp_path_ = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
   fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd_ < 0) throw_errno("PackWriter: create " + tmp_path_, errno);
+  // A constructor that throws has no destructor: whatever fails here (the staging file, the
+  // header block's write with shuffle) removes the temporary file and closes both descriptors.
   try {
     if (shuffle_) stage_fd_ = open_staging(dir_of(path_), tmp_path_ + ".stage");
+    buf_.resize(kBufBytes);
+    // The header block stays zero until close(): a killed pack leaves a file with bad magic.
+    out_fd_ = fd_;
+    pos_ = 0;
+    write_all(std::vector<char>(store::kHeaderBytes, 0).data(), store::kHeaderBytes);
+    if (shuffle_) {
+      flush();
+      out_fd_ = stage_fd_;
+      pos_ = 0;
+    }
   } catch (...) {
     abort();
     throw;
-  }
-  buf_.resize(kBufBytes);
-  // The header block stays zero until close(): a killed pack leaves a file with bad magic.
-  out_fd_ = fd_;
-  pos_ = 0;
-  write_all(std::vector<char>(store::kHeaderBytes, 0).data(), store::kHeaderBytes);
-  if (shuffle_) {
-    flush();
-    out_fd_ = stage_fd_;
-    pos_ = 0;
   }
 }
 

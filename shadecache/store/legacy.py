@@ -25,14 +25,16 @@ __all__ = ["VersionOneStore", "format_version"]
 _HEADER = struct.Struct("<8sIIIIQQQIIQQQ44sI")
 _ENTRY = np.dtype([("offset", "<u8"), ("length", "<u4"), ("crc", "<u4"), ("label", "<i8")])
 MAGIC = b"SHDCPACK"
+_ONE_READ = 1 << 30   # bytes asked of one pread (Linux returns at most 2 GiB - 4 KiB of one)
 
 
 def format_version(path) -> int | None:
-    """The format version a store file says it has, or None when it is not a store."""
+    """The format version a store file says it has, or None when it is not a store. A file this
+    user may not read is a PermissionError naming it (it may well be a store)."""
     try:
         with open(path, "rb") as f:
             head = f.read(12)
-    except (IsADirectoryError, PermissionError):
+    except IsADirectoryError:
         return None
     if len(head) < 12 or head[:8] != MAGIC:
         return None
@@ -40,7 +42,8 @@ def format_version(path) -> int | None:
 
 
 class VersionOneStore:
-    """A map-style data set over a version-1 store: ``len()``, ``store[i] -> (bytes, label)``,
+    """A map-style data set over a version-1 store: ``len()``, ``store[i] -> (bytes, label)``
+    (a bytearray for a sample over 1 GiB, read in pieces into one buffer),
     ``meta``. Every header field, the directory's and the metadata's checksums are checked at
     open; each sample's checksum when it is read (CorruptSampleError)."""
 
@@ -57,10 +60,22 @@ class VersionOneStore:
         raise StoreFormatError(f"{self.path}: {why}")
 
     def _read(self, off, n, what):
-        b = os.pread(self._fd, n, off)
-        if len(b) != n:
-            self._fail(f"truncated while reading the {what}")
-        return b
+        if n <= _ONE_READ:
+            b = os.pread(self._fd, n, off)
+            if len(b) != n:
+                self._fail(f"truncated while reading the {what}")
+            return b
+        # One pread returns at most 2 GiB - 4 KiB (Linux): a larger read is completed in pieces
+        # (into one buffer: a sample of up to 4 GiB - 1 is not held twice).
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        while got < n:
+            k = os.preadv(self._fd, [view[got:got + _ONE_READ]], off + got)
+            if k == 0:
+                self._fail(f"truncated while reading the {what}")
+            got += k
+        return buf
 
     def _load(self):
         size = os.fstat(self._fd).st_size
@@ -82,8 +97,10 @@ class VersionOneStore:
         if _io.crc32c(directory) != dir_crc:
             self._fail("sample directory damaged: checksum mismatch")
         self._dir = np.frombuffer(directory, dtype=_ENTRY)
-        ends = self._dir["offset"].astype(np.uint64) + self._dir["length"]
-        if n and (self._dir["offset"].min() < 4096 or ends.max() > dir_off):
+        # Offsets are bounded first: offset + length in uint64 would wrap for one near 2^64.
+        offsets = self._dir["offset"]
+        ends = offsets.astype(np.uint64) + self._dir["length"]
+        if n and (offsets.min() < 4096 or offsets.max() > dir_off or ends.max() > dir_off):
             self._fail("sample directory damaged: an entry lies outside the data region")
         meta = self._read(meta_off, meta_bytes, "metadata")
         if _io.crc32c(meta) != meta_crc:

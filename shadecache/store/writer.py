@@ -170,12 +170,12 @@ def pack(src, dst: str | os.PathLike, *, progress: bool = True, meta: dict | Non
     elif not (hasattr(src, "__len__") and hasattr(src, "__getitem__")):
         raise TypeError("pack: src must be a folder, a list of (path, label) or a map-style data "
                         f"set yielding (bytes, label), not {type(src).__name__}")
-    n = len(folder) if folder is not None else len(src)
-    if n == 0:
-        raise ValueError(f"pack: the source {src!r} is empty; there is nothing to pack")
-    if folder is None:
-        meta.setdefault("source", type(src).__name__)
-    try:
+    try:   # from here on, a store opened above is closed whatever happens
+        n = len(folder) if folder is not None else len(src)
+        if n == 0:
+            raise ValueError(f"pack: the source {src!r} is empty; there is nothing to pack")
+        if folder is None:
+            meta.setdefault("source", type(src).__name__)
         _write(src, folder, dst, meta, n, batch, progress, shuffle, seed, tqdm)
     finally:
         if opened is not None:

@@ -21,7 +21,7 @@ from shadecache import _io
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from store_layout import forge, header  # noqa: E402  (tests/store_layout.py: the header's fields)
+from store_layout import crc32c_of_zeros, forge, header  # noqa: E402  (tests/store_layout.py: the header's fields)
 
 
 def run_py(code, timeout=60):
@@ -161,13 +161,7 @@ def test_a_sparse_file_claiming_a_huge_directory_allocates_nothing(small_store, 
     n = (3 << 30) // per
     dir_off = 4096
     dir_bytes = n * per + 16
-    # crc32c of dir_bytes zero bytes, in 64 MiB pieces (the seed chains)
-    zero = bytes(64 << 20)
-    crc, left = 0, dir_bytes
-    while left:
-        k = min(left, len(zero))
-        crc = _io.crc32c(memoryview(zero)[:k], crc)
-        left -= k
+    crc = crc32c_of_zeros(dir_bytes)
     meta_off = dir_off + dir_bytes
     p = tmp_path / "sparse.shc"
     with open(p, "wb") as f:

@@ -97,3 +97,43 @@ def test_labels_must_be_int64_integers(tmp_path, label, error):
     with pytest.raises(error, match="label"):
         _pack(tmp_path / "s.shc", [(b"x", label)])
     assert not (tmp_path / "s.shc").exists()
+
+
+def test_a_shuffled_writer_that_cannot_write_its_header_leaves_nothing_behind(tmp_path):
+    """The header block is written when a shuffled writer starts (before samples are staged).
+    Under a file-size limit below it (RLIMIT_FSIZE, SIGXFSZ ignored: the write fails with EFBIG),
+    the constructor's OSError names the temporary file and nothing stays: no temporary file in
+    the directory, no descriptor open on it or on the staging file (before, both were left)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    d = tmp_path / "out"
+    d.mkdir()
+    code = textwrap.dedent(f"""
+        import errno, os, resource, signal
+        import shadecache as sc
+        d = {str(d)!r}
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
+        try:
+            sc.PackWriter(os.path.join(d, "s.shc"), shuffle=True)
+        except OSError as e:
+            assert e.errno == errno.EFBIG and "s.shc.tmp." in str(e), e
+        else:
+            raise SystemExit("a writer started past the file-size limit")
+        fds = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                target = os.readlink(f"/proc/self/fd/{{fd}}")
+            except OSError:
+                continue
+            if target.startswith(os.path.realpath(d)):
+                fds.append(target)
+        print("left", sorted(os.listdir(d)), "fds", fds)
+    """)
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=repo),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "left [] fds []", r.stdout
