@@ -182,6 +182,7 @@ class TierChain:
         room for 32 extents, the sampler's default window twice."""
         layout = getattr(self.store, "extent_layout", None)
         if layout is None:
+            self._stage = None   # the reads stopped: what was staged for them is not kept
             return None
         import os
         if self._stage is None or self._stage[0] != os.getpid():
