@@ -160,11 +160,11 @@ class ShadeSampler(Sampler):
             raise ValueError(f"epoch_size must be at least 1, got {epoch_size!r}")
         self.num_samples = math.ceil(size / self.num_replicas)     # this rank's share
         self.total_size = self.num_samples * self.num_replicas
-        self.extents = self._extent_layout(order, store if store is not None else store_of(data_source),
-                                           extent_bytes)
-        self.order_kind = "uniform" if self.extents is None else "extents"
         if int(extent_window) < 1:
             raise ValueError(f"extent_window must be >= 1, got {extent_window}")
+        store = store if store is not None else store_of(data_source)
+        self.extents = self._extent_layout(order, store, extent_bytes)
+        self.order_kind = "uniform" if self.extents is None else "extents"
         self.extent_window = int(extent_window)
         self.table = ImportanceTable(self.n, self.batch_size, smoothing)
         self.last_drawn = np.full(self.n, -1, dtype=np.int64)   # last epoch each id was trained
@@ -190,6 +190,11 @@ class ShadeSampler(Sampler):
         self._scored = False        # update() has given scores (has_scores)
         self._warned_unmerged = False
         self._push_scores(np.arange(self.n, dtype=np.int64), self.table.scores)
+        if self.extents is not None:
+            # misses now come an extent at a time: the miss path reads whole extents and keeps the
+            # samples due later in the window (tiers.py, extent mates). Last: a constructor that
+            # refuses its options leaves the store reading as it did.
+            store.read_whole_extents(self.extents)
 
     def _extent_layout(self, order, store, extent_bytes):
         if order not in ("auto", "uniform", "extents"):
@@ -201,11 +206,7 @@ class ShadeSampler(Sampler):
                              "source over one (a PackedStore, a CachedDataset of one)")
         if len(store) != self.n:
             raise ValueError(f"the store has {len(store)} samples, the data set {self.n}")
-        layout = ExtentLayout.of_store(store, extent_bytes)
-        # misses now come an extent at a time: the miss path reads whole extents and keeps the
-        # samples due later in the window (tiers.py, extent mates)
-        store.read_whole_extents(layout)
-        return layout
+        return ExtentLayout.of_store(store, extent_bytes)
 
     @classmethod
     def defaults(cls) -> dict:

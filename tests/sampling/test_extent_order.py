@@ -105,3 +105,13 @@ def test_auto_picks_extents_where_the_store_is_iops_bound(store, tmp_path):
         sc.ShadeSampler(store, order="chunks")
     with pytest.raises(ValueError, match="extent_window"):
         sc.ShadeSampler(store, order="extents", extent_window=0)
+
+
+def test_a_sampler_that_refuses_its_options_leaves_the_store_reading_as_before(store):
+    """A constructor that raises changes nothing: the store does not start reading whole extents
+    for an extent order that never came to be (every later reader of it would pay for them)."""
+    for bad in ({"extent_window": 0}, {"smoothing": 0.0}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            sc.ShadeSampler(store, order="extents", extent_bytes=64 << 10, **bad)
+        assert store.extent_layout is None and store.extent_mates([0]).size == 0
+
