@@ -162,7 +162,7 @@ class ShadeSampler(Sampler):
         self.total_size = self.num_samples * self.num_replicas
         if int(extent_window) < 1:
             raise ValueError(f"extent_window must be >= 1, got {extent_window}")
-        store = store if store is not None else store_of(data_source)
+        store = store_of(store if store is not None else data_source)   # None: not a packed store
         self.extents = self._extent_layout(order, store, extent_bytes)
         self.order_kind = "uniform" if self.extents is None else "extents"
         self.extent_window = int(extent_window)

@@ -115,3 +115,16 @@ def test_a_sampler_that_refuses_its_options_leaves_the_store_reading_as_before(s
             sc.ShadeSampler(store, order="extents", extent_bytes=64 << 10, **bad)
         assert store.extent_layout is None and store.extent_mates([0]).size == 0
 
+
+def test_a_store_that_is_not_packed_gives_the_uniform_order_or_says_so(tmp_path):
+    """store= a FolderStore (no disk order): "auto" is the uniform order, "extents" a clear
+    ValueError, as for a data source without a packed store behind it."""
+    root = tmp_path / "imgs"
+    (root / "a").mkdir(parents=True)
+    for j in range(5):
+        (root / "a" / f"{j}.bin").write_bytes(bytes([j]) * 100)
+    folder = sc.FolderStore(root)
+    assert sc.ShadeSampler(len(folder), store=folder).order_kind == "uniform"
+    with pytest.raises(ValueError, match="needs the packed store"):
+        sc.ShadeSampler(len(folder), store=folder, order="extents")
+
