@@ -128,3 +128,17 @@ def test_a_store_that_is_not_packed_gives_the_uniform_order_or_says_so(tmp_path)
     with pytest.raises(ValueError, match="needs the packed store"):
         sc.ShadeSampler(len(folder), store=folder, order="extents")
 
+
+def test_ranks_arrange_alike_whatever_device_each_measured(store, tmp_path):
+    """Two real ranks (gloo): each opens the store and measures the device itself, and the default
+    extent size and "auto"'s choice come from that measurement. The ranks' shares are positions
+    of one arranged sequence, so they must agree on both, or the epoch trains some samples twice
+    and others never."""
+    import torch.multiprocessing as tmp_mp
+    from node_ranks import arrange_on_rank
+
+    tmp_mp.spawn(arrange_on_rank, args=(2, str(tmp_path / "rdzv"), store.path, str(tmp_path)),
+                 nprocs=2, join=True)
+    for case in ("extent size", "auto"):
+        both = np.concatenate([np.load(tmp_path / f"{case}-{r}.npy") for r in (0, 1)])
+        assert np.array_equal(np.sort(both), np.arange(len(store))), case
