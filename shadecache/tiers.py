@@ -200,6 +200,7 @@ class TierChain:
         room for 32 extents, the sampler's default window twice."""
         layout = getattr(self.store, "extent_layout", None)
         if layout is None:
+            self._stage = None   # the reads stopped: what was staged for them is not kept
             return None
         if self._stage is None or self._stage[0] != os.getpid():
             self._stage = (os.getpid(), MateStage(min(256 << 20, 32 * layout.extent_bytes)))

@@ -54,7 +54,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Sampler
 
-from .extents import DEFAULT_WINDOW, ExtentLayout, arrange, store_of
+from .extents import DEFAULT_WINDOW, ExtentLayout, arrange, extent_bytes_for, store_of
 from .importance import ImportanceTable
 from .stalls import StallPlanner, StallView
 from ..lookahead.publish import board_for, publish_ahead, published_iter, rewrite_published
@@ -161,11 +161,11 @@ class ShadeSampler(Sampler):
             raise ValueError(f"epoch_size must be at least 1, got {epoch_size!r}")
         self.num_samples = math.ceil(size / self.num_replicas)     # this rank's share
         self.total_size = self.num_samples * self.num_replicas
-        self.extents = self._extent_layout(order, store if store is not None else store_of(data_source),
-                                           extent_bytes)
-        self.order_kind = "uniform" if self.extents is None else "extents"
         if int(extent_window) < 1:
             raise ValueError(f"extent_window must be >= 1, got {extent_window}")
+        store = store_of(store if store is not None else data_source)   # None: not a packed store
+        self.extents = self._extent_layout(order, store, extent_bytes)
+        self.order_kind = "uniform" if self.extents is None else "extents"
         self.extent_window = int(extent_window)
         self.table = ImportanceTable(self.n, self.batch_size, smoothing)
         self.last_drawn = np.full(self.n, -1, dtype=np.int64)   # last epoch each id was trained
@@ -191,22 +191,42 @@ class ShadeSampler(Sampler):
         self._scored = False        # update() has given scores (has_scores)
         self._warned_unmerged = False
         self._push_scores(np.arange(self.n, dtype=np.int64), self.table.scores)
+        if self.extents is not None:
+            # misses now come an extent at a time: the miss path reads whole extents and keeps the
+            # samples due later in the window (tiers.py, extent mates). Last: a constructor that
+            # refuses its options leaves the store reading as it did.
+            store.read_whole_extents(self.extents)
 
     def _extent_layout(self, order, store, extent_bytes):
         if order not in ("auto", "uniform", "extents"):
             raise ValueError(f"order must be 'auto', 'uniform' or 'extents', got {order!r}")
-        if order == "uniform" or (order == "auto" and (store is None or not store.iops_bound)):
+        if order == "uniform":
             return None
-        if store is None:
+        if order == "extents" and store is None:
             raise ValueError("order='extents' needs the packed store: pass store=, or a data "
                              "source over one (a PackedStore, a CachedDataset of one)")
-        if len(store) != self.n:
+        use = store is not None and (order == "extents" or store.iops_bound)
+        if use and len(store) != self.n:
             raise ValueError(f"the store has {len(store)} samples, the data set {self.n}")
-        layout = ExtentLayout.of_store(store, extent_bytes)
-        # misses now come an extent at a time: the miss path reads whole extents and keeps the
-        # samples due later in the window (tiers.py, extent mates)
-        store.read_whole_extents(layout)
-        return layout
+        if store is not None and (order == "auto" or extent_bytes is None):
+            # "auto"'s choice and the default extent size come from the device figures this
+            # process measured at open, which differ between processes; the ranks' shares are
+            # positions of one arranged sequence, so every rank must take the same
+            use, extent_bytes = self._agreed(use, extent_bytes_for(store) if extent_bytes is None
+                                             else extent_bytes)
+        return ExtentLayout.of_store(store, extent_bytes) if use else None
+
+    def _agreed(self, use: bool, extent_bytes: int) -> tuple:
+        """(extent order, extent_bytes) as every rank of the process group takes them (one
+        all_reduce): the extent order only where every rank picked it, the largest extent size.
+        As given without torch.distributed (ranks named by hand must open their stores with the
+        same device figures)."""
+        world, _ = _dist_world()
+        if self.num_replicas == 1 or world != self.num_replicas:
+            return use, extent_bytes
+        t = torch.tensor([0 if use else 1, int(extent_bytes)], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t[0] == 0), int(t[1])
 
     @classmethod
     def defaults(cls) -> dict:

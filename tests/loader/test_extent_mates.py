@@ -166,3 +166,32 @@ def test_scores_that_reshuffle_the_cache_do_not_make_an_epoch_read_its_extents_a
         # threshold, so the served samples between a re-read's samples are read as its gaps)
         assert row["samples"] <= 1.02 * len(store), rows
         assert row["bytes"] <= 1.35 * data, (data, rows)
+
+
+def test_the_stage_lets_go_of_its_values_once_whole_extent_reads_stop(store):
+    """store.read_whole_extents(None) stops the extent reads; the mates the process staged for
+    them are then no longer kept (up to 32 extents, 256 MiB at most, in every loader process)."""
+    import gc
+    import tracemalloc
+
+    from shadecache.sampling.extents import ExtentLayout
+    from shadecache.tiers import TierChain
+
+    order = store.disk_order()
+    store.read_whole_extents(ExtentLayout.of_store(store, 64 << 10))
+    chain = TierChain.for_node(store, None)      # no cache: every mate waits in the stage
+    chain.fetch([int(order[-1])])                # the reader's buffers, made before the count
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        assert chain.fetch([int(order[0])]) == [store.read(int(order[0]))]
+        staged = tracemalloc.get_traced_memory()[0] - base
+        store.read_whole_extents(None)
+        assert chain.fetch([int(order[1000])]) == [store.read(int(order[1000]))]
+        gc.collect()
+        after = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert staged > 40 << 10, staged                 # an extent's mates (64 KiB of 2-4 KB samples)
+    assert after < 16 << 10, (staged, after)

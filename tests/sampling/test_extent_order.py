@@ -105,3 +105,40 @@ def test_auto_picks_extents_where_the_store_is_iops_bound(store, tmp_path):
         sc.ShadeSampler(store, order="chunks")
     with pytest.raises(ValueError, match="extent_window"):
         sc.ShadeSampler(store, order="extents", extent_window=0)
+
+
+def test_a_sampler_that_refuses_its_options_leaves_the_store_reading_as_before(store):
+    """A constructor that raises changes nothing: the store does not start reading whole extents
+    for an extent order that never came to be (every later reader of it would pay for them)."""
+    for bad in ({"extent_window": 0}, {"smoothing": 0.0}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            sc.ShadeSampler(store, order="extents", extent_bytes=64 << 10, **bad)
+        assert store.extent_layout is None and store.extent_mates([0]).size == 0
+
+
+def test_a_store_that_is_not_packed_gives_the_uniform_order_or_says_so(tmp_path):
+    """store= a FolderStore (no disk order): "auto" is the uniform order, "extents" a clear
+    ValueError, as for a data source without a packed store behind it."""
+    root = tmp_path / "imgs"
+    (root / "a").mkdir(parents=True)
+    for j in range(5):
+        (root / "a" / f"{j}.bin").write_bytes(bytes([j]) * 100)
+    folder = sc.FolderStore(root)
+    assert sc.ShadeSampler(len(folder), store=folder).order_kind == "uniform"
+    with pytest.raises(ValueError, match="needs the packed store"):
+        sc.ShadeSampler(len(folder), store=folder, order="extents")
+
+
+def test_ranks_arrange_alike_whatever_device_each_measured(store, tmp_path):
+    """Two real ranks (gloo): each opens the store and measures the device itself, and the default
+    extent size and "auto"'s choice come from that measurement. The ranks' shares are positions
+    of one arranged sequence, so they must agree on both, or the epoch trains some samples twice
+    and others never."""
+    import torch.multiprocessing as tmp_mp
+    from node_ranks import arrange_on_rank
+
+    tmp_mp.spawn(arrange_on_rank, args=(2, str(tmp_path / "rdzv"), store.path, str(tmp_path)),
+                 nprocs=2, join=True)
+    for case in ("extent size", "auto"):
+        both = np.concatenate([np.load(tmp_path / f"{case}-{r}.npy") for r in (0, 1)])
+        assert np.array_equal(np.sort(both), np.arange(len(store))), case
