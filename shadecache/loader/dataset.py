@@ -223,28 +223,13 @@ class CachedDataset(Dataset):
                 # not have
                 self._miss_lock, self._lock_pid = threading.Lock(), os.getpid()
             with self._miss_lock:
-                # Another thread's read may have put some of these in the cache since this caller
-                # missed them there (a read's extent mates, offered to the cache in disk order):
-                # look again under the lock, or their whole extent would be read a second time
-                again = self.cache.get_many(ids)
-                rest = [i for i, v in zip(ids, again) if v is None]
-                if not rest:
-                    return again
-                r = self.chain.read(rest)
+                r = self.chain.read(ids)
                 if admit:
                     self.chain.admit(r)
-            if len(rest) < len(ids):
-                read = iter(r.asked_values)
-                values = [v if v is not None else next(read) for v in again]
-                self._count_tiers(r)
-                return values
-        self._count_tiers(r)
-        return r.asked_values
-
-    def _count_tiers(self, r) -> None:
         self.counters.add(**{f"{name}_{field}": v for name, c in r.counts.items()
                              for field, v in (("calls", 1), ("hits", c.hits), ("bytes", c.bytes),
                                               ("ns", c.ns))})
+        return r.asked_values
 
     def __getitems__(self, ids):
         a = self.check_ids(ids)

@@ -136,8 +136,7 @@ def test_scores_that_reshuffle_the_cache_do_not_make_an_epoch_read_its_extents_a
     """Training gives scores, and with them the importance cache admits the read's mates that
     score higher, evicting samples scattered over every extent, some before their turn. Such a
     sample is read with its extent's samples not yet served this epoch, not with the whole extent
-    again (which read 1.5-1.9x the data per warm epoch), and a batch that missed while another
-    thread's extent was being read finds that thread's admissions in the cache."""
+    again (which read 1.5-1.9x the data per warm epoch)."""
     cache = cache_factory(len(store), capacity=2 << 20, policy="importance")
     ds = sc.CachedDataset(store, cache, decode=bytes)
     sampler = sc.ShadeSampler(ds, cache=cache, order="extents", rep_factor=0, seed=3,
