@@ -116,23 +116,25 @@ class MateStage:
         self.capacity = int(capacity)
         self._d = OrderedDict()   # id -> (value, source)
         self._bytes = 0
-        self._served = None       # (epoch, bool per id): asked of the chain in that epoch
+        self._served = None       # (layout, its turn, bool per id): asked of the chain in that pass
 
     def served(self, ids: np.ndarray, layout) -> np.ndarray:
-        """Bool mask: which of `ids` this process's chain was asked for in the layout's current
-        epoch. Only where the sampler that sets the epoch runs (layout.epoch_pid): elsewhere
-        nothing counts as served."""
+        """Bool mask: which of `ids` this process's chain was asked for in the sampler's current
+        pass over its order (layout.turn, ExtentLayout.begin_pass). Only where that sampler runs
+        (layout.epoch_pid): elsewhere nothing counts as served."""
         s = self._served
-        if layout.epoch_pid != os.getpid() or s is None or s[0] != layout.epoch:
+        if (layout.epoch_pid != os.getpid() or s is None or s[0] is not layout
+                or s[1] != layout.turn):
             return np.zeros(ids.size, dtype=bool)
-        return s[1][ids]
+        return s[2][ids]
 
     def mark_served(self, ids: np.ndarray, layout) -> None:
         if layout.epoch_pid != os.getpid():
             return
-        if self._served is None or self._served[0] != layout.epoch:
-            self._served = (layout.epoch, np.zeros(len(layout), dtype=bool))
-        self._served[1][ids] = True
+        s = self._served
+        if s is None or s[0] is not layout or s[1] != layout.turn:
+            s = self._served = (layout, layout.turn, np.zeros(len(layout), dtype=bool))
+        s[2][ids] = True
 
     def put(self, ids, values, sources) -> None:
         for i, v, src in zip(ids, values, sources):

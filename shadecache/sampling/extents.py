@@ -19,6 +19,8 @@ ahead of their turn, which the cache keeps (the prefetch window covers it).
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 DEFAULT_WINDOW = 16          # extents shuffled together
@@ -57,12 +59,19 @@ class ExtentLayout:
         self.position = np.empty(n, dtype=np.int64)   # each id's place in the disk order
         self.position[disk_order] = np.arange(n, dtype=np.int64)
         self.first = np.searchsorted(self.extent_of[disk_order], np.arange(self.extents + 1))
-        # The epoch the sampler that drew this layout is in, and that sampler's process
-        # (ShadeSampler.set_epoch sets both): in that process the tier chain knows what it served
-        # this epoch (tiers.MateStage.served). A copy in another process (a DataLoader worker,
-        # the prefetcher) is not told, and its pid differs.
-        self.epoch = 0
+        # The pass over an order that the sampler which drew this layout is in (a number, one
+        # more for each pass: begin_pass), and that sampler's process: in that process the tier
+        # chain knows what it served in this pass (tiers.MateStage.served). A copy in another
+        # process (a DataLoader worker, the prefetcher) is not told, and its pid differs.
+        self.turn = 0
         self.epoch_pid = None
+
+    def begin_pass(self) -> None:
+        """The sampler starts a pass over its order in this process (ShadeSampler.__iter__: a
+        new epoch, the same epoch iterated again, a resume): what the chain served before is no
+        longer served, whichever way the epoch moved (set_epoch, end_epoch, load_state_dict)."""
+        self.turn += 1
+        self.epoch_pid = os.getpid()
 
     def widen(self, ids) -> np.ndarray:
         """Every id of the extents that `ids` touch (distinct, in disk order): what one read of

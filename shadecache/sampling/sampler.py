@@ -46,7 +46,6 @@ epoch's observations, coverage and losses are summed across ranks (torch.distrib
 backend that reduces CPU tensors, e.g. gloo) and folded into the scores.
 """
 import math
-import os
 import warnings
 
 import numpy as np
@@ -248,8 +247,6 @@ class ShadeSampler(Sampler):
                           f"in epoch {self.epoch} are not folded into the scores (nor merged across ranks), "
                           "so the draw keeps the scores of the last end_epoch; call sampler.end_epoch() "
                           "at the end of every epoch", RuntimeWarning, stacklevel=2)
-        if self.extents is not None:
-            self.extents.epoch, self.extents.epoch_pid = epoch, os.getpid()
         if epoch != self.epoch:
             self.epoch = epoch
             self._order = None
@@ -458,6 +455,8 @@ class ShadeSampler(Sampler):
                 self._planner.start_epoch(self._rng(2 + self.num_replicas + self.rank))
                 self._planner_epoch = self.epoch
             plan = self._plan_batch
+        if self.extents is not None:   # the chain's record of what this pass served starts anew
+            self.extents.begin_pass()
         if self._counted_epoch != self.epoch:   # once per epoch, when its order is first used
             self._counted_epoch = self.epoch
             self._note(accuracy_repeats=self.last_epoch_stats.get("substituted", 0))
