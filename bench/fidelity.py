@@ -88,6 +88,9 @@ CONFIGS = {
     # the 3 KB run of bench/peers.py had 23 batches and 10% of its data per window: this is the
     # harsher mix
     EXTENTS: Config(dict(order="extents", extent_bytes=MIN_EXTENT_BYTES)),
+    # the same with four times the window: 2,048 samples, 32 batches, 51-68% of a training set
+    "extents, window 64": Config(dict(order="extents", extent_bytes=MIN_EXTENT_BYTES,
+                                      extent_window=64)),
 }
 SWEEP_CONFIGS = (UNIFORM, "accuracy budget 10%", DEFAULTS)
 SCHEDULES = {"cosine": 12, "constant": 12}    # epochs; "cosine" decays to 0, "constant" does not
