@@ -89,8 +89,8 @@ CONFIGS = {
     # harsher mix
     EXTENTS: Config(dict(order="extents", extent_bytes=MIN_EXTENT_BYTES)),
     # the same with four times the window: 2,048 samples, 32 batches, 51-68% of a training set
-    "extents, window 64": Config(dict(order="extents", extent_bytes=MIN_EXTENT_BYTES,
-                                      extent_window=64)),
+    "extents window 64": Config(dict(order="extents", extent_bytes=MIN_EXTENT_BYTES,
+                                     extent_window=64)),
 }
 SWEEP_CONFIGS = (UNIFORM, "accuracy budget 10%", DEFAULTS)
 SCHEDULES = {"cosine": 12, "constant": 12}    # epochs; "cosine" decays to 0, "constant" does not
