@@ -29,10 +29,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import contextlib
 import os
 import shutil
-import subprocess
+import signal
 import sys
 import tempfile
 import time
@@ -42,62 +41,13 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
 import shadecache as sc  # noqa: E402
+import throttled_disk  # noqa: E402
 
-CGROUP_ROOT = "/sys/fs/cgroup/blkio"
 MODES = ("none", "chain", "store only")
-
-
-def _run(*cmd) -> str:
-    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip()
-
-
-@contextlib.contextmanager
-def throttled_storage(image_bytes: int, iops: int, mibps: int, workdir: str):
-    """A mounted ext4 on a loop device whose reads this process tree may issue at most `iops` a
-    second and `mibps` MiB a second (cgroup v1 blkio). Yields (mount point, loop device name)."""
-    if os.geteuid() != 0:
-        sys.exit("prefetch_tiers.py makes a loop device, a file system and a cgroup: run it as root")
-    if not os.path.isdir(CGROUP_ROOT):
-        sys.exit(f"no cgroup v1 blkio controller at {CGROUP_ROOT}")
-    image = os.path.join(workdir, "shared.img")
-    mnt = os.path.join(workdir, "shared")
-    group = os.path.join(CGROUP_ROOT, f"shadecache-bench-{os.getpid()}")
-    dev = None
-    with open(image, "wb") as f:
-        f.truncate(image_bytes)
-    try:
-        dev = _run("losetup", "--find", "--show", image)
-        _run("mkfs.ext4", "-q", "-F", dev)
-        os.makedirs(mnt, exist_ok=True)
-        _run("mount", dev, mnt)
-        major_minor = _run("lsblk", "-dno", "MAJ:MIN", dev).strip()
-        os.makedirs(group, exist_ok=True)
-        with open(os.path.join(group, "blkio.throttle.read_iops_device"), "w") as f:
-            f.write(f"{major_minor} {iops}")
-        with open(os.path.join(group, "blkio.throttle.read_bps_device"), "w") as f:
-            f.write(f"{major_minor} {mibps << 20}")
-        with open(os.path.join(group, "cgroup.procs"), "w") as f:
-            f.write(str(os.getpid()))            # children (the prefetcher) inherit the group
-        yield mnt, os.path.basename(dev)
-    finally:
-        try:
-            with open(os.path.join(CGROUP_ROOT, "cgroup.procs"), "w") as f:
-                f.write(str(os.getpid()))
-            os.rmdir(group)
-        except OSError:
-            pass
-        if dev is not None:
-            subprocess.run(["umount", mnt], capture_output=True)
-            subprocess.run(["losetup", "-d", dev], capture_output=True)
-        with contextlib.suppress(OSError):
-            os.unlink(image)
-
-
-def device_bytes_read(dev: str) -> int:
-    with open(f"/sys/block/{dev}/stat") as f:
-        return int(f.read().split()[2]) * 512      # field 3: sectors read
 
 
 def pack(path: str, n: int, size: int) -> None:
@@ -125,62 +75,62 @@ def _detail(ds, cache, board) -> dict:
             "evictions": cache.stats()["evictions"]}
 
 
-def run_mode(mode, store_path, dev, ssd_dir, args):
+def run_mode(mode, store_path, disk, ssd_dir, args):
     """[(samples/s, bytes read from the device, detail) per epoch] of one fresh node; detail:
     _detail's counts in that epoch."""
     # The throttle's rates are given (as bench/peers.py does): the store's probe at open sees the
     # cgroup throttle's bursts (150k-230k IOPS measured on this disk throttled to 3,000), and each
     # mode would draw its order from a different measurement; --probe measures instead
     given = None if args.probe else {"iops": args.iops, "bandwidth": args.mibps << 20}
-    store = sc.PackedStore(store_path, direct=True, device=given)
-    n = len(store)
-    name = f"sc-tiers-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    shutil.rmtree(ssd_dir, ignore_errors=True)
-    ssd_bytes = int(0.30 * sum(sc.SSDTier.slot_bytes(int(v)) for v in store.lengths))
-    cap = sc.Cache.capacity_for(round(0.20 * n), store.lengths)
-    out = []
-    with sc.Cache.for_store(name, store, capacity_bytes=cap, policy="importance", attach=False) as cache, \
-            sc.OrderBoard.create(name, n) as board:
-        ssd = sc.SSDTier(ssd_dir, capacity_bytes=ssd_bytes, cache=cache)
-        ds = sc.CachedDataset(store, cache, ssd=ssd)
-        sampler = sc.ShadeSampler(ds, cache=cache, batch_size=args.batch, seed=0, **args.sampler)
-        loader = sc.CachedLoader(ds, batch_size=args.batch, sampler=sampler, num_workers=2)
-        if args.detail:   # what the store measured at open decides the order "auto" draws
-            measured = {k: (round(v) if isinstance(v, float) else v) for k, v in store.device.items()}
-            print(f"    store: device {measured}, iops_bound {store.iops_bound}; sampler order "
-                  f"{sampler.order_kind}" + ("" if sampler.extents is None else
-                                             f", extents of {sampler.extents.extent_bytes:,} B"),
-                  flush=True)
-        pf = None
-        if mode != "none":
-            pf = sc.Prefetcher(cache, store, ssd=ssd if mode == "chain" else None,
-                               lookahead_samples=4096, lookahead_bytes=64 << 20).start()
-        try:
-            for epoch in range(1 + args.warm):
-                sampler.set_epoch(epoch)
-                before = _detail(ds, cache, board)
-                r0, t0 = device_bytes_read(dev), time.perf_counter()
-                seen, total = 0, 0.0
-                for x, y, idx in loader:
-                    loss = losses_of(idx.numpy(), epoch)
-                    sampler.update(idx, loss)
-                    total += float(loss.sum())
-                    seen += idx.numel()
-                    if args.step_ms:
-                        time.sleep(args.step_ms / 1000)
-                sampler.end_epoch(total / max(seen, 1))
-                dt = time.perf_counter() - t0
-                nbytes = device_bytes_read(dev) - r0
-                after = _detail(ds, cache, board)
-                out.append((seen / dt, nbytes, {k: after[k] - before[k] for k in after}))
-        finally:
-            if pf is not None:
-                pf.stop()
-            ssd.close()
-        board.unlink()
-        cache.check()
-    store.close()
-    return out
+    # closed on every way out: an open file keeps the disk from unmounting
+    with sc.PackedStore(store_path, direct=True, device=given) as store:
+        n = len(store)
+        name = f"sc-tiers-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        shutil.rmtree(ssd_dir, ignore_errors=True)
+        ssd_bytes = int(0.30 * sum(sc.SSDTier.slot_bytes(int(v)) for v in store.lengths))
+        cap = sc.Cache.capacity_for(round(0.20 * n), store.lengths)
+        out = []
+        with sc.Cache.for_store(name, store, capacity_bytes=cap, policy="importance", attach=False) as cache, \
+                sc.OrderBoard.create(name, n) as board:
+            ssd = sc.SSDTier(ssd_dir, capacity_bytes=ssd_bytes, cache=cache)
+            ds = sc.CachedDataset(store, cache, ssd=ssd)
+            sampler = sc.ShadeSampler(ds, cache=cache, batch_size=args.batch, seed=0, **args.sampler)
+            loader = sc.CachedLoader(ds, batch_size=args.batch, sampler=sampler, num_workers=2)
+            if args.detail:   # what the store measured at open decides the order "auto" draws
+                measured = {k: (round(v) if isinstance(v, float) else v) for k, v in store.device.items()}
+                print(f"    store: device {measured}, iops_bound {store.iops_bound}; sampler order "
+                      f"{sampler.order_kind}" + ("" if sampler.extents is None else
+                                                 f", extents of {sampler.extents.extent_bytes:,} B"),
+                      flush=True)
+            pf = None
+            if mode != "none":
+                pf = sc.Prefetcher(cache, store, ssd=ssd if mode == "chain" else None,
+                                   lookahead_samples=4096, lookahead_bytes=64 << 20).start()
+            try:
+                for epoch in range(1 + args.warm):
+                    sampler.set_epoch(epoch)
+                    before = _detail(ds, cache, board)
+                    r0, t0 = disk.counters().bytes, time.perf_counter()
+                    seen, total = 0, 0.0
+                    for x, y, idx in loader:
+                        loss = losses_of(idx.numpy(), epoch)
+                        sampler.update(idx, loss)
+                        total += float(loss.sum())
+                        seen += idx.numel()
+                        if args.step_ms:
+                            time.sleep(args.step_ms / 1000)
+                    sampler.end_epoch(total / max(seen, 1))
+                    dt = time.perf_counter() - t0
+                    nbytes = disk.counters().bytes - r0
+                    after = _detail(ds, cache, board)
+                    out.append((seen / dt, nbytes, {k: after[k] - before[k] for k in after}))
+            finally:
+                if pf is not None:
+                    pf.stop()
+                ssd.close()
+            board.unlink()
+            cache.check()
+        return out
 
 
 def main(argv=None):
@@ -205,11 +155,19 @@ def main(argv=None):
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     modes = args.modes.split(",")
+    why = throttled_disk.unavailable()
+    if why:
+        sys.exit(f"prefetch_tiers.py makes a throttled loop device and cannot here: {why}")
+    # a SIGTERM (timeout, kill) unwinds: the disk's mount, loop device and cgroup are removed
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = tempfile.mkdtemp(prefix="sc-tiers-", dir=args.workdir)
     rows = []
     try:
         image = max((args.large_mib if s >= 65536 else args.data_mib) for s in sizes) * 3 << 20
-        with throttled_storage(max(image, 1 << 30), args.iops, args.mibps, work) as (mnt, dev):
+        with throttled_disk.ThrottledDisk(max(image, 1 << 30), read_iops=args.iops,
+                                          read_bps=args.mibps << 20, image_dir=work) as disk:
+            disk.enter()      # this process and every process it starts (the prefetcher)
+            mnt = disk.mount
             for size in sizes:
                 data_mib = args.large_mib if size >= 65536 else args.data_mib
                 n = (data_mib << 20) // size
@@ -217,7 +175,7 @@ def main(argv=None):
                 pack(store_path, n, size)
                 for rnd in range(args.rounds):
                     for mode in modes:
-                        per = run_mode(mode, store_path, dev, os.path.join(work, "ssd"), args)
+                        per = run_mode(mode, store_path, disk, os.path.join(work, "ssd"), args)
                         data = n * size
                         for e, (rate, nbytes, _) in enumerate(per):
                             rows.append((size, n, rnd, mode, e, rate, nbytes / data))

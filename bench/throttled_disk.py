@@ -123,7 +123,10 @@ class ThrottledDisk:
                         break
                     time.sleep(0.05)
         if self.mount and os.path.ismount(self.mount):
-            subprocess.run(["umount", self.mount], capture_output=True)
+            if subprocess.run(["umount", self.mount], capture_output=True).returncode != 0:
+                # busy (a file on it still open, e.g. by a process being killed): detach it now and
+                # let the kernel finish when the last user goes, or the loop device stays attached
+                subprocess.run(["umount", "--lazy", self.mount], capture_output=True)
         if self.mount and os.path.isdir(self.mount):
             try:
                 os.rmdir(self.mount)

@@ -47,3 +47,23 @@ def test_direct_reads_are_counted_and_held_to_the_iops_limit():
     image, device, mount, cgroup = made
     assert not os.path.exists(image) and not os.path.exists(mount) and not os.path.exists(cgroup)
     assert device not in subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
+
+
+def test_a_disk_closed_while_a_file_on_it_is_open_lets_its_loop_device_go():
+    """An open file keeps the file system busy, so a plain umount fails; the disk is then unmounted
+    lazily and its loop device is released once the file is closed, not left attached."""
+    disk = throttled_disk.ThrottledDisk(64 << 20)
+    with disk:
+        image, device, mount = disk.image, disk.device, disk.mount
+        f = open(os.path.join(mount, "held"), "wb")
+    try:
+        assert not os.path.ismount(mount)
+    finally:
+        f.close()
+    deadline = time.monotonic() + 5
+    while True:
+        attached = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
+        if device + ":" not in attached or image not in attached:
+            break
+        assert time.monotonic() < deadline, attached
+        time.sleep(0.1)
