@@ -59,11 +59,14 @@ PAD = 2048      # bytes per stored sample: the engine hands out memory in slab p
 @dataclass(frozen=True)
 class Config:
     """sampler: ShadeSampler options over its defaults; weights: multiply each loss by
-    sampler.weights(idx); policy: the cache's eviction policy; loader: CachedLoader options."""
+    sampler.weights(idx); policy: the cache's eviction policy; loader: CachedLoader options;
+    order_seed: added to the run's seed for the sampler only (the same initial weights, another
+    order)."""
     sampler: dict
     weights: bool = False
     policy: str = "importance"
     loader: dict = field(default_factory=dict)
+    order_seed: int = 0
 
 
 UNIFORM = "uniform"
@@ -75,6 +78,12 @@ CONFIGS = {
                          stalls=False, order="uniform"), policy="static"),
     # whatever ShadeSampler() does without options (recorded with each run)
     DEFAULTS: Config({}),
+    # the null comparison: uniform sampling with another seeded permutation per epoch, so its
+    # Δ to uniform is what reshuffling alone does to a cell (the noise a change of order has to
+    # be told from); same initial weights and steps
+    "uniform reshuffled": Config(dict(importance=False, pads=False, rep_factor=0.0,
+                                      substitute=0.0, stalls=False, order="uniform"),
+                                 policy="static", order_seed=10_000),
     # the accuracy budget at 10% of the epoch's slots (the default before these measurements);
     # the stall budget at its default
     "accuracy budget 10%": Config(dict(substitute=0.1, rep_factor=1.0)),
@@ -207,7 +216,8 @@ def train_run(data: Prepared, label, schedule, seed, cache_name, prefetch=None,
         board = sc.OrderBoard.create(cache_name, data.n) if prefetch is not None else None
         try:
             ds = sc.CachedDataset(data.store, cache)
-            sampler = sc.ShadeSampler(ds, cache=cache, batch_size=bs, seed=seed, **cfg.sampler)
+            sampler = sc.ShadeSampler(ds, cache=cache, batch_size=bs, seed=seed + cfg.order_seed,
+                                      **cfg.sampler)
             loader = sc.CachedLoader(ds, batch_size=bs, sampler=sampler, num_workers=0,
                                      batch_transform=BatchDecode(spec, data.nbytes), **cfg.loader)
             ctx = prefetch(cache, data.store) if prefetch is not None else _nothing()
