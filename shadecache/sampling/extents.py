@@ -84,6 +84,21 @@ class ExtentLayout:
         starts = np.repeat(lo - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts)
         return self.by_extent[starts + np.arange(int(counts.sum()))]
 
+    def shared_scores(self, ids, scores) -> tuple:
+        """(members, their scores): every id of the extents that `ids` touch, each with the mean
+        of `scores` (one per id of the data set) over its extent. Under the extent order a miss
+        reads its whole extent, so a cached sample saves a read only while all of its extent is
+        held: the cache and the SSD tier are given one score per extent (its samples' mean), and
+        keep, evict and admit whole extents by it."""
+        members = self.widen(ids)
+        if members.size == 0:
+            return members, np.empty(0, dtype=np.float64)
+        ext = self.extent_of[members]
+        starts = np.flatnonzero(np.concatenate([[True], ext[1:] != ext[:-1]]))
+        counts = np.diff(np.append(starts, members.size))
+        sums = np.add.reduceat(np.asarray(scores, dtype=np.float64)[members], starts)
+        return members, np.repeat(sums / counts, counts)
+
     @classmethod
     def of_store(cls, store, extent_bytes: int | None = None) -> "ExtentLayout":
         return cls(store.disk_order(), store.lengths,

@@ -97,8 +97,9 @@ class ShadeSampler(Sampler):
     num_replicas/rank  default: from torch.distributed when initialized, else 1/0
     order            "uniform": the sequence is a shuffle of the draw; "extents": the draw arranged
                      as a shuffle of the store's extents, samples shuffled within each window of
-                     `extent_window` extents (shadecache/sampling/extents.py; with a cache, the
-                     cached samples still go first and the misses follow in extent order);
+                     `extent_window` extents (shadecache/sampling/extents.py; with pads and a
+                     cache, the cached samples still go first, the misses follow in extent
+                     order; the cache is given one score per extent, so it keeps whole ones);
                      "auto" (default): "extents" when the packed store behind the data source (or
                      `store`) is IOPS-bound (store.iops_bound: its samples are under a quarter of
                      what the device transfers in the time of one request, measured at open), else
@@ -523,8 +524,11 @@ class ShadeSampler(Sampler):
         return touched, scores
 
     def _push_scores(self, ids, scores):
-        if self.cache is not None and ids.size:
-            self.cache.update_scores(ids, np.asarray(scores, dtype=np.float32))
+        if self.cache is None or not ids.size:
+            return
+        if self.extents is not None:   # the tiers keep whole extents: one score per extent
+            ids, scores = self.extents.shared_scores(ids, self.table.scores)
+        self.cache.update_scores(ids, np.asarray(scores, dtype=np.float32))
 
     @property
     def scores(self) -> np.ndarray:
