@@ -162,6 +162,11 @@ class MateStage:
         d = self._d
         return np.fromiter((i in d for i in ids.tolist()), dtype=bool, count=ids.size)
 
+    @property
+    def room(self) -> int:
+        """Bytes the stage takes before it drops its oldest values."""
+        return max(0, self.capacity - self._bytes)
+
     def __len__(self) -> int:
         return len(self._d)
 
@@ -303,6 +308,15 @@ class TierChain:
             # since by the mates admitted after it) is read with the extent's unserved samples
             # only, not with the whole extent
             mates = mates[~stage.served(mates, self.store.extent_layout)]
+        if stage is not None and mates.size:
+            # No more mates than the stage has room for: what the cache refuses waits there, and
+            # a stage that overflows drops mates still due, whose reads bring more mates, which
+            # push out more: measured, a loop in which each warm epoch read 6-21x the data (the
+            # prefetcher's early admissions started it). The rest of an extent cut off here is
+            # read when its samples are asked for.
+            lengths = self.store.lengths
+            fits = np.cumsum(np.asarray(lengths, dtype=np.int64)[mates]) <= stage.room
+            mates = mates[fits]
         return mates
 
     def admit(self, r: Read, insert=None) -> np.ndarray:
@@ -518,7 +532,10 @@ class ChainReader:
             self._pool = ThreadPoolExecutor(max_workers=batches, thread_name_prefix="sc-tier")
         self._inflight = deque()     # (Read, store positions, ns at submit, future or None)
 
-    def submit(self, ids) -> None:
+    def submit(self, ids) -> np.ndarray:
+        """Starts the read of `ids`; returns the extent mates the store reads with them (empty
+        unless the store reads whole extents): a caller that reads ahead must not ask for those
+        again while this read is in flight."""
         r = self.chain.read_tiers(ids)
         rest = r.missing() if self.chain.store is not None else np.empty(0, np.int64)
         mates = self.chain.extent_mates(r.ids[rest]) if rest.size else np.empty(0, np.int64)
@@ -530,6 +547,7 @@ class ChainReader:
             else:
                 fut = self._pool.submit(self.chain.store.read_many, wanted)
         self._inflight.append((r, rest, mates, time.perf_counter_ns(), fut))
+        return mates
 
     def take(self) -> Read:
         r, rest, mates, t0, fut = self._inflight.popleft()

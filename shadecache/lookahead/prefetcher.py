@@ -37,6 +37,11 @@ The loop, in one pass:
    when the loader reads it, as without a prefetcher (docs/prefetch.md says why). The admitted
    ids get their "prefetched" flag; counters per epoch: prefetched, prefetched_bytes,
    reads_issued, and prefetch_wasted (a flagged sample found evicted before any read used it).
+   Under the extent order (the store reads whole extents, docs/prefetch.md) a batch's read
+   brings its extents' other samples: they are on their way with it (flagged, not read again by
+   the next batches), the read is offered whole when it arrives (the tiers keep whole extents),
+   and once the cache is full nothing more is read ahead: the loader's own reads are whole
+   extents, and what the tiers refuse waits in its process until its turn.
 It exits when the board's stop word is set (stop()), when its parent dies (PR_SET_PDEATHSIG, and
 a check of the parent pid), or on SIGTERM.
 """
@@ -389,15 +394,18 @@ def run(cache_name, chain, options, parent_pid):
         board.count(ep, prefetched=int(got.size),
                     prefetched_bytes=int(sum(len(d) for d, a in zip(data, admitted) if a)))
 
-    def asked_part(read, ep):
-        """The part of a read that was asked for. The extent mates the store read along with it
-        (positions from read.asked on, tiers.Read) are offered to the cache now, by their scores,
-        so that they are not read again at their turn; the asked part is held or offered as
-        usual. mu held."""
+    def to_hold(read, ep):
+        """The read if it is to be held (a copying tier is in the chain) or offered as usual, or
+        None when it has landed already: a read that brought extent mates (positions from
+        read.asked on, tiers.Read: the extent order) is offered whole, now, as the loader offers
+        its own extent reads. The cache and the SSD tier keep whole extents (one score per
+        extent); with the mates offered at once and the asked samples held until their turn,
+        extents landed in pieces (the held samples refused by tiers that had filled meanwhile),
+        and the next epoch read their other samples around the holes. mu held."""
         if read.asked == read.ids.size:
             return read
-        landed(read.part(np.arange(read.asked, read.ids.size)), ep)
-        return read.part(np.arange(read.asked))
+        landed(read, ep)
+        return None
 
     def hand_over(everything: bool = False):
         """Offers the held samples a reader waits for (WANTED), and those no reader will ask for
@@ -415,9 +423,7 @@ def run(cache_name, chain, options, parent_pid):
     def clear_stray_wanted():
         stray = board.wanted()
         if stray.size:
-            mine = held.ids()
-            if inflight:
-                mine = np.concatenate([mine] + [f[0] for f in inflight])
+            mine = np.fromiter(on_way, np.int64, len(on_way))   # held or in flight, mates too
             stray = stray[~np.isin(stray, mine)]
             board.unmark(stray)
 
@@ -486,8 +492,17 @@ def run(cache_name, chain, options, parent_pid):
                     # candidate (held, or read by the loader) may displace the lowest cached one
                     # first, and scores move meanwhile (counted twice): a candidate is read only if
                     # it outscores what would be left.
-                    due_before = 2 * (len(on_way) + np.arange(cand.size))
-                    ok = ~chain.held(cand) & cache.admits(cand, due_before)
+                    if getattr(chain.store, "extent_layout", None) is not None:
+                        # Under the extent order nothing, once the cache is full: an extent read
+                        # lands whole when it arrives, long before most of its samples are due,
+                        # and what it displaces (the lowest-scored extents) may be due sooner and
+                        # is read again. The loader's own reads are whole extents already, read
+                        # when its window reaches them, and keep what the tiers refuse until its
+                        # turn (tiers.MateStage), which this process cannot hand over.
+                        ok = np.zeros(cand.size, dtype=bool)
+                    else:
+                        due_before = 2 * (len(on_way) + np.arange(cand.size))
+                        ok = ~chain.held(cand) & cache.admits(cand, due_before)
                     cand, cand_at = cand[ok], cand_at[ok]
                 submitted = False
                 if cand.size and len(inflight) < max_batches:
@@ -516,7 +531,13 @@ def run(cache_name, chain, options, parent_pid):
                             batch, cand_at = batch[keep_], cand_at[:taken.size][keep_]
                             nbytes = nbytes[:taken.size][keep_]
                     if batch.size:
-                        tier.submit(batch)
+                        mates = tier.submit(batch)
+                        if mates.size:
+                            # The extent mates read with the batch are on their way too: not
+                            # candidates of the next batches (each read the same extents again,
+                            # up to max_batches times), and a loader waits for them
+                            board.mark_on_way(mates)
+                            on_way.update(mates.tolist())
                         inflight.append((batch, max(epoch, 0), nbytes[:batch.size], time.monotonic(),
                                          cand_at[:batch.size]))
                         on_way.update(batch.tolist())
@@ -531,8 +552,10 @@ def run(cache_name, chain, options, parent_pid):
                     pace.saw_batch(time.monotonic() - t_sub)
                 with mu:
                     inflight.popleft()
-                    read = asked_part(read, ep)
-                    if copies:
+                    read = to_hold(read, ep)
+                    if read is None:
+                        pass
+                    elif copies:
                         held.add(read, ep, at, nb)
                         hand_over()           # what a reader already waits for
                     else:
@@ -547,7 +570,9 @@ def run(cache_name, chain, options, parent_pid):
         with mu:
             while inflight:
                 ids, ep, nb, _, at = inflight.popleft()
-                read = asked_part(tier.take(), ep)
+                read = to_hold(tier.take(), ep)
+                if read is None:
+                    continue
                 if copies:
                     held.add(read, ep, at, nb)
                 else:
