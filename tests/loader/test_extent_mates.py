@@ -230,6 +230,40 @@ def test_the_stage_lets_go_of_its_values_once_whole_extent_reads_stop(store):
     assert after < 16 << 10, (staged, after)
 
 
+def test_a_read_brings_no_more_mates_than_the_stage_has_room_for(store):
+    """What the cache refuses waits in the stage, so a read asks for no more extent mates than
+    the stage can take: a full stage would drop mates still due to make room, and their reads
+    would bring more mates, which push out more (a loop that read 6-21x the data per epoch).
+    The rest of a cut extent is read when its samples are asked for."""
+    from shadecache.sampling.extents import ExtentLayout
+    from shadecache.tiers import TierChain
+
+    layout = ExtentLayout.of_store(store, 64 << 10)
+    store.read_whole_extents(layout)
+    chain = TierChain.for_node(store, None)      # no cache: every mate waits in the stage
+    members = [layout.by_extent[layout.first[e]:layout.first[e + 1]] for e in range(4)]
+    lengths = np.asarray(store.lengths, dtype=np.int64)
+    stage = chain.stage()
+    # room for one extent and a half: the first read's mates fit, the second's only in part
+    stage.capacity = int(lengths[members[0]].sum() * 1.5)
+    r = chain.read([int(members[0][0])])
+    chain.admit(r)
+    assert sorted(r.ids.tolist()) == sorted(members[0].tolist())
+    kept = len(stage)
+    assert kept == members[0].size - 1
+    ask = [int(members[1][0]), int(members[2][0])]
+    r = chain.read(ask)
+    mates = r.ids[r.asked:]
+    assert lengths[mates].sum() <= stage.room and mates.size < members[1].size + members[2].size - 2
+    chain.admit(r)
+    assert len(stage) == kept + mates.size           # nothing staged before was dropped
+    assert r.asked_values == store.read_many(ask)
+    # the samples cut off are read when asked for, with what is left of their extents that fits
+    rest = np.setdiff1d(np.concatenate(members[1:3]), np.concatenate([mates, ask]))
+    got = chain.fetch(rest[:3].tolist())
+    assert got == store.read_many(rest[:3])
+
+
 def _pass_reads(store, loader):
     """What one pass of `loader` asked of the store (io_counters' differences)."""
     before = store.io_counters()

@@ -1,0 +1,124 @@
+"""The prefetcher under the extent order (docs/prefetch.md): its batches' reads bring whole
+extents, whose other samples are on their way with them, and once the cache is full it leaves the
+reads to the loader, whose own reads are whole extents. Counted by the store itself, in every
+process that reads it."""
+import os
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+import shadecache as sc
+from conftest import CLOUD_DEVICE
+from shadecache.lookahead.board import OrderBoard
+from shadecache.store.packed import PackedStore
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+N = 3000
+BATCH = 64
+
+
+class LoggedStore(PackedStore):
+    """A PackedStore that appends the ids of every read (read_many, and the prefetcher's
+    stream) to a log, one O_APPEND line per call: "pid id id ..."."""
+
+    def __init__(self, path, log, **options):
+        super().__init__(path, **options)
+        self.log = os.fspath(log)
+
+    def _write(self, ids):
+        line = " ".join(str(int(i)) for i in np.asarray(ids).reshape(-1))
+        fd = os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, f"{os.getpid()} {line}\n".encode())
+        finally:
+            os.close(fd)
+
+    def read_many(self, ids, *args, **kwargs):
+        self._write(ids)
+        return super().read_many(ids, *args, **kwargs)
+
+    def stream(self, *args, **kwargs):
+        return _LoggedStream(self, super().stream(*args, **kwargs))
+
+    def __reduce__(self):
+        return (_reopen, (self.path, self.log, {**self._shape_options,
+                                                "extent_layout": self.extent_layout}))
+
+
+def _reopen(path, log, options):
+    return LoggedStore(path, log, **options)
+
+
+class _LoggedStream:
+    def __init__(self, store, stream):
+        self._store, self._stream = store, stream
+
+    def submit(self, ids):
+        self._store._write(ids)
+        return self._stream.submit(ids)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _reads(log, start):
+    with open(log, "rb") as f:
+        f.seek(start)
+        text = f.read()
+    out = {}
+    for line in text.decode().splitlines():
+        pid, *ids = (int(x) for x in line.split())
+        out.setdefault(pid, []).extend(ids)
+    return out, start + len(text)
+
+
+@pytest.fixture
+def importable(monkeypatch):
+    """The prefetcher's process imports this module to unpickle LoggedStore."""
+    path = [HERE, os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(path))
+
+
+def test_under_the_extent_order_the_prefetcher_reads_each_extent_once_and_stops_when_full(
+        cloud_store, tmp_path, importable):
+    name = f"t-pfext-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    log = tmp_path / "reads.log"
+    store = LoggedStore(cloud_store.path, log, device=CLOUD_DEVICE)
+    cap = sc.Cache.capacity_for(N // 4, store.lengths)
+    ssd_bytes = int(0.25 * sum(sc.SSDTier.slot_bytes(int(v)) for v in store.lengths))
+    data_ids = []
+    with sc.Cache.for_store(name, store, capacity_bytes=cap, policy="importance",
+                            attach=False) as cache, OrderBoard.create(name, N):
+        ssd = sc.SSDTier(tmp_path / "ssd", capacity_bytes=ssd_bytes, cache=cache)
+        ds = sc.CachedDataset(store, cache, ssd=ssd)
+        sampler = sc.ShadeSampler(ds, cache=cache, batch_size=BATCH, seed=1, order="extents",
+                                  extent_bytes=64 << 10, extent_window=2)
+        loader = sc.CachedLoader(ds, batch_size=BATCH, sampler=sampler, num_workers=2)
+        pf = sc.Prefetcher(cache, ssd=ssd, store=store, lookahead_samples=1024, batch=64).start()
+        start = 0
+        try:
+            for epoch in range(3):
+                sampler.set_epoch(epoch)
+                for _, _, idx in loader:
+                    ids = idx.numpy()
+                    sampler.update(idx, ((ids * 2654435761 + epoch * 97) % 1000) / 1000.0)
+                    time.sleep(0.003)     # a training step: time for the prefetcher to read
+                sampler.end_epoch()
+                reads, start = _reads(log, start)
+                data_ids.append((reads.get(os.getpid(), []), reads.get(pf.pid, [])))
+        finally:
+            assert pf.stop() == 0
+            ssd.close()
+        cache.check()
+    store.close()
+    loader_cold, prefetcher_cold = data_ids[0]
+    assert len(prefetcher_cold) > 0                      # it read ahead while the cache filled
+    for loader_ids, prefetcher_ids in data_ids:
+        # the mates of a batch in flight are not asked for again by the next batches (each of
+        # up to 4 batches in flight read the same extents before)
+        assert np.unique(prefetcher_ids).size == len(prefetcher_ids)
+    for loader_ids, prefetcher_ids in data_ids[1:]:
+        assert prefetcher_ids == []                      # the cache is full: the loader reads
+        assert len(loader_ids) <= N                      # no sample read twice over
