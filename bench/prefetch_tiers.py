@@ -65,14 +65,24 @@ def losses_of(ids: np.ndarray, epoch: int) -> np.ndarray:
     return (x % np.uint64(1000)).astype(np.float64) / 1000.0 + 0.01 * epoch
 
 
-def _detail(ds, cache, board) -> dict:
+def _detail(ds, cache, board, layout=None, ssd=None) -> dict:
     """Counts so far: the loaders' reads from the store and the SSD tier, the prefetcher's reads
-    (reads_issued: store and SSD tier), what it put in the cache, and the cache's evictions."""
+    (reads_issued: store and SSD tier), what it put in the cache, and the cache's evictions;
+    under the extent order (layout) also the extents the node holds whole now, in the cache
+    and on the SSD tier together (a state, not a count)."""
     d = ds.stats()
     t = board.totals()
-    return {"loader_store": d["store_reads"], "loader_ssd": d["ssd_hits"],
-            "prefetcher": t["reads_issued"], "prefetched": t["prefetched"],
-            "evictions": cache.stats()["evictions"]}
+    out = {"loader_store": d["store_reads"], "loader_ssd": d["ssd_hits"],
+           "prefetcher": t["reads_issued"], "prefetched": t["prefetched"],
+           "evictions": cache.stats()["evictions"]}
+    if layout is not None:
+        n = len(layout)
+        ssd.flush()
+        held = np.asarray(cache.cached_mask(), dtype=bool) | np.asarray(ssd.holds(np.arange(n)), dtype=bool)
+        counts = np.bincount(layout.extent_of, minlength=layout.extents)
+        whole = np.bincount(layout.extent_of, weights=held, minlength=layout.extents) == counts
+        out["extents_held_whole"] = int((whole & (counts > 0)).sum())
+    return out
 
 
 def run_mode(mode, store_path, disk, ssd_dir, args):
@@ -109,7 +119,8 @@ def run_mode(mode, store_path, disk, ssd_dir, args):
             try:
                 for epoch in range(1 + args.warm):
                     sampler.set_epoch(epoch)
-                    before = _detail(ds, cache, board)
+                    layout = sampler.extents if args.detail else None
+                    before = _detail(ds, cache, board, layout, ssd)
                     r0, t0 = disk.counters().bytes, time.perf_counter()
                     seen, total = 0, 0.0
                     for x, y, idx in loader:
@@ -122,8 +133,11 @@ def run_mode(mode, store_path, disk, ssd_dir, args):
                     sampler.end_epoch(total / max(seen, 1))
                     dt = time.perf_counter() - t0
                     nbytes = disk.counters().bytes - r0
-                    after = _detail(ds, cache, board)
-                    out.append((seen / dt, nbytes, {k: after[k] - before[k] for k in after}))
+                    after = _detail(ds, cache, board, layout, ssd)
+                    delta = {k: after[k] - before[k] for k in after}
+                    if "extents_held_whole" in after:
+                        delta["extents_held_whole"] = after["extents_held_whole"]
+                    out.append((seen / dt, nbytes, delta))
             finally:
                 if pf is not None:
                     pf.stop()

@@ -66,6 +66,7 @@ from ..store.protocol import check_store, lengths_of
 from ..tiers import TierChain
 from .board import OrderBoard
 
+IDLE_S = 0.05      # how often a prefetcher with nothing to read or hand over looks again
 DEFAULTS = dict(lookahead_samples=None, lookahead_bytes=256 << 20, batch=256, queue_depth=32,
                 lanes=2, max_batches=4, poll_s=0.002)
 
@@ -430,7 +431,7 @@ def run(cache_name, chain, options, parent_pid):
     done = threading.Event()
 
     def hand_over_loop():
-        while not done.wait(options["poll_s"]):
+        while not done.wait(options["poll_s"] if held.batches or inflight else IDLE_S):
             with mu:
                 hand_over()
     helper = None
@@ -561,7 +562,10 @@ def run(cache_name, chain, options, parent_pid):
                     else:
                         landed(read, ep)
             elif not submitted:
-                time.sleep(options["poll_s"])
+                # Under the extent order a full cache is read ahead no more (it only shrinks by
+                # removals): look less often, and leave the loader this machine's cores
+                resting = copies and full and getattr(chain.store, "extent_layout", None) is not None
+                time.sleep(IDLE_S if resting and not held.batches else options["poll_s"])
         # a clean stop: finish what is in flight and offer everything held, so no read is left
         # to die with us
         done.set()

@@ -84,20 +84,31 @@ class ExtentLayout:
         starts = np.repeat(lo - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts)
         return self.by_extent[starts + np.arange(int(counts.sum()))]
 
-    def shared_scores(self, ids, scores) -> tuple:
+    def shared_scores(self, ids, scores, cached=None) -> tuple:
         """(members, their scores): every id of the extents that `ids` touch, each with the mean
         of `scores` (one per id of the data set) over its extent. Under the extent order a miss
         reads its whole extent, so a cached sample saves a read only while all of its extent is
         held: the cache and the SSD tier are given one score per extent (its samples' mean), and
-        keep, evict and admit whole extents by it."""
+        keep, evict and admit whole extents by it.
+
+        cached (a bool per id, the cache's content): the extents it holds whole score one
+        standard deviation of the extents' means higher, so that another extent takes the place
+        of one held only where it scores clearly higher. An extent is a random handful of
+        samples, and the means of most extents differ by less than their noise: swapping them on
+        every difference read an extent for each swap."""
         members = self.widen(ids)
         if members.size == 0:
             return members, np.empty(0, dtype=np.float64)
-        ext = self.extent_of[members]
-        starts = np.flatnonzero(np.concatenate([[True], ext[1:] != ext[:-1]]))
-        counts = np.diff(np.append(starts, members.size))
-        sums = np.add.reduceat(np.asarray(scores, dtype=np.float64)[members], starts)
-        return members, np.repeat(sums / counts, counts)
+        # by bincount: an extent index a sample larger than extent_bytes skipped has no members
+        counts = np.bincount(self.extent_of, minlength=self.extents)
+        means = (np.bincount(self.extent_of, weights=np.asarray(scores, dtype=np.float64),
+                             minlength=self.extents) / np.maximum(counts, 1))
+        if cached is not None and self.extents > 1:
+            some = counts > 0
+            held = some & (np.bincount(self.extent_of, weights=np.asarray(cached, dtype=np.float64),
+                                       minlength=self.extents) == counts)
+            means = means + float(np.std(means[some])) * held
+        return members, means[self.extent_of[members]]
 
     @classmethod
     def of_store(cls, store, extent_bytes: int | None = None) -> "ExtentLayout":

@@ -534,7 +534,8 @@ class ShadeSampler(Sampler):
         if self.cache is None or not ids.size:
             return
         if self.extents is not None:   # the tiers keep whole extents: one score per extent
-            ids, scores = self.extents.shared_scores(ids, self.table.scores)
+            ids, scores = self.extents.shared_scores(ids, self.table.scores,
+                                                     np.asarray(self.cache.cached_mask(), bool))
         self.cache.update_scores(ids, np.asarray(scores, dtype=np.float32))
 
     @property

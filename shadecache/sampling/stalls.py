@@ -341,7 +341,12 @@ class StallView:
         return self._mask[ids]
 
     def prefetching(self) -> bool:
-        return prefetcher_live(self.sampler.cache)
+        """Whether a live prefetcher reads the order's misses ahead. Not under the extent order:
+        there it leaves a full cache's misses to the loader, whose reads are whole extents
+        (shadecache/lookahead/prefetcher.py), and a miss deferred out of its extent's window is
+        read apart from its extent (measured: with a live prefetcher the first warm epoch read
+        0.91-1.03x the data against 0.59-0.77x)."""
+        return self.sampler.extents is None and prefetcher_live(self.sampler.cache)
 
     def on_way(self, ids) -> np.ndarray:
         """Which ids the prefetcher is reading now (the board's ON_WAY flags)."""

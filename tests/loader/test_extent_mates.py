@@ -131,6 +131,35 @@ def test_the_ssd_tier_serves_the_extents_it_holds_whole_and_no_others(store, tmp
             assert (np.diff(slots[sizes == s]) == 1).all(), (s, slots[sizes == s])
 
 
+def test_an_extent_the_ssd_tier_serves_stays_there_and_does_not_displace_the_cache(
+        store, tmp_path, cache_factory):
+    """Under the extent order each tier holds whole extents: what the SSD tier served is not
+    offered to the cache (a copy moved up displaced a cached extent that no tier kept, and the
+    extents the node held whole shrank with every such hit); its samples due later wait in the
+    stage. Without whole-extent reads an SSD hit is offered to the cache as before."""
+    from shadecache.sampling.extents import ExtentLayout
+    from shadecache.tiers import TierChain
+
+    layout = ExtentLayout.of_store(store, 64 << 10)
+    whole = layout.by_extent[layout.first[0]:layout.first[1]]
+    cache = cache_factory(len(store), capacity=4 << 20, policy="lru")
+    with sc.SSDTier(tmp_path / "ssd", capacity_bytes=8 << 20) as ssd:
+        ssd.put_many(whole, store.read_many(whole))
+        ssd.flush()
+        store.read_whole_extents(layout)
+        chain = TierChain.for_node(store, cache, ssd=ssd)
+        r = chain.read([int(whole[0])])
+        assert (r.source == 0).all() and sorted(r.ids.tolist()) == sorted(whole.tolist())
+        chain.admit(r)
+        assert not np.asarray(cache.cached_mask(), dtype=bool)[whole].any()
+        assert len(chain.stage()) == whole.size - 1
+        store.read_whole_extents(None)
+        r = chain.read([int(whole[1])])
+        assert r.source[0] == 0
+        chain.admit(r)
+        assert np.asarray(cache.cached_mask(), dtype=bool)[whole[1]]
+
+
 def test_scores_that_reshuffle_the_cache_do_not_make_an_epoch_read_its_extents_again(store,
                                                                                       cache_factory):
     """Training gives scores, and with them the importance cache admits the read's mates that

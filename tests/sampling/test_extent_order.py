@@ -142,3 +142,51 @@ def test_ranks_arrange_alike_whatever_device_each_measured(store, tmp_path):
     for case in ("extent size", "auto"):
         both = np.concatenate([np.load(tmp_path / f"{case}-{r}.npy") for r in (0, 1)])
         assert np.array_equal(np.sort(both), np.arange(len(store))), case
+
+
+def test_the_cache_is_given_one_score_per_extent_and_extents_it_holds_whole_score_higher(store):
+    """Under the extent order a cached sample saves a read only while its whole extent is held,
+    so every sample of an extent gets the mean of the extent's scores; the extents the cache
+    holds whole score one standard deviation of the means higher, so a newcomer takes the
+    place of one only where it scores clearly higher (the means of random handfuls of samples
+    differ mostly by noise)."""
+    layout = ExtentLayout.of_store(store, 64 << 10)
+    rng = np.random.default_rng(4)
+    scores = rng.random(len(store))
+    members, shared = layout.shared_scores(np.arange(len(store)), scores)
+    assert np.array_equal(np.sort(members), np.arange(len(store)))
+    mean = np.bincount(layout.extent_of, weights=scores) / np.bincount(layout.extent_of)
+    assert np.allclose(shared, mean[layout.extent_of[members]])
+    cached = np.zeros(len(store), dtype=bool)
+    whole, part = layout.by_extent[layout.first[0]:layout.first[1]], \
+        layout.by_extent[layout.first[1]:layout.first[2]]
+    cached[whole] = True
+    cached[part[:-1]] = True                      # all but one sample of extent 1
+    ids, bonus = layout.shared_scores(whole[:1].tolist() + part[:1].tolist(), scores, cached)
+    by_id = dict(zip(ids.tolist(), bonus.tolist()))
+    assert by_id[int(whole[0])] == pytest.approx(mean[0] + np.std(mean))
+    assert by_id[int(part[0])] == pytest.approx(mean[1])
+    assert len(ids) == whole.size + part.size     # every member of the two extents
+
+
+def test_the_stall_planner_defers_nothing_under_the_extent_order(store, cache_factory):
+    """A live prefetcher leaves a full cache's misses to the loader under the extent order (its
+    reads are whole extents already), so the planner does not count on it: a miss deferred out
+    of its extent's window is read apart from its extent."""
+    import os
+
+    from shadecache.lookahead.board import OrderBoard
+    from shadecache.sampling.stalls import StallView
+
+    cache = cache_factory(len(store), capacity=1 << 20, policy="importance")
+    with OrderBoard.create(cache.name, len(store)) as board:
+        try:
+            board.set_prefetcher(os.getpid())        # a live process registered as prefetcher
+            ds = sc.CachedDataset(store, cache)
+            uniform = sc.ShadeSampler(ds, cache=cache, order="uniform")
+            assert StallView(uniform, ds).prefetching()
+            extents = sc.ShadeSampler(ds, cache=cache, order="extents", extent_bytes=64 << 10)
+            assert not StallView(extents, ds).prefetching()
+        finally:
+            board.set_prefetcher(0)
+            board.unlink()
