@@ -395,11 +395,6 @@ def run(cache_name, chain, options, parent_pid):
         board.count(ep, prefetched=int(got.size),
                     prefetched_bytes=int(sum(len(d) for d, a in zip(data, admitted) if a)))
 
-    def reads_extents() -> bool:
-        """Whether the store reads whole extents (the sampler's extent order): set in the
-        training process, seen here through the store this process was given at start."""
-        return getattr(chain.store, "extent_layout", None) is not None
-
     def to_hold(read, ep):
         """The read if it is to be held (a copying tier is in the chain) or offered as usual, or
         None when it has landed already: a read that brought extent mates (positions from
@@ -463,13 +458,12 @@ def run(cache_name, chain, options, parent_pid):
                     last_epoch = epoch
                 if copies:
                     clear_stray_wanted()
-                if (copies or reads_extents()) and not full:
-                    # what is held and in flight, offered later, may not fit any more: read ahead
-                    # from now on only what the cache would admit (under the extent order:
-                    # nothing)
-                    st = cache.stats()
-                    pending = held.nbytes + sum(int(f[2].sum()) for f in inflight)
-                    full = st["bytes_used"] + pending >= 0.9 * st["capacity_bytes"]
+                    if not full:
+                        # what is held and in flight, offered later, may not fit any more: read
+                        # ahead from now on only what the cache would admit
+                        st = cache.stats()
+                        pending = held.nbytes + sum(int(f[2].sum()) for f in inflight)
+                        full = st["bytes_used"] + pending >= 0.9 * st["capacity_bytes"]
                 # flags cleared by readers are used prefetches; flagged and gone are wasted ones
                 if flagged:
                     f = np.fromiter(flagged, dtype=np.int64, count=len(flagged))
@@ -490,16 +484,7 @@ def run(cache_name, chain, options, parent_pid):
                 if pace is not None:
                     pace.saw_window(int(window.size), int(cand.size) + len(on_way))
                     L = pace.window(board.capacity)
-                if cand.size and full and reads_extents():
-                    # Under the extent order nothing, once the cache is full: an extent read lands
-                    # whole when it arrives, long before most of its samples are due, and what it
-                    # displaces (the lowest-scored extents, or with room made by next use, parts
-                    # of extents) may be due sooner and is read again (measured without an SSD
-                    # tier: 2.1-2.4x the data per warm epoch). The loader's own reads are whole
-                    # extents already, read when its window reaches them, and keep what the tiers
-                    # refuse until its turn (tiers.MateStage), which this process cannot hand over.
-                    cand, cand_at = cand[:0], cand_at[:0]
-                elif cand.size and full and copies and len(inflight) < max_batches:
+                if cand.size and full and copies and len(inflight) < max_batches:
                     # Only what the cache would admit when it is due, and not what the SSD tier
                     # holds (the loader reads that without the shared storage): the rest the loader
                     # reads when it is due and the SSD tier keeps, as without a prefetcher. A sample
@@ -508,8 +493,17 @@ def run(cache_name, chain, options, parent_pid):
                     # candidate (held, or read by the loader) may displace the lowest cached one
                     # first, and scores move meanwhile (counted twice): a candidate is read only if
                     # it outscores what would be left.
-                    due_before = 2 * (len(on_way) + np.arange(cand.size))
-                    ok = ~chain.held(cand) & cache.admits(cand, due_before)
+                    if getattr(chain.store, "extent_layout", None) is not None:
+                        # Under the extent order nothing, once the cache is full: an extent read
+                        # lands whole when it arrives, long before most of its samples are due,
+                        # and what it displaces (the lowest-scored extents) may be due sooner and
+                        # is read again. The loader's own reads are whole extents already, read
+                        # when its window reaches them, and keep what the tiers refuse until its
+                        # turn (tiers.MateStage), which this process cannot hand over.
+                        ok = np.zeros(cand.size, dtype=bool)
+                    else:
+                        due_before = 2 * (len(on_way) + np.arange(cand.size))
+                        ok = ~chain.held(cand) & cache.admits(cand, due_before)
                     cand, cand_at = cand[ok], cand_at[ok]
                 submitted = False
                 if cand.size and len(inflight) < max_batches:
@@ -570,7 +564,7 @@ def run(cache_name, chain, options, parent_pid):
             elif not submitted:
                 # Under the extent order a full cache is read ahead no more (it only shrinks by
                 # removals): look less often, and leave the loader this machine's cores
-                resting = full and reads_extents()
+                resting = copies and full and getattr(chain.store, "extent_layout", None) is not None
                 time.sleep(IDLE_S if resting and not held.batches else options["poll_s"])
         # a clean stop: finish what is in flight and offer everything held, so no read is left
         # to die with us

