@@ -378,7 +378,10 @@ def run(cache_name, chain, options, parent_pid):
         ids, data = read.ids, read.values
         admitted = chain.admit(read, insert)
         if not admitted.all():
-            full = True            # the cache only shrinks by removals
+            # the cache only shrinks by removals; full only when it refused something offered
+            # to it (under the extent order what the SSD tier served is not offered: a read of
+            # a warm SSD tier's extents into an empty cache stopped all reading ahead)
+            full = full or bool((chain.offers(read, insert) & ~admitted).any())
             refused.update(ids[~admitted].tolist())
             if copies:
                 # a reader asks for these now or soon: it reads them from the SSD tier, once

@@ -122,3 +122,50 @@ def test_under_the_extent_order_the_prefetcher_reads_each_extent_once_and_stops_
     for loader_ids, prefetcher_ids in data_ids[1:]:
         assert prefetcher_ids == []                      # the cache is full: the loader reads
         assert len(loader_ids) <= N                      # no sample read twice over
+
+
+def test_a_warm_ssd_tier_does_not_stop_the_prefetcher_filling_an_empty_cache(
+        cloud_store, tmp_path, importable):
+    """Under the extent order what the SSD tier serves stays there (it is not offered to the
+    cache), so a read ahead of extents the SSD tier holds brings nothing the cache refused: the
+    cache is not full, and the prefetcher goes on reading the store's extents ahead (a restarted
+    job: the SSD tier's journal is warm, the cache empty). Taking those values for refusals
+    stopped it after its first such read, and the loader read the epoch's misses itself."""
+    from shadecache.sampling.extents import ExtentLayout
+
+    name = f"t-pfssd-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    log = tmp_path / "reads.log"
+    store = LoggedStore(cloud_store.path, log, device=CLOUD_DEVICE)
+    layout = ExtentLayout.of_store(store, 64 << 10)
+    warm = np.concatenate([layout.by_extent[layout.first[e]:layout.first[e + 1]]
+                           for e in range(0, layout.extents, 4)])       # every 4th extent whole
+    cap = sc.Cache.capacity_for(2 * N, store.lengths)                     # never full
+    with sc.Cache.for_store(name, store, capacity_bytes=cap, policy="importance",
+                            attach=False) as cache, OrderBoard.create(name, N):
+        ssd = sc.SSDTier(tmp_path / "ssd", capacity_bytes=16 << 20, cache=cache)
+        ssd.bind_store(store)
+        ssd.put_many(warm, store.read_many(warm))
+        ssd.flush()
+        start = os.path.getsize(log)
+        ds = sc.CachedDataset(store, cache, ssd=ssd)
+        sampler = sc.ShadeSampler(ds, cache=cache, batch_size=BATCH, seed=1, order="extents",
+                                  extent_bytes=64 << 10, extent_window=2)
+        loader = sc.CachedLoader(ds, batch_size=BATCH, sampler=sampler, num_workers=2)
+        pf = sc.Prefetcher(cache, ssd=ssd, store=store, lookahead_samples=1024, batch=64).start()
+        try:
+            sampler.set_epoch(0)
+            for _ in loader:
+                time.sleep(0.01)      # a training step: time for the prefetcher to read
+            sampler.end_epoch()
+            reads, _ = _reads(log, start)
+            pid = pf.pid
+        finally:
+            assert pf.stop() == 0
+            ssd.close()
+        assert cache.stats()["rejected"] == 0 and cache.stats()["evictions"] == 0
+        cache.check()
+    store.close()
+    misses = N - warm.size                     # what only the store holds
+    # measured: the prefetcher read all 2236 of them (303 before, the loader the other 1933)
+    assert len(reads.get(pid, [])) >= 0.5 * misses, (len(reads.get(pid, [])), misses)
+    assert len(reads.get(os.getpid(), [])) <= 0.5 * misses
