@@ -169,3 +169,43 @@ def test_a_warm_ssd_tier_does_not_stop_the_prefetcher_filling_an_empty_cache(
     # measured: the prefetcher read all 2236 of them (303 before, the loader the other 1933)
     assert len(reads.get(pid, [])) >= 0.5 * misses, (len(reads.get(pid, [])), misses)
     assert len(reads.get(os.getpid(), [])) <= 0.5 * misses
+
+
+def test_without_an_ssd_tier_the_prefetcher_reads_nothing_ahead_once_the_cache_is_full(
+        cloud_store, tmp_path, importable):
+    """Under the extent order a full cache is read ahead no more with or without an SSD tier:
+    an extent read lands whole long before most of its samples are due, and what room it makes
+    is read again when due. Without an SSD tier it went on reading: each warm epoch the
+    prefetcher read more than the data set (about 3200 of 3000 samples, where the loader alone
+    reads about 2000)."""
+    name = f"t-pfnossd-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    log = tmp_path / "reads.log"
+    store = LoggedStore(cloud_store.path, log, device=CLOUD_DEVICE)
+    cap = sc.Cache.capacity_for(N // 3, store.lengths)
+    rows = []
+    with sc.Cache.for_store(name, store, capacity_bytes=cap, policy="importance",
+                            attach=False) as cache, OrderBoard.create(name, N):
+        ds = sc.CachedDataset(store, cache)
+        sampler = sc.ShadeSampler(ds, cache=cache, batch_size=BATCH, seed=1, order="extents",
+                                  extent_bytes=64 << 10, extent_window=2)
+        loader = sc.CachedLoader(ds, batch_size=BATCH, sampler=sampler, num_workers=2)
+        pf = sc.Prefetcher(cache, store=store, lookahead_samples=1024, batch=64).start()
+        start = 0
+        try:
+            for epoch in range(3):
+                sampler.set_epoch(epoch)
+                for _, _, idx in loader:
+                    ids = idx.numpy()
+                    sampler.update(idx, ((ids * 2654435761 + epoch * 97) % 1000) / 1000.0)
+                    time.sleep(0.003)     # a training step: time for the prefetcher to read
+                sampler.end_epoch()
+                reads, start = _reads(log, start)
+                rows.append((len(reads.get(os.getpid(), [])), len(reads.get(pf.pid, []))))
+        finally:
+            assert pf.stop() == 0
+        cache.check()
+    store.close()
+    assert rows[0][1] > 0, rows                  # it read ahead while the cache filled
+    for loader_read, prefetcher_read in rows[1:]:
+        assert prefetcher_read == 0, rows
+        assert loader_read <= N, rows
