@@ -462,12 +462,13 @@ def run(cache_name, chain, options, parent_pid):
                     last_epoch = epoch
                 if copies:
                     clear_stray_wanted()
-                    if not full:
-                        # what is held and in flight, offered later, may not fit any more: read
-                        # ahead from now on only what the cache would admit
-                        st = cache.stats()
-                        pending = held.nbytes + sum(int(f[2].sum()) for f in inflight)
-                        full = st["bytes_used"] + pending >= 0.9 * st["capacity_bytes"]
+                if (copies or extent_order) and not full:
+                    # what is held and in flight, offered later, may not fit any more: read
+                    # ahead from now on only what the cache would admit (under the extent order
+                    # nothing: the loader's own reads fill it too, unseen by landed())
+                    st = cache.stats()
+                    pending = held.nbytes + sum(int(f[2].sum()) for f in inflight)
+                    full = st["bytes_used"] + pending >= 0.9 * st["capacity_bytes"]
                 # flags cleared by readers are used prefetches; flagged and gone are wasted ones
                 if flagged:
                     f = np.fromiter(flagged, dtype=np.int64, count=len(flagged))
