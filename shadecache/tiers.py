@@ -314,8 +314,8 @@ class TierChain:
             # push out more: measured, a loop in which each warm epoch read 6-21x the data (the
             # prefetcher's early admissions started it). The rest of an extent cut off here is
             # read when its samples are asked for.
-            lengths = self.store.lengths
-            fits = np.cumsum(np.asarray(lengths, dtype=np.int64)[mates]) <= stage.room
+            # (the mates' lengths only: a cast of the whole array is a copy of the data set's)
+            fits = np.cumsum(np.asarray(self.store.lengths)[mates], dtype=np.int64) <= stage.room
             mates = mates[fits]
         return mates
 
