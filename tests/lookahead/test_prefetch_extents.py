@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 import shadecache as sc
-from conftest import CLOUD_DEVICE
 from shadecache.lookahead.board import OrderBoard
 from shadecache.store.packed import PackedStore
 
@@ -74,6 +73,14 @@ def _reads(log, start):
     return out, start + len(text)
 
 
+def _cloud_device() -> dict:
+    # Imported here, in the test's process only: the prefetcher's process imports this module to
+    # unpickle LoggedStore, with the test process's import path, on which another `conftest`
+    # (bench/'s, put first by a test module that imports from bench/) may come first.
+    from conftest import CLOUD_DEVICE
+    return CLOUD_DEVICE
+
+
 @pytest.fixture
 def importable(monkeypatch):
     """The prefetcher's process imports this module to unpickle LoggedStore."""
@@ -85,7 +92,7 @@ def test_under_the_extent_order_the_prefetcher_reads_each_extent_once_and_stops_
         cloud_store, tmp_path, importable):
     name = f"t-pfext-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     log = tmp_path / "reads.log"
-    store = LoggedStore(cloud_store.path, log, device=CLOUD_DEVICE)
+    store = LoggedStore(cloud_store.path, log, device=_cloud_device())
     cap = sc.Cache.capacity_for(N // 4, store.lengths)
     ssd_bytes = int(0.25 * sum(sc.SSDTier.slot_bytes(int(v)) for v in store.lengths))
     data_ids = []
@@ -135,7 +142,7 @@ def test_a_warm_ssd_tier_does_not_stop_the_prefetcher_filling_an_empty_cache(
 
     name = f"t-pfssd-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     log = tmp_path / "reads.log"
-    store = LoggedStore(cloud_store.path, log, device=CLOUD_DEVICE)
+    store = LoggedStore(cloud_store.path, log, device=_cloud_device())
     layout = ExtentLayout.of_store(store, 64 << 10)
     warm = np.concatenate([layout.by_extent[layout.first[e]:layout.first[e + 1]]
                            for e in range(0, layout.extents, 4)])       # every 4th extent whole
@@ -180,7 +187,7 @@ def test_without_an_ssd_tier_the_prefetcher_reads_nothing_ahead_once_the_cache_i
     reads about 2000)."""
     name = f"t-pfnossd-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     log = tmp_path / "reads.log"
-    store = LoggedStore(cloud_store.path, log, device=CLOUD_DEVICE)
+    store = LoggedStore(cloud_store.path, log, device=_cloud_device())
     cap = sc.Cache.capacity_for(N // 3, store.lengths)
     rows = []
     with sc.Cache.for_store(name, store, capacity_bytes=cap, policy="importance",
