@@ -12,6 +12,7 @@ import pytest
 import shadecache as sc
 from shadecache.lookahead.board import OrderBoard
 from shadecache.store.packed import PackedStore
+from test_prefetch_reads import reads_logged as _reads   # the same log format
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 N = 3000
@@ -62,23 +63,35 @@ class _LoggedStream:
         return getattr(self._stream, name)
 
 
-def _reads(log, start):
-    with open(log, "rb") as f:
-        f.seek(start)
-        text = f.read()
-    out = {}
-    for line in text.decode().splitlines():
-        pid, *ids = (int(x) for x in line.split())
-        out.setdefault(pid, []).extend(ids)
-    return out, start + len(text)
-
-
 def _cloud_device() -> dict:
     # Imported here, in the test's process only: the prefetcher's process imports this module to
     # unpickle LoggedStore, with the test process's import path, on which another `conftest`
     # (bench/'s, put first by a test module that imports from bench/) may come first.
     from conftest import CLOUD_DEVICE
     return CLOUD_DEVICE
+
+
+def _extent_loader(ds, cache):
+    """(sampler, loader) of `ds` under the extent order: 64 KiB extents, two at a time."""
+    sampler = sc.ShadeSampler(ds, cache=cache, batch_size=BATCH, seed=1, order="extents",
+                              extent_bytes=64 << 10, extent_window=2)
+    return sampler, sc.CachedLoader(ds, batch_size=BATCH, sampler=sampler, num_workers=2)
+
+
+def _train(sampler, loader, log, prefetcher_pid, epochs):
+    """Trains `epochs` epochs with scores (losses a fixed function of the id and the epoch);
+    per epoch, the ids the store read (loader's process, prefetcher's process)."""
+    start, out = os.path.getsize(log) if os.path.exists(log) else 0, []
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        for _, _, idx in loader:
+            ids = idx.numpy()
+            sampler.update(idx, ((ids * 2654435761 + epoch * 97) % 1000) / 1000.0)
+            time.sleep(0.003)     # a training step: time for the prefetcher to read
+        sampler.end_epoch()
+        reads, start = _reads(log, start)
+        out.append((reads.get(os.getpid(), []), reads.get(prefetcher_pid, [])))
+    return out
 
 
 @pytest.fixture
@@ -95,26 +108,14 @@ def test_under_the_extent_order_the_prefetcher_reads_each_extent_once_and_stops_
     store = LoggedStore(cloud_store.path, log, device=_cloud_device())
     cap = sc.Cache.capacity_for(N // 4, store.lengths)
     ssd_bytes = int(0.25 * sum(sc.SSDTier.slot_bytes(int(v)) for v in store.lengths))
-    data_ids = []
     with sc.Cache.for_store(name, store, capacity_bytes=cap, policy="importance",
                             attach=False) as cache, OrderBoard.create(name, N):
         ssd = sc.SSDTier(tmp_path / "ssd", capacity_bytes=ssd_bytes, cache=cache)
         ds = sc.CachedDataset(store, cache, ssd=ssd)
-        sampler = sc.ShadeSampler(ds, cache=cache, batch_size=BATCH, seed=1, order="extents",
-                                  extent_bytes=64 << 10, extent_window=2)
-        loader = sc.CachedLoader(ds, batch_size=BATCH, sampler=sampler, num_workers=2)
+        sampler, loader = _extent_loader(ds, cache)
         pf = sc.Prefetcher(cache, ssd=ssd, store=store, lookahead_samples=1024, batch=64).start()
-        start = 0
         try:
-            for epoch in range(3):
-                sampler.set_epoch(epoch)
-                for _, _, idx in loader:
-                    ids = idx.numpy()
-                    sampler.update(idx, ((ids * 2654435761 + epoch * 97) % 1000) / 1000.0)
-                    time.sleep(0.003)     # a training step: time for the prefetcher to read
-                sampler.end_epoch()
-                reads, start = _reads(log, start)
-                data_ids.append((reads.get(os.getpid(), []), reads.get(pf.pid, [])))
+            data_ids = _train(sampler, loader, log, pf.pid, epochs=3)
         finally:
             assert pf.stop() == 0
             ssd.close()
@@ -155,9 +156,7 @@ def test_a_warm_ssd_tier_does_not_stop_the_prefetcher_filling_an_empty_cache(
         ssd.flush()
         start = os.path.getsize(log)
         ds = sc.CachedDataset(store, cache, ssd=ssd)
-        sampler = sc.ShadeSampler(ds, cache=cache, batch_size=BATCH, seed=1, order="extents",
-                                  extent_bytes=64 << 10, extent_window=2)
-        loader = sc.CachedLoader(ds, batch_size=BATCH, sampler=sampler, num_workers=2)
+        sampler, loader = _extent_loader(ds, cache)
         pf = sc.Prefetcher(cache, ssd=ssd, store=store, lookahead_samples=1024, batch=64).start()
         try:
             sampler.set_epoch(0)
@@ -189,25 +188,13 @@ def test_without_an_ssd_tier_the_prefetcher_reads_nothing_ahead_once_the_cache_i
     log = tmp_path / "reads.log"
     store = LoggedStore(cloud_store.path, log, device=_cloud_device())
     cap = sc.Cache.capacity_for(N // 3, store.lengths)
-    rows = []
     with sc.Cache.for_store(name, store, capacity_bytes=cap, policy="importance",
                             attach=False) as cache, OrderBoard.create(name, N):
         ds = sc.CachedDataset(store, cache)
-        sampler = sc.ShadeSampler(ds, cache=cache, batch_size=BATCH, seed=1, order="extents",
-                                  extent_bytes=64 << 10, extent_window=2)
-        loader = sc.CachedLoader(ds, batch_size=BATCH, sampler=sampler, num_workers=2)
+        sampler, loader = _extent_loader(ds, cache)
         pf = sc.Prefetcher(cache, store=store, lookahead_samples=1024, batch=64).start()
-        start = 0
         try:
-            for epoch in range(3):
-                sampler.set_epoch(epoch)
-                for _, _, idx in loader:
-                    ids = idx.numpy()
-                    sampler.update(idx, ((ids * 2654435761 + epoch * 97) % 1000) / 1000.0)
-                    time.sleep(0.003)     # a training step: time for the prefetcher to read
-                sampler.end_epoch()
-                reads, start = _reads(log, start)
-                rows.append((len(reads.get(os.getpid(), [])), len(reads.get(pf.pid, []))))
+            rows = [(len(a), len(b)) for a, b in _train(sampler, loader, log, pf.pid, epochs=3)]
         finally:
             assert pf.stop() == 0
         cache.check()
