@@ -460,8 +460,10 @@ def run(cache_name, chain, options, parent_pid):
                 if epoch != last_epoch:
                     refused.clear()
                     last_epoch = epoch
-                if copies:
-                    clear_stray_wanted()
+                # a reader's WANTED that landed after the offer: cleared whether or not a copying
+                # tier is in the chain (left, every later reader of the sample waited
+                # ON_WAY_WAIT_S for it, until a read of this process offered it again)
+                clear_stray_wanted()
                 if (copies or extent_order) and not full:
                     # what is held and in flight, offered later, may not fit any more: read
                     # ahead from now on only what the cache would admit (under the extent order
