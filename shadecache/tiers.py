@@ -314,10 +314,27 @@ class TierChain:
             # push out more: measured, a loop in which each warm epoch read 6-21x the data (the
             # prefetcher's early admissions started it). The rest of an extent cut off here is
             # read when its samples are asked for.
-            lengths = self.store.lengths
-            fits = np.cumsum(np.asarray(lengths, dtype=np.int64)[mates]) <= stage.room
+            # (the mates' lengths only: a cast of the whole array is a copy of the data set's)
+            fits = np.cumsum(np.asarray(self.store.lengths)[mates], dtype=np.int64) <= stage.room
             mates = mates[fits]
         return mates
+
+    def offers(self, r: Read, insert=None) -> np.ndarray:
+        """Bool mask: the positions of `r` that admit(r, insert) offers to the cache (when it
+        has one and admits), so that a caller tells a refusal from a value not offered."""
+        have = r.keep & (r.source >= 0)
+        # Values taken from the stage were offered when they were staged (the cache refused them,
+        # the copying tiers had them in disk order): the loaders' path does not offer them again,
+        # a batch at a time; a caller with its own insert (the prefetcher, which counts what the
+        # cache refuses) offers them to the cache as before.
+        offer = have if insert is not None or r.staged is None else have & ~r.staged
+        if getattr(self.store, "extent_layout", None) is not None and r.ids.size:
+            # Under the extent order what a copying tier (the SSD tier) served stays there and is
+            # not offered to the cache: each tier holds whole extents, and a copy moved up into
+            # the cache displaced a cached extent that no tier kept, so the extents the node
+            # held whole shrank with every such hit (85 to 51-75 of 169 in a first warm epoch)
+            offer = offer & ~np.isin(r.source, self._copying())
+        return offer
 
     def admit(self, r: Read, insert=None) -> np.ndarray:
         """Offers the values of the ids this node keeps to the cache (insert(ids, values) -> bool
@@ -327,18 +344,8 @@ class TierChain:
         admitted = np.zeros(r.ids.size, dtype=bool)
         have = r.keep & (r.source >= 0)
         fresh = have if r.staged is None else have & ~r.staged
-        # Values taken from the stage were offered when they were staged (the cache refused them,
-        # the copying tiers had them in disk order): the loaders' path does not offer them again,
-        # a batch at a time; a caller with its own insert (the prefetcher, which counts what the
-        # cache refuses) offers them to the cache as before.
-        offer = fresh if insert is None else have
+        offer = self.offers(r, insert)
         layout = getattr(self.store, "extent_layout", None)
-        if layout is not None and r.ids.size:
-            # Under the extent order what a copying tier (the SSD tier) served stays there and is
-            # not offered to the cache: each tier holds whole extents, and a copy moved up into
-            # the cache displaced a cached extent that no tier kept, so the extents the node
-            # held whole shrank with every such hit (85 to 51-75 of 169 in a first warm epoch)
-            offer = offer & ~np.isin(r.source, self._copying())
         if self.cache is not None and self.admit_to_cache and offer.any():
             pos = np.flatnonzero(offer)
             if layout is not None and r.ids.size > r.asked:

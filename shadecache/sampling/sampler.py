@@ -533,8 +533,12 @@ class ShadeSampler(Sampler):
     def _push_scores(self, ids, scores):
         if self.cache is None or not ids.size:
             return
-        if self.extents is not None:   # the tiers keep whole extents: one score per extent
-            ids, scores = self.extents.shared_scores(ids, self.table.scores,
+        if self.extents is not None:
+            # the tiers keep whole extents: one score per extent, from the scores the last
+            # end_epoch folded (table.base: merged over the ranks, fixed for the epoch; at init
+            # and right after end_epoch they are table.scores, and a resume mid-epoch gives the
+            # same ones, not this rank's unmerged losses of the epoch)
+            ids, scores = self.extents.shared_scores(ids, self.table.base,
                                                      np.asarray(self.cache.cached_mask(), bool))
         self.cache.update_scores(ids, np.asarray(scores, dtype=np.float32))
 

@@ -247,6 +247,33 @@ def test_one_prefetcher_per_node_and_a_clean_stop(store_path, name):
             sc.Prefetcher(c, store)                 # no order board for this cache
 
 
+@pytest.mark.parametrize("with_ssd", [False, True])
+def test_a_readers_late_wanted_flag_is_cleared_with_or_without_an_ssd_tier(store_path, name,
+                                                                          tmp_path, with_ssd):
+    """A reader that waits for a sample on its way flags it WANTED, and that store may land just
+    after the prefetcher offered the sample (board.py's contract): the prefetcher clears WANTED
+    on what it does not hold on each pass, or every later reader of that sample waits the full
+    ON_WAY_WAIT_S for it. Without an SSD tier the flag stayed (and a prefetcher that reads
+    nothing more, a full cache under the extent order, never clears it)."""
+    store = sc.PackedStore(store_path)
+    ssd = sc.SSDTier(tmp_path / "ssd", capacity_bytes=4 << 20) if with_ssd else None
+    with sc.Cache.create(name, num_samples=N, capacity_bytes=1 << 20) as c, \
+            OrderBoard.create(name, N) as board:
+        pf = sc.Prefetcher(c, store, ssd=ssd).start()
+        try:
+            ids = np.array([5, 7])
+            board.mark_on_way(ids)           # on its way, then offered: the reader's store lands late
+            board.wait_for(ids, 0.0)
+            deadline = time.monotonic() + 10
+            while board.on_way(ids).any() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert not board.on_way(ids).any()
+        finally:
+            assert pf.stop() == 0
+            if ssd is not None:
+                ssd.close()
+
+
 def test_the_prefetcher_reads_the_ssd_tier_before_the_store(store_path, name, tmp_path):
     """The prefetcher reads through the node's tier chain: what the SSD tier holds comes from the
     SSD tier, not the store. The SSD tier here holds other bytes than the store for some ids (the

@@ -190,3 +190,29 @@ def test_the_stall_planner_defers_nothing_under_the_extent_order(store, cache_fa
         finally:
             board.set_prefetcher(0)
             board.unlink()
+
+
+def test_a_resume_mid_epoch_gives_the_cache_the_extent_scores_of_the_last_end_epoch(
+        store, cache_factory):
+    """Under the extent order the cache keeps the extent scores of the last end_epoch for the
+    whole epoch (what update() gives mid-epoch is this rank's alone and moves as an extent is
+    trained): a sampler resumed mid-epoch (load_state_dict) gives it those same scores, not
+    ones with this rank's unmerged losses of the epoch folded in, which differ between ranks."""
+    cache = cache_factory(len(store), capacity=1 << 20, policy="importance")
+    kw = dict(cache=cache, order="extents", extent_bytes=64 << 10, batch_size=64, seed=5)
+    sampler = sc.ShadeSampler(store, **kw)
+    rng = np.random.default_rng(6)
+    ids = np.arange(len(store))
+    for k in range(0, ids.size, 64):
+        sampler.update(ids[k:k + 64], rng.random(ids[k:k + 64].size))
+    sampler.end_epoch()
+    folded = np.asarray(cache.scores(), dtype=np.float64).copy()
+    assert np.ptp(folded) > 0
+    part = rng.permutation(len(store))[:640]
+    for k in range(0, part.size, 64):
+        sampler.update(part[k:k + 64], 10 * rng.random(64))
+    assert np.array_equal(np.asarray(cache.scores(), dtype=np.float64), folded)
+    state = sampler.state_dict()
+    resumed = sc.ShadeSampler(store, **kw)
+    resumed.load_state_dict(state)
+    assert np.array_equal(np.asarray(cache.scores(), dtype=np.float64), folded)
