@@ -117,6 +117,7 @@ class MateStage:
         self._d = OrderedDict()   # id -> (value, source)
         self._bytes = 0
         self._served = None       # (layout, its turn, bool per id): asked of the chain in that pass
+        self.turn = None          # the sampler's pass the staged values were read in
 
     def served(self, ids: np.ndarray, layout) -> np.ndarray:
         """Bool mask: which of `ids` this process's chain was asked for in the sampler's current
@@ -161,6 +162,10 @@ class MateStage:
         """Bool mask: which of `ids` are staged."""
         d = self._d
         return np.fromiter((i in d for i in ids.tolist()), dtype=bool, count=ids.size)
+
+    def clear(self) -> None:
+        self._d.clear()
+        self._bytes = 0
 
     @property
     def room(self) -> int:
@@ -211,7 +216,13 @@ class TierChain:
             return None
         if self._stage is None or self._stage[0] != os.getpid():
             self._stage = (os.getpid(), MateStage(min(256 << 20, 32 * layout.extent_bytes)))
-        return self._stage[1]
+        stage = self._stage[1]
+        if layout.epoch_pid == os.getpid() and stage.turn != layout.turn:
+            # a new pass of the sampler in this process: what the last one staged and did not
+            # ask for is not due in this one's windows, and would hold the stage's room
+            stage.clear()
+            stage.turn = layout.turn
+        return stage
 
     @classmethod
     def for_node(cls, store, cache=None, peer=None, ssd=None, admit: bool = True,
@@ -308,6 +319,10 @@ class TierChain:
             # since by the mates admitted after it) is read with the extent's unserved samples
             # only, not with the whole extent
             mates = mates[~stage.served(mates, self.store.extent_layout)]
+            # nor what this pass does not ask for at all (another rank's share, a sample the
+            # draw left out): staged, it would fill the stage for good, and the reads after it
+            # could bring no mates
+            mates = mates[self.store.extent_layout.due(mates)]
         if stage is not None and mates.size:
             # No more mates than the stage has room for: what the cache refuses waits there, and
             # a stage that overflows drops mates still due, whose reads bring more mates, which

@@ -65,13 +65,28 @@ class ExtentLayout:
         # process (a DataLoader worker, the prefetcher) is not told, and its pid differs.
         self.turn = 0
         self.epoch_pid = None
+        self._due = None          # bool per id: asked for in the current pass (its order's rest)
 
-    def begin_pass(self) -> None:
+    def begin_pass(self, order=None) -> None:
         """The sampler starts a pass over its order in this process (ShadeSampler.__iter__: a
         new epoch, the same epoch iterated again, a resume): what the chain served before is no
-        longer served, whichever way the epoch moved (set_epoch, end_epoch, load_state_dict)."""
+        longer served, whichever way the epoch moved (set_epoch, end_epoch, load_state_dict).
+        order: the ids the pass will ask for (this rank's share, from a resume's position on);
+        only those are worth reading as extent mates in this process (due)."""
         self.turn += 1
         self.epoch_pid = os.getpid()
+        self._due = None
+        if order is not None:
+            self._due = np.zeros(self.extent_of.size, dtype=bool)
+            self._due[np.asarray(order, dtype=np.int64)] = True
+
+    def due(self, ids) -> np.ndarray:
+        """Bool mask: which of `ids` the current pass asks for. Only in the sampler's process
+        (epoch_pid) and once a pass gave its order; elsewhere every id counts as due."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if self._due is None or self.epoch_pid != os.getpid():
+            return np.ones(ids.size, dtype=bool)
+        return self._due[ids]
 
     def widen(self, ids) -> np.ndarray:
         """Every id of the extents that `ids` touch (distinct, in disk order): what one read of

@@ -457,7 +457,7 @@ class ShadeSampler(Sampler):
                 self._planner_epoch = self.epoch
             plan = self._plan_batch
         if self.extents is not None:   # the chain's record of what this pass served starts anew
-            self.extents.begin_pass()
+            self.extents.begin_pass(order[start:])
         if self._counted_epoch != self.epoch:   # once per epoch, when its order is first used
             self._counted_epoch = self.epoch
             self._note(accuracy_repeats=self.last_epoch_stats.get("substituted", 0))

@@ -293,6 +293,34 @@ def test_a_read_brings_no_more_mates_than_the_stage_has_room_for(store):
     assert got == store.read_many(rest[:3])
 
 
+def test_mates_another_rank_asks_for_are_not_read_or_staged_and_a_new_pass_starts_empty(
+        store, cache_factory):
+    """One rank of two reads whole extents for its share: their samples of the other rank's share
+    are not worth reading as mates (this process never asks for them; staged, they held the
+    stage's room for good and later reads brought no mates). A new pass starts with an empty
+    stage: what the last one staged and did not ask for is not due in its windows."""
+    cache = cache_factory(len(store), capacity=1 << 20, policy="importance")
+    ds = sc.CachedDataset(store, cache, decode=bytes)
+    sampler = sc.ShadeSampler(ds, cache=cache, order="extents", rep_factor=0, seed=5,
+                              extent_window=2, extent_bytes=64 << 10, num_replicas=2, rank=0)
+    loader = sc.CachedLoader(ds, batch_size=64, sampler=sampler, num_workers=2, collate=list)
+    check = sc.PackedStore(store.path, gap_bytes=0)
+    sampler.set_epoch(0)
+    share = set(np.asarray(sampler.order()).tolist())
+    seen = 0
+    for batch in loader:
+        for x, y, i in batch:
+            assert x == check.read(i) and i in share
+            seen += 1
+    assert seen == len(share)
+    stage = ds.chain.stage()
+    assert set(stage._d) <= share
+    sampler.end_epoch()
+    sampler.set_epoch(1)
+    iter(sampler)                                  # the pass begins
+    assert len(ds.chain.stage()) == 0
+
+
 def _pass_reads(store, loader):
     """What one pass of `loader` asked of the store (io_counters' differences)."""
     before = store.io_counters()
