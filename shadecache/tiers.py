@@ -303,7 +303,8 @@ class TierChain:
     def extent_mates(self, ids: np.ndarray) -> np.ndarray:
         """The samples a read of `ids`' extents brings besides them (store.extent_mates: empty
         unless the store reads whole extents, for the sampler's extent order) that this node would
-        keep and its cache does not hold yet."""
+        keep and its cache does not hold yet; in the sampler's process only those its pass still
+        asks for (not served, due), and no more than the stage has room for."""
         mates_of = getattr(self.store, "extent_mates", None)
         mates = np.empty(0, np.int64) if mates_of is None else np.asarray(mates_of(ids), np.int64)
         if mates.size and self.cache is not None and self.admit_to_cache:
