@@ -23,6 +23,8 @@ import os
 
 import numpy as np
 
+from ..ids import check_ids
+
 DEFAULT_WINDOW = 16          # extents shuffled together
 MIN_EXTENT_BYTES = 64 << 10
 MAX_EXTENT_BYTES = 8 << 20
@@ -91,7 +93,7 @@ class ExtentLayout:
     def widen(self, ids) -> np.ndarray:
         """Every id of the extents that `ids` touch (distinct, in disk order): what one read of
         those extents brings."""
-        ext = np.unique(self.extent_of[np.asarray(ids, dtype=np.int64)])
+        ext = np.unique(self.extent_of[check_ids(ids, self.extent_of.size)])
         if ext.size == 0:
             return np.empty(0, dtype=np.int64)
         lo, hi = self.first[ext], self.first[ext + 1]

@@ -216,3 +216,11 @@ def test_a_resume_mid_epoch_gives_the_cache_the_extent_scores_of_the_last_end_ep
     resumed = sc.ShadeSampler(store, **kw)
     resumed.load_state_dict(state)
     assert np.array_equal(np.asarray(cache.scores(), dtype=np.float64), folded)
+
+
+def test_an_id_outside_the_data_set_is_named_by_the_extent_layout():
+    layout = ExtentLayout(np.arange(10), np.full(10, 100), 250)
+    assert layout.widen([0, 9]).tolist() == [0, 1, 2, 8, 9]
+    for bad in (10, -1):
+        with pytest.raises(IndexError, match=f"sample id {bad} is out of range 0..9"):
+            layout.widen([3, bad])
