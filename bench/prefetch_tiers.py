@@ -137,6 +137,11 @@ def run_mode(mode, store_path, disk, ssd_dir, args):
                     delta = {k: after[k] - before[k] for k in after}
                     if "extents_held_whole" in after:
                         delta["extents_held_whole"] = after["extents_held_whole"]
+                    if args.detail and len(sampler.repeats_history) > epoch:
+                        # the stall budget's repeats: cached samples trained in place of misses
+                        # the planner judged would stall (they depend on the measured pace, so
+                        # on what else runs: the prefetcher, the machine)
+                        delta["stall_repeats"] = sampler.repeats_history[epoch]["stall_repeats"]
                     out.append((seen / dt, nbytes, delta))
             finally:
                 if pf is not None:
