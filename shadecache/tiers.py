@@ -116,26 +116,7 @@ class MateStage:
         self.capacity = int(capacity)
         self._d = OrderedDict()   # id -> (value, source)
         self._bytes = 0
-        self._served = None       # (layout, its turn, bool per id): asked of the chain in that pass
         self.turn = None          # the sampler's pass the staged values were read in
-
-    def served(self, ids: np.ndarray, layout) -> np.ndarray:
-        """Bool mask: which of `ids` this process's chain was asked for in the sampler's current
-        pass over its order (layout.turn, ExtentLayout.begin_pass). Only where that sampler runs
-        (layout.epoch_pid): elsewhere nothing counts as served."""
-        s = self._served
-        if (layout.epoch_pid != os.getpid() or s is None or s[0] is not layout
-                or s[1] != layout.turn):
-            return np.zeros(ids.size, dtype=bool)
-        return s[2][ids]
-
-    def mark_served(self, ids: np.ndarray, layout) -> None:
-        if layout.epoch_pid != os.getpid():
-            return
-        s = self._served
-        if s is None or s[0] is not layout or s[1] != layout.turn:
-            s = self._served = (layout, layout.turn, np.zeros(len(layout), dtype=bool))
-        s[2][ids] = True
 
     def put(self, ids, values, sources) -> None:
         for i, v, src in zip(ids, values, sources):
@@ -277,7 +258,7 @@ class TierChain:
         rest = r.missing()
         stage = self.stage()
         if stage is not None:
-            stage.mark_served(r.ids[:r.asked], self.store.extent_layout)
+            self.store.extent_layout.asked(r.ids[:r.asked])
         if rest.size and self.store is not None:
             mates = self.extent_mates(r.ids[rest])
             t0 = time.perf_counter_ns()
@@ -304,7 +285,7 @@ class TierChain:
         """The samples a read of `ids`' extents brings besides them (store.extent_mates: empty
         unless the store reads whole extents, for the sampler's extent order) that this node would
         keep and its cache does not hold yet; in the sampler's process only those its pass still
-        asks for (not served, due), and no more than the stage has room for."""
+        still asks for (ExtentLayout.due), and no more than the stage has room for."""
         mates_of = getattr(self.store, "extent_mates", None)
         mates = np.empty(0, np.int64) if mates_of is None else np.asarray(mates_of(ids), np.int64)
         if mates.size and self.cache is not None and self.admit_to_cache:
@@ -315,22 +296,18 @@ class TierChain:
         if stage is not None and len(stage):
             mates = mates[~stage.mask(mates)]
         if stage is not None and mates.size:
-            # what this epoch's order asked for already is not read again as a mate: a sample
-            # asked again in its extent's window (one cached when its extent was read, evicted
-            # since by the mates admitted after it) is read with the extent's unserved samples
-            # only, not with the whole extent
-            mates = mates[~stage.served(mates, self.store.extent_layout)]
-            # nor what this pass does not ask for at all (another rank's share, a sample the
-            # draw left out): staged, it would fill the stage for good, and the reads after it
-            # could bring no mates
-            mates = mates[self.store.extent_layout.due(mates)]
-        if stage is not None and mates.size:
-            # No more mates than the stage has room for: what the cache refuses waits there, and
-            # a stage that overflows drops mates still due, whose reads bring more mates, which
-            # push out more: measured, a loop in which each warm epoch read 6-21x the data (the
+            # Only what this pass still asks for (ExtentLayout.due): not what it asked for already
+            # (a sample asked again in its extent's window, one cached when its extent was read
+            # and evicted since by the mates admitted after it, is read with the extent's
+            # samples still due, not with the whole extent), nor what it does not ask for at all
+            # (another rank's share, a sample the draw left out: staged, it would fill the stage
+            # for good). And no more than the stage has room for: what the cache refuses waits
+            # there, and a stage that overflows drops mates still due, whose reads bring more
+            # mates, which push out more (measured: each warm epoch read 6-21x the data; the
             # prefetcher's early admissions started it). The rest of an extent cut off here is
-            # read when its samples are asked for.
-            # (the mates' lengths only: a cast of the whole array is a copy of the data set's)
+            # read when its samples are asked for. (The mates' lengths only: a cast of the
+            # whole array is a copy of the data set's.)
+            mates = mates[self.store.extent_layout.due(mates)]
             fits = np.cumsum(np.asarray(self.store.lengths)[mates], dtype=np.int64) <= stage.room
             mates = mates[fits]
         return mates

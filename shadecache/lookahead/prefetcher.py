@@ -399,18 +399,20 @@ def run(cache_name, chain, options, parent_pid):
         board.count(ep, prefetched=int(got.size),
                     prefetched_bytes=int(sum(len(d) for d, a in zip(data, admitted) if a)))
 
-    def to_hold(read, ep):
-        """The read if it is to be held (a copying tier is in the chain) or offered as usual, or
-        None when it has landed already: a read that brought extent mates (positions from
-        read.asked on, tiers.Read: the extent order) is offered whole, now, as the loader offers
-        its own extent reads. The cache and the SSD tier keep whole extents (one score per
-        extent); with the mates offered at once and the asked samples held until their turn,
-        extents landed in pieces (the held samples refused by tiers that had filled meanwhile),
-        and the next epoch read their other samples around the holes. mu held."""
-        if read.asked == read.ids.size:
-            return read
+    def arrived(read, ep, positions, nbytes) -> bool:
+        """One read done: held until a reader asks for it when a copying tier is in the chain,
+        else offered now. Returns whether it is held. A read that brought extent mates
+        (positions from read.asked on, tiers.Read: the extent order) is offered whole, now, as
+        the loader offers its own extent reads: the cache and the SSD tier keep whole extents
+        (one score per extent), and with the mates offered at once and the asked samples held
+        until their turn, extents landed in pieces (the held samples refused by tiers that had
+        filled meanwhile), and the next epoch read their other samples around the holes. mu
+        held."""
+        if copies and read.asked == read.ids.size:
+            held.add(read, ep, positions, nbytes)
+            return True
         landed(read, ep)
-        return None
+        return False
 
     def hand_over(everything: bool = False):
         """Offers the held samples a reader waits for (WANTED), and those no reader will ask for
@@ -491,7 +493,17 @@ def run(cache_name, chain, options, parent_pid):
                 if pace is not None:
                     pace.saw_window(int(window.size), int(cand.size) + len(on_way))
                     L = pace.window(board.capacity)
-                if cand.size and full and (copies or extent_order) and len(inflight) < max_batches:
+                if cand.size and full and extent_order:
+                    # Under the extent order nothing, once the cache is full: an extent read lands
+                    # whole when it arrives, long before most of its samples are due, and what it
+                    # displaces (the lowest-scored extents) may be due sooner and is read again.
+                    # The loader's own reads are whole extents already, read when its window
+                    # reaches them, and keep what the tiers refuse until its turn
+                    # (tiers.MateStage), which this process cannot hand over. With or without an
+                    # SSD tier (without one, room made for a read was read again: warm epochs
+                    # read 1.07x the data, 0.66x with nothing read ahead).
+                    cand, cand_at = cand[:0], cand_at[:0]
+                elif cand.size and full and copies and len(inflight) < max_batches:
                     # With an SSD tier, only what the cache would admit when it is due, and not what
                     # the SSD tier holds (the loader reads that without the shared storage): the
                     # rest the loader reads when it is due and the SSD tier keeps, as without a
@@ -500,19 +512,8 @@ def run(cache_name, chain, options, parent_pid):
                     # that is due before a candidate (held, or read by the loader) may displace the
                     # lowest cached one first, and scores move meanwhile (counted twice): a
                     # candidate is read only if it outscores what would be left.
-                    if extent_order:
-                        # Under the extent order nothing, once the cache is full: an extent read
-                        # lands whole when it arrives, long before most of its samples are due,
-                        # and what it displaces (the lowest-scored extents) may be due sooner and
-                        # is read again. The loader's own reads are whole extents already, read
-                        # when its window reaches them, and keep what the tiers refuse until its
-                        # turn (tiers.MateStage), which this process cannot hand over. With or
-                        # without an SSD tier (without one, room made for a read was read again:
-                        # warm epochs read 1.07x the data, 0.66x with nothing read ahead).
-                        ok = np.zeros(cand.size, dtype=bool)
-                    else:
-                        due_before = 2 * (len(on_way) + np.arange(cand.size))
-                        ok = ~chain.held(cand) & cache.admits(cand, due_before)
+                    due_before = 2 * (len(on_way) + np.arange(cand.size))
+                    ok = ~chain.held(cand) & cache.admits(cand, due_before)
                     cand, cand_at = cand[ok], cand_at[ok]
                 submitted = False
                 if cand.size and len(inflight) < max_batches:
@@ -562,14 +563,8 @@ def run(cache_name, chain, options, parent_pid):
                     pace.saw_batch(time.monotonic() - t_sub)
                 with mu:
                     inflight.popleft()
-                    read = to_hold(read, ep)
-                    if read is None:
-                        pass
-                    elif copies:
-                        held.add(read, ep, at, nb)
+                    if arrived(read, ep, at, nb):
                         hand_over()           # what a reader already waits for
-                    else:
-                        landed(read, ep)
             elif not submitted:
                 # Under the extent order a full cache is read ahead no more (it only shrinks by
                 # removals): look less often, and leave the loader this machine's cores
@@ -583,13 +578,7 @@ def run(cache_name, chain, options, parent_pid):
         with mu:
             while inflight:
                 ids, ep, nb, _, at = inflight.popleft()
-                read = to_hold(tier.take(), ep)
-                if read is None:
-                    continue
-                if copies:
-                    held.add(read, ep, at, nb)
-                else:
-                    landed(read, ep)
+                arrived(tier.take(), ep, at, nb)
             hand_over(everything=True)
     finally:
         done.set()

@@ -63,28 +63,37 @@ class ExtentLayout:
         self.first = np.searchsorted(self.extent_of[disk_order], np.arange(self.extents + 1))
         # The pass over an order that the sampler which drew this layout is in (a number, one
         # more for each pass: begin_pass), and that sampler's process: in that process the tier
-        # chain knows what it served in this pass (tiers.MateStage.served). A copy in another
-        # process (a DataLoader worker, the prefetcher) is not told, and its pid differs.
+        # chain knows which ids the pass still asks for (due). A copy in another process (a
+        # DataLoader worker, the prefetcher) is not told, and its pid differs.
         self.turn = 0
         self.epoch_pid = None
-        self._due = None          # bool per id: asked for in the current pass (its order's rest)
+        self._due = None          # bool per id: the current pass asks for it and has not yet
 
     def begin_pass(self, order=None) -> None:
         """The sampler starts a pass over its order in this process (ShadeSampler.__iter__: a
-        new epoch, the same epoch iterated again, a resume): what the chain served before is no
-        longer served, whichever way the epoch moved (set_epoch, end_epoch, load_state_dict).
-        order: the ids the pass will ask for (this rank's share, from a resume's position on);
-        only those are worth reading as extent mates in this process (due)."""
+        new epoch, the same epoch iterated again, a resume), whichever way the epoch moved
+        (set_epoch, end_epoch, load_state_dict). order: the ids the pass will ask for (this
+        rank's share, from a resume's position on; None: every id); only those are worth reading
+        as extent mates in this process, until the chain is asked for them (asked)."""
         self.turn += 1
         self.epoch_pid = os.getpid()
-        self._due = None
-        if order is not None:
+        if order is None:
+            self._due = np.ones(self.extent_of.size, dtype=bool)
+        else:
             self._due = np.zeros(self.extent_of.size, dtype=bool)
             self._due[np.asarray(order, dtype=np.int64)] = True
 
+    def asked(self, ids) -> None:
+        """The chain of the sampler's process was asked for `ids` in this pass: they are not due
+        as mates any more (a sample asked again in its extent's window, one cached when its
+        extent was read and evicted since, is read with the extent's samples still due, not
+        with the whole extent). Elsewhere nothing is recorded."""
+        if self._due is not None and self.epoch_pid == os.getpid():
+            self._due[np.asarray(ids, dtype=np.int64)] = False
+
     def due(self, ids) -> np.ndarray:
-        """Bool mask: which of `ids` the current pass asks for. Only in the sampler's process
-        (epoch_pid) and once a pass gave its order; elsewhere every id counts as due."""
+        """Bool mask: which of `ids` the current pass still asks for. Only in the sampler's
+        process (epoch_pid) once a pass began; elsewhere every id counts as due."""
         ids = np.asarray(ids, dtype=np.int64)
         if self._due is None or self.epoch_pid != os.getpid():
             return np.ones(ids.size, dtype=bool)
