@@ -202,9 +202,9 @@ def main(argv=None):
                         print(f"{size} B x {n}, round {rnd}, {mode:>10}: warm epochs "
                               + ", ".join(f"{r:,.0f}/s {b / data:.3f}x" for r, b, _ in warm), flush=True)
                         if args.detail:
-                            for e, (_, _, d) in enumerate(per):
-                                print(f"    epoch {e}: " + ", ".join(f"{k} {v:,}" for k, v in d.items()),
-                                      flush=True)
+                            for e, (rate, nbytes, d) in enumerate(per):
+                                print(f"    epoch {e}: {rate:,.0f}/s, read {nbytes / data:.3f}x, "
+                                      + ", ".join(f"{k} {v:,}" for k, v in d.items()), flush=True)
                 os.unlink(store_path)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -38,6 +38,10 @@ What the planner does with the batch's misses when the store is too slow:
   prefetcher was already reading (1,419 repeats, 35,323 device reads against uniform's 34,941,
   1.02x its wall time); with this step, 3,252 repeats, 33,028 reads against 34,995 (0.96x).
 
+Not under the extent order (ShadeSampler does not plan there): a miss is read with its whole
+extent, which the pass's other samples of that extent share, so a repeat in place of one sample
+saves no read (docs/importance.md).
+
 Reproducible: the planner's random choices come from its own stream of the sampler's seed (seed,
 epoch, rank); given the same sequence of stalls (which ids of which batch were not cached, at which
 measured speeds) the order is the same. state() / load() carry the position planned up to, the

@@ -283,3 +283,29 @@ def test_the_store_is_timed_by_the_sleep_no_cpu_wait_explains(others_queued_ms):
         assert pace.per_step() is None
     else:
         assert pace.miss_s == pytest.approx(0.0005) and pace.per_step() == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize("order", ["uniform", "extents"])
+def test_under_the_extent_order_the_stall_budget_repeats_nothing(tmp_path, cache_factory, order):
+    """Under the extent order a miss is read with its whole extent, which the pass's other samples
+    of that extent share: a repeat in place of one sample saves no read. The same slow store and
+    scores under the uniform order do make stall repeats (the planner acts there)."""
+    n = 640
+    path = str(tmp_path / "dense.shc")
+    sc.pack([(np.full(2048, i % 251, np.uint8).tobytes(), i % 10) for i in range(n)], path,
+            progress=False)
+    store = slow(path, 0.0)
+    cache = cache_factory(n, capacity=sc.Cache.capacity_for(128, store.lengths),
+                          policy="importance", sizes=store.lengths)
+    ds = sc.CachedDataset(store, cache)
+    s = sc.ShadeSampler(ds, cache=cache, batch_size=B, seed=2, stall_speeds=SLOW, order=order,
+                        extent_bytes=64 << 10, store=sc.PackedStore(path))
+    batches = run_epochs(make_loader("CachedLoader", ds, s), s, 3)
+    repeats = sum(h["stall_repeats"] for h in s.repeats_history)
+    if order == "extents":
+        assert s.extents is not None and s.extents.extents > 1
+        assert repeats == 0
+        per_epoch = np.concatenate(batches).reshape(3, n)
+        assert all(np.array_equal(np.sort(e), np.arange(n)) for e in per_epoch)
+    else:
+        assert repeats > 0
