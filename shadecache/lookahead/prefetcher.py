@@ -369,6 +369,10 @@ def run(cache_name, chain, options, parent_pid):
     st = cache.stats()
     full = bool(st["evictions"] or st["rejected"])
     evicted_before = st["evictions"]
+    # the engine itself said so (it refused, or evicted since this process started): what the
+    # cache holds no longer tells its free room (slots are rounded up to their size class, so a
+    # cache of small samples is out of memory with bytes_used well below its capacity)
+    engine_full = full
     now = -1                      # the most advanced cursor's global position
     last_epoch = None
     stopping = False
@@ -376,7 +380,7 @@ def run(cache_name, chain, options, parent_pid):
     def landed(read, ep):
         """Offers one read to the cache (what it refuses to the copying tiers) and flags it.
         mu held."""
-        nonlocal full
+        nonlocal full, engine_full
         ids, data = read.ids, read.values
         admitted = chain.admit(read, insert)
         if not admitted.all():
@@ -384,6 +388,7 @@ def run(cache_name, chain, options, parent_pid):
             # to it (under the extent order what the SSD tier served is not offered: a read of
             # a warm SSD tier's extents into an empty cache stopped all reading ahead)
             full = full or bool((chain.offers(read, insert) & ~admitted).any())
+            engine_full = engine_full or full
             refused.update(ids[~admitted].tolist())
             if copies:
                 # a reader asks for these now or soon: it reads them from the SSD tier, once
@@ -467,7 +472,7 @@ def run(cache_name, chain, options, parent_pid):
                 # tier is in the chain (left, every later reader of the sample waited
                 # ON_WAY_WAIT_S for it, until a read of this process offered it again)
                 clear_stray_wanted()
-                if not full:
+                if not engine_full:
                     # Full when what is cached, held and in flight would fill the cache, or when
                     # it has evicted since this process started: from then on, what is read ahead
                     # must make room (no copying tier) or be what the cache would admit (a copying
@@ -480,8 +485,11 @@ def run(cache_name, chain, options, parent_pid):
                     # were second to sixth reads of a sample before its turn).
                     st = cache.stats()
                     pending = held.nbytes + sum(int(f[2].sum()) for f in inflight)
-                    full = (st["bytes_used"] + pending >= 0.9 * st["capacity_bytes"]
-                            or st["evictions"] > evicted_before)
+                    # (Looked at until the engine refused or evicted: without a copying tier, what
+                    # is read ahead makes room only for what the free bytes do not take until then.)
+                    engine_full = st["evictions"] > evicted_before
+                    full = (full or engine_full
+                            or st["bytes_used"] + pending >= 0.9 * st["capacity_bytes"])
                 # flags cleared by readers are used prefetches; flagged and gone are wasted ones
                 if flagged:
                     f = np.fromiter(flagged, dtype=np.int64, count=len(flagged))
@@ -533,10 +541,22 @@ def run(cache_name, chain, options, parent_pid):
                     batch = cand[:min(B, cut)]
                     if batch.size and full and not copies:
                         # one out for one in (the engine's free bytes do not say how many slots of a
-                        # size class are free, so "full" is learnt from a refused insert); whatever
-                        # cannot be matched by a sample needed later stays unread
-                        latest = int(board.next_use(batch).max())
-                        batch = batch[:_make_room(cache, board, int(batch.size), latest)]
+                        # size class are free); whatever cannot be matched by a sample needed later
+                        # stays unread. Until the engine refused or evicted, what fits in the free
+                        # bytes is read without removing anything: called full at 90%, a cache with
+                        # room for the whole data set (large samples: over 95% used when it holds
+                        # them all) lost a sample for each of its last misses, and read it again
+                        # the next epoch, every epoch.
+                        need = int(batch.size)
+                        if not engine_full:
+                            st = cache.stats()
+                            free = st["capacity_bytes"] - st["bytes_used"] - (
+                                held.nbytes + sum(int(f[2].sum()) for f in inflight))
+                            need -= int(np.searchsorted(np.cumsum(nbytes[:need]), free, side="right"))
+                        if need:
+                            latest = int(board.next_use(batch).max())
+                            removed = _make_room(cache, board, need, latest)
+                            batch = batch[:int(batch.size) - need + removed]
                     if batch.size:
                         board.mark_on_way(batch)     # readers wait for these instead of reading them
                         # A loader that took one of them since the window was read may have looked
