@@ -158,6 +158,41 @@ def test_with_an_ssd_tier_the_prefetcher_adds_no_store_read(store_path, tmp_path
     assert sum(reads[1:]) <= 1.02 * warm, (reads, without)
 
 
+def prefetched_epochs(path, tmp_path, policy, cache_items, epochs=3):
+    """A job without an SSD tier whose prefetcher reads ahead into a cache with room for
+    `cache_items` samples: per epoch (the loader's store reads, the prefetcher's (ids), the
+    epoch's order), then the next epoch's order and the cache's stats() at the end."""
+    name = f"t-nossd-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    log = tmp_path / f"{name}.log"
+    store = CountingStore(path, log)
+    cap = sc.Cache.capacity_for(cache_items, store.lengths)
+    out = []
+    with sc.Cache.for_store(name, store, capacity_bytes=cap, policy=policy,
+                            attach=False) as cache, OrderBoard.create(name, N):
+        ds = sc.CachedDataset(store, cache)
+        sampler = sc.ShadeSampler(ds, cache=cache, batch_size=BATCH, seed=0, pads=False,
+                                  rep_factor=0.0, stalls=False)
+        loader = sc.CachedLoader(ds, batch_size=BATCH, sampler=sampler, num_workers=0)
+        with sc.Prefetcher(cache, store, batch=64) as pf:
+            start = 0
+            for epoch in range(epochs):
+                sampler.set_epoch(epoch)
+                for _, _, idx in loader:
+                    sampler.update(idx, losses_of(idx.numpy()))
+                    time.sleep(0.004)    # a training step: time for the prefetcher to read ahead
+                order = np.asarray(sampler.order())
+                reads, start = reads_logged(log, start)
+                out.append((reads.get(os.getpid(), []),
+                            np.asarray(reads.get(pf.pid, []), dtype=np.int64), order))
+                sampler.end_epoch()
+            sampler.set_epoch(epochs)
+            following = np.asarray(sampler.order())
+        stats = cache.stats()
+        cache.check()
+    store.close()
+    return out, following, stats
+
+
 @pytest.mark.parametrize("policy", ["lru", "importance"])
 def test_without_an_ssd_tier_a_full_cache_keeps_what_the_prefetcher_read_until_its_turn(
         store_path, tmp_path, importable, policy):
@@ -168,32 +203,9 @@ def test_without_an_ssd_tier_a_full_cache_keeps_what_the_prefetcher_read_until_i
     here: 1,140-1,255 extra reads an epoch; the importance policy on a throttled disk: up to six
     reads of one sample, 3,189 of an epoch's 6,805 reads). Once full, the prefetcher makes room
     among the samples needed later than those it reads, so each is read once for its turn."""
-    name = f"t-full-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    log = tmp_path / f"{name}.log"
-    store = CountingStore(store_path, log)
-    cap = sc.Cache.capacity_for(round(0.20 * N), store.lengths)
-    segments, orders = [], []
-    with sc.Cache.for_store(name, store, capacity_bytes=cap, policy=policy,
-                            attach=False) as cache, OrderBoard.create(name, N):
-        ds = sc.CachedDataset(store, cache)
-        sampler = sc.ShadeSampler(ds, cache=cache, batch_size=BATCH, seed=0, pads=False,
-                                  rep_factor=0.0, stalls=False)
-        loader = sc.CachedLoader(ds, batch_size=BATCH, sampler=sampler, num_workers=0)
-        with sc.Prefetcher(cache, store, batch=64) as pf:
-            start = 0
-            for epoch in range(3):
-                sampler.set_epoch(epoch)
-                for _, _, idx in loader:
-                    sampler.update(idx, losses_of(idx.numpy()))
-                    time.sleep(0.004)    # a training step: time for the prefetcher to read ahead
-                orders.append(np.asarray(sampler.order()))
-                reads, start = reads_logged(log, start)
-                segments.append(np.asarray(reads.get(pf.pid, []), dtype=np.int64))
-                sampler.end_epoch()
-            sampler.set_epoch(3)
-            orders.append(np.asarray(sampler.order()))
-        cache.check()
-    store.close()
+    epochs, following, _ = prefetched_epochs(store_path, tmp_path, policy, round(0.20 * N))
+    segments = [mine for _, mine, _ in epochs]
+    orders = [order for _, _, order in epochs] + [following]
     # An epoch's reads may also be the next epoch's head (the order of the next epoch is
     # published before this one ends: seen up to 220 positions into it): at most the cache's
     # samples.
@@ -228,30 +240,8 @@ def test_without_an_ssd_tier_a_cache_that_holds_the_data_set_is_read_once(
     warm epochs read nothing, with or without a prefetcher. A prefetcher that calls it full when
     it is 90% used, and then removes a cached sample for each it reads ahead, removes samples the
     next epoch reads again, every epoch."""
-    name = f"t-fits-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    log = tmp_path / f"{name}.log"
-    store = CountingStore(large_store_path, log)
-    cap = sc.Cache.capacity_for(N, store.lengths)
-    per_epoch = []
-    with sc.Cache.for_store(name, store, capacity_bytes=cap, policy=policy,
-                            attach=False) as cache, OrderBoard.create(name, N):
-        ds = sc.CachedDataset(store, cache)
-        sampler = sc.ShadeSampler(ds, cache=cache, batch_size=BATCH, seed=0, pads=False,
-                                  rep_factor=0.0, stalls=False)
-        loader = sc.CachedLoader(ds, batch_size=BATCH, sampler=sampler, num_workers=0)
-        with sc.Prefetcher(cache, store, batch=64) as pf:
-            start = 0
-            for epoch in range(3):
-                sampler.set_epoch(epoch)
-                for _, _, idx in loader:
-                    sampler.update(idx, losses_of(idx.numpy()))
-                    time.sleep(0.004)    # a training step: time for the prefetcher to read ahead
-                reads, start = reads_logged(log, start)
-                per_epoch.append((len(reads.get(os.getpid(), [])), len(reads.get(pf.pid, []))))
-                sampler.end_epoch()
-        stats = cache.stats()
-        cache.check()
-    store.close()
+    epochs, _, stats = prefetched_epochs(large_store_path, tmp_path, policy, N)
+    per_epoch = [(len(loader), mine.size) for loader, mine, _ in epochs]
     assert sum(per_epoch[0]) >= N and per_epoch[0][1] > 0.5 * N, per_epoch   # cold, read ahead
     assert stats["evictions"] == 0, stats
     # What the first epoch's reads still had in flight at its end (or a refused insert left for
