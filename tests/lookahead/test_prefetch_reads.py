@@ -144,7 +144,7 @@ def test_with_an_ssd_tier_the_prefetcher_adds_no_store_read(store_path, tmp_path
     # for many.
     again, ahead = [], 0
     for e, (loader_ids, prefetcher_ids, order) in enumerate(with_pf[1:], 1):
-        twice = np.intersect1d(loader_ids, prefetcher_ids)
+        twice = np.intersect1d(np.asarray(loader_ids, np.int64), np.asarray(prefetcher_ids, np.int64))
         times = np.bincount(order, minlength=N)
         again += [(e, int(i)) for i in twice[times[twice] < 2]]
         ahead += len(prefetcher_ids)
