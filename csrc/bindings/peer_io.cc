@@ -146,25 +146,55 @@ struct Slot {
   enum Kind : uint8_t { kMissed, kPinned, kFilled } kind = kMissed;
 };
 
-// The pins of a chunk and its share of the pool, released on every way out.
+// The pins of a message and its share of the pool, released on every way out.
 class ChunkPins {
  public:
   // This process's pid, read once for the message's pins (Cache::pin would read it per pin).
   ChunkPins(Cache* cache, std::vector<Slot>* slots) : cache_(cache), slots_(slots), pid_(getpid()) {}
-  int64_t pid() const { return pid_; }
   ~ChunkPins() { release_all(); }
   bool take_pool(uint32_t n, int64_t deadline_ns) {
     if (!n || !pin_pool().acquire(n, deadline_ns)) return false;
     pooled_ = n;
     return true;
   }
+  // Pins the values of ids[k] for the positions k of `at` (slots not filled) in one batch
+  // (Cache::pin_many); a value not found stays a miss.
+  void pin(const uint64_t* ids, const std::vector<size_t>& at) {
+    if (at.empty()) return;
+    std::vector<uint64_t> want(at.size());
+    for (size_t j = 0; j < at.size(); ++j) want[j] = ids[at[j]];
+    std::vector<Cache::Pinned> got(at.size());
+    std::unique_ptr<bool[]> found(new bool[at.size()]);
+    cache_->pin_many(want.data(), want.size(), got.data(), found.get(), pid_);
+    for (size_t j = 0; j < at.size(); ++j) {
+      if (!found[j]) continue;
+      Slot& s = (*slots_)[at[j]];
+      s.data = got[j].data;
+      s.len = got[j].len;
+      s.crc = got[j].crc;
+      s.token = got[j].token;
+      s.kind = Slot::kPinned;
+      held_.push_back(at[j]);
+      if (s.len > net::kMaxValue) unpin(s);  // larger than any peer accepts: a miss
+    }
+  }
   void unpin(Slot& s) {
     if (s.kind != Slot::kPinned) return;
     cache_->unpin(s.token, pid_, pid_);
     s.kind = Slot::kMissed;
   }
+  // Every pin still held, in one batch (Cache::unpin_many), and the pool's share.
   void release_all() {
-    for (Slot& s : *slots_) unpin(s);
+    std::vector<uint32_t> tokens;
+    tokens.reserve(held_.size());
+    for (size_t k : held_) {
+      Slot& s = (*slots_)[k];
+      if (s.kind != Slot::kPinned) continue;
+      tokens.push_back(s.token);
+      s.kind = Slot::kMissed;
+    }
+    held_.clear();
+    cache_->unpin_many(tokens.data(), tokens.size(), pid_, pid_);
     pin_pool().release(pooled_);
     pooled_ = 0;
   }
@@ -173,6 +203,7 @@ class ChunkPins {
   Cache* cache_;
   std::vector<Slot>* slots_;
   int64_t pid_;
+  std::vector<size_t> held_;  // positions pinned by pin()
   uint32_t pooled_ = 0;
 };
 
@@ -295,38 +326,51 @@ class PeerSession {
       Cache::Use use(*cache);
       size_t made = 0, sent = 0;
       while (sealed && r == net::kOk && pos < n && !cut) {
-        // One message: ids [pos, end), pinned only while it is sealed.
-        size_t lim = std::min(n, pos + kMessageItems), end = lim;
-        uint32_t want = 0;
-        for (size_t k = pos; k < lim; ++k) want += slots[k].kind != Slot::kFilled;
-        ChunkPins pins(cache, &slots);
-        bool no_pins = want && !pins.take_pool(want, deadline_after(pin_wait));
-        busy |= no_pins;
-        uint64_t bytes = 0;
-        for (size_t k = pos; k < lim; ++k) {
-          Slot& s = slots[k];
-          if (s.kind == Slot::kMissed && !no_pins) {
-            Cache::Pinned pin;
-            if (cache->pin(p[k], &pin, pins.pid())) {
-              s.data = pin.data;
-              s.len = pin.len;
-              s.crc = pin.crc;
-              s.token = pin.token;
-              s.kind = Slot::kPinned;
-              if (s.len > net::kMaxValue) pins.unpin(s);  // larger than any peer accepts: a miss
+        // One message: ids [pos, end), pinned only while it is sealed. Where it ends is planned
+        // by the lengths the cache shows now (a lock-free look, no pin), so that only the values
+        // that go in it are pinned, in one batch; a value that changed before its pin is cut
+        // again by the length pinned.
+        const size_t lim = std::min(n, pos + kMessageItems);
+        auto call_bound = [&](size_t k, uint64_t bytes, uint64_t len) { return k != 0 && total + bytes + len > max_bytes; };
+        auto message_bound = [&](size_t k, uint64_t bytes, uint64_t len) { return k > pos && bytes + len > kMessageBytes; };
+        std::vector<size_t> to_pin;
+        size_t planned = lim;
+        bool planned_cut = false;  // the plan ends at the call's bound
+        {
+          uint64_t bytes = 0;
+          for (size_t k = pos; k < lim; ++k) {
+            uint32_t len = 0;
+            bool cached = slots[k].kind != Slot::kFilled && cache->peek_length(p[k], &len);
+            if (slots[k].kind == Slot::kFilled) len = slots[k].len;
+            planned_cut = call_bound(k, bytes, len);
+            if (planned_cut || message_bound(k, bytes, len)) {
+              planned = k;
+              break;
             }
+            if (cached) to_pin.push_back(k);
+            bytes += len;
           }
-          uint64_t len = s.kind == Slot::kMissed ? 0 : s.len;
-          bool first_of_call = k == 0;
-          if (!first_of_call && total + bytes + len > max_bytes) cut = true;  // the call's bound
-          if (cut || (k > pos && bytes + len > kMessageBytes)) {
-            pins.unpin(s);
+        }
+        if (planned == pos) break;  // the call's bound falls on this message's first id: it waits for the next call
+        ChunkPins pins(cache, &slots);
+        bool no_pins = !to_pin.empty() && !pins.take_pool(static_cast<uint32_t>(to_pin.size()), deadline_after(pin_wait));
+        busy |= no_pins;
+        if (!no_pins) pins.pin(p, to_pin);
+        size_t end = planned;
+        bool at_call_bound = planned_cut;
+        uint64_t bytes = 0;
+        for (size_t k = pos; k < planned; ++k) {  // the same bounds by the lengths pinned
+          uint64_t len = slots[k].kind == Slot::kMissed ? 0 : slots[k].len;
+          bool call = call_bound(k, bytes, len);
+          if (call || message_bound(k, bytes, len)) {
             end = k;
+            at_call_bound = call;
             break;
           }
           bytes += len;
         }
-        if (end == pos) break;  // the call's bound falls on this message's first id: it waits for the next call
+        cut = at_call_bound;
+        if (end == pos) break;  // a value grew past the call's bound since the plan: the next call
         for (size_t k = pos; k < end; ++k) {
           if (slots[k].kind == Slot::kFilled) slots[k].crc = crc32c(slots[k].data, slots[k].len, 0);
           hits += slots[k].kind == Slot::kPinned;
@@ -362,7 +406,6 @@ class PeerSession {
             made += step;
             if (r == net::kOk && made - sent >= kPiece) r = send_ready(fd, o, &sent, made);
           }
-          pins.unpin(s);
         }
         sealed = sealed && tx_.seal_end(reinterpret_cast<uint8_t*>(o + made));
         made += kTag;
