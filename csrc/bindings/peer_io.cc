@@ -46,6 +46,7 @@
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -287,11 +288,13 @@ class PeerSession {
   // values each, so that the first leaves early and the client opens one while the next is
   // sealed. `more_after`: ids of the request follow `ids`, so the last message says MORE too.
   // What the kernel takes at once is sent as it is sealed; flush() sends the rest (the caller
-  // may do other work, pins released, in between). (0, (ids answered, cache hits, value bytes,
+  // may do other work, pins released, in between), or, given flush_timeout >= 0 (a caller with
+  // nothing to do in between), this call does, by that timeout, once every pin is released.
+  // (0, (ids answered, cache hits, value bytes,
   // busy)) where busy means pins could not be had within pin_wait and cached values went as
   // misses.
   py::tuple seal_get_reply(int fd, py::object core, const U64Array& ids, const py::dict& fills, uint64_t opaque,
-                           bool more_after, uint64_t max_bytes, double pin_wait) {
+                           bool more_after, uint64_t max_bytes, double pin_wait, double flush_timeout) {
     Turn turn(this);
     if (tx_broken_) return unusable();
     if (pending_.second > pending_.first) throw Error(ErrorKind::kInvalidArgument, "seal_get_reply before flush");
@@ -404,7 +407,7 @@ class PeerSession {
             size_t step = std::min<size_t>(kPiece, s.len - off);
             sealed = tx_.update(s.data + off, o + made, step);
             made += step;
-            if (r == net::kOk && made - sent >= kPiece) r = send_ready(fd, o, &sent, made);
+            if (r == net::kOk && made - sent >= kPiece) r = send_ready(fd, o, &sent, &made);
           }
         }
         sealed = sealed && tx_.seal_end(reinterpret_cast<uint8_t*>(o + made));
@@ -415,9 +418,15 @@ class PeerSession {
         // This message, if the kernel takes it; the call's last one waits for flush(), so that
         // what the caller does in between (the server offers what it read to its cache) is done
         // before the client can have the whole reply.
-        if (sealed && r == net::kOk && pos < n && !cut) r = send_ready(fd, o, &sent, made);
+        if (sealed && r == net::kOk && pos < n && !cut) r = send_ready(fd, o, &sent, &made);
       }
-      pending_ = {sent, made};  // nothing pinned while we wait for the client (flush)
+      // Nothing is pinned now: waiting for the client holds nothing another client needs.
+      if (flush_timeout >= 0 && sealed && r == net::kOk && made > sent) {
+        iovec v{out_.data() + sent, made - sent};
+        r = net::send_all(fd, &v, 1, deadline_after(flush_timeout));
+        sent = made = 0;
+      }
+      pending_ = {sent, made};
     }
     if (!sealed) return fail_tx(protocol(net::kEInternal, "could not seal a reply chunk"));
     if (r != net::kOk) return fail_tx(io_failure(r));
@@ -612,11 +621,16 @@ class PeerSession {
     size_t size_ = 0;
   };
 
-  // Hands the kernel what it takes now of o[*sent, made), never waiting.
-  static int send_ready(int fd, const char* o, size_t* sent, size_t made) {
-    int64_t k = net::send_some(fd, o + *sent, made - *sent);
+  // Hands the kernel what it takes now of o[*sent, *made), never waiting. When it took all of it,
+  // the next bytes are sealed from the start of the buffer again (sent = made = 0), over what
+  // was just handed over: the buffer stays a piece or two long, in cache for the kernel's copy,
+  // instead of growing over the whole reply. Every pointer into it is taken from `made` after
+  // this call.
+  static int send_ready(int fd, const char* o, size_t* sent, size_t* made) {
+    int64_t k = net::send_some(fd, o + *sent, *made - *sent);
     if (k < 0) return net::kFailed;
     *sent += static_cast<size_t>(k);
+    if (*sent == *made) *sent = *made = 0;
     return net::kOk;
   }
 
@@ -703,6 +717,54 @@ py::list missed_positions(py::object core, const U64Array& ids) {
   return out;
 }
 
+// The per-byte parts of a sealed GET reply, measured alone on this CPU (for bench/cluster.py,
+// which sets them beside a clear-text stream of the same bytes in the same run): seconds for
+// one pass over `total` bytes in values of `value` bytes of sealing (as the server seals a
+// message, value by value into one record), opening in place (as the client opens it),
+// crc32c per value (as the client checks them) and memcpy; each the best of `repeats`.
+py::dict frame_costs(size_t total, size_t value, int repeats) {
+  if (total == 0 || value == 0 || repeats < 1) throw Error(ErrorKind::kInvalidArgument, "frame_costs wants sizes > 0");
+  std::vector<uint8_t> src(total), dst(total), tag(kTag);
+  for (size_t k = 0; k < total; ++k) src[k] = static_cast<uint8_t>(k * 131 + (k >> 9));
+  uint8_t key[Aead::kKeyBytes];
+  for (size_t k = 0; k < sizeof key; ++k) key[k] = static_cast<uint8_t>(k + 1);
+  Aead tx(key, true), rx(key, false);
+  double seal = 1e9, open = 1e9, crc = 1e9, copy = 1e9;
+  volatile uint32_t sink = 0;
+  bool ok = true;
+  {
+    py::gil_scoped_release nogil;
+    auto timed = [](double* best, auto&& fn) {
+      int64_t t0 = net::now_ns();
+      fn();
+      *best = std::min(*best, (net::now_ns() - t0) * 1e-9);
+    };
+    for (int r = 0; r < repeats; ++r) {
+      timed(&seal, [&] {
+        ok &= tx.begin(nullptr, 0);
+        for (size_t off = 0; off < total; off += value) ok &= tx.update(&src[off], &dst[off], std::min(value, total - off));
+        ok &= tx.seal_end(tag.data());
+      });
+      timed(&open, [&] {
+        ok &= rx.begin(nullptr, 0);
+        for (size_t off = 0; off < total; off += value) ok &= rx.update(&dst[off], &dst[off], std::min(value, total - off));
+        ok &= rx.open_end(tag.data());
+      });
+      timed(&crc, [&] {
+        for (size_t off = 0; off < total; off += value) sink = sink + crc32c(&dst[off], std::min(value, total - off), 0);
+      });
+      timed(&copy, [&] { std::memcpy(dst.data(), src.data(), total); });
+    }
+  }
+  if (!ok) throw Error(ErrorKind::kInvalidArgument, "a record failed to seal or open");
+  py::dict d;
+  d["seal"] = seal;
+  d["open"] = open;
+  d["crc32c"] = crc;
+  d["memcpy"] = copy;
+  return d;
+}
+
 py::bytes session_keys(const py::bytes& secret, const py::bytes& salt, const py::bytes& info) {
   std::string s = secret, a = salt, i = info;
   uint8_t out[net::kSessionKeyBytes];
@@ -726,7 +788,8 @@ void register_peer_io(py::module_& m) {
       .def("recv_message", &PeerSession::recv_message, py::arg("fd"), py::arg("allowed"), py::arg("idle"),
            py::arg("timeout"))
       .def("seal_get_reply", &PeerSession::seal_get_reply, py::arg("fd"), py::arg("core"), py::arg("ids"),
-           py::arg("fills"), py::arg("opaque"), py::arg("more_after"), py::arg("max_bytes"), py::arg("pin_wait"))
+           py::arg("fills"), py::arg("opaque"), py::arg("more_after"), py::arg("max_bytes"), py::arg("pin_wait"),
+           py::arg("flush_timeout") = -1.0)
       .def("flush", &PeerSession::flush, py::arg("fd"), py::arg("timeout"))
       .def("recv_get_reply", &PeerSession::recv_get_reply, py::arg("fd"), py::arg("ids"), py::arg("opaque"),
            py::arg("timeout"))
@@ -736,6 +799,8 @@ void register_peer_io(py::module_& m) {
         "128 bytes of HKDF-SHA256 (net/session_keys.h): client proof, server proof, the two keys");
   m.def("peer_missed", &missed_positions, py::arg("core"), py::arg("ids"),
         "positions of ids (u64) the cache does not hold now");
+  m.def("peer_frame_costs", &frame_costs, py::arg("total"), py::arg("value"), py::arg("repeats") = 20,
+        "seconds of one pass of sealing, opening, crc32c and memcpy over `total` bytes in values of `value`");
   m.attr("PEER_PIN_POOL") = PinPool::kCapacity;
   m.def("peer_aead", &net::Aead::implementation,
         "the AES-256-GCM implementation this process seals and opens frames with (net/aead.h)");
