@@ -126,39 +126,35 @@ __attribute__((target("sse4.2,pclmul"))) uint32_t crc_hw3(const uint8_t* p, size
 }
 #endif
 
-bool cpu_has_sse42() {
+// What the CPU offers the paths above (read once).
+struct Cpu {
+  bool sse42 = false;   // the crc32 instruction
+  bool pclmul = false;  // the carry-less multiply that joins the three lanes
+  Cpu() {
 #if defined(__x86_64__)
-  return __builtin_cpu_supports("sse4.2");
-#else
-  return false;
+    sse42 = __builtin_cpu_supports("sse4.2");
+    pclmul = sse42 && __builtin_cpu_supports("pclmul");
 #endif
-}
-
-bool cpu_has_pclmul() {
-#if defined(__x86_64__)
-  return __builtin_cpu_supports("pclmul");
-#else
-  return false;
-#endif
-}
+  }
+};
 
 }  // namespace
 
 uint32_t crc32c(const void* data, size_t n, uint32_t seed) {
-  static const bool hw = cpu_has_sse42(), lanes = hw && cpu_has_pclmul();
+  static const Cpu cpu;
   const auto* p = static_cast<const uint8_t*>(data);
   uint32_t crc = ~seed;
 #if defined(__x86_64__)
-  if (hw) return ~(lanes && n >= kMinLanes ? crc_hw3(p, n, crc) : crc_hw(p, n, crc));
+  if (cpu.sse42) return ~(cpu.pclmul && n >= kMinLanes ? crc_hw3(p, n, crc) : crc_hw(p, n, crc));
 #endif
   return ~crc_soft(p, n, crc);
 }
 
 uint32_t crc32c_serial(const void* data, size_t n, uint32_t seed) {
-  static const bool hw = cpu_has_sse42();
+  static const Cpu cpu;
   const auto* p = static_cast<const uint8_t*>(data);
 #if defined(__x86_64__)
-  if (hw) return ~crc_hw(p, n, ~seed);
+  if (cpu.sse42) return ~crc_hw(p, n, ~seed);
 #endif
   return ~crc_soft(p, n, ~seed);
 }
