@@ -301,7 +301,17 @@ size_t Cache::pin_many(const uint64_t* ids, size_t n, Pinned* out, bool* found, 
   // 2. Their entries, in one pass (seq_cst stores: see pins.h), then 3. each slot checked after
   // its entry, as pin() checks it; one that changed meanwhile goes through pin() again.
   tokens.resize(codes.size());
-  pins_.claim_many(codes.data(), codes.size(), tokens.data(), name_, self);
+  try {
+    pins_.claim_many(codes.data(), codes.size(), tokens.data(), name_, self);
+  } catch (const Error&) {
+    // kCapacity: claim_many took back its own entries; the copies and single pins of step 1 go
+    // too, so that the batch holds nothing (each is a view: unpin ends its use of the mapping).
+    for (size_t k = 0; k < n; ++k) {
+      if (found[k]) unpin(out[k].token, self, self);
+      found[k] = false;
+    }
+    throw;
+  }
   uint64_t hits = 0;
   for (size_t j = 0; j < which.size(); ++j) {
     size_t k = which[j];

@@ -152,16 +152,16 @@ class Cache {
   };
   static constexpr uint64_t kCopyGen = ~uint64_t{0};
   bool pin(uint64_t id, Pinned* out, int64_t self = 0);
+  // The length of the value of `id` as the cache holds it now (false on a miss): a lock-free
+  // look that pins nothing, so it may be stale by the time it is used (a plan, not a view).
+  // `id` must be checked.
+  bool peek_length(uint64_t id, uint32_t* len) const;
   // pin() for ids[0..n) at once (each checked by the caller): found[k] says whether out[k] holds
   // a view of ids[k]. The entries of the values found are claimed in one pass over this
   // process's record (PinTable::claim_many) and the shared counters added once, then each slot
   // is validated as pin() validates it (a value a writer moved meanwhile is pinned again by
   // pin()). Returns how many were found. Throws kCapacity, holding nothing of the batch, when
   // the process cannot hold them all.
-  // The length of the value of `id` as the cache holds it now (false on a miss): a lock-free
-  // look that pins nothing, so it may be stale by the time it is used (a plan, not a view).
-  // `id` must be checked.
-  bool peek_length(uint64_t id, uint32_t* len) const;
   size_t pin_many(const uint64_t* ids, size_t n, Pinned* out, bool* found, int64_t self = 0);
   // A forked child's copy of a view names its parent's pin, which the parent may end at any time.
   // The child pins the same slot in its own record, then checks that the slot still holds the

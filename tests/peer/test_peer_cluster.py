@@ -420,3 +420,29 @@ def test_values_rewritten_while_served_arrive_whole_and_every_pin_ends(cache_fac
         client.close()
         assert client.refused == 0
     assert c.stats()["pinned"] == 0
+
+
+def test_a_reply_refused_for_want_of_pin_entries_holds_nothing_after(cache_factory):
+    """The process already holds nearly all the views it may (kPinsPerOwner), so a reply message
+    of a value in chunks (a private copy) and twenty small values cannot pin them all: sealing it
+    raises CapacityError, and the copy made before the small values were claimed goes too, so
+    that once the views end and the cache is closed its segment is unmapped from this process."""
+    from shadecache import _core
+    c = cache_factory(64, 8 << 20)
+    chunk = c.stats()["chunk_size"]
+    assert c.put_many(np.arange(21), [b"L" * (3 * chunk)] + [bytes([i]) * 100 for i in range(1, 21)]).all()
+    views = [c.view(1) for _ in range(500)]
+    a, b = os.urandom(32), os.urandom(32)
+    server_side, client_side = socket.socketpair()
+    with server_side, client_side:
+        with pytest.raises(sc.CapacityError, match="views of cache"):
+            c.seal_reply(_core.PeerSession(a, b), server_side.fileno(), np.arange(21, dtype=np.uint64), {}, 1,
+                         False, 1 << 20, 1.0)
+    del views
+    assert c.stats()["pinned"] == 0
+    segment = f"shadecache.{c.name}"
+    with open("/proc/self/maps") as f:
+        assert segment in f.read()
+    c.close()
+    with open("/proc/self/maps") as f:
+        assert segment not in f.read()
