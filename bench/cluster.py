@@ -13,7 +13,8 @@ Throughput (same run): GET of 64 x 100 KB and of 256 x 3 KB samples (sealed fram
 against one loopback TCP stream moving the same bytes in clear text (recv_into a preallocated
 buffer), Redis MGET of the 3 KB values (redis-py with hiredis) on a redis-server started here, for
 information, and the AES-256-GCM speed of one core (openssl speed), the cost every peer byte pays
-on each end.
+on each end; the parts a sealed GET adds to the stream (seal, open, crc32c, each timed alone with
+the frames' own code) and the bound they set on the ratio while both ends share one core.
 Epoch time on slow shared storage ("slow", needs root and `ip netns`): the store is served from
 a network namespace of its own (bench/remote_store.py) whose link is shaped with `tc tbf` to
 --rate; 4 node processes (bench/cluster_node.py), each in its own namespace with a cache of 20%,
@@ -332,9 +333,26 @@ def throughput(seconds, rounds=8):
                 rows.append((label, "CPU, peer GET (client + server)", cpu_peer, nbytes / cpu_peer))
                 rows.append((label, "CPU, TCP stream (both ends)", cpu_stream, nbytes / cpu_stream))
                 rows.append((label, "ratio of CPU stream/peer", cpu_stream / cpu_peer, cpu_stream / cpu_peer))
+                rows.extend(_frame_parts(label, nbytes, nbytes // len(ids), tcp, cpu_stream))
             client.close()
         s.close()
         rows.append(_redis_mget(small, seconds))
+    return rows
+
+
+def _frame_parts(label, nbytes, value, stream_wall, stream_cpu):
+    """Rows of the per-byte parts a sealed GET adds to a clear-text stream, each measured alone on
+    this CPU in this run (_core.peer_frame_costs: the frames' own cipher and crc32c), and what
+    they imply: the least CPU a sealed GET can take is the stream's (both copies, the TCP stack)
+    plus one seal, one open and one crc32c pass; while the two ends share one core (a loaded
+    machine) the GET's wall time cannot be less, so stream wall / that floor bounds the ratio."""
+    c = _core.peer_frame_costs(nbytes, value)
+    floor = stream_cpu + c["seal"] + c["open"] + c["crc32c"]
+    rows = [(label, f"part: {name}", c[key], nbytes / c[key])
+            for name, key in (("AES-256-GCM seal", "seal"), ("AES-256-GCM open", "open"),
+                              ("crc32c", "crc32c"), ("memcpy", "memcpy"))]
+    rows.append((label, "floor: stream CPU + seal + open + crc", floor, nbytes / floor))
+    rows.append((label, "ratio bound, ends sharing a core", stream_wall / floor, stream_wall / floor))
     return rows
 
 

@@ -46,6 +46,7 @@
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -146,25 +147,55 @@ struct Slot {
   enum Kind : uint8_t { kMissed, kPinned, kFilled } kind = kMissed;
 };
 
-// The pins of a chunk and its share of the pool, released on every way out.
+// The pins of a message and its share of the pool, released on every way out.
 class ChunkPins {
  public:
   // This process's pid, read once for the message's pins (Cache::pin would read it per pin).
   ChunkPins(Cache* cache, std::vector<Slot>* slots) : cache_(cache), slots_(slots), pid_(getpid()) {}
-  int64_t pid() const { return pid_; }
   ~ChunkPins() { release_all(); }
   bool take_pool(uint32_t n, int64_t deadline_ns) {
     if (!n || !pin_pool().acquire(n, deadline_ns)) return false;
     pooled_ = n;
     return true;
   }
+  // Pins the values of ids[k] for the positions k of `at` (slots not filled) in one batch
+  // (Cache::pin_many); a value not found stays a miss.
+  void pin(const uint64_t* ids, const std::vector<size_t>& at) {
+    if (at.empty()) return;
+    std::vector<uint64_t> want(at.size());
+    for (size_t j = 0; j < at.size(); ++j) want[j] = ids[at[j]];
+    std::vector<Cache::Pinned> got(at.size());
+    std::unique_ptr<bool[]> found(new bool[at.size()]);
+    cache_->pin_many(want.data(), want.size(), got.data(), found.get(), pid_);
+    for (size_t j = 0; j < at.size(); ++j) {
+      if (!found[j]) continue;
+      Slot& s = (*slots_)[at[j]];
+      s.data = got[j].data;
+      s.len = got[j].len;
+      s.crc = got[j].crc;
+      s.token = got[j].token;
+      s.kind = Slot::kPinned;
+      held_.push_back(at[j]);
+      if (s.len > net::kMaxValue) unpin(s);  // larger than any peer accepts: a miss
+    }
+  }
   void unpin(Slot& s) {
     if (s.kind != Slot::kPinned) return;
     cache_->unpin(s.token, pid_, pid_);
     s.kind = Slot::kMissed;
   }
+  // Every pin still held, in one batch (Cache::unpin_many), and the pool's share.
   void release_all() {
-    for (Slot& s : *slots_) unpin(s);
+    std::vector<uint32_t> tokens;
+    tokens.reserve(held_.size());
+    for (size_t k : held_) {
+      Slot& s = (*slots_)[k];
+      if (s.kind != Slot::kPinned) continue;
+      tokens.push_back(s.token);
+      s.kind = Slot::kMissed;
+    }
+    held_.clear();
+    cache_->unpin_many(tokens.data(), tokens.size(), pid_, pid_);
     pin_pool().release(pooled_);
     pooled_ = 0;
   }
@@ -173,6 +204,7 @@ class ChunkPins {
   Cache* cache_;
   std::vector<Slot>* slots_;
   int64_t pid_;
+  std::vector<size_t> held_;  // positions pinned by pin()
   uint32_t pooled_ = 0;
 };
 
@@ -256,11 +288,13 @@ class PeerSession {
   // values each, so that the first leaves early and the client opens one while the next is
   // sealed. `more_after`: ids of the request follow `ids`, so the last message says MORE too.
   // What the kernel takes at once is sent as it is sealed; flush() sends the rest (the caller
-  // may do other work, pins released, in between). (0, (ids answered, cache hits, value bytes,
+  // may do other work, pins released, in between), or, given flush_timeout >= 0 (a caller with
+  // nothing to do in between), this call does, by that timeout, once every pin is released.
+  // (0, (ids answered, cache hits, value bytes,
   // busy)) where busy means pins could not be had within pin_wait and cached values went as
   // misses.
   py::tuple seal_get_reply(int fd, py::object core, const U64Array& ids, const py::dict& fills, uint64_t opaque,
-                           bool more_after, uint64_t max_bytes, double pin_wait) {
+                           bool more_after, uint64_t max_bytes, double pin_wait, double flush_timeout) {
     Turn turn(this);
     if (tx_broken_) return unusable();
     if (pending_.second > pending_.first) throw Error(ErrorKind::kInvalidArgument, "seal_get_reply before flush");
@@ -295,38 +329,51 @@ class PeerSession {
       Cache::Use use(*cache);
       size_t made = 0, sent = 0;
       while (sealed && r == net::kOk && pos < n && !cut) {
-        // One message: ids [pos, end), pinned only while it is sealed.
-        size_t lim = std::min(n, pos + kMessageItems), end = lim;
-        uint32_t want = 0;
-        for (size_t k = pos; k < lim; ++k) want += slots[k].kind != Slot::kFilled;
-        ChunkPins pins(cache, &slots);
-        bool no_pins = want && !pins.take_pool(want, deadline_after(pin_wait));
-        busy |= no_pins;
-        uint64_t bytes = 0;
-        for (size_t k = pos; k < lim; ++k) {
-          Slot& s = slots[k];
-          if (s.kind == Slot::kMissed && !no_pins) {
-            Cache::Pinned pin;
-            if (cache->pin(p[k], &pin, pins.pid())) {
-              s.data = pin.data;
-              s.len = pin.len;
-              s.crc = pin.crc;
-              s.token = pin.token;
-              s.kind = Slot::kPinned;
-              if (s.len > net::kMaxValue) pins.unpin(s);  // larger than any peer accepts: a miss
+        // One message: ids [pos, end), pinned only while it is sealed. Where it ends is planned
+        // by the lengths the cache shows now (a lock-free look, no pin), so that only the values
+        // that go in it are pinned, in one batch; a value that changed before its pin is cut
+        // again by the length pinned.
+        const size_t lim = std::min(n, pos + kMessageItems);
+        auto call_bound = [&](size_t k, uint64_t bytes, uint64_t len) { return k != 0 && total + bytes + len > max_bytes; };
+        auto message_bound = [&](size_t k, uint64_t bytes, uint64_t len) { return k > pos && bytes + len > kMessageBytes; };
+        std::vector<size_t> to_pin;
+        size_t planned = lim;
+        bool planned_cut = false;  // the plan ends at the call's bound
+        {
+          uint64_t bytes = 0;
+          for (size_t k = pos; k < lim; ++k) {
+            uint32_t len = 0;
+            bool cached = slots[k].kind != Slot::kFilled && cache->peek_length(p[k], &len);
+            if (slots[k].kind == Slot::kFilled) len = slots[k].len;
+            planned_cut = call_bound(k, bytes, len);
+            if (planned_cut || message_bound(k, bytes, len)) {
+              planned = k;
+              break;
             }
+            if (cached) to_pin.push_back(k);
+            bytes += len;
           }
-          uint64_t len = s.kind == Slot::kMissed ? 0 : s.len;
-          bool first_of_call = k == 0;
-          if (!first_of_call && total + bytes + len > max_bytes) cut = true;  // the call's bound
-          if (cut || (k > pos && bytes + len > kMessageBytes)) {
-            pins.unpin(s);
+        }
+        if (planned == pos) break;  // the call's bound falls on this message's first id: it waits for the next call
+        ChunkPins pins(cache, &slots);
+        bool no_pins = !to_pin.empty() && !pins.take_pool(static_cast<uint32_t>(to_pin.size()), deadline_after(pin_wait));
+        busy |= no_pins;
+        if (!no_pins) pins.pin(p, to_pin);
+        size_t end = planned;
+        bool at_call_bound = planned_cut;
+        uint64_t bytes = 0;
+        for (size_t k = pos; k < planned; ++k) {  // the same bounds by the lengths pinned
+          uint64_t len = slots[k].kind == Slot::kMissed ? 0 : slots[k].len;
+          bool call = call_bound(k, bytes, len);
+          if (call || message_bound(k, bytes, len)) {
             end = k;
+            at_call_bound = call;
             break;
           }
           bytes += len;
         }
-        if (end == pos) break;  // the call's bound falls on this message's first id: it waits for the next call
+        cut = at_call_bound;
+        if (end == pos) break;  // a value grew past the call's bound since the plan: the next call
         for (size_t k = pos; k < end; ++k) {
           if (slots[k].kind == Slot::kFilled) slots[k].crc = crc32c(slots[k].data, slots[k].len, 0);
           hits += slots[k].kind == Slot::kPinned;
@@ -360,9 +407,8 @@ class PeerSession {
             size_t step = std::min<size_t>(kPiece, s.len - off);
             sealed = tx_.update(s.data + off, o + made, step);
             made += step;
-            if (r == net::kOk && made - sent >= kPiece) r = send_ready(fd, o, &sent, made);
+            if (r == net::kOk && made - sent >= kPiece) r = send_ready(fd, o, &sent, &made);
           }
-          pins.unpin(s);
         }
         sealed = sealed && tx_.seal_end(reinterpret_cast<uint8_t*>(o + made));
         made += kTag;
@@ -372,9 +418,15 @@ class PeerSession {
         // This message, if the kernel takes it; the call's last one waits for flush(), so that
         // what the caller does in between (the server offers what it read to its cache) is done
         // before the client can have the whole reply.
-        if (sealed && r == net::kOk && pos < n && !cut) r = send_ready(fd, o, &sent, made);
+        if (sealed && r == net::kOk && pos < n && !cut) r = send_ready(fd, o, &sent, &made);
       }
-      pending_ = {sent, made};  // nothing pinned while we wait for the client (flush)
+      // Nothing is pinned now: waiting for the client holds nothing another client needs.
+      if (flush_timeout >= 0 && sealed && r == net::kOk && made > sent) {
+        iovec v{out_.data() + sent, made - sent};
+        r = net::send_all(fd, &v, 1, deadline_after(flush_timeout));
+        sent = made = 0;
+      }
+      pending_ = {sent, made};
     }
     if (!sealed) return fail_tx(protocol(net::kEInternal, "could not seal a reply chunk"));
     if (r != net::kOk) return fail_tx(io_failure(r));
@@ -569,11 +621,16 @@ class PeerSession {
     size_t size_ = 0;
   };
 
-  // Hands the kernel what it takes now of o[*sent, made), never waiting.
-  static int send_ready(int fd, const char* o, size_t* sent, size_t made) {
-    int64_t k = net::send_some(fd, o + *sent, made - *sent);
+  // Hands the kernel what it takes now of o[*sent, *made), never waiting. When it took all of it,
+  // the next bytes are sealed from the start of the buffer again (sent = made = 0), over what
+  // was just handed over: the buffer stays a piece or two long, in cache for the kernel's copy,
+  // instead of growing over the whole reply. Every pointer into it is taken from `made` after
+  // this call.
+  static int send_ready(int fd, const char* o, size_t* sent, size_t* made) {
+    int64_t k = net::send_some(fd, o + *sent, *made - *sent);
     if (k < 0) return net::kFailed;
     *sent += static_cast<size_t>(k);
+    if (*sent == *made) *sent = *made = 0;
     return net::kOk;
   }
 
@@ -660,6 +717,54 @@ py::list missed_positions(py::object core, const U64Array& ids) {
   return out;
 }
 
+// The per-byte parts of a sealed GET reply, measured alone on this CPU (for bench/cluster.py,
+// which sets them beside a clear-text stream of the same bytes in the same run): seconds for
+// one pass over `total` bytes in values of `value` bytes of sealing (as the server seals a
+// message, value by value into one record), opening in place (as the client opens it),
+// crc32c per value (as the client checks them) and memcpy; each the best of `repeats`.
+py::dict frame_costs(size_t total, size_t value, int repeats) {
+  if (total == 0 || value == 0 || repeats < 1) throw Error(ErrorKind::kInvalidArgument, "frame_costs wants sizes > 0");
+  std::vector<uint8_t> src(total), dst(total), tag(kTag);
+  for (size_t k = 0; k < total; ++k) src[k] = static_cast<uint8_t>(k * 131 + (k >> 9));
+  uint8_t key[Aead::kKeyBytes];
+  for (size_t k = 0; k < sizeof key; ++k) key[k] = static_cast<uint8_t>(k + 1);
+  Aead tx(key, true), rx(key, false);
+  double seal = 1e9, open = 1e9, crc = 1e9, copy = 1e9;
+  volatile uint32_t sink = 0;
+  bool ok = true;
+  {
+    py::gil_scoped_release nogil;
+    auto timed = [](double* best, auto&& fn) {
+      int64_t t0 = net::now_ns();
+      fn();
+      *best = std::min(*best, (net::now_ns() - t0) * 1e-9);
+    };
+    for (int r = 0; r < repeats; ++r) {
+      timed(&seal, [&] {
+        ok &= tx.begin(nullptr, 0);
+        for (size_t off = 0; off < total; off += value) ok &= tx.update(&src[off], &dst[off], std::min(value, total - off));
+        ok &= tx.seal_end(tag.data());
+      });
+      timed(&open, [&] {
+        ok &= rx.begin(nullptr, 0);
+        for (size_t off = 0; off < total; off += value) ok &= rx.update(&dst[off], &dst[off], std::min(value, total - off));
+        ok &= rx.open_end(tag.data());
+      });
+      timed(&crc, [&] {
+        for (size_t off = 0; off < total; off += value) sink = sink + crc32c(&dst[off], std::min(value, total - off), 0);
+      });
+      timed(&copy, [&] { std::memcpy(dst.data(), src.data(), total); });
+    }
+  }
+  if (!ok) throw Error(ErrorKind::kInvalidArgument, "a record failed to seal or open");
+  py::dict d;
+  d["seal"] = seal;
+  d["open"] = open;
+  d["crc32c"] = crc;
+  d["memcpy"] = copy;
+  return d;
+}
+
 py::bytes session_keys(const py::bytes& secret, const py::bytes& salt, const py::bytes& info) {
   std::string s = secret, a = salt, i = info;
   uint8_t out[net::kSessionKeyBytes];
@@ -683,7 +788,8 @@ void register_peer_io(py::module_& m) {
       .def("recv_message", &PeerSession::recv_message, py::arg("fd"), py::arg("allowed"), py::arg("idle"),
            py::arg("timeout"))
       .def("seal_get_reply", &PeerSession::seal_get_reply, py::arg("fd"), py::arg("core"), py::arg("ids"),
-           py::arg("fills"), py::arg("opaque"), py::arg("more_after"), py::arg("max_bytes"), py::arg("pin_wait"))
+           py::arg("fills"), py::arg("opaque"), py::arg("more_after"), py::arg("max_bytes"), py::arg("pin_wait"),
+           py::arg("flush_timeout") = -1.0)
       .def("flush", &PeerSession::flush, py::arg("fd"), py::arg("timeout"))
       .def("recv_get_reply", &PeerSession::recv_get_reply, py::arg("fd"), py::arg("ids"), py::arg("opaque"),
            py::arg("timeout"))
@@ -693,6 +799,8 @@ void register_peer_io(py::module_& m) {
         "128 bytes of HKDF-SHA256 (net/session_keys.h): client proof, server proof, the two keys");
   m.def("peer_missed", &missed_positions, py::arg("core"), py::arg("ids"),
         "positions of ids (u64) the cache does not hold now");
+  m.def("peer_frame_costs", &frame_costs, py::arg("total"), py::arg("value"), py::arg("repeats") = 20,
+        "seconds of one pass of sealing, opening, crc32c and memcpy over `total` bytes in values of `value`");
   m.attr("PEER_PIN_POOL") = PinPool::kCapacity;
   m.def("peer_aead", &net::Aead::implementation,
         "the AES-256-GCM implementation this process seals and opens frames with (net/aead.h)");

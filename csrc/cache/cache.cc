@@ -241,6 +241,113 @@ bool Cache::pin(uint64_t id, Pinned* out, int64_t self) {
   return false;
 }
 
+bool Cache::peek_length(uint64_t id, uint32_t* len) const {
+  SlotAt at;
+  for (int attempt = 0; attempt < kMaxReadAttempts; ++attempt) {
+    Probe p = probe(id, &at);
+    if (p == Probe::kMiss) return false;
+    if (p == Probe::kFound) {
+      *len = at.len;
+      return true;
+    }
+  }
+  return false;
+}
+
+bool Cache::pin_again(uint64_t id, Pinned* out, int64_t self) {
+  try {
+    return pin(id, out, self);
+  } catch (const Error&) {  // no entry left for it (other threads' pins): a miss, not a lost batch
+    return false;
+  }
+}
+
+size_t Cache::pin_many(const uint64_t* ids, size_t n, Pinned* out, bool* found, int64_t self) {
+  if (!self) self = ::getpid();
+  // 1. Where each value lies now. A value in chunks gets its copy (pin_copy), a miss nothing.
+  std::vector<SlotAt> at;
+  std::vector<uint32_t> codes, tokens;
+  std::vector<size_t> which;  // codes[j] is the slot of ids[which[j]]
+  at.reserve(n);
+  codes.reserve(n);
+  which.reserve(n);
+  uint64_t misses = 0, retries = 0, copies = 0;
+  for (size_t k = 0; k < n; ++k) {
+    found[k] = false;
+    SlotAt a;
+    Probe p = Probe::kRetry;
+    for (int attempt = 0; attempt < kMaxReadAttempts && p == Probe::kRetry; ++attempt) {
+      retries += attempt > 0;
+      p = probe(ids[k], &a);
+    }
+    if (p == Probe::kRetry) {  // a writer kept moving it: the single path retries on its own
+      found[k] = pin_again(ids[k], &out[k], self);
+      copies += found[k];
+      continue;
+    }
+    if (p == Probe::kMiss) {
+      ++misses;
+      continue;
+    }
+    if (a.len >> chunk_shift_) {  // in chunks: a copy (counted by pin_copy)
+      found[k] = pin_copy(ids[k], &out[k]);
+      copies += found[k];
+      continue;
+    }
+    at.push_back(a);
+    codes.push_back(slot_code(a.off));
+    which.push_back(k);
+  }
+  // 2. Their entries, in one pass (seq_cst stores: see pins.h), then 3. each slot checked after
+  // its entry, as pin() checks it; one that changed meanwhile goes through pin() again.
+  tokens.resize(codes.size());
+  try {
+    pins_.claim_many(codes.data(), codes.size(), tokens.data(), name_, self);
+  } catch (const Error&) {
+    // kCapacity: claim_many took back its own entries; the copies and single pins of step 1 go
+    // too, so that the batch holds nothing (each is a view: unpin ends its use of the mapping).
+    for (size_t k = 0; k < n; ++k) {
+      if (found[k]) unpin(out[k].token, self, self);
+      found[k] = false;
+    }
+    throw;
+  }
+  uint64_t hits = 0;
+  for (size_t j = 0; j < which.size(); ++j) {
+    size_t k = which[j];
+    const SlotAt& a = at[j];
+    if (index_[ids[k]].load(std::memory_order_seq_cst) != a.v || a.slot->seq.load(std::memory_order_seq_cst) != a.seq ||
+        a.page->gen.load(std::memory_order_seq_cst) != a.gen) {
+      pins_.release(tokens[j]);
+      found[k] = pin_again(ids[k], &out[k], self);  // counts itself
+      copies += found[k];
+      continue;
+    }
+    note_hit(ids[k]);
+    out[k] = Pinned{slab_.value(a.off), a.len, tokens[j], a.seq, a.gen, a.slot->crc};
+    found[k] = true;
+    ++hits;
+  }
+  if (hits) users_.fetch_add(hits, std::memory_order_relaxed);  // the views keep the mapping, as pin's
+  count_reads(hits, misses, retries);
+  return hits + copies;
+}
+
+void Cache::unpin_many(const uint32_t* tokens, size_t n, int64_t pinned_by, int64_t self) {
+  if (!n) return;
+  if (pinned_by == (self ? self : ::getpid())) {
+    for (size_t k = 0; k < n; ++k) {
+      if (tokens[k] & kCopyToken) {
+        std::lock_guard<std::mutex> g(copies_mu_);
+        copies_.erase(tokens[k]);
+      } else {
+        pins_.release(tokens[k]);
+      }
+    }
+  }
+  end_use(n);
+}
+
 bool Cache::pin_copy(uint64_t id, Pinned* out) {
   std::unique_ptr<char[]> buf;
   uint64_t cap = 0, retries = 0;
@@ -333,8 +440,8 @@ void Cache::begin_use() {
   }
 }
 
-void Cache::end_use() {
-  if (users_.fetch_sub(1, std::memory_order_seq_cst) == 1) {
+void Cache::end_use(uint64_t uses) {
+  if (users_.fetch_sub(uses, std::memory_order_seq_cst) == uses) {
     // The last user: decide under the same mutex as close() whether the mapping goes now.
     std::lock_guard<std::mutex> g(unmap_mu_);
     if (closed() && users_.load(std::memory_order_seq_cst) == 0) seg_.unmap();

@@ -152,6 +152,17 @@ class Cache {
   };
   static constexpr uint64_t kCopyGen = ~uint64_t{0};
   bool pin(uint64_t id, Pinned* out, int64_t self = 0);
+  // The length of the value of `id` as the cache holds it now (false on a miss): a lock-free
+  // look that pins nothing, so it may be stale by the time it is used (a plan, not a view).
+  // `id` must be checked.
+  bool peek_length(uint64_t id, uint32_t* len) const;
+  // pin() for ids[0..n) at once (each checked by the caller): found[k] says whether out[k] holds
+  // a view of ids[k]. The entries of the values found are claimed in one pass over this
+  // process's record (PinTable::claim_many) and the shared counters added once, then each slot
+  // is validated as pin() validates it (a value a writer moved meanwhile is pinned again by
+  // pin()). Returns how many were found. Throws kCapacity, holding nothing of the batch, when
+  // the process cannot hold them all.
+  size_t pin_many(const uint64_t* ids, size_t n, Pinned* out, bool* found, int64_t self = 0);
   // A forked child's copy of a view names its parent's pin, which the parent may end at any time.
   // The child pins the same slot in its own record, then checks that the slot still holds the
   // value the view showed (seq and page generation unchanged: no writer freed, rewrote or moved it
@@ -162,6 +173,8 @@ class Cache {
   // Ends a view. `pinned_by` is the pid that pinned it: a forked child ending an inherited view
   // drops nothing of its parent's. Unmaps a closed cache when its last view ends. `self` as for pin.
   void unpin(uint32_t token, int64_t pinned_by, int64_t self = 0);
+  // unpin() of tokens[0..n), all pinned by `pinned_by`.
+  void unpin_many(const uint32_t* tokens, size_t n, int64_t pinned_by, int64_t self = 0);
   // Test only: stores a pin entry naming the slot index[id] names now, without validating it, as a
   // reader that raced a writer leaves it while it backs out (or dies). 0 if id is not indexed.
   uint32_t stale_pin_for_tests(uint64_t id);
@@ -282,6 +295,9 @@ class Cache {
   // A copy of value `id` into a private buffer registered under a copy token (pin of a value in
   // chunks). false on a miss.
   bool pin_copy(uint64_t id, Pinned* out);
+  // pin() for a value of a pin_many batch that the batch could not take (a writer moved it):
+  // false, not kCapacity, when no entry is left, so that the batch's other pins are not lost.
+  bool pin_again(uint64_t id, Pinned* out, int64_t self);
 
   // A slot found by probe(): the index value naming it, its offset, page, page generation, header,
   // seq and length, as read (the caller checks they still hold after using the slot).
@@ -370,7 +386,7 @@ class Cache {
   // increments it then loads closed_, close() stores closed_ then loads it (all seq_cst): one of
   // the two sees the other, so a call either fails with kClosed or runs on a mapping that stays.
   void begin_use();
-  void end_use();
+  void end_use(uint64_t uses = 1);  // ends `uses` of them at once
   std::atomic<bool> closed_{false};
   std::atomic<uint64_t> users_{0};
   std::mutex unmap_mu_;  // close() vs. the last end_use(): exactly one of them unmaps

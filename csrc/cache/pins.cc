@@ -79,6 +79,35 @@ uint32_t PinTable::claim(uint32_t code, const std::string& cache_name, int64_t p
                                         "' (the most one process may hold); release some first");
 }
 
+void PinTable::claim_many(const uint32_t* codes, size_t n, uint32_t* tokens, const std::string& cache_name,
+                          int64_t pid) {
+  if (!n) return;
+  const int r = my_record(cache_name, pid ? pid : ::getpid());
+  PinOwner& o = owners_[r];
+  uint32_t k = 0;
+  for (size_t i = 0; i < n; ++i) {
+    for (;; ++k) {
+      if (k == kPinsPerOwner) {
+        for (size_t j = 0; j < i; ++j) release(tokens[j]);
+        throw Error(ErrorKind::kCapacity, "this process already holds " + std::to_string(kPinsPerOwner) +
+                                              " views of cache '" + cache_name +
+                                              "' (the most one process may hold); release some first");
+      }
+      if (o.slots[k].load(std::memory_order_relaxed) != 0) continue;
+      // As in claim: the mark first, then the entry (both seq_cst).
+      uint32_t hwm = o.hwm.load(std::memory_order_seq_cst);
+      while (hwm < k + 1 && !o.hwm.compare_exchange_weak(hwm, k + 1, std::memory_order_seq_cst)) {
+      }
+      uint32_t expected = 0;  // another thread of this process may have taken it meanwhile
+      if (o.slots[k].compare_exchange_strong(expected, codes[i], std::memory_order_seq_cst)) {
+        tokens[i] = static_cast<uint32_t>(r) * kPinsPerOwner + k + 1;
+        ++k;
+        break;
+      }
+    }
+  }
+}
+
 bool PinTable::pinned(uint32_t code) const {
   return any_entry([code](uint32_t c) { return c == code; });
 }

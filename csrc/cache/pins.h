@@ -41,6 +41,11 @@ class PinTable {
   // set/release. Throws kCapacity when the process already holds kPinsPerOwner pins, or every
   // record is taken. `pid`: getpid() as the caller read it in the same call (0: claim reads it).
   uint32_t claim(uint32_t code, const std::string& cache_name, int64_t pid = 0);
+  // claim() for codes[0..n) at once: tokens[k] for codes[k]. One pass over the record (claim
+  // scans it from the start for every pin: a batch of n would cost n * n / 2 loads), the
+  // high-water mark raised before each entry is set, as claim does. All or nothing: on
+  // kCapacity the entries taken are released before it is thrown.
+  void claim_many(const uint32_t* codes, size_t n, uint32_t* tokens, const std::string& cache_name, int64_t pid);
   // Re-points an entry this process holds (a retry of the same view after a race).
   void set(uint32_t token, uint32_t code) { entry(token).store(code, std::memory_order_seq_cst); }
   // Drops an entry. Only in the process that claimed it (a forked child must not call it).

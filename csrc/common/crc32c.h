@@ -1,6 +1,6 @@
 // CRC-32C (Castagnoli). Used for the checksum of every cached value and every stored sample.
-// SSE4.2 crc32 instruction where the CPU has it (checked once at run time; three interleaved
-// chains for inputs of 1.5 KiB and more), table-driven otherwise.
+// SSE4.2 crc32 instruction where the CPU has it (checked once at run time; from 192 bytes, with
+// PCLMULQDQ, three interleaved chains joined by a carry-less multiply), table-driven otherwise.
 #pragma once
 
 #include <cstddef>

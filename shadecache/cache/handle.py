@@ -251,12 +251,14 @@ class Cache:
         return _core.peer_missed(self._core, ids)
 
     def seal_reply(self, session, fd: int, ids, fills: dict, opaque: int, more: bool,
-                   max_bytes: int, pin_wait: float):
+                   max_bytes: int, pin_wait: float, flush_timeout: float = -1.0):
         """A peer server's GET reply chunk, sealed by `session` (csrc/bindings/peer_io.cc) onto
         socket `fd`: the cached values of the leading ids that fit `max_bytes` are pinned only
         while they are encrypted straight from shared memory (waiting at most `pin_wait` s for
-        pins); fills {position: bytes} gives the values the server read below the cache."""
-        return session.seal_get_reply(fd, self._core, ids, fills, opaque, more, max_bytes, pin_wait)
+        pins); fills {position: bytes} gives the values the server read below the cache. What
+        the kernel did not take waits for session.flush, or, with flush_timeout >= 0, is sent
+        by this call within that many seconds (pins released first)."""
+        return session.seal_get_reply(fd, self._core, ids, fills, opaque, more, max_bytes, pin_wait, flush_timeout)
 
     # ---- writers with argument shaping -------------------------------------------------------
     def update_scores(self, ids, scores) -> None:

@@ -366,15 +366,16 @@ class PeerService:
                     for pos, value in out:
                         fills[lo + pos] = value
                 filled_to = end
-            window = {p - first: v for p, v in fills.items() if p < end}
+            window = {p - first: v for p, v in fills.items() if p < end} if fills else {}
+            # With nothing read to offer the cache, the same native call sends the rest too.
             code, detail = self.cache.seal_reply(session, fd, ids[first:end], window, opaque, end < count,
-                                                  CHUNK_BYTES, PIN_WAIT)
+                                                  CHUNK_BYTES, PIN_WAIT, -1.0 if fresh is not None else IO_TIMEOUT)
             if fresh is not None:    # the chunk's pins are released: nothing the cache does now hurts it
                 # the home node keeps its own samples: the cache by its policy, the SSD tier
                 # what the cache refused (a value too large for the cache counts as refused)
                 self.chain.admit(fresh)
-            if code == 0:
-                code = session.flush(fd, IO_TIMEOUT)[0]
+                if code == 0:
+                    code = session.flush(fd, IO_TIMEOUT)[0]
             if code != 0:            # the client stopped reading, or went away
                 return False
             k, hits, sent, busy = detail

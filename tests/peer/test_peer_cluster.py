@@ -368,3 +368,81 @@ def test_a_reply_cut_at_any_boundary_arrives_whole(cache_factory):
         order = rng.permutation(len(values)).tolist()
         assert client.get_many(order, timeout=30) == [values[i] for i in order]
         client.close()
+
+
+_REWRITER = """
+import sys, time
+import numpy as np
+import shadecache as sc
+name, n, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+c = sc.Cache.attach(name)
+rng = np.random.default_rng(11)
+end = time.monotonic() + seconds
+while time.monotonic() < end:
+    ids = rng.choice(n, 16, replace=False)
+    flip = rng.integers(0, 2, 16)
+    c.put_many(ids, [bytes([i % 251]) * (1000 + 7 * i if f else 2500 + 3 * i) for i, f in zip(ids.tolist(), flip)])
+print("done", flush=True)
+"""
+
+
+def test_values_rewritten_while_served_arrive_whole_and_every_pin_ends(cache_factory):
+    """The server pins a reply message's values in one batch after planning the message by the
+    lengths the cache shows, then checks each slot as a single pin does. A real writer process
+    rewrites values (to other lengths, so slots move) while a client reads them back through a
+    real server: every value arrives as one of its two versions or as a miss, never torn, and
+    when both stop no pin of the server is left in the cache."""
+    n = 512
+
+    def versions(i):
+        return {bytes([i % 251]) * (1000 + 7 * i), bytes([i % 251]) * (2500 + 3 * i)}
+
+    c = cache_factory(n, 16 << 20, "static", max_item_bytes=8192)
+    assert c.put_many(np.arange(n), [min(versions(i)) for i in range(n)]).all()
+    with sc.serve(c, read_through=False) as server:
+        writer = subprocess.Popen([sys.executable, "-c", _REWRITER, c.name, str(n), "2.0"],
+                                  stdout=subprocess.PIPE, text=True)
+        client = PeerClient(server.address, dataset=c)
+        gets = found = 0
+        try:
+            while writer.poll() is None:
+                ids = np.random.default_rng(gets).permutation(n)[:300]
+                got = client.get_many(ids, timeout=10)
+                for i, v in zip(ids.tolist(), got):
+                    assert v is None or v in versions(i), i
+                    found += v is not None
+                gets += 1
+        finally:
+            writer.wait(10)
+        assert writer.returncode == 0 and writer.stdout.read().strip() == "done"
+        assert gets >= 3 and found >= gets * 250   # most values were there to be pinned
+        assert client.get_many(list(range(n)), timeout=10) == [c.get(i) for i in range(n)]
+        client.close()
+        assert client.refused == 0
+    assert c.stats()["pinned"] == 0
+
+
+def test_a_reply_refused_for_want_of_pin_entries_holds_nothing_after(cache_factory):
+    """The process already holds nearly all the views it may (kPinsPerOwner), so a reply message
+    of a value in chunks (a private copy) and twenty small values cannot pin them all: sealing it
+    raises CapacityError, and the copy made before the small values were claimed goes too, so
+    that once the views end and the cache is closed its segment is unmapped from this process."""
+    from shadecache import _core
+    c = cache_factory(64, 8 << 20)
+    chunk = c.stats()["chunk_size"]
+    assert c.put_many(np.arange(21), [b"L" * (3 * chunk)] + [bytes([i]) * 100 for i in range(1, 21)]).all()
+    views = [c.view(1) for _ in range(500)]
+    a, b = os.urandom(32), os.urandom(32)
+    server_side, client_side = socket.socketpair()
+    with server_side, client_side:
+        with pytest.raises(sc.CapacityError, match="views of cache"):
+            c.seal_reply(_core.PeerSession(a, b), server_side.fileno(), np.arange(21, dtype=np.uint64), {}, 1,
+                         False, 1 << 20, 1.0)
+    del views
+    assert c.stats()["pinned"] == 0
+    segment = f"shadecache.{c.name}"
+    with open("/proc/self/maps") as f:
+        assert segment in f.read()
+    c.close()
+    with open("/proc/self/maps") as f:
+        assert segment not in f.read()

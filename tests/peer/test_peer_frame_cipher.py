@@ -72,3 +72,16 @@ def test_both_implementations_seal_the_same_bytes():
                           env=dict(os.environ, SHADECACHE_AEAD="openssl"), capture_output=True, text=True,
                           check=True).stdout.strip()
     assert name == "openssl"
+
+
+def test_the_frame_costs_helper_times_each_part_of_a_sealed_reply():
+    """bench/cluster.py's parts: one seal, one open (which must authenticate what was sealed, or
+    the helper raises), one crc32c pass and one memcpy over the bytes, each a positive time; bad
+    sizes are refused by name."""
+    c = _core.peer_frame_costs(768_000, 3000, repeats=2)
+    assert set(c) == {"seal", "open", "crc32c", "memcpy"}
+    assert all(0 < v < 1 for v in c.values())
+    c = _core.peer_frame_costs(100_001, 100_001, repeats=1)   # one value, one odd length
+    assert all(v > 0 for v in c.values())
+    with pytest.raises(ValueError, match="sizes > 0"):
+        _core.peer_frame_costs(0, 3000)
