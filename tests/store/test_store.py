@@ -454,6 +454,30 @@ def test_interleaved_crc32c_matches_the_serial_one():
             assert _io.crc32c(view) == _io.crc32c_serial(view), (n, start)
 
 
+def _crc32c_bitwise(data: bytes) -> int:
+    """CRC-32C by its definition: the reflected polynomial 0x82F63B78, bit by bit."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 & -(crc & 1))
+    return crc ^ 0xFFFFFFFF
+
+
+def test_crc32c_matches_the_definition_at_every_length_the_lanes_split():
+    """Both native paths against the bitwise definition, around each length where the 3-lane path
+    changes how it splits its input (from 192 bytes) and at a few alignments; the serial path is
+    not the only witness."""
+    assert _crc32c_bitwise(b"123456789") == 0xE3069283
+    rng = np.random.default_rng(12)
+    buf = rng.bytes(4200)
+    for n in list(range(0, 260)) + [383, 384, 385, 575, 576, 577, 1535, 1536, 1537, 3000, 4096]:
+        for start in (0, 3, 61):
+            data = buf[start:start + n]
+            want = _crc32c_bitwise(data)
+            assert _io.crc32c(data) == want and _io.crc32c_serial(data) == want, (n, start)
+
+
 @pytest.mark.parametrize("backend,direct", MODES)
 def test_file_truncated_after_open(packed, tmp_path, backend, direct):
     """The reads themselves notice a file cut short under an open store (end of file mid-sample)."""
