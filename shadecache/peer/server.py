@@ -27,6 +27,7 @@ is counted and retried after a backoff, never the end of serving. close() ends e
 and joins every thread it started: a thread left inside a native call while the interpreter
 exits aborts the process.
 """
+import contextlib
 import ipaddress
 import json
 import os
@@ -110,6 +111,11 @@ class PeerService:
         self._per_address = {}
         self._authenticated = 0
         self._lock = threading.Lock()
+        # Taken around the tier chain's reads and admissions while the store reads whole extents:
+        # the chain's stage of extent mates is one per process and takes one caller at a time
+        # (TierChain.stage; CachedDataset's loader threads take turns the same way). Never held
+        # with _lock, nor across a send.
+        self._fill_lock = threading.Lock()
         self._stop = threading.Event()
         self._closed = False
         self.counters = {"connections": 0, "refused": 0, "refused_busy": 0, "refused_auth": 0,
@@ -373,7 +379,8 @@ class PeerService:
             if fresh is not None:    # the chunk's pins are released: nothing the cache does now hurts it
                 # the home node keeps its own samples: the cache by its policy, the SSD tier
                 # what the cache refused (a value too large for the cache counts as refused)
-                self.chain.admit(fresh)
+                with self._fills_in_turn():
+                    self.chain.admit(fresh)
                 if code == 0:
                     code = session.flush(fd, IO_TIMEOUT)[0]
             if code != 0:            # the client stopped reading, or went away
@@ -386,6 +393,13 @@ class PeerService:
                 del fills[p]
             first += k
         return True
+
+    def _fills_in_turn(self):
+        """The fill lock while the store reads whole extents (the connections take turns on the
+        chain's stage of mates), else nothing: their store reads overlap (they release the GIL)."""
+        if getattr(self.store, "extent_layout", None) is not None:
+            return self._fill_lock
+        return contextlib.nullcontext()
 
     def _fill_budget(self, ids, missed) -> int:
         """How many of the positions `missed` (of `ids`) to fill for one chunk: as many as fit in
@@ -405,7 +419,8 @@ class PeerService:
         pin)."""
         c = self.counters
         want = list(dict.fromkeys(ids[k] for k in missed))
-        r = self.chain.read(want)
+        with self._fills_in_turn():
+            r = self.chain.read(want)
         got = dict(zip(want, r.values))
         for name, key in (("ssd", "ssd_hits"), (STORE, "store_reads")):
             if name in r.counts:
