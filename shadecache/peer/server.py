@@ -111,10 +111,12 @@ class PeerService:
         self._per_address = {}
         self._authenticated = 0
         self._lock = threading.Lock()
-        # Taken around the tier chain's reads and admissions while the store reads whole extents:
-        # the chain's stage of extent mates is one per process and takes one caller at a time
-        # (TierChain.stage; CachedDataset's loader threads take turns the same way). Never held
-        # with _lock, nor across a send.
+        # Taken around each of the tier chain's reads and admissions while the store reads whole
+        # extents: the chain's stage of extent mates is one per process and takes one caller at a
+        # time (TierChain.stage). Unlike CachedDataset's miss lock it is not held from a read to
+        # its admission: the admission waits until the chunk is sealed (it could evict what the
+        # chunk pins), so another connection may read the same extent meanwhile (a read twice,
+        # never a wrong value). Never held with _lock, nor across a send or a pin wait.
         self._fill_lock = threading.Lock()
         self._stop = threading.Event()
         self._closed = False
