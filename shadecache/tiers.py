@@ -188,6 +188,13 @@ class TierChain:
         state["_stage"] = None   # a stage belongs to the process that read its values
         return state
 
+    @property
+    def reads_extents(self) -> bool:
+        """Whether the store reads whole extents now (store.read_whole_extents: the sampler's
+        extent order): a read brings mates, and this process's stage keeps what the cache
+        refuses, one caller at a time."""
+        return getattr(self.store, "extent_layout", None) is not None
+
     def stage(self) -> MateStage | None:
         """This process's stage of extent mates (None while the store reads no whole extents):
         room for 32 extents, the sampler's default window twice."""
@@ -321,7 +328,7 @@ class TierChain:
         # a batch at a time; a caller with its own insert (the prefetcher, which counts what the
         # cache refuses) offers them to the cache as before.
         offer = have if insert is not None or r.staged is None else have & ~r.staged
-        if getattr(self.store, "extent_layout", None) is not None and r.ids.size:
+        if self.reads_extents and r.ids.size:
             # Under the extent order what a copying tier (the SSD tier) served stays there and is
             # not offered to the cache: each tier holds whole extents, and a copy moved up into
             # the cache displaced a cached extent that no tier kept, so the extents the node

@@ -226,9 +226,7 @@ bool Cache::pin(uint64_t id, Pinned* out, int64_t self) {
     // Record the pin, then check that the slot is still this value (seq_cst both: see pins.h).
     uint32_t code = slot_code(at.off);
     if (token) pins_.set(token, code); else token = pins_.claim(code, name_, self);
-    if (index_[id].load(std::memory_order_seq_cst) != at.v || at.slot->seq.load(std::memory_order_seq_cst) != at.seq ||
-        at.page->gen.load(std::memory_order_seq_cst) != at.gen)
-      continue;
+    if (!still_at(id, at)) continue;
     users_.fetch_add(1, std::memory_order_relaxed);  // the view keeps the mapping (see close())
     stripe().hits.fetch_add(1, std::memory_order_relaxed);
     note_hit(id);
@@ -316,8 +314,7 @@ size_t Cache::pin_many(const uint64_t* ids, size_t n, Pinned* out, bool* found, 
   for (size_t j = 0; j < which.size(); ++j) {
     size_t k = which[j];
     const SlotAt& a = at[j];
-    if (index_[ids[k]].load(std::memory_order_seq_cst) != a.v || a.slot->seq.load(std::memory_order_seq_cst) != a.seq ||
-        a.page->gen.load(std::memory_order_seq_cst) != a.gen) {
+    if (!still_at(ids[k], a)) {
       pins_.release(tokens[j]);
       found[k] = pin_again(ids[k], &out[k], self);  // counts itself
       copies += found[k];
@@ -336,13 +333,14 @@ size_t Cache::pin_many(const uint64_t* ids, size_t n, Pinned* out, bool* found, 
 void Cache::unpin_many(const uint32_t* tokens, size_t n, int64_t pinned_by, int64_t self) {
   if (!n) return;
   if (pinned_by == (self ? self : ::getpid())) {
+    bool copies = false;
     for (size_t k = 0; k < n; ++k) {
-      if (tokens[k] & kCopyToken) {
-        std::lock_guard<std::mutex> g(copies_mu_);
-        copies_.erase(tokens[k]);
-      } else {
-        pins_.release(tokens[k]);
-      }
+      if (tokens[k] & kCopyToken) copies = true; else pins_.release(tokens[k]);
+    }
+    if (copies) {  // one lock for the message's copies (every value of 100 KB is one)
+      std::lock_guard<std::mutex> g(copies_mu_);
+      for (size_t k = 0; k < n; ++k)
+        if (tokens[k] & kCopyToken) copies_.erase(tokens[k]);
     }
   }
   end_use(n);
@@ -420,17 +418,7 @@ uint32_t Cache::stale_pin_for_tests(uint64_t id) {
   return v ? pins_.claim(slot_code(v - 1), name_) : 0;
 }
 
-void Cache::unpin(uint32_t token, int64_t pinned_by, int64_t self) {
-  if (pinned_by == (self ? self : ::getpid())) {
-    if (token & kCopyToken) {
-      std::lock_guard<std::mutex> g(copies_mu_);
-      copies_.erase(token);
-    } else {
-      pins_.release(token);
-    }
-  }
-  end_use();
-}
+void Cache::unpin(uint32_t token, int64_t pinned_by, int64_t self) { unpin_many(&token, 1, pinned_by, self); }
 
 void Cache::begin_use() {
   users_.fetch_add(1, std::memory_order_seq_cst);

@@ -312,6 +312,12 @@ class Cache {
   };
   enum class Probe { kMiss, kRetry, kFound };
   Probe probe(uint64_t id, SlotAt* at) const;
+  // After a pin entry was set for `at`: whether index[id], the slot's seq and its page's generation
+  // are still what probe() read (seq_cst loads: see pins.h), so the pinned slot is this value.
+  bool still_at(uint64_t id, const SlotAt& at) const {
+    return index_[id].load(std::memory_order_seq_cst) == at.v && at.slot->seq.load(std::memory_order_seq_cst) == at.seq &&
+           at.page->gen.load(std::memory_order_seq_cst) == at.gen;
+  }
   // Copies the value described by `at` into dst (its chunks, then its tail); false when a chunk
   // number read is out of range (a writer raced: the caller retries).
   bool copy_value(const SlotAt& at, char* dst) const;

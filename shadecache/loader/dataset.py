@@ -212,7 +212,7 @@ class CachedDataset(Dataset):
         read with another's SSD tier read and admission: the batched reads release the GIL)."""
         if not ids:
             return []
-        if self.cluster is None and getattr(self.store, "extent_layout", None) is None:
+        if self.cluster is None and not self.chain.reads_extents:
             r = self.chain.read(ids)
             if admit:
                 self.chain.admit(r)

@@ -342,7 +342,7 @@ def run(cache_name, chain, options, parent_pid):
     # is made among the samples needed later.
     copies = chain.keeps_copies
     rounds = 0 if copies else 4
-    extent_order = getattr(chain.store, "extent_layout", None) is not None   # reads whole extents
+    extent_order = chain.reads_extents
 
     def insert(ids, data):
         return _insert(cache, board, ids, data, rounds)
@@ -363,9 +363,10 @@ def run(cache_name, chain, options, parent_pid):
     held = _Held()
     flagged = set()               # ids this process flagged "prefetched" and not yet seen used
     refused = set()               # ids the cache refused this epoch: not read again for it
-    # the cache is full (it refused an insert, or, with a copying tier, what is held and in
-    # flight would fill it): read ahead only what it would admit (a cache that has evicted or
-    # refused before this process started is full already)
+    # the cache is full (it refused an insert, it evicted since this process started, or what is
+    # cached, held and in flight fills 90% of it): what is read ahead makes room, or is what it
+    # would admit (a cache that has evicted or refused before this process started is full
+    # already)
     st = cache.stats()
     full = bool(st["evictions"] or st["rejected"])
     evicted_before = st["evictions"]
@@ -373,9 +374,14 @@ def run(cache_name, chain, options, parent_pid):
     # cache holds no longer tells its free room (slots are rounded up to their size class, so a
     # cache of small samples is out of memory with bytes_used well below its capacity)
     engine_full = full
+    free = 0                      # the cache's bytes that nothing cached, held or in flight takes
     now = -1                      # the most advanced cursor's global position
     last_epoch = None
     stopping = False
+
+    def pending_bytes() -> int:
+        """Bytes read ahead and not offered yet: held, and in flight. mu held."""
+        return held.nbytes + sum(int(f[2].sum()) for f in inflight)
 
     def landed(read, ep):
         """Offers one read to the cache (what it refuses to the copying tiers) and flags it.
@@ -484,12 +490,11 @@ def run(cache_name, chain, options, parent_pid):
                     # (measured on a throttled disk, longtail: 3,189 of 6,805 reads in one epoch
                     # were second to sixth reads of a sample before its turn).
                     st = cache.stats()
-                    pending = held.nbytes + sum(int(f[2].sum()) for f in inflight)
+                    free = st["capacity_bytes"] - st["bytes_used"] - pending_bytes()
                     # (Looked at until the engine refused or evicted: without a copying tier, what
                     # is read ahead makes room only for what the free bytes do not take until then.)
                     engine_full = st["evictions"] > evicted_before
-                    full = (full or engine_full
-                            or st["bytes_used"] + pending >= 0.9 * st["capacity_bytes"])
+                    full = full or engine_full or free <= 0.1 * st["capacity_bytes"]
                 # flags cleared by readers are used prefetches; flagged and gone are wasted ones
                 if flagged:
                     f = np.fromiter(flagged, dtype=np.int64, count=len(flagged))
@@ -536,7 +541,7 @@ def run(cache_name, chain, options, parent_pid):
                 if cand.size and len(inflight) < max_batches:
                     nbytes = (lengths[cand] if lengths is not None   # unknown sizes: a page's worth
                               else np.full(cand.size, min(cache.max_item_bytes, DEFAULT_MAX_ITEM_BYTES), np.int64))
-                    budget = max_bytes - sum(int(f[2].sum()) for f in inflight) - held.nbytes
+                    budget = max_bytes - pending_bytes()
                     cut = int(np.searchsorted(np.cumsum(nbytes), budget, side="right"))
                     batch = cand[:min(B, cut)]
                     if batch.size and full and not copies:
@@ -548,10 +553,7 @@ def run(cache_name, chain, options, parent_pid):
                         # them all) lost a sample for each of its last misses, and read it again
                         # the next epoch, every epoch.
                         need = int(batch.size)
-                        if not engine_full:
-                            st = cache.stats()
-                            free = st["capacity_bytes"] - st["bytes_used"] - (
-                                held.nbytes + sum(int(f[2].sum()) for f in inflight))
+                        if not engine_full:   # `free` is this pass's (the check above)
                             need -= int(np.searchsorted(np.cumsum(nbytes[:need]), free, side="right"))
                         if need:
                             latest = int(board.next_use(batch).max())

@@ -399,7 +399,7 @@ class PeerService:
     def _fills_in_turn(self):
         """The fill lock while the store reads whole extents (the connections take turns on the
         chain's stage of mates), else nothing: their store reads overlap (they release the GIL)."""
-        if getattr(self.store, "extent_layout", None) is not None:
+        if self.chain.reads_extents:
             return self._fill_lock
         return contextlib.nullcontext()
 
