@@ -208,10 +208,12 @@ class CachedDataset(Dataset):
         only (nothing offered to the cache or given to the SSD tier). One caller at a time per
         process when there is a cluster (its connections, one per peer per process, take one
         request at a time) or the store reads whole extents (the process's stage of extent mates;
-        two callers would read one extent twice); otherwise callers overlap (one thread's store
+        a caller that waited looks in the cache again first, so that it does not read again what
+        the other's extent read admitted); otherwise callers overlap (one thread's store
         read with another's SSD tier read and admission: the batched reads release the GIL)."""
         if not ids:
             return []
+        asked, found = ids, {}
         if self.cluster is None and not self.chain.reads_extents:
             r = self.chain.read(ids)
             if admit:
@@ -223,13 +225,29 @@ class CachedDataset(Dataset):
                 # not have
                 self._miss_lock, self._lock_pid = threading.Lock(), os.getpid()
             with self._miss_lock:
-                r = self.chain.read(ids)
-                if admit:
+                # While this thread waited for the lock, another one's read may have brought
+                # some of these ids (an extent read admits its mates): those are taken from the
+                # cache, not read again with what is left of their extents.
+                found = self._cached_now(ids)
+                if found:
+                    ids = [i for i in ids if i not in found]
+                r = self.chain.read(ids) if ids else None
+                if r is not None and admit:
                     self.chain.admit(r)
-        self.counters.add(**{f"{name}_{field}": v for name, c in r.counts.items()
-                             for field, v in (("calls", 1), ("hits", c.hits), ("bytes", c.bytes),
-                                              ("ns", c.ns))})
-        return r.asked_values
+        if r is not None:
+            self.counters.add(**{f"{name}_{field}": v for name, c in r.counts.items()
+                                 for field, v in (("calls", 1), ("hits", c.hits),
+                                                  ("bytes", c.bytes), ("ns", c.ns))})
+        if not found:
+            return r.asked_values
+        got = dict(zip(ids, r.asked_values)) if r is not None else {}
+        return [found[i] if i in found else got[i] for i in asked]
+
+    def _cached_now(self, ids: list) -> dict:
+        """{id: value} of the ids the cache holds now."""
+        if self.cache is None:
+            return {}
+        return {i: v for i, v in zip(ids, self.cache.get_many(ids)) if v is not None}
 
     def __getitems__(self, ids):
         a = self.check_ids(ids)
