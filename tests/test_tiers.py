@@ -74,6 +74,23 @@ def test_admission_keeps_ours_and_the_ssd_tier_gets_what_the_cache_refused(store
     ssd.close()
 
 
+def test_what_the_ssd_tier_serves_stays_there_and_displaces_nothing_in_the_cache(store, tmp_path,
+                                                                                  cache_factory):
+    """The tiers are exclusive: an SSD hit is not moved up into a full cache, which would evict
+    a sample no tier keeps and leave the hit on both tiers (the node would hold one sample
+    fewer per hit). The store's misses are still offered to the cache first."""
+    ssd = sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20, fingerprint=store.fingerprint)
+    ssd.put_many([1, 3], store.read_many([1, 3]))
+    ssd.flush()
+    cache = cache_factory(N, capacity=1 << 20, policy="lru", sizes=store.lengths)
+    chain = TierChain.for_node(store, cache, ssd=ssd)
+    assert chain.fetch([1, 3, 5]) == store.read_many([1, 3, 5])
+    ssd.flush()
+    assert cache.cached_mask()[[5]].all() and not cache.contains(1) and not cache.contains(3)
+    assert ssd.ids().tolist() == [1, 3]
+    ssd.close()
+
+
 def test_without_a_store_what_no_tier_holds_stays_none(store, tmp_path):
     ssd = sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20, fingerprint=store.fingerprint)
     ssd.put_many([2], store.read_many([2]))

@@ -137,7 +137,8 @@ def test_an_extent_the_ssd_tier_serves_stays_there_and_does_not_displace_the_cac
     """Under the extent order each tier holds whole extents: what the SSD tier served is not
     offered to the cache (a copy moved up displaced a cached extent that no tier kept, and the
     extents the node held whole shrank with every such hit); its samples due later wait in the
-    stage. Without whole-extent reads an SSD hit is offered to the cache as before."""
+    stage. Without whole-extent reads an SSD hit stays on the SSD tier too (the tiers are
+    exclusive: tests/test_tiers.py)."""
     from shadecache.sampling.extents import ExtentLayout
     from shadecache.tiers import TierChain
 
@@ -158,7 +159,7 @@ def test_an_extent_the_ssd_tier_serves_stays_there_and_does_not_displace_the_cac
         r = chain.read([int(whole[1])])
         assert r.source[0] == 0
         chain.admit(r)
-        assert np.asarray(cache.cached_mask(), dtype=bool)[whole[1]]
+        assert not np.asarray(cache.cached_mask(), dtype=bool)[whole[1]]
 
 
 def test_scores_that_reshuffle_the_cache_do_not_make_an_epoch_read_its_extents_again(store,
