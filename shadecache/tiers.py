@@ -18,7 +18,7 @@ One batch, fetch(ids) = read(ids), then admit(read):
           is refused, naming the tier, before anything of the batch is admitted.
   admit   the values of the ids this node keeps are offered to the cache, which admits each by its
           policy (no scores are passed: the importance policy compares the sample's score in the
-          shared table). A node keeps every id, or, when a tier partitions the ids (serves) and
+          shared table); what a copying tier served, only into the cache's free pages (offers). A node keeps every id, or, when a tier partitions the ids (serves) and
           keep_remote is False, only the ids no such tier serves: each node keeps what it is home
           to, so the cluster caches the sum of its nodes. What the cache refused goes to each tier
           that keeps copies (put_many) and lies above the tier it came from (exclusive tiers: RAM
@@ -329,14 +329,32 @@ class TierChain:
         # cache refuses) offers them to the cache as before.
         offer = have if insert is not None or r.staged is None else have & ~r.staged
         if r.ids.size:
-            # What a copying tier (the SSD tier) served stays there and is not offered to the
-            # cache: a copy moved up into the cache displaces a cached sample that no tier keeps,
-            # and leaves the same sample on both tiers, so the node holds fewer samples with
-            # every such hit (RAM 20% + SSD 30% of 100 KB samples: the two held 1,562-1,663 of
-            # 2,048 distinct samples after each warm epoch, 2,040-2,048 without). Under the
-            # extent order the same held whole extents together (85 to 51-75 of 169).
-            offer = offer & ~np.isin(r.source, self._copying())
+            # What a copying tier (the SSD tier) served stays there, and is offered to the cache
+            # only while the cache has free room for it: a copy moved up into a full cache
+            # displaces a cached sample that no tier keeps, and leaves the same sample on both
+            # tiers, so the node holds fewer samples with every such hit (RAM 20% + SSD 30% of
+            # 100 KB samples: the two held 1,562-1,663 of 2,048 distinct samples after each warm
+            # epoch, 2,040-2,048 without; under the extent order the extents held whole shrank
+            # from 85 to 51-75 of 169). An empty cache beside a warm SSD tier (a restart) fills.
+            served = offer & np.isin(r.source, self._copying())
+            if served.any():
+                offer = offer & ~served
+                room = self._free_room()
+                if room > 0:
+                    pos = np.flatnonzero(served)
+                    sizes = np.fromiter((len(r.values[k]) for k in pos.tolist()), np.int64, pos.size)
+                    offer[pos[np.cumsum(sizes) <= room]] = True
         return offer
+
+    def _free_room(self) -> int:
+        """Bytes the cache can take without evicting anything: its pages not yet given to any
+        size class (a cache whose byte count looks 68-99% used may have none left: values take
+        whole slots of their class, and the engine evicts from the first insert it cannot place;
+        measured, free pages were 0 at each cache's first eviction). 0 without a cache."""
+        if self.cache is None or not self.admit_to_cache:
+            return 0
+        st = self.cache.stats()
+        return int(st["free_pages"]) * int(st["page_size"])
 
     def admit(self, r: Read, insert=None) -> np.ndarray:
         """Offers the values of the ids this node keeps to the cache (insert(ids, values) -> bool

@@ -74,19 +74,24 @@ def test_admission_keeps_ours_and_the_ssd_tier_gets_what_the_cache_refused(store
     ssd.close()
 
 
-def test_what_the_ssd_tier_serves_stays_there_and_displaces_nothing_in_the_cache(store, tmp_path,
-                                                                                  cache_factory):
-    """The tiers are exclusive: an SSD hit is not moved up into a full cache, which would evict
-    a sample no tier keeps and leave the hit on both tiers (the node would hold one sample
-    fewer per hit). The store's misses are still offered to the cache first."""
+def test_the_ssd_tier_fills_a_cache_with_room_and_displaces_nothing_in_a_full_one(
+        store, tmp_path, cache_factory):
+    """The tiers are exclusive: an SSD hit moves up into the cache only into free room (a
+    restarted node's empty cache beside a warm SSD tier fills), never into a full cache, where it
+    would evict a sample no tier keeps and leave the hit on both tiers. The store's misses are
+    offered to the cache either way."""
     ssd = sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20, fingerprint=store.fingerprint)
     ssd.put_many([1, 3], store.read_many([1, 3]))
     ssd.flush()
-    cache = cache_factory(N, capacity=1 << 20, policy="lru", sizes=store.lengths)
-    chain = TierChain.for_node(store, cache, ssd=ssd)
-    assert chain.fetch([1, 3, 5]) == store.read_many([1, 3, 5])
+    roomy = cache_factory(N, capacity=1 << 20, policy="lru", sizes=store.lengths)
+    assert TierChain.for_node(store, roomy, ssd=ssd).fetch([1, 3, 5]) == store.read_many([1, 3, 5])
+    assert roomy.cached_mask()[[1, 3, 5]].all()
+    full = cache_factory(N, capacity=48 << 10, policy="lru")
+    full.put_many(list(range(10, 64)), [bytes(900)] * 54)     # more than it holds: it evicted
+    assert full.stats()["evictions"] > 0 and full.stats()["free_pages"] == 0
+    assert TierChain.for_node(store, full, ssd=ssd).fetch([1, 3, 5]) == store.read_many([1, 3, 5])
     ssd.flush()
-    assert cache.cached_mask()[[5]].all() and not cache.contains(1) and not cache.contains(3)
+    assert full.contains(5) and not full.contains(1) and not full.contains(3)
     assert ssd.ids().tolist() == [1, 3]
     ssd.close()
 

@@ -244,10 +244,18 @@ class CachedDataset(Dataset):
         return [found[i] if i in found else got[i] for i in asked]
 
     def _cached_now(self, ids: list) -> dict:
-        """{id: value} of the ids the cache holds now."""
+        """{id: value} of the ids the cache holds now. The look-up that finds them counts
+        nothing (the engine counted these ids' misses already); only those found are read, and
+        counted as the hits they are."""
         if self.cache is None:
             return {}
-        return {i: v for i, v in zip(ids, self.cache.get_many(ids)) if v is not None}
+        a = np.asarray(ids, dtype=np.int64)
+        here = np.ones(a.size, dtype=bool)
+        here[np.asarray(self.cache.missed(a), dtype=np.int64)] = False
+        if not here.any():
+            return {}
+        look = a[here].tolist()
+        return {i: v for i, v in zip(look, self.cache.get_many(look)) if v is not None}
 
     def __getitems__(self, ids):
         a = self.check_ids(ids)

@@ -17,8 +17,7 @@ The loop, in one pass:
    next `lookahead_samples` ids, merged across streams by distance from each cursor, first
    occurrence kept; the ids neither cached nor already on their way are the candidates, cut where
    their bytes (plus the bytes in flight and held) pass `lookahead_bytes`. With an SSD tier (ssd=),
-   never what the SSD tier holds (the loader reads it from there; it is not moved into the cache),
-   and once the cache is full only those it would admit when due.
+   once the cache is full, only those it would admit when due and the SSD tier does not hold.
 2. room (no SSD tier): never evict a sample needed sooner than the one it brings. Before a batch is read, cached
    samples whose next use (any stream) is later than the batch's latest next use, or unknown, are
    removed, farthest first, the unknown ones lowest score first, until the batch fits in the free
@@ -392,8 +391,8 @@ def run(cache_name, chain, options, parent_pid):
         admitted = chain.admit(read, insert)
         if not admitted.all():
             # the cache only shrinks by removals; full only when it refused something offered
-            # to it (what the SSD tier served is not offered: a read of a warm SSD tier's
-            # extents into an empty cache stopped all reading ahead)
+            # to it (what the SSD tier served is offered only into free room: a read of a warm
+            # SSD tier's extents into an empty cache stopped all reading ahead)
             full = full or bool((chain.offers(read, insert) & ~admitted).any())
             engine_full = engine_full or full
             refused.update(ids[~admitted].tolist())
@@ -513,12 +512,6 @@ def run(cache_name, chain, options, parent_pid):
                 if skip and keep.any():
                     keep[keep] = ~np.isin(window[keep], np.fromiter(skip, np.int64, len(skip)))
                 cand, cand_at = window[keep], places[keep]
-                if cand.size and copies:
-                    # What the SSD tier holds is read by the loader from there, at its turn: it
-                    # is not offered to the cache (the tiers are exclusive, tiers.TierChain.offers),
-                    # so a read of it ahead would be read again
-                    ok = ~chain.held(cand)
-                    cand, cand_at = cand[ok], cand_at[ok]
                 if pace is not None:
                     pace.saw_window(int(window.size), int(cand.size) + len(on_way))
                     L = pace.window(board.capacity)
@@ -533,15 +526,16 @@ def run(cache_name, chain, options, parent_pid):
                     # read 1.07x the data, 0.66x with nothing read ahead).
                     cand, cand_at = cand[:0], cand_at[:0]
                 elif cand.size and full and copies and len(inflight) < max_batches:
-                    # With an SSD tier, only what the cache would admit when it is due (what the
-                    # SSD tier holds is left out above, full or not): the rest the loader reads when it is due and the SSD tier keeps, as without a
+                    # With an SSD tier, only what the cache would admit when it is due, and not what
+                    # the SSD tier holds (the loader reads that without the shared storage): the
+                    # rest the loader reads when it is due and the SSD tier keeps, as without a
                     # prefetcher. A sample read now that neither the cache nor the SSD tier keeps
                     # when it is offered would be read again by the loader. Each sample not cached
                     # that is due before a candidate (held, or read by the loader) may displace the
                     # lowest cached one first, and scores move meanwhile (counted twice): a
                     # candidate is read only if it outscores what would be left.
                     due_before = 2 * (len(on_way) + np.arange(cand.size))
-                    ok = cache.admits(cand, due_before)
+                    ok = ~chain.held(cand) & cache.admits(cand, due_before)
                     cand, cand_at = cand[ok], cand_at[ok]
                 submitted = False
                 if cand.size and len(inflight) < max_batches:

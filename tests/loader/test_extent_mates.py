@@ -137,14 +137,17 @@ def test_an_extent_the_ssd_tier_serves_stays_there_and_does_not_displace_the_cac
     """Under the extent order each tier holds whole extents: what the SSD tier served is not
     offered to the cache (a copy moved up displaced a cached extent that no tier kept, and the
     extents the node held whole shrank with every such hit); its samples due later wait in the
-    stage. Without whole-extent reads an SSD hit stays on the SSD tier too (the tiers are
-    exclusive: tests/test_tiers.py)."""
+    stage; in a cache with free room it would move up (tests/test_tiers.py), so this cache is
+    full. Without whole-extent reads a hit stays on the SSD tier of a full cache too."""
     from shadecache.sampling.extents import ExtentLayout
     from shadecache.tiers import TierChain
 
     layout = ExtentLayout.of_store(store, 64 << 10)
     whole = layout.by_extent[layout.first[0]:layout.first[1]]
     cache = cache_factory(len(store), capacity=4 << 20, policy="lru")
+    others = np.setdiff1d(np.arange(len(store)), whole)
+    cache.put_many(others, store.read_many(others))     # more than it holds: it is full
+    assert cache.stats()["free_pages"] == 0
     with sc.SSDTier(tmp_path / "ssd", capacity_bytes=8 << 20) as ssd:
         ssd.put_many(whole, store.read_many(whole))
         ssd.flush()

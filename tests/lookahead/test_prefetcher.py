@@ -274,31 +274,28 @@ def test_a_readers_late_wanted_flag_is_cleared_with_or_without_an_ssd_tier(store
                 ssd.close()
 
 
-def test_the_prefetcher_leaves_what_the_ssd_tier_holds_to_the_loader(store_path, name, tmp_path):
-    """The prefetcher reads ahead only what neither the cache nor the SSD tier holds: an SSD hit
-    is not moved into the cache (the tiers are exclusive), so a read of it ahead would be read
-    again by the loader. The SSD tier here holds other bytes than the store for some ids (the
-    tier checks its own crc32c, not the store's), so the bytes say which tier served."""
+def test_the_prefetcher_reads_the_ssd_tier_before_the_store(store_path, name, tmp_path):
+    """The prefetcher reads through the node's tier chain: what the SSD tier holds comes from the
+    SSD tier, not the store. The SSD tier here holds other bytes than the store for some ids (the
+    tier checks its own crc32c, not the store's), so the bytes in the cache say which tier served."""
     store = sc.PackedStore(store_path)
     ssd = sc.SSDTier(tmp_path / "ssd", capacity_bytes=8 << 20, fingerprint=store.fingerprint)
     marked = list(range(0, 200, 4))
     ssd.put_many(marked, [b"ssd:" + bytes(str(i), "ascii") for i in marked])
     ssd.flush()
     order = np.arange(200)
-    rest = [i for i in order.tolist() if i not in set(marked)]
     with sc.Cache.create(name, num_samples=N, capacity_bytes=4 << 20, sizes=store.lengths) as c, \
             OrderBoard.create(name, N) as board:
         board.publish(0, 0, order)
         with sc.Prefetcher(c, store, ssd=ssd, lookahead_samples=200, batch=32):
             # with an SSD tier it holds what it read until a reader asks, and offers it all to
             # the cache when it stops
-            wait_for_reads(board, len(rest))
-        cached = np.asarray(c.cached_mask(), dtype=bool)
-        assert cached[rest].all() and not cached[marked].any()
-        assert c.get_many(rest) == store.read_many(rest)
-        ds = sc.CachedDataset(store, c, ssd=ssd, decode=bytes)
-        assert ds.fetch_bytes(marked) == [b"ssd:" + bytes(str(i), "ascii") for i in marked]
-        assert ssd.ids().tolist() == marked
+            wait_for_reads(board, order.size)
+        assert c.cached_mask()[order].all()
+        got = c.get_many(order)
+        assert [got[i] for i in marked] == [b"ssd:" + bytes(str(i), "ascii") for i in marked]
+        rest = [i for i in order.tolist() if i not in set(marked)]
+        assert [got[i] for i in rest] == store.read_many(rest)
         c.check()
     ssd.close()
 
