@@ -234,6 +234,8 @@ class CachedDataset(Dataset):
                 r = self.chain.read(ids) if ids else None
                 if r is not None and admit:
                     self.chain.admit(r)
+        if found:
+            self._claim_prefetched(list(found))
         if r is not None:
             self.counters.add(**{f"{name}_{field}": v for name, c in r.counts.items()
                                  for field, v in (("calls", 1), ("hits", c.hits),
@@ -242,6 +244,19 @@ class CachedDataset(Dataset):
             return r.asked_values
         got = dict(zip(ids, r.asked_values)) if r is not None else {}
         return [found[i] if i in found else got[i] for i in asked]
+
+    def _claim_prefetched(self, ids: list) -> None:
+        """The ids found in the cache on a second look that the prefetcher brought: used now,
+        so their flags are cleared and they count as prefetch hits (not as wasted later)."""
+        board = board_for(self.cache)
+        if board is None:
+            return
+        a = np.asarray(ids, dtype=np.int64)
+        flagged = a[board.prefetched(a)]
+        if flagged.size:
+            board.unmark(flagged)
+            self.counters.add(prefetch_hits=int(flagged.size))
+            board.count_reads(reader_stream(board), 0, 0, int(flagged.size), 0)
 
     def _cached_now(self, ids: list) -> dict:
         """{id: value} of the ids the cache holds now. The look-up that finds them counts

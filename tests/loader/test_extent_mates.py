@@ -238,6 +238,40 @@ def test_a_thread_that_waited_for_another_threads_extent_read_takes_its_samples_
     assert after["requests"] - before["requests"] == read_by_first, (before, after)
 
 
+def test_what_the_prefetcher_brought_while_a_thread_waited_counts_as_its_hit(store, cache_factory):
+    """A value the prefetcher put in the cache while a loader thread waited for the miss lock is
+    taken from the cache on the second look; its PREFETCHED flag is cleared and it counts as a
+    prefetch hit (left flagged, it would later count as read ahead and wasted)."""
+    import threading
+    import time
+
+    from shadecache.lookahead.board import OrderBoard
+    from shadecache.sampling.extents import ExtentLayout
+
+    store.read_whole_extents(ExtentLayout.of_store(store, 64 << 10))
+    cache = cache_factory(len(store), capacity=4 << 20, policy="lru")
+    ids = np.array([5, 6, 7])
+    with OrderBoard.create(cache.name, len(store)) as board:
+        ds = sc.CachedDataset(store, cache, decode=bytes)
+        ds.fetch_bytes([int(store.disk_order()[-1])])
+        got = []
+        with ds._miss_lock:                          # another thread's read, in progress
+            second = threading.Thread(target=lambda: got.append(ds.fetch_bytes(ids)))
+            misses = cache.stats()["misses"]
+            second.start()
+            deadline = time.monotonic() + 10
+            while cache.stats()["misses"] < misses + ids.size and time.monotonic() < deadline:
+                time.sleep(0.001)
+            time.sleep(0.05)                         # ... waiting for the lock
+            cache.put_many(ids, store.read_many(ids))     # the prefetcher's read lands
+            board.mark_prefetched(ids)
+        second.join(10)
+        assert got[0] == store.read_many(ids)
+        assert not board.prefetched(ids).any()
+        assert ds.stats()["prefetch_hits"] == ids.size
+        assert ds.stats()["store_reads"] == 1          # the first fetch only: nothing read again
+
+
 def test_with_training_scores_the_cache_keeps_whole_extents_and_warm_epochs_read_less(
         store, cache_factory):
     """The sampler gives the cache one score per extent (the mean of its samples') under the
