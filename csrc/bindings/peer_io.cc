@@ -74,6 +74,9 @@ constexpr size_t kHead = sizeof(net::Header);
 // the other end works on one piece while this end works on the next, large enough that the
 // per-call costs vanish.
 constexpr size_t kPiece = 128 << 10;
+// The client receives a reply message's values in windows of this many bytes, each waited for
+// whole (net::recv_all_whole: one wake-up, not one per segment), then opened and checksummed.
+constexpr size_t kWindow = 1 << 20;
 // A GET reply message: at most this many ids and (one larger value aside) value bytes, so that
 // the first message of a reply leaves early and the client opens it while the next is sealed.
 constexpr size_t kMessageItems = 256;
@@ -537,10 +540,10 @@ class PeerSession {
         }
         for (size_t i = 0; opened && r == net::kOk && i < pieces.size();) {
           size_t j = i, bytes = 0;
-          while (j < pieces.size() && (j == i || bytes + pieces[j].iov_len <= kPiece)) bytes += pieces[j++].iov_len;
+          while (j < pieces.size() && (j == i || bytes + pieces[j].iov_len <= kWindow)) bytes += pieces[j++].iov_len;
           window.assign(pieces.begin() + i, pieces.begin() + j);  // recv_all consumes its iovecs
           if (j == pieces.size()) window.insert(window.end(), tail, tail + tails);
-          r = net::recv_all(fd, window.data(), window.size(), deadline);
+          r = net::recv_all_whole(fd, window.data(), window.size(), deadline);
           // Decrypted in place, and checksummed while the bytes are in cache; neither result is
           // used before the tag has been checked below.
           for (size_t q = i; r == net::kOk && opened && q < j; ++q) {

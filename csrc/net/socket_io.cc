@@ -43,8 +43,32 @@ void advance(iovec* iov, size_t n, size_t* first, size_t k) {
   }
 }
 
+// Bytes still to transfer in iov[first..n).
+size_t left_in(const iovec* iov, size_t n, size_t first) {
+  size_t k = 0;
+  for (size_t i = first; i < n; ++i) k += iov[i].iov_len;
+  return k;
+}
+
+// Sets SO_RCVLOWAT (clamped to what the kernel takes); false where it refuses it.
+bool set_lowat(int fd, size_t bytes) {
+  int v = static_cast<int>(std::min<size_t>(bytes, INT_MAX / 2));
+  return ::setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &v, sizeof v) == 0;
+}
+
+// whole: before each wait for more bytes to receive, the low-water mark is set to the bytes still
+// missing (recv_all_whole); it is set back to 1 on every way out.
 template <class Op>
-int transfer(int fd, iovec* iov, size_t n, int64_t deadline_ns, short events, bool is_recv, Op op) {
+int transfer(int fd, iovec* iov, size_t n, int64_t deadline_ns, short events, bool is_recv, Op op,
+             bool whole = false) {
+  bool marked = false;
+  struct Reset {
+    int fd;
+    bool* marked;
+    ~Reset() {
+      if (*marked) set_lowat(fd, 1);
+    }
+  } reset{fd, &marked};
   size_t first = 0;
   while (first < n && iov[first].iov_len == 0) ++first;
   while (first < n) {
@@ -60,6 +84,7 @@ int transfer(int fd, iovec* iov, size_t n, int64_t deadline_ns, short events, bo
     if (k == 0 && is_recv) return kEof;
     if (k < 0 && errno == EINTR) continue;
     if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (whole) marked = set_lowat(fd, left_in(iov, n, first)) || marked;
       int r = wait_ready(fd, events, deadline_ns);
       if (r != kOk) return r;
       continue;
@@ -79,6 +104,11 @@ int send_all(int fd, iovec* iov, size_t n, int64_t deadline_ns) {
 int recv_all(int fd, iovec* iov, size_t n, int64_t deadline_ns) {
   return transfer(fd, iov, n, deadline_ns, POLLIN, true,
                   [](int f, msghdr* m) { return ::recvmsg(f, m, MSG_DONTWAIT); });
+}
+
+int recv_all_whole(int fd, iovec* iov, size_t n, int64_t deadline_ns) {
+  return transfer(fd, iov, n, deadline_ns, POLLIN, true,
+                  [](int f, msghdr* m) { return ::recvmsg(f, m, MSG_DONTWAIT); }, true);
 }
 
 int recv_exact(int fd, void* buf, size_t len, int64_t deadline_ns) {

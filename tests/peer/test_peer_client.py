@@ -170,6 +170,30 @@ def test_client_checks_every_reply(case):
         srv.close()
 
 
+def test_a_reply_that_arrives_in_parts_is_received_whole_and_the_socket_left_as_it_was():
+    """The client sleeps until a reply message's values have all arrived (the socket's low-water
+    mark set to the bytes still missing, so the kernel wakes it once): a reply sent in three parts
+    with pauses is received whole within the deadline, and the mark is back at 1 afterwards (the
+    connection's other reads wake on the first byte, as before)."""
+    def in_parts(c, s, ids, op):
+        reply = _sealed_reply(s, ids, op)
+        cut = [0, len(reply) // 3, 2 * len(reply) // 3, len(reply)]
+        for a, b in zip(cut, cut[1:]):
+            c.sendall(reply[a:b])
+            time.sleep(0.15)
+
+    address, srv = _serve(in_parts)
+    client = PeerClient(address, SECRET, DATASET)
+    try:
+        t0 = time.monotonic()
+        assert client.get_many([3, 5, 7, 9], timeout=3) == [VALUES[3], None, VALUES[7], VALUES[9]]
+        assert time.monotonic() - t0 < 2
+        assert client.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1
+    finally:
+        client.close()
+        srv.close()
+
+
 def _hostile_endpoint(send):
     """A listener that answers every connection with `send(conn)` and then holds it open."""
     srv = socket.socket()
