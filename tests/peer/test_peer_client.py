@@ -184,14 +184,32 @@ def test_a_reply_that_arrives_in_parts_is_received_whole_and_the_socket_left_as_
 
     address, srv = _serve(in_parts)
     client = PeerClient(address, SECRET, DATASET)
+    marks, done = [], threading.Event()
+
+    def watch():   # the mark while the client waits between the parts
+        while not done.is_set():
+            sock = client.sock
+            if sock is not None:
+                try:
+                    marks.append(sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT))
+                except OSError:
+                    pass
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
     try:
         t0 = time.monotonic()
         assert client.get_many([3, 5, 7, 9], timeout=3) == [VALUES[3], None, VALUES[7], VALUES[9]]
         assert time.monotonic() - t0 < 2
         assert client.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1
     finally:
+        done.set()
+        watcher.join()
         client.close()
         srv.close()
+    # while it waited, the mark was the bytes still missing (at most the values and their tag)
+    assert 1 < max(marks) <= len(VALUES[3]) + len(VALUES[9]) + 16, max(marks)
 
 
 def _hostile_endpoint(send):
