@@ -66,7 +66,11 @@ int transfer(int fd, iovec* iov, size_t n, int64_t deadline_ns, short events, bo
     int fd;
     bool* marked;
     ~Reset() {
-      if (*marked) set_lowat(fd, 1);
+      if (*marked) {
+        int saved = errno;  // a kFailed result's cause stays the caller's to read
+        set_lowat(fd, 1);
+        errno = saved;
+      }
     }
   } reset{fd, &marked};
   size_t first = 0;
