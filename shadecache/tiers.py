@@ -18,8 +18,8 @@ One batch, fetch(ids) = read(ids), then admit(read):
           is refused, naming the tier, before anything of the batch is admitted.
   admit   the values of the ids this node keeps are offered to the cache, which admits each by its
           policy (no scores are passed: the importance policy compares the sample's score in the
-          shared table); what a copying tier served, only into the cache's free pages (offers). A node keeps every id, or, when a tier partitions the ids (serves) and
-          keep_remote is False, only the ids no such tier serves: each node keeps what it is home
+          shared table); what a copying tier served, only into the cache's free pages. A node
+          keeps every id, or, when a tier partitions the ids (serves) and keep_remote is False, only the ids no such tier serves: each node keeps what it is home
           to, so the cluster caches the sum of its nodes. What the cache refused goes to each tier
           that keeps copies (put_many) and lies above the tier it came from (exclusive tiers: RAM
           and SSD together hold RAM + SSD worth of samples, not the larger of the two).
@@ -67,7 +67,7 @@ class Read:
     samples the store read along with the extents of the asked ones (store.extent_mates), which
     admit() offers like the others so that they are not read again when their turn comes."""
 
-    __slots__ = ("ids", "values", "source", "keep", "counts", "asked", "staged")
+    __slots__ = ("ids", "values", "source", "keep", "counts", "asked", "staged", "offered")
 
     def __init__(self, ids: np.ndarray, keep: np.ndarray):
         self.ids = ids
@@ -77,6 +77,7 @@ class Read:
         self.counts = {}
         self.asked = ids.size
         self.staged = None    # bool mask of the positions taken from the stage (None: none)
+        self.offered = None   # bool mask of the positions admit() offered to the cache
 
     @property
     def asked_values(self) -> list:
@@ -319,9 +320,10 @@ class TierChain:
             mates = mates[fits]
         return mates
 
-    def offers(self, r: Read, insert=None) -> np.ndarray:
+    def _offers(self, r: Read, insert=None) -> np.ndarray:
         """Bool mask: the positions of `r` that admit(r, insert) offers to the cache (when it
-        has one and admits), so that a caller tells a refusal from a value not offered."""
+        has one and admits); admit() keeps it as r.offered, so that a caller tells a refusal from
+        a value not offered."""
         have = r.keep & (r.source >= 0)
         # Values taken from the stage were offered when they were staged (the cache refused them,
         # the copying tiers had them in disk order): the loaders' path does not offer them again,
@@ -364,7 +366,7 @@ class TierChain:
         admitted = np.zeros(r.ids.size, dtype=bool)
         have = r.keep & (r.source >= 0)
         fresh = have if r.staged is None else have & ~r.staged
-        offer = self.offers(r, insert)
+        offer = r.offered = self._offers(r, insert)
         layout = getattr(self.store, "extent_layout", None)
         if self.cache is not None and self.admit_to_cache and offer.any():
             pos = np.flatnonzero(offer)

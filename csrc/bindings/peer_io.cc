@@ -293,9 +293,8 @@ class PeerSession {
   // What the kernel takes at once is sent as it is sealed; flush() sends the rest (the caller
   // may do other work, pins released, in between), or, given flush_timeout >= 0 (a caller with
   // nothing to do in between), this call does, by that timeout, once every pin is released.
-  // (0, (ids answered, cache hits, value bytes,
-  // busy)) where busy means pins could not be had within pin_wait and cached values went as
-  // misses.
+  // (0, (ids answered, cache hits, value bytes, busy)) where busy means pins could not be had
+  // within pin_wait and cached values went as misses.
   py::tuple seal_get_reply(int fd, py::object core, const U64Array& ids, const py::dict& fills, uint64_t opaque,
                            bool more_after, uint64_t max_bytes, double pin_wait, double flush_timeout) {
     Turn turn(this);

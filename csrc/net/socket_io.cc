@@ -105,15 +105,16 @@ int send_all(int fd, iovec* iov, size_t n, int64_t deadline_ns) {
                   [](int f, msghdr* m) { return ::sendmsg(f, m, MSG_NOSIGNAL | MSG_DONTWAIT); });
 }
 
-int recv_all(int fd, iovec* iov, size_t n, int64_t deadline_ns) {
+namespace {
+int receive(int fd, iovec* iov, size_t n, int64_t deadline_ns, bool whole) {
   return transfer(fd, iov, n, deadline_ns, POLLIN, true,
-                  [](int f, msghdr* m) { return ::recvmsg(f, m, MSG_DONTWAIT); });
+                  [](int f, msghdr* m) { return ::recvmsg(f, m, MSG_DONTWAIT); }, whole);
 }
+}  // namespace
 
-int recv_all_whole(int fd, iovec* iov, size_t n, int64_t deadline_ns) {
-  return transfer(fd, iov, n, deadline_ns, POLLIN, true,
-                  [](int f, msghdr* m) { return ::recvmsg(f, m, MSG_DONTWAIT); }, true);
-}
+int recv_all(int fd, iovec* iov, size_t n, int64_t deadline_ns) { return receive(fd, iov, n, deadline_ns, false); }
+
+int recv_all_whole(int fd, iovec* iov, size_t n, int64_t deadline_ns) { return receive(fd, iov, n, deadline_ns, true); }
 
 int recv_exact(int fd, void* buf, size_t len, int64_t deadline_ns) {
   iovec v{buf, len};

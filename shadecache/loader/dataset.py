@@ -189,9 +189,7 @@ class CachedDataset(Dataset):
                 look = a[coming].tolist()
                 got = {i: v for i, v in zip(look, self.cache.get_many(look)) if v is not None}
                 if got:
-                    board.unmark(list(got))          # used: neither unused nor wasted
-                    self.counters.add(prefetch_hits=len(got))
-                    board.count_reads(reader_stream(board), 0, 0, len(got), 0)
+                    self._used_prefetched(board, list(got))
                 # The cache refused those it did not take when the prefetcher offered them, at
                 # this request: they are read from the tier that took them (the SSD tier) and
                 # not offered again, as a miss of this reader's own is offered once.
@@ -246,17 +244,21 @@ class CachedDataset(Dataset):
         return [found[i] if i in found else got[i] for i in asked]
 
     def _claim_prefetched(self, ids: list) -> None:
-        """The ids found in the cache on a second look that the prefetcher brought: used now,
-        so their flags are cleared and they count as prefetch hits (not as wasted later)."""
+        """The ids found in the cache on a second look that the prefetcher brought: used now."""
         board = board_for(self.cache)
         if board is None:
             return
         a = np.asarray(ids, dtype=np.int64)
         flagged = a[board.prefetched(a)]
         if flagged.size:
-            board.unmark(flagged)
-            self.counters.add(prefetch_hits=int(flagged.size))
-            board.count_reads(reader_stream(board), 0, 0, int(flagged.size), 0)
+            self._used_prefetched(board, flagged.tolist())
+
+    def _used_prefetched(self, board, ids: list) -> None:
+        """Samples the prefetcher brought that a reader took from the cache: their flags are
+        cleared (neither unused nor wasted) and they count as prefetch hits."""
+        board.unmark(ids)
+        self.counters.add(prefetch_hits=len(ids))
+        board.count_reads(reader_stream(board), 0, 0, len(ids), 0)
 
     def _cached_now(self, ids: list) -> dict:
         """{id: value} of the ids the cache holds now. The look-up that finds them counts

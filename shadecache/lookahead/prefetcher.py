@@ -393,7 +393,7 @@ def run(cache_name, chain, options, parent_pid):
             # the cache only shrinks by removals; full only when it refused something offered
             # to it (what the SSD tier served is offered only into free room: a read of a warm
             # SSD tier's extents into an empty cache stopped all reading ahead)
-            full = full or bool((chain.offers(read, insert) & ~admitted).any())
+            full = full or bool((read.offered & ~admitted).any())
             engine_full = engine_full or full
             refused.update(ids[~admitted].tolist())
             if copies:
