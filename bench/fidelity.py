@@ -61,17 +61,20 @@ class Config:
     """sampler: ShadeSampler options over its defaults; weights: multiply each loss by
     sampler.weights(idx); policy: the cache's eviction policy; loader: CachedLoader options;
     order_seed: added to the run's seed for the sampler only (the same initial weights, another
-    order)."""
+    order); placement: the placement seed the store is packed with (its partition into extents),
+    or "seed": the run's seed (each seed another random partition)."""
     sampler: dict
     weights: bool = False
     policy: str = "importance"
     loader: dict = field(default_factory=dict)
     order_seed: int = 0
+    placement: int | str = 0
 
 
 UNIFORM = "uniform"
 DEFAULTS = "defaults"
 EXTENTS = "extents"
+RESHUFFLED = "uniform reshuffled"
 CONFIGS = {
     # the baseline: a seeded permutation per epoch, nothing reordered, repeated or deferred
     UNIFORM: Config(dict(importance=False, pads=False, rep_factor=0.0, substitute=0.0,
@@ -81,7 +84,7 @@ CONFIGS = {
     # the null comparison: uniform sampling with another seeded permutation per epoch, so its
     # Δ to uniform is what reshuffling alone does to a cell (the noise a change of order has to
     # be told from); same initial weights and steps
-    "uniform reshuffled": Config(dict(importance=False, pads=False, rep_factor=0.0,
+    RESHUFFLED: Config(dict(importance=False, pads=False, rep_factor=0.0,
                                       substitute=0.0, stalls=False, order="uniform"),
                                  policy="static", order_seed=10_000),
     # the accuracy budget at 10% of the epoch's slots (the default before these measurements);
@@ -100,6 +103,15 @@ CONFIGS = {
     # the same with four times the window: 2,048 samples, 32 batches, 51-68% of a training set
     "extents window 64": Config(dict(order="extents", extent_bytes=MIN_EXTENT_BYTES,
                                      extent_window=64)),
+    # the extent order at its default window, each seed over its own placement: the order's
+    # cost averaged over the partitions into extents a user's pack can draw, where every other
+    # row measures it for the one partition of placement seed 0 (the order of a uniform row
+    # does not depend on the placement)
+    "extents placed by seed": Config(dict(order="extents", extent_bytes=MIN_EXTENT_BYTES),
+                                     placement="seed"),
+    # the extent order at its default window over one other fixed placement (seed 1)
+    "extents placement 1": Config(dict(order="extents", extent_bytes=MIN_EXTENT_BYTES),
+                                  placement=1),
 }
 SWEEP_CONFIGS = (UNIFORM, "accuracy budget 10%", DEFAULTS)
 SCHEDULES = {"cosine": 12, "constant": 12}    # epochs; "cosine" decays to 0, "constant" does not
@@ -162,7 +174,7 @@ class BatchDecode:
 class Prepared:
     """One data set: its training set packed into a store under `folder`, its test tensors."""
 
-    def __init__(self, name, folder, direct=False, device=None):
+    def __init__(self, name, folder, direct=False, device=None, placement_seed=0):
         self.name = name
         self.spec = fdata.DATASETS[name]()
         x, y = self.spec["train"]
@@ -173,11 +185,17 @@ class Prepared:
         self.nbytes = x[0].nbytes
         pad = PAD if not direct else 4096   # O_DIRECT: one device request per sample
         items = [(x[i].tobytes().ljust(pad, b"\0"), int(y[i])) for i in range(len(x))]
-        self.path = os.path.join(folder, f"{name}.shc")
-        sc.pack(items, self.path, progress=False)
+        self.path = os.path.join(folder, f"{name}-{placement_seed}.shc")
+        sc.pack(items, self.path, progress=False, seed=placement_seed)
         self.store = sc.PackedStore(self.path, direct=direct, device=device)
         self.n = len(self.store)
         self.capacity = sc.Cache.capacity_for(round(CACHE_FRACTION * self.n), self.store.lengths)
+        self.placement_seed = placement_seed
+
+    def close(self):
+        """Close the store and remove its file."""
+        self.store.close()
+        os.unlink(self.path)
 
     def test_accuracy(self, model, chunk=20_000):
         model.eval()
@@ -210,6 +228,7 @@ def train_run(data: Prepared, label, schedule, seed, cache_name, prefetch=None,
             opt, lambda k: 0.5 * (1.0 + np.cos(np.pi * min(k, steps_total) / steps_total)))
     out = {"dataset": data.name, "label": label, "schedule": schedule, "seed": seed,
            "options": {**sampler_defaults(), **cfg.sampler}, "policy": cfg.policy,
+           "placement_seed": data.placement_seed,
            "epoch_s": [], "acc": [], "wait_s": [], "per_epoch": []}
     with sc.Cache.create(cache_name, num_samples=data.n, capacity_bytes=data.capacity,
                          policy=cfg.policy, sizes=data.store.lengths) as cache:
@@ -300,9 +319,12 @@ def run(args):
             open(args.json, "a") as log:
         for k, (dsn, sch, seed, label) in enumerate(tqdm(todo, desc="fidelity runs", unit="run",
                                                          mininterval=10, file=sys.stdout)):
-            if dsn not in prepared:
-                prepared[dsn] = Prepared(dsn, tmp)
-            r = train_run(prepared[dsn], label, sch, seed, f"sc-fid-{os.getpid()}-{k}")
+            placement = seed if CONFIGS[label].placement == "seed" else CONFIGS[label].placement
+            if (dsn, placement) not in prepared:
+                for old in [p for p in prepared if p[0] == dsn and p[1] != 0]:
+                    prepared.pop(old).close()   # one seed's own placement at a time
+                prepared[dsn, placement] = Prepared(dsn, tmp, placement_seed=placement)
+            r = train_run(prepared[dsn, placement], label, sch, seed, f"sc-fid-{os.getpid()}-{k}")
             log.write(json.dumps(r) + "\n")
             log.flush()
     return 0
@@ -339,8 +361,15 @@ class Results:
         seeds = sorted(set(rs) & set(uni))
         d = [rs[s]["test_acc"] - uni[s]["test_acc"] for s in seeds]
         mean, se, t = paired(d)
+        # against the mean of two uniform permutations per seed (uniform and uniform
+        # reshuffled): a baseline with half the order's own noise (nan without the second)
+        other = self.by.get((ds, sch, RESHUFFLED), {})
+        both = [s for s in seeds if s in other]
+        mean2, se2, t2 = paired([rs[s]["test_acc"] - (uni[s]["test_acc"] + other[s]["test_acc"]) / 2
+                                 for s in both]) if label != RESHUFFLED else (np.nan,) * 3
         u = np.array([uni[s]["test_acc"] for s in seeds])
-        return dict(n=len(seeds), mean=mean, se=se, t=t, uniform=float(u.mean()) if u.size else
+        return dict(n=len(seeds), mean=mean, se=se, t=t, n2=len(both), mean2=mean2, se2=se2, t2=t2,
+                    uniform=float(u.mean()) if u.size else
                     float("nan"), uniform_se=float(u.std(ddof=1) / np.sqrt(u.size)) if u.size > 1
                     else float("nan"),
                     noise=fdata.test_noise(float(u.mean()), rs[seeds[0]]["test_n"]) if seeds
@@ -359,11 +388,17 @@ def _pm(mean, se, fmt="{:+.2f}"):
     return f"{fmt.format(mean)} ± {se:.2f}" if np.isfinite(se) else fmt.format(mean)
 
 
+def _vs_two(c) -> str:
+    if not c["n2"] or not np.isfinite(c["mean2"]):
+        return "-"
+    return f"{_pm(c['mean2'], c['se2'])} ({c['t2']:+.1f}, {c['n2']} seeds)"
+
+
 def table(res: Results) -> str:
     out = ["| data set (kind) | schedule | uniform accuracy % (± s.e.) | test noise | "
-           "configuration | seeds | Δ accuracy (± s.e.) | paired t | hit ratio (uniform) | "
-           "repeats / epoch (accuracy) | stall repeats |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "configuration | seeds | Δ accuracy (± s.e.) | paired t | Δ vs two uniform permutations "
+           "(t) | hit ratio (uniform) | repeats / epoch (accuracy) | stall repeats |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for ds in res.datasets:
         for sch in SCHEDULES:
             for label in res.labels:
@@ -373,7 +408,7 @@ def table(res: Results) -> str:
                 n_ep = SCHEDULES[sch]
                 out.append(f"| {ds} ({fdata.KINDS[ds]}) | {sch} | {_pm(c['uniform'], c['uniform_se'], '{:.2f}')} | "
                            f"{c['noise']:.2f} | {label} | {c['n']} | {_pm(c['mean'], c['se'])} | "
-                           f"{c['t']:+.1f} | {c['hit']:.3f} ({c['uniform_hit']:.3f}) | "
+                           f"{c['t']:+.1f} | {_vs_two(c)} | {c['hit']:.3f} ({c['uniform_hit']:.3f}) | "
                            f"{c['accuracy_repeats'] / n_ep:.0f} | {c['stall_repeats']} |")
     return "\n".join(out)
 

@@ -65,16 +65,32 @@ def losses_of(ids: np.ndarray, epoch: int) -> np.ndarray:
     return (x % np.uint64(1000)).astype(np.float64) / 1000.0 + 0.01 * epoch
 
 
-def _detail(ds, cache, board, layout=None, ssd=None) -> dict:
+def _cpu_ms(pid=None) -> int:
+    """CPU time (user + system, ms) of this process (pid None) or of process `pid`, its threads
+    included; 0 for a process that is gone."""
+    if pid is None:
+        t = os.times()
+        return int(1000 * (t.user + t.system))
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    return int(1000 * (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
+
+
+def _detail(ds, cache, board, layout=None, ssd=None, prefetcher=None) -> dict:
     """Counts so far: the loaders' reads from the store and the SSD tier, the prefetcher's reads
     (reads_issued: store and SSD tier), what it put in the cache, and the cache's evictions;
+    the CPU time of the job's process (the loaders' threads in it) and of the prefetcher's;
     under the extent order (layout) also the extents the node holds whole now, in the cache
     and on the SSD tier together (a state, not a count)."""
     d = ds.stats()
     t = board.totals()
     out = {"loader_store": d["store_reads"], "loader_ssd": d["ssd_hits"],
            "prefetcher": t["reads_issued"], "prefetched": t["prefetched"],
-           "evictions": cache.stats()["evictions"]}
+           "evictions": cache.stats()["evictions"], "job_cpu_ms": _cpu_ms(),
+           "prefetcher_cpu_ms": 0 if prefetcher is None else _cpu_ms(prefetcher.proc.pid)}
     if layout is not None:
         n = len(layout)
         ssd.flush()
@@ -120,7 +136,7 @@ def run_mode(mode, store_path, disk, ssd_dir, args):
                 for epoch in range(1 + args.warm):
                     sampler.set_epoch(epoch)
                     layout = sampler.extents if args.detail else None
-                    before = _detail(ds, cache, board, layout, ssd)
+                    before = _detail(ds, cache, board, layout, ssd, pf)
                     r0, t0 = disk.counters().bytes, time.perf_counter()
                     seen, total = 0, 0.0
                     for x, y, idx in loader:
@@ -133,7 +149,7 @@ def run_mode(mode, store_path, disk, ssd_dir, args):
                     sampler.end_epoch(total / max(seen, 1))
                     dt = time.perf_counter() - t0
                     nbytes = disk.counters().bytes - r0
-                    after = _detail(ds, cache, board, layout, ssd)
+                    after = _detail(ds, cache, board, layout, ssd, pf)
                     delta = {k: after[k] - before[k] for k in after}
                     if "extents_held_whole" in after:
                         delta["extents_held_whole"] = after["extents_held_whole"]
