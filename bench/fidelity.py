@@ -483,7 +483,10 @@ def write_section(md, section, content):
 
 
 def report(args):
-    res = Results([r for r in load(args.json) if r["dataset"] in args.datasets])
+    # uniform (every row's baseline) and uniform reshuffled (the two-permutation column) always
+    listed = None if args.configs is None else set(args.configs) | {UNIFORM, RESHUFFLED}
+    res = Results([r for r in load(args.json) if r["dataset"] in args.datasets
+                   and (listed is None or r["label"] in listed)])
     tab = table(res)
     chk = checks(res, args.check)
     print(tab)
@@ -499,6 +502,7 @@ def report(args):
         files = "" if args.json == DEFAULT_JSON else f" --json {js}"
         shown = "" if args.png == DEFAULT_PNG else f" --png {os.path.relpath(args.png, os.path.dirname(HERE))}"
         check = "" if args.check == DEFAULTS else f" --check {args.check!r}"
+        check += "" if args.configs is None else f" --configs {','.join(args.configs)!r}"
         body = [f"`nice -n 10 python bench/fidelity.py run{files} --configs "
                 f"{','.join([UNIFORM] + res.labels)!r}` then `python bench/fidelity.py report{files}"
                 f"{shown}{check} --md BENCHMARKS.md` ({len(res.runs)} runs, seeds {seeds[0]}-{seeds[-1]}; "
@@ -756,6 +760,8 @@ def main(argv=None):
     q.add_argument("--md", default=None, help="write the section into this Markdown file")
     q.add_argument("--datasets", type=lst, default=list(fdata.DATASETS))
     q.add_argument("--note", default="", help="a line for the Markdown (e.g. how long it took)")
+    q.add_argument("--configs", type=lst, default=None,
+                   help="the configurations shown (default: every one run)")
     q.add_argument("--check", default=DEFAULTS, choices=list(CONFIGS),
                    help="the configuration whose acceptance is checked")
     q.add_argument("--section", default=SECTION, help="the Markdown heading to write")
