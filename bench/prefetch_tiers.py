@@ -121,7 +121,8 @@ def run_mode(mode, store_path, disk, ssd_dir, args):
             ssd = sc.SSDTier(ssd_dir, capacity_bytes=ssd_bytes, cache=cache)
             ds = sc.CachedDataset(store, cache, ssd=ssd)
             sampler = sc.ShadeSampler(ds, cache=cache, batch_size=args.batch, seed=0, **args.sampler)
-            loader = sc.CachedLoader(ds, batch_size=args.batch, sampler=sampler, num_workers=2)
+            loader = sc.CachedLoader(ds, batch_size=args.batch, sampler=sampler,
+                                     **{"num_workers": 2, **args.loader})
             if args.detail:   # what the store measured at open decides the order "auto" draws
                 measured = {k: (round(v) if isinstance(v, float) else v) for k, v in store.device.items()}
                 print(f"    store: device {measured}, iops_bound {store.iops_bound}; sampler order "
@@ -139,18 +140,27 @@ def run_mode(mode, store_path, disk, ssd_dir, args):
                     before = _detail(ds, cache, board, layout, ssd, pf)
                     r0, t0 = disk.counters().bytes, time.perf_counter()
                     seen, total = 0, 0.0
+                    waits = []          # seconds the job waited for each batch
+                    t_ask = time.perf_counter()
                     for x, y, idx in loader:
+                        waits.append(time.perf_counter() - t_ask)
                         loss = losses_of(idx.numpy(), epoch)
                         sampler.update(idx, loss)
                         total += float(loss.sum())
                         seen += idx.numel()
                         if args.step_ms:
                             time.sleep(args.step_ms / 1000)
+                        t_ask = time.perf_counter()
                     sampler.end_epoch(total / max(seen, 1))
                     dt = time.perf_counter() - t0
                     nbytes = disk.counters().bytes - r0
                     after = _detail(ds, cache, board, layout, ssd, pf)
                     delta = {k: after[k] - before[k] for k in after}
+                    # where the epoch's time went: waiting for batches (all, and in batches
+                    # that waited over a step), the rest being steps and the job's own work
+                    w = np.asarray(waits)
+                    delta["batch_wait_ms"] = int(1000 * w.sum())
+                    delta["long_waits"] = int((w > max(args.step_ms, 1) / 1000).sum())
                     if "extents_held_whole" in after:
                         delta["extents_held_whole"] = after["extents_held_whole"]
                     if args.detail and len(sampler.repeats_history) > epoch:
@@ -187,6 +197,8 @@ def main(argv=None):
                          "throttle's rates")
     ap.add_argument("--sampler", type=json.loads, default={},
                     help='ShadeSampler options over its defaults, as JSON (e.g. \'{"order": "uniform"}\')')
+    ap.add_argument("--loader", type=json.loads, default={},
+                    help='CachedLoader options over the job\'s (e.g. \'{"prefetch_batches": 16}\')')
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     modes = args.modes.split(",")
