@@ -37,6 +37,7 @@ from .counters import SharedCounters
 
 ON_WAY_WAIT_S = 2.0   # the longest a miss waits for the same sample on its way from the prefetcher
 _TIERS = ("peer", "ssd", STORE)   # the tiers below the cache, as CachedDataset composes its chain
+_SHARED_TIERS = ("peer", STORE)   # ... those that keep no copy on this node
 _FIELDS = (("hits", "misses", "samples", "prefetch_hits", "wait_ns")
            + tuple(f"{t}_{c}" for t in _TIERS for c in ("calls", "hits", "bytes", "ns")))
 
@@ -332,13 +333,15 @@ class CachedDataset(Dataset):
         return d
 
     def loader_totals(self):
-        """(samples read from the tiers below the cache, seconds those tiers' calls took, seconds
-        the loaders waited on misses, samples not cached when a loader asked for them) summed
-        over every process of this data set so far: what ShadeSampler's stall budget measures
-        the store's pace and the training step by."""
+        """(samples read from the tiers below the cache that keep no copy of their own (the home
+        peer, the store), seconds those tiers' calls took, seconds the loaders waited on misses,
+        samples not cached when a loader asked for them) summed over every process of this data
+        set so far: what ShadeSampler's stall budget measures the store's pace and the training
+        step by. The SSD tier's reads are left out: its samples are local, and the stall budget
+        counts them as held (stalls.StallView.cached), not as misses that wait on the store."""
         c = self.counters.totals()
-        read = sum(c[f"{t}_hits"] for t in _TIERS)
-        tier_ns = sum(c[f"{t}_ns"] for t in _TIERS)
+        read = sum(c[f"{t}_hits"] for t in _SHARED_TIERS)
+        tier_ns = sum(c[f"{t}_ns"] for t in _SHARED_TIERS)
         return read, tier_ns / 1e9, c["wait_ns"] / 1e9, c["misses"]
 
     def note_epoch(self, epoch: int, **counts) -> None:

@@ -13,6 +13,10 @@ ever moved or repeated: a store that fast keeps up with
 training once reads overlap compute, as DataLoader workers or a prefetcher make them (the stall
 budget does not replace them: it acts where the store is too slow for any overlap to keep up).
 
+A miss here is a sample that waits on shared storage (or a peer): neither cached nor held by the
+node's SSD tier, whose reads are local (StallView.cached); the store's pace is measured over the
+store's own reads.
+
 What the planner does with the batch's misses when the store is too slow:
 - with a live prefetcher (the order board's), every miss of the batch is one the prefetcher has not
   brought yet, most likely one it is reading: a read by the loader now would read it twice. Each is
@@ -323,26 +327,40 @@ class StallPlanner:
 
 
 class StallView:
-    """What the planner reads of the world, for one ShadeSampler: the cache's cached set (one
-    snapshot per plan: ids do not change their cached state when the order moves them), the data
-    set's loader totals, whether a live prefetcher reads the published order, the scores, the
-    coverage floor's due samples. refresh() before each plan."""
+    """What the planner reads of the world, for one ShadeSampler: the cache's cached set and what
+    the node holds without shared storage (one snapshot per plan: ids do not change their state
+    when the order moves them), the data set's loader totals, whether a live prefetcher reads the
+    published order, the scores, the coverage floor's due samples. refresh() before each plan."""
 
     def __init__(self, sampler, source):
         self.sampler = sampler
-        self.source = source          # a CachedDataset (loader_totals)
-        self._mask = None
+        self.source = source          # a CachedDataset (loader_totals, its tier chain)
+        self._mask = None             # cached in RAM
+        self._held = None             # cached in RAM, or held by a tier that keeps copies
 
     def refresh(self):
-        self._mask = None
+        self._mask = self._held = None
 
     def loader_totals(self):
         return self.source.loader_totals()
 
-    def cached(self, ids) -> np.ndarray:
+    def _cached_mask(self) -> np.ndarray:
         if self._mask is None:
             self._mask = np.asarray(self.sampler.cache.cached_mask(), dtype=bool)
-        return self._mask[ids]
+        return self._mask
+
+    def cached(self, ids) -> np.ndarray:
+        """Which ids the node reads without shared storage: cached in RAM, or held by a tier that
+        keeps copies (the SSD tier, read at local-disk speed). The planner bends the order around
+        the others only: a repeat in place of a sample the SSD tier holds saves no read of the
+        store, and it spent the budget that a store miss needed (docs/importance.md)."""
+        if self._held is None:
+            mask = self._cached_mask()
+            chain = getattr(self.source, "chain", None)
+            if chain is not None and chain.keeps_copies:
+                mask = mask | np.asarray(chain.held(np.arange(mask.size)), dtype=bool)
+            self._held = mask
+        return self._held[ids]
 
     def prefetching(self) -> bool:
         """Whether a live prefetcher reads the order's misses ahead. Not under the extent order:
@@ -372,9 +390,7 @@ class StallView:
     def pick_cached(self, rng, m: int) -> np.ndarray:
         """m cached ids drawn with probability proportional to their scores (distinct when the
         cache holds enough)."""
-        if self._mask is None:
-            self.cached(np.empty(0, dtype=np.int64))
-        cand = np.flatnonzero(self._mask)
+        cand = np.flatnonzero(self._cached_mask())
         if cand.size == 0 or m <= 0:
             return np.empty(0, dtype=np.int64)
         w = np.asarray(self.sampler.table.scores[cand], dtype=np.float64)

@@ -309,3 +309,44 @@ def test_under_the_extent_order_the_stall_budget_repeats_nothing(tmp_path, cache
         assert all(np.array_equal(np.sort(e), np.arange(n)) for e in per_epoch)
     else:
         assert repeats > 0
+
+
+@pytest.mark.parametrize("with_ssd", [True, False])
+def test_samples_the_ssd_tier_holds_are_not_stalls(store_path, cache_factory, tmp_path, with_ssd):
+    """The stall budget bends the order around misses that wait on shared storage only: a sample
+    the SSD tier holds is read at local-disk speed, and a repeat in its place saves no read of
+    the store. A node whose SSD tier holds every sample its cache does not makes no stall
+    repeats or deferrals in its warm epochs; the same node without the SSD tier makes them. The
+    store's pace is measured over the store's reads alone (loader_totals)."""
+    store = slow(store_path, 0.0)
+    cache = cache_factory(N, capacity=sc.Cache.capacity_for(120, store.lengths),
+                          policy="importance", sizes=store.lengths)
+    ssd = None
+    if with_ssd:
+        room = 2 * sum(sc.SSDTier.slot_bytes(int(v)) for v in store.lengths)
+        ssd = sc.SSDTier(str(tmp_path / "ssd"), capacity_bytes=room, cache=cache)
+    try:
+        ds = sc.CachedDataset(store, cache, ssd=ssd)
+        s = sc.ShadeSampler(ds, cache=cache, batch_size=B, seed=4, stall_speeds=SLOW)
+        loader = make_loader("CachedLoader", ds, s)
+        for first in range(0, N, B):     # every sample read once: the node is warm
+            ds.__getitems__(list(range(first, first + B)))
+        if ssd is not None:
+            ssd.flush()
+            held = np.asarray(cache.cached_mask(), bool) | np.asarray(ssd.holds(np.arange(N)), bool)
+            assert held.all()
+        before = ds.stats()
+        run_epochs(loader, s, 3)
+        after = ds.stats()
+        stalls_made = sum(h["stall_repeats"] + h["stall_deferrals"] for h in s.repeats_history)
+        read, _, _, _ = ds.loader_totals()
+        if with_ssd:
+            assert stalls_made == 0
+            assert after["store_reads"] == before["store_reads"]   # every warm miss: the SSD tier
+            assert after["ssd_hits"] > before["ssd_hits"]
+            assert read == after["store_reads"]                    # the SSD tier's reads left out
+        else:
+            assert stalls_made > 0
+    finally:
+        if ssd is not None:
+            ssd.close()
