@@ -253,6 +253,17 @@ class TierChain:
                 out |= np.asarray(holds(ids), dtype=bool)
         return out
 
+    def held_locally(self, ids) -> np.ndarray:
+        """Bool mask: the ids a read of this chain serves from this node's own copies: held by a
+        tier that keeps copies (held) and not asked first of a tier that partitions the ids (the
+        home peer: read_tiers asks it for the ids it serves, whatever this node holds)."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        out = self.held(ids)
+        if out.any():
+            for _, served in self._served(ids):
+                out &= ~served
+        return out
+
     @property
     def keeps_copies(self) -> bool:
         """Whether a tier below the cache keeps copies (an SSD tier)."""

@@ -55,6 +55,21 @@ def test_tiers_are_read_in_order_and_counted(store, tmp_path):
     ssd.close()
 
 
+def test_held_locally_is_what_a_read_takes_from_the_ssd_tier(store, tmp_path):
+    """An id the SSD tier holds is read from it unless the home peer serves it (the peer is asked
+    first): held_locally says which, as the read's sources show."""
+    ssd = sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20, fingerprint=store.fingerprint)
+    ssd.put_many([1, 2, 3, 4], store.read_many([1, 2, 3, 4]))
+    ssd.flush()
+    ids = [1, 2, 3, 4, 5]
+    chain = TierChain.for_node(store, peer=EvenPeer(store), ssd=ssd)
+    assert chain.held(ids).tolist() == [True, True, True, True, False]
+    assert chain.held_locally(ids).tolist() == [True, False, True, False, False]
+    assert (chain.read(ids).source == 1).tolist() == chain.held_locally(ids).tolist()
+    assert TierChain.for_node(store, ssd=ssd).held_locally(ids).tolist() == [True] * 4 + [False]
+    ssd.close()
+
+
 def test_admission_keeps_ours_and_the_ssd_tier_gets_what_the_cache_refused(store, tmp_path, cache_factory):
     ssd = sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20, fingerprint=store.fingerprint)
     cache = cache_factory(N, capacity=1 << 20, policy="static", sizes=store.lengths)

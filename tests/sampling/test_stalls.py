@@ -350,3 +350,31 @@ def test_samples_the_ssd_tier_holds_are_not_stalls(store_path, cache_factory, tm
     finally:
         if ssd is not None:
             ssd.close()
+
+
+def test_a_sample_on_its_way_is_not_held_though_the_ssd_tier_holds_it(store_path, cache_factory,
+                                                                       tmp_path):
+    """The prefetcher reads samples the SSD tier holds too while the cache has room, and a reader
+    that asks for one waits for that read: to the stall budget such a sample is not held (it
+    would be swapped into the batch being trained and waited for)."""
+    store = slow(store_path, 0.0)
+    cache = cache_factory(N, capacity=sc.Cache.capacity_for(120, store.lengths),
+                          policy="importance", sizes=store.lengths)
+    ssd = sc.SSDTier(str(tmp_path / "ssd"), capacity_bytes=1 << 20, cache=cache)
+    try:
+        ids = np.arange(10, 20)
+        ssd.put_many(ids.tolist(), store.read_many(ids.tolist()))
+        ssd.flush()
+        cache.put_many([0, 1], store.read_many([0, 1]))
+        ds = sc.CachedDataset(store, cache, ssd=ssd)
+        s = sc.ShadeSampler(ds, cache=cache, batch_size=B, seed=4, stall_speeds=SLOW)
+        with sc.OrderBoard.create(cache.name, N) as board:
+            view = stalls.StallView(s, ds)
+            look = np.array([0, 1, 5, 10, 11, 12])
+            assert view.cached(look).tolist() == [True, True, False, True, True, True]
+            board.mark_on_way([11, 5])
+            view.refresh()
+            assert view.cached(look).tolist() == [True, True, False, True, False, True]
+            board.unlink()
+    finally:
+        ssd.close()
