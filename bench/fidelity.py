@@ -788,7 +788,7 @@ def main(argv=None):
     for name in getattr(args, "schedules", []):
         if name not in SCHEDULES:
             p.error(f"unknown schedule {name!r}; known: {', '.join(SCHEDULES)}")
-    for label in getattr(args, "configs", []):
+    for label in getattr(args, "configs", None) or []:
         if label not in CONFIGS:
             p.error(f"unknown configuration {label!r}; known: {', '.join(CONFIGS)}")
     return args.func(args)
