@@ -335,18 +335,17 @@ class CachedDataset(Dataset):
     def loader_totals(self):
         """(samples read from the tiers below the cache that keep no copy of their own (the home
         peer, the store), seconds those tiers' calls took, seconds the loaders waited on misses,
-        samples not cached when a loader asked for them less those the SSD tier served) summed
-        over every process of this data set so far: what ShadeSampler's stall budget measures the
-        store's pace and the training step by. The SSD tier's reads are left out: its samples are
-        local, and the stall budget counts them as held (stalls.StallView.cached), not as misses
-        that wait on the store."""
+        samples not cached when a loader asked for them) summed over every process of this data
+        set so far: what ShadeSampler's stall budget measures the store's pace and the training
+        step by. The SSD tier's reads are left out of the first two: its samples are local, and
+        the stall budget counts them as held (stalls.StallView.hold), not as misses that wait on
+        the store. The last counts every miss: the pace's fallback (a loader that waited on the
+        prefetcher) divides the wait by them, and a sample the prefetcher read from the store
+        and the loader then took from the SSD tier was waited for at the store's pace."""
         c = self.counters.totals()
         read = sum(c[f"{t}_hits"] for t in _SHARED_TIERS)
         tier_ns = sum(c[f"{t}_ns"] for t in _SHARED_TIERS)
-        # the misses the SSD tier served are not misses of the store (the pace's fallback counts
-        # the samples a loader waited on the prefetcher for: those are the store's, or the peers')
-        missed = max(c["misses"] - sum(c[f"{t}_hits"] for t in _TIERS if t not in _SHARED_TIERS), 0)
-        return read, tier_ns / 1e9, c["wait_ns"] / 1e9, missed
+        return read, tier_ns / 1e9, c["wait_ns"] / 1e9, c["misses"]
 
     def note_epoch(self, epoch: int, **counts) -> None:
         """Adds a sampler's per-epoch counts (accuracy_repeats, stall_deferrals, stall_repeats)

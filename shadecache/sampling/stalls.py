@@ -14,8 +14,8 @@ training once reads overlap compute, as DataLoader workers or a prefetcher make 
 budget does not replace them: it acts where the store is too slow for any overlap to keep up).
 
 A miss here is a sample that waits on shared storage (or a peer): neither cached nor held by the
-node's SSD tier, whose reads are local (StallView.cached); the store's pace is measured over the
-store's own reads.
+node's SSD tier, whose reads are local (StallView.hold); the store's pace is measured over the
+store's own reads (its fallback, a wait on the prefetcher, over every sample not cached).
 
 What the planner does with the batch's misses when the store is too slow:
 - with a live prefetcher (the order board's), every miss of the batch is one the prefetcher has not
@@ -236,8 +236,13 @@ class StallPlanner:
         end = self.planned = min((k // b + 1) * b, order.size)   # the batch that k is in
         if per_step is None or per_step >= SLOW * b or self.pace.miss_s < STORAGE_S:
             return np.empty(0, dtype=np.int64)    # not measured yet, or the store keeps up
-        uncached = ~view.cached(order[k:end])
         prefetching = view.prefetching()
+        if prefetching:
+            reach = max(b, view.cache_items() // 2)
+            stop = min(order.size, end + max(2 * reach, DEFER_HORIZON_BATCHES * b))
+        # one snapshot of what the node holds, over every position this plan looks at
+        view.hold(order[k:stop if prefetching else end])
+        uncached = ~view.cached(order[k:end])
         # With a prefetcher reading the published order, a miss here is one it has not brought
         # yet: most likely in flight, so a read now would read it twice. Without one, the loader
         # reads what the store delivers during one step without the store setting the pace.
@@ -252,8 +257,6 @@ class StallPlanner:
             # prefetcher's reach, the lowest scores first (nobody reads those yet: the loader
             # does, once, while the prefetcher brings the first); the cache keeps the arrivals
             # until their turn, which comes within about its own size
-            reach = max(b, view.cache_items() // 2)
-            stop = min(order.size, end + max(2 * reach, DEFER_HORIZON_BATCHES * b))
             ahead = view.cached(order[end:stop])
             targets = (end + np.flatnonzero(ahead))[:pos.size]
             far = end + reach + np.flatnonzero(~ahead[reach:])
@@ -336,9 +339,10 @@ class StallView:
         self.sampler = sampler
         self.source = source          # a CachedDataset (loader_totals, its tier chain)
         self._mask = None             # cached in RAM
+        self._held = None             # this plan's snapshot (hold): the node holds it
 
     def refresh(self):
-        self._mask = None
+        self._mask = self._held = None
 
     def loader_totals(self):
         return self.source.loader_totals()
@@ -348,22 +352,30 @@ class StallView:
             self._mask = np.asarray(self.sampler.cache.cached_mask(), dtype=bool)
         return self._mask
 
-    def cached(self, ids) -> np.ndarray:
-        """Which ids the loader gets without waiting on shared storage: cached in RAM, or read
-        from this node's own copies (the SSD tier, at local-disk speed: TierChain.held_locally)
-        and not on their way (the prefetcher reads a sample the SSD tier holds too while the
-        cache has room, and a reader that asks for it waits for that read, which goes with the
-        store's). The planner bends the order around the others only: a repeat in place of a
-        sample the SSD tier holds saves no read of the store, and it spent the budget that a
-        store miss needed (docs/importance.md). Asked of the ids at hand only: a mask over the
-        whole data set per batch cost ~10 ms at a million samples."""
-        ids = np.asarray(ids, dtype=np.int64)
-        out = self._cached_mask()[ids]
+    def hold(self, ids) -> None:
+        """Takes this plan's snapshot of what the node holds, for `ids` (the positions the plan
+        looks at; the others count as cached in RAM or not): cached in RAM, or read from this
+        node's own copies (the SSD tier, at local-disk speed: TierChain.held_locally) and not
+        on their way (the prefetcher reads a sample the SSD tier holds too while the cache has
+        room, and a reader that asks for it waits for that read, which goes with the store's).
+        The planner bends the order around the others only: a repeat in place of a sample the
+        SSD tier holds saves no read of the store, and it spent the budget that a store miss
+        needed (docs/importance.md). One snapshot, so that a plan's steps agree (a flag that
+        changed between two looks moved a deferral's target into the repeats), taken over the
+        plan's ids only (the SSD tier's index over a million samples took ~10 ms a batch)."""
+        held = self._cached_mask()
         chain = getattr(self.source, "chain", None)
-        if ids.size and chain is not None and chain.keeps_copies and not out.all():
-            rest = np.flatnonzero(~out)
-            out[rest] = np.asarray(chain.held_locally(ids[rest]), dtype=bool) & ~self.on_way(ids[rest])
-        return out
+        if chain is not None and chain.keeps_copies:
+            ids = np.asarray(ids, dtype=np.int64)
+            rest = np.unique(ids[~held[ids]])
+            if rest.size:
+                held = held.copy()
+                held[rest] = np.asarray(chain.held_locally(rest), dtype=bool) & ~self.on_way(rest)
+        self._held = held
+
+    def cached(self, ids) -> np.ndarray:
+        """Which ids the node holds, by this plan's snapshot (hold); cached in RAM before one."""
+        return (self._cached_mask() if self._held is None else self._held)[ids]
 
     def prefetching(self) -> bool:
         """Whether a live prefetcher reads the order's misses ahead. Not under the extent order:

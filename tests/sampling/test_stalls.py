@@ -371,9 +371,13 @@ def test_a_sample_on_its_way_is_not_held_though_the_ssd_tier_holds_it(store_path
         with sc.OrderBoard.create(cache.name, N) as board:
             view = stalls.StallView(s, ds)
             look = np.array([0, 1, 5, 10, 11, 12])
+            view.hold(look)
             assert view.cached(look).tolist() == [True, True, False, True, True, True]
             board.mark_on_way([11, 5])
+            # one snapshot per plan: its steps agree though a flag changed meanwhile
+            assert view.cached(look).tolist() == [True, True, False, True, True, True]
             view.refresh()
+            view.hold(look)
             assert view.cached(look).tolist() == [True, True, False, True, False, True]
             board.unlink()
     finally:
