@@ -367,7 +367,9 @@ class StallView:
         chain = getattr(self.source, "chain", None)
         if chain is not None and chain.keeps_copies:
             ids = np.asarray(ids, dtype=np.int64)
-            rest = np.unique(ids[~held[ids]])
+            ask = np.zeros(held.size, dtype=bool)   # distinct, without a sort of up to N ids
+            ask[ids[~held[ids]]] = True
+            rest = np.flatnonzero(ask)
             if rest.size:
                 held = held.copy()
                 held[rest] = np.asarray(chain.held_locally(rest), dtype=bool) & ~self.on_way(rest)
