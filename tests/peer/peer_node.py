@@ -63,8 +63,11 @@ def main(node, num_nodes, store_path, workdir, epochs, capacity, host="127.0.0.1
             progress.write(f"{epoch} {b // 32}\n")
             time.sleep(0.01)
     result = {"dataset": ds.stats(), "cluster": cluster.stats()}
-    with open(os.path.join(workdir, f"result.{node}"), "w") as f:
+    # written whole, then renamed: the test reads the file as soon as it exists
+    path = os.path.join(workdir, f"result.{node}")
+    with open(path + ".tmp", "w") as f:
         json.dump(result, f, default=str)
+    os.replace(path + ".tmp", path)
     # stay up (serving the others) until told to stop
     stop = os.path.join(workdir, "stop")
     while not os.path.exists(stop):
