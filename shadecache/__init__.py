@@ -41,12 +41,17 @@ _LAZY = {
     "Prefetcher": ".lookahead.prefetcher",
 }
 
+# the package's rooms, reached as attributes (`sc.cache.gc()`) without an import of their own
+_ROOMS = ("cache", "cli", "demo", "loader", "lookahead", "peer", "sampling", "ssd", "store")
+
 __all__ = sorted(list(_LAZY) + ["__version__", "CapacityError", "ClosedError", "CorruptionError", "FingerprintError",
                                 "CorruptSampleError", "LayoutVersionError", "ShadecacheError",
                                 "StoreFormatError", "ValueTooLargeError"])
 
 
 def __getattr__(name):
+    if name in _ROOMS:   # importing a subpackage sets it on this module too
+        return importlib.import_module("." + name, __name__)
     mod = _LAZY.get(name)
     if mod is None:
         raise AttributeError(f"module 'shadecache' has no attribute {name!r}")

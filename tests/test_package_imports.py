@@ -116,3 +116,15 @@ def test_the_walk_finds_a_private_import(tmp_path, monkeypatch):
     assert "intruder.py:1: imports _check_int" in found
     assert "intruder.py:3: uses tiers._private_thing" in found
     assert "intruder.py:5: uses ._core" in found
+
+
+def test_a_room_of_the_package_is_an_attribute_without_an_import_of_its_own():
+    """`sc.cache.gc()` right after `import shadecache as sc`, in a fresh interpreter (in one
+    where another import loaded shadecache.cache first, it worked by luck)."""
+    import subprocess
+    import sys
+    code = ("import shadecache as sc; assert isinstance(sc.cache.list_caches(), list); "
+            "assert callable(sc.store.PackedStore)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=str(pathlib.Path(__file__).resolve().parents[1]))
+    assert out.returncode == 0, out.stderr
