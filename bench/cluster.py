@@ -265,7 +265,7 @@ def _stream_server(port_box, ready, cpu_box):
         cpu_box[0] = time.thread_time()   # this thread's CPU seconds so far
 
 
-def _process_cpu(pid):
+def process_cpu_s(pid):
     """CPU seconds (user + system) process `pid` has used, from /proc (10 ms ticks)."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -320,7 +320,7 @@ def throughput(seconds, rounds=8):
                 turns, peer_cpu, stream_cpu_of = [], [0, 0.0], [0, 0.0]
                 for _ in range(rounds):
                     t_peer = timed(lambda: client.get_many(ids, timeout=10), seconds / rounds, peer_cpu,
-                                   lambda: _process_cpu(server.pid))
+                                   lambda: process_cpu_s(server.pid))
                     turns.append((t_peer, timed(lambda: stream(nbytes, buf), seconds / rounds, stream_cpu_of,
                                                 lambda: stream_cpu[0])))
                 peer, tcp = (float(np.median([t[j] for t in turns])) for j in (0, 1))

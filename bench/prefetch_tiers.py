@@ -46,6 +46,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import shadecache as sc  # noqa: E402
 import throttled_disk  # noqa: E402
+from cluster import process_cpu_s  # noqa: E402
 
 MODES = ("none", "chain", "store only")
 
@@ -72,11 +73,9 @@ def _cpu_ms(pid=None) -> int:
         t = os.times()
         return int(1000 * (t.user + t.system))
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
+        return int(1000 * process_cpu_s(pid))
     except OSError:
         return 0
-    return int(1000 * (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
 
 
 def _detail(ds, cache, board, layout=None, ssd=None, prefetcher=None) -> dict:

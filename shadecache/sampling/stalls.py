@@ -237,11 +237,11 @@ class StallPlanner:
         if per_step is None or per_step >= SLOW * b or self.pace.miss_s < STORAGE_S:
             return np.empty(0, dtype=np.int64)    # not measured yet, or the store keeps up
         prefetching = view.prefetching()
+        stop = end                 # the last position this plan looks at, + 1
         if prefetching:
             reach = max(b, view.cache_items() // 2)
             stop = min(order.size, end + max(2 * reach, DEFER_HORIZON_BATCHES * b))
-        # one snapshot of what the node holds, over every position this plan looks at
-        view.hold(order[k:stop if prefetching else end])
+        view.hold(order[k:stop])   # one snapshot of what the node holds, for all of the plan
         uncached = ~view.cached(order[k:end])
         # With a prefetcher reading the published order, a miss here is one it has not brought
         # yet: most likely in flight, so a read now would read it twice. Without one, the loader
