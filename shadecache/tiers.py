@@ -19,8 +19,9 @@ One batch, fetch(ids) = read(ids), then admit(read):
   admit   the values of the ids this node keeps are offered to the cache, which admits each by its
           policy (no scores are passed: the importance policy compares the sample's score in the
           shared table); what a copying tier served, only into the cache's free pages. A node
-          keeps every id, or, when a tier partitions the ids (serves) and keep_remote is False, only the ids no such tier serves: each node keeps what it is home
-          to, so the cluster caches the sum of its nodes. What the cache refused goes to each tier
+          keeps every id, or, when a tier partitions the ids (serves) and keep_remote is False,
+          only the ids no such tier serves: each node keeps what it is home to, so the cluster
+          caches the sum of its nodes. What the cache refused goes to each tier
           that keeps copies (put_many) and lies above the tier it came from (exclusive tiers: RAM
           and SSD together hold RAM + SSD worth of samples, not the larger of the two).
 Under whole-extent reads (the store's extent_layout, set by the sampler's extent order) a read

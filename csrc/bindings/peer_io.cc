@@ -10,14 +10,14 @@
 //
 // Server (seal_get_reply, then flush): answers a chunk of a GET as GET_REPLY messages of at most
 // kMessageItems ids. For each message it takes pins from the process's pin pool (waiting at most
-// `pin_wait`), pins the message's cached values (Cache::pin: no writer frees, rewrites or moves
-// them until unpinned), takes the bytes of the misses the Python side filled from the SSD tier
-// or the store, cuts at the byte bounds (filled values included), then, without the GIL, seals
-// the table and the values straight from shared memory into the connection's buffer, unpinning
-// each value as soon as it is sealed and handing the kernel what is ready as it goes (never
-// waiting for it). Only when every pin is released does flush() wait for the client to take the
-// rest, under the send deadline: a slow client holds its own buffer, nothing another client
-// needs.
+// `pin_wait`), pins the message's cached values in one batch (Cache::pin_many: no writer frees,
+// rewrites or moves them until unpinned), takes the bytes of the misses the Python side filled
+// from the SSD tier or the store, cuts at the byte bounds (filled values included), then, without
+// the GIL, seals the table and the values straight from shared memory into the connection's
+// buffer, handing the kernel what is ready as it goes (never waiting for it), and releases the
+// message's pins together once it is sealed. Only when every pin is released does flush() wait
+// for the client to take the rest, under the send deadline: a slow client holds its own buffer,
+// nothing another client needs.
 // A cached value travels with the crc32c the cache recorded when it was put (CachedDataset puts
 // bytes it has just checked against the store's directory, so this is the store's checksum): a
 // value damaged in shared memory since is caught by the client. Filled values (each checked
