@@ -230,8 +230,9 @@ bool Cache::pin(uint64_t id, Pinned* out, int64_t self) {
     users_.fetch_add(1, std::memory_order_relaxed);  // the view keeps the mapping (see close())
     stripe().hits.fetch_add(1, std::memory_order_relaxed);
     note_hit(id);
-    // The slot is pinned and its seq checked: its header (crc included) holds still until unpin.
-    *out = Pinned{slab_.value(at.off), at.len, token, at.seq, at.gen, at.slot->crc};
+    // The slot is pinned and its seq checked: its bytes and length hold still until unpin; the
+    // crc is the one probe() read before the check (a zombie's header reuses that word).
+    *out = Pinned{slab_.value(at.off), at.len, token, at.seq, at.gen, at.crc};
     return true;
   }
   if (token) pins_.release(token);
@@ -321,7 +322,7 @@ size_t Cache::pin_many(const uint64_t* ids, size_t n, Pinned* out, bool* found, 
       continue;
     }
     note_hit(ids[k]);
-    out[k] = Pinned{slab_.value(a.off), a.len, tokens[j], a.seq, a.gen, a.slot->crc};
+    out[k] = Pinned{slab_.value(a.off), a.len, tokens[j], a.seq, a.gen, a.crc};
     found[k] = true;
     ++hits;
   }
@@ -361,7 +362,7 @@ bool Cache::pin_copy(uint64_t id, Pinned* out) {
       buf.reset(new char[std::max<uint64_t>(at.len, 1)]);
       cap = at.len;
     }
-    crc = __atomic_load_n(&at.slot->crc, __ATOMIC_RELAXED);
+    crc = at.crc;
     if (!copy_value(at, buf.get())) continue;
     std::atomic_thread_fence(std::memory_order_acquire);  // as in read_uncounted
     if (at.slot->seq.load(std::memory_order_relaxed) != at.seq || at.page->gen.load(std::memory_order_relaxed) != at.gen)

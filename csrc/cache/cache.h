@@ -300,7 +300,10 @@ class Cache {
   bool pin_again(uint64_t id, Pinned* out, int64_t self);
 
   // A slot found by probe(): the index value naming it, its offset, page, page generation, header,
-  // seq and length, as read (the caller checks they still hold after using the slot).
+  // seq, length and crc32c, as read (the caller checks they still hold after using the slot).
+  // The crc is read here, before that check, and never from the header after it: a slot that
+  // becomes a zombie while pinned keeps its bytes and length, but its crc word is the zombie
+  // list's link from then on (layout.h, SlotHeader), and making a zombie changes no seq.
   struct SlotAt {
     uint32_t v;  // the index entry
     uint64_t off;
@@ -309,6 +312,7 @@ class Cache {
     SlotHeader* slot;
     uint32_t seq;
     uint32_t len;
+    uint32_t crc;
   };
   enum class Probe { kMiss, kRetry, kFound };
   Probe probe(uint64_t id, SlotAt* at) const;
@@ -436,12 +440,13 @@ inline Cache::Probe Cache::probe(uint64_t id, SlotAt* at) const {
   if (seq & 1) return Probe::kRetry;
   uint32_t sid = __atomic_load_n(&s->id, __ATOMIC_RELAXED);
   uint32_t len = __atomic_load_n(&s->len, __ATOMIC_RELAXED);
+  uint32_t crc = __atomic_load_n(&s->crc, __ATOMIC_RELAXED);
   if (sid != id) return Probe::kRetry;
   // Bounds only (relaxed reads a racing writer may have torn; the seq and gen rechecks after the
   // copy decide): the head lies inside its page, the length within what a put accepts.
   if (__builtin_expect(len > max_len_ || (off & (page_size_ - 1)) + head_bytes(len, chunk_shift_) > page_size_, 0))
     return Probe::kRetry;
-  *at = SlotAt{v, off, &page, gen, s, seq, len};
+  *at = SlotAt{v, off, &page, gen, s, seq, len, crc};
   return Probe::kFound;
 }
 

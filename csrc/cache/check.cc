@@ -74,7 +74,7 @@ std::string Cache::do_check() {
       }
       std::vector<char> v(s->len);
       SlotAt at{index_[s->id].load(std::memory_order_relaxed), off, &pages_[p], pm.gen.load(std::memory_order_relaxed),
-                const_cast<SlotHeader*>(s), s->seq.load(std::memory_order_relaxed), s->len};
+                const_cast<SlotHeader*>(s), s->seq.load(std::memory_order_relaxed), s->len, s->crc};
       copy_value(at, v.data());
       if (crc32c(v.data(), s->len) != s->crc) return where + " fails its checksum";
       if (!heap_.contains(s->id)) return where + " is not in the eviction heap";

@@ -177,6 +177,7 @@ struct SlotHeader {
   };
   union {
     uint32_t crc;          // live: crc32c of the value; check() verifies every cached value with it
+                           // (a reader takes it with len, before validating: Cache::SlotAt)
     uint32_t prev_free;    // free: previous free slot (unit code, 0 = none)
     uint32_t next_zombie;  // zombie: next zombie (unit code, 0 = end)
   };
