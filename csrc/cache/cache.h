@@ -318,7 +318,10 @@ class Cache {
   Probe probe(uint64_t id, SlotAt* at) const;
   // After a pin entry was set for `at`: whether index[id], the slot's seq and its page's generation
   // are still what probe() read (seq_cst loads: see pins.h), so the pinned slot is this value.
+  // The acquire fence orders probe()'s relaxed loads (len, crc) before these checks, as the
+  // seqlock readers' fence does (no instruction on x86).
   bool still_at(uint64_t id, const SlotAt& at) const {
+    std::atomic_thread_fence(std::memory_order_acquire);
     return index_[id].load(std::memory_order_seq_cst) == at.v && at.slot->seq.load(std::memory_order_seq_cst) == at.seq &&
            at.page->gen.load(std::memory_order_seq_cst) == at.gen;
   }

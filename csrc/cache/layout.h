@@ -165,7 +165,8 @@ struct alignas(64) Header {
 // seq is a seqlock: even = stable, odd = being written. A writer bumps it to odd, changes the slot
 // (or, for a value in chunks, any of its chunks or chunk numbers), then bumps it to even with
 // release. id == kNoId marks a free slot. The last two words are reused by slots that hold no
-// live value: a free slot links its class's free list through them, a zombie the zombie list.
+// live value: a free slot links its class's free list through both; a zombie keeps its length
+// and links the zombie list through the last (crc) word, without a seq change.
 // (A free chunk of class 0 has no header: chunk_owner says it is free, and its bytes 8..15 hold
 // the same two free-list links.)
 struct SlotHeader {
