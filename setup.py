@@ -70,7 +70,7 @@ core = Pybind11Extension(
     "shadecache._core",
     common + sources("csrc/cache/*.cc", "csrc/cache/policies/*.cc", "csrc/net/*.cc", "csrc/bindings/core_module.cc",
                      "csrc/bindings/cache_reads.cc", "csrc/bindings/sample_view.cc", "csrc/bindings/test_hooks.cc", "csrc/bindings/next_use_bindings.cc",
-                     "csrc/bindings/batch_gather.cc", "csrc/bindings/peer_io.cc"),
+                     "csrc/bindings/batch_gather.cc", "csrc/bindings/peer_io.cc", "csrc/bindings/peer_costs.cc"),
     depends=headers,
     include_dirs=["csrc"],
     cxx_std=17,

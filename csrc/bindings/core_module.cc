@@ -21,6 +21,7 @@
 #include "bindings/convert.h"
 #include "bindings/errors.h"
 #include "bindings/ids.h"
+#include "bindings/peer_costs.h"
 #include "bindings/peer_io.h"
 #include "bindings/next_use_bindings.h"
 #include "bindings/sample_view.h"
@@ -94,7 +95,8 @@ py::dict stats_dict(const CacheStats& s) {
 PYBIND11_MODULE(_core, m) {
   m.doc() = "shadecache cache engine (see shadecache.Cache for the documented API)";
   register_error_translator(m);
-  register_peer_io(m);  // bindings/peer_io.cc
+  register_peer_io(m);     // bindings/peer_io.cc
+  register_peer_costs(m);  // bindings/peer_costs.cc
 
   py::class_<Cache>(m, "CacheCore")
       .def_static(

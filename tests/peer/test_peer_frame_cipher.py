@@ -85,3 +85,17 @@ def test_the_frame_costs_helper_times_each_part_of_a_sealed_reply():
     assert all(v > 0 for v in c.values())
     with pytest.raises(ValueError, match="sizes > 0"):
         _core.peer_frame_costs(0, 3000)
+
+
+def test_the_frame_stream_helper_moves_sealed_and_clear_frames_over_loopback():
+    """bench/cluster.py's bound: the GET's frames alone over a real loopback connection, sealed
+    (every record's tag checked, or the helper raises) and in clear; one value larger than a
+    reply message and an odd total are carried too; bad sizes are refused by name."""
+    for sealed in (True, False):
+        r = _core.peer_frame_stream(768_000, 3000, 0.05, sealed=sealed)
+        assert set(r) == {"seconds", "cpu", "transfers"}
+        assert r["transfers"] >= 1 and 0 < r["seconds"] < 1 and r["cpu"] > 0
+    r = _core.peer_frame_stream(1_500_001, 700_000, 0.02)   # records of one value each, the last short
+    assert r["transfers"] >= 1
+    with pytest.raises(ValueError, match="0 < value"):
+        _core.peer_frame_stream(768_000, 0, 0.01)
