@@ -382,3 +382,22 @@ def test_a_sample_on_its_way_is_not_held_though_the_ssd_tier_holds_it(store_path
             board.unlink()
     finally:
         ssd.close()
+
+
+def test_the_floor_leaves_every_warm_epoch_about_as_many_repeats(store_path, cache_factory):
+    """With the coverage floor at two epochs, a sample left out of one epoch is due in the next:
+    an epoch that left out more than half of its misses left the next fewer to leave out, and the
+    epochs alternated between reading little and reading much (repeats 241, 57, 194, 81 in epochs
+    2-5 before an epoch's repeats were held to half of its misses). Every miss stalls here (SLOW)
+    and the budget is the whole epoch, so that share alone bounds the repeats."""
+    store = slow(store_path, 0.0)
+    cache = cache_factory(N, capacity=sc.Cache.capacity_for(120, store.lengths),
+                          policy="importance", sizes=store.lengths)
+    ds = sc.CachedDataset(store, cache)
+    s = sc.ShadeSampler(ds, cache=cache, batch_size=B, seed=5, stall_speeds=SLOW, stall_budget=1.0,
+                        coverage_epochs=2)
+    run_epochs(make_loader("CachedLoader", ds, s), s, 6)
+    repeats = [h["stall_repeats"] for h in s.repeats_history]
+    warm = repeats[2:]          # epoch 1 follows the cold epoch, whose misses were all samples
+    assert min(warm) > 0, repeats
+    assert max(warm) <= 1.25 * min(warm), repeats
