@@ -107,7 +107,7 @@ struct LoopbackPair {
     if (lfd >= 0) ::close(lfd);
     if (!ok || server < 0) {
       if (client >= 0) ::close(client);
-      throw Error(ErrorKind::kOs, std::string("loopback pair: ") + std::strerror(saved));
+      throw Error(ErrorKind::kOs, std::string("loopback pair: ") + std::strerror(saved), saved);
     }
     int one = 1;
     ::setsockopt(client, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -122,44 +122,55 @@ struct LoopbackPair {
 
 // The sealed frames of a GET reply with nothing else, over a real loopback TCP connection: a
 // thread here plays the server (per request it seals `total` bytes of values of `value` bytes,
-// from one buffer, as records of at most kReplyMessageBytes, each sealed whole and then sent, as
-// the peer server sends its messages) and the calling thread the client (sends an 8-byte
-// request, receives each record whole into one buffer, opens it in place and crc32c's every
-// value). No Python, no cache or pins, no entry table, no allocation per value: a sealed GET
-// cannot take less than this. sealed=false: the same bytes in clear and nothing else (a native
-// stream). Runs for `seconds`: {"seconds": per transfer, "cpu": both threads' CPU seconds per
-// transfer, "transfers": how many}.
+// from one buffer, as records cut as the peer server cuts its messages, each sealed whole and
+// then sent) and the calling thread the client (sends an 8-byte request, receives each record
+// whole into one buffer, opens it in place and crc32c's every value). No Python, no cache or
+// pins, no entry table, no allocation per value: what a sealed GET's frames cost when nothing
+// else does. sealed=false: the same bytes in clear and nothing else (a native stream). Runs for
+// `seconds`: {"seconds": per transfer, "cpu": both threads' CPU seconds per transfer,
+// "transfers": how many, "crc32c": the XOR of every value's crc32c in the last transfer (the
+// source's byte at offset k is (k * 131 + k / 512) mod 256), so that a caller can check what
+// arrived}.
 py::dict frame_stream(size_t total, size_t value, double seconds, bool sealed) {
-  if (total == 0 || value == 0 || total > (1u << 30)) throw Error(ErrorKind::kInvalidArgument, "frame_stream wants 0 < value, 0 < total <= 1 GiB");
+  if (total == 0 || value == 0 || total > (1u << 30))
+    throw Error(ErrorKind::kInvalidArgument, "frame_stream wants 0 < value, 0 < total <= 1 GiB");
+  if (!(seconds >= 0 && seconds <= 3600))
+    throw Error(ErrorKind::kInvalidArgument, "frame_stream wants 0 <= seconds <= 3600");
   // Records of whole values, as the server cuts its messages (one larger value goes alone).
   std::vector<size_t> records;
-  for (size_t off = 0, in = 0; off < total; off += std::min(value, total - off)) {
+  for (size_t off = 0, in = 0, items = 0; off < total; off += std::min(value, total - off)) {
     size_t len = std::min(value, total - off);
-    if (in && in + len > kReplyMessageBytes) {
+    if (items && (in + len > kReplyMessageBytes || items == kReplyMessageItems)) {
       records.push_back(in);
-      in = 0;
+      in = items = 0;
     }
     in += len;
+    ++items;
     if (off + len == total) records.push_back(in);
   }
-  LoopbackPair pair;
+  // Everything is allocated before the server thread starts: nothing below throws while it runs.
   uint8_t key[Aead::kKeyBytes];
   fill_key(key);
-  double server_cpu = 0;
-  int server_failed = 0;
+  Aead tx(key, true), rx(key, false);
+  std::vector<char> src(total), out(std::min(total, kReplyMessageBytes + value) + kTag), in(total + kTag);
+  for (size_t k = 0; k < total; ++k) src[k] = static_cast<char>(k * 131 + (k >> 9));
+  LoopbackPair pair;
+  // Every wait ends: a peer out of step fails the call instead of hanging it.
+  const int64_t deadline = net::now_ns() + static_cast<int64_t>((seconds + 30) * 1e9);
+  double server_cpu = 0, wall = 0, client_cpu = 0;
+  int server_failed = 0, failed = 0;  // 1: a record failed to seal or open; 2: the socket failed
   long transfers = 0;
-  double wall = 0, client_cpu = 0;
-  int failed = 0;
+  uint32_t crc = 0;
+  auto checksum = [value](const char* p, size_t n, uint32_t* acc) {  // XOR of the values' crc32c
+    for (size_t k = 0; k < n; k += value) *acc ^= crc32c(p + k, std::min(value, n - k), 0);
+  };
   {
     py::gil_scoped_release nogil;
-    std::thread server([&] {
+    std::thread server([&]() noexcept {
       double c0 = thread_cpu_s();
-      Aead tx(key, true);
-      std::vector<char> src(total), out(std::min(total, kReplyMessageBytes + value) + kTag);
-      for (size_t k = 0; k < total; ++k) src[k] = static_cast<char>(k * 131 + (k >> 9));
       for (;;) {
         uint64_t ask = 0;
-        if (net::recv_exact(pair.server, &ask, sizeof ask, INT64_MAX) != net::kOk || ask == 0) break;
+        if (net::recv_exact(pair.server, &ask, sizeof ask, deadline) != net::kOk || ask == 0) break;
         size_t off = 0;
         for (size_t rec : records) {
           iovec v{src.data() + off, rec};
@@ -171,10 +182,8 @@ py::dict frame_stream(size_t total, size_t value, double seconds, bool sealed) {
             v = iovec{out.data(), rec + kTag};
             if (!ok) server_failed = 1;
           }
-          if (server_failed || net::send_all(pair.server, &v, 1, INT64_MAX) != net::kOk) {
-            server_failed = server_failed ? server_failed : 2;
-            break;
-          }
+          if (!server_failed && net::send_all(pair.server, &v, 1, deadline) != net::kOk) server_failed = 2;
+          if (server_failed) break;
           off += rec;
         }
         if (server_failed) break;
@@ -182,29 +191,24 @@ py::dict frame_stream(size_t total, size_t value, double seconds, bool sealed) {
       server_cpu = thread_cpu_s() - c0;
       ::shutdown(pair.server, SHUT_WR);
     });
-    Aead rx(key, false);
-    std::vector<char> in(total + kTag * records.size());
-    volatile uint32_t sink = 0;
     int64_t t0 = net::now_ns(), until = t0 + static_cast<int64_t>(seconds * 1e9);
     double c0 = thread_cpu_s();
     do {
       uint64_t ask = total;
       iovec q{&ask, sizeof ask};
-      if (net::send_all(pair.client, &q, 1, INT64_MAX) != net::kOk) failed = 2;
+      if (net::send_all(pair.client, &q, 1, deadline) != net::kOk) failed = 2;
+      crc = 0;
       for (size_t r = 0, off = 0; !failed && r < records.size(); off += records[r++]) {
-        char* p = in.data() + off;
+        char* p = in.data() + off;  // the record's tag lands where the next record's bytes go
         iovec v{p, records[r] + (sealed ? kTag : 0)};
-        if (net::recv_all_whole(pair.client, &v, 1, INT64_MAX) != net::kOk) {
+        if (net::recv_all_whole(pair.client, &v, 1, deadline) != net::kOk) {
           failed = 2;
           break;
         }
         if (!sealed) continue;
         bool ok = rx.begin(nullptr, 0);
-        for (size_t k = 0; ok && k < records[r]; k += value) {
-          size_t len = std::min(value, records[r] - k);
-          ok = rx.update(p + k, p + k, len);
-          sink = sink + crc32c(p + k, len, 0);
-        }
+        for (size_t k = 0; ok && k < records[r]; k += value) ok = rx.update(p + k, p + k, std::min(value, records[r] - k));
+        checksum(p, records[r], &crc);  // as the GET's client does, before the tag is checked
         if (!(ok && rx.open_end(reinterpret_cast<const uint8_t*>(p + records[r])))) failed = 1;
       }
       ++transfers;
@@ -218,16 +222,19 @@ py::dict frame_stream(size_t total, size_t value, double seconds, bool sealed) {
     } else {
       uint64_t stop = 0;
       iovec q{&stop, sizeof stop};
-      net::send_all(pair.client, &q, 1, INT64_MAX);
+      net::send_all(pair.client, &q, 1, deadline);
     }
     server.join();
+    if (!failed && !sealed) checksum(in.data(), total, &crc);  // not timed: the stream checks nothing
   }
   if (failed == 1 || server_failed == 1) throw Error(ErrorKind::kInvalidArgument, "a record failed to seal or open");
-  if (failed || server_failed) throw Error(ErrorKind::kOs, "the loopback frame stream failed");
+  if (failed || server_failed)
+    throw Error(ErrorKind::kOs, "the loopback frame stream failed (a socket error, or an end out of step)");
   py::dict d;
   d["seconds"] = wall / transfers;
   d["cpu"] = (client_cpu + server_cpu) / transfers;
   d["transfers"] = transfers;
+  d["crc32c"] = crc;
   return d;
 }
 
@@ -238,7 +245,7 @@ void register_peer_costs(py::module_& m) {
         "seconds of one pass of sealing, opening, crc32c and memcpy over `total` bytes in values of `value`");
   m.def("peer_frame_stream", &frame_stream, py::arg("total"), py::arg("value"), py::arg("seconds"),
         py::arg("sealed") = true,
-        "a GET reply's sealed frames alone over loopback TCP, for `seconds`: {seconds, cpu, transfers} per transfer");
+        "a GET reply's sealed frames alone over loopback TCP, for `seconds`: {seconds, cpu, transfers, crc32c}");
 }
 
 }  // namespace shadecache

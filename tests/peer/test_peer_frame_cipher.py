@@ -7,9 +7,10 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
-from shadecache import _core
+from shadecache import _core, _io
 
 AESGCM = pytest.importorskip("cryptography.hazmat.primitives.ciphers.aead").AESGCM
 
@@ -87,15 +88,30 @@ def test_the_frame_costs_helper_times_each_part_of_a_sealed_reply():
         _core.peer_frame_costs(0, 3000)
 
 
+def _frame_stream_checksum(total, value):
+    """What peer_frame_stream's client must have received: the XOR of each value's crc32c over
+    the helper's source bytes, (k * 131 + k // 512) mod 256 at offset k."""
+    k = np.arange(total, dtype=np.uint64)
+    src = ((k * 131 + (k >> 9)) & 0xFF).astype(np.uint8).tobytes()
+    out = 0
+    for off in range(0, total, value):
+        out ^= _io.crc32c(src[off:off + value])
+    return out
+
+
 def test_the_frame_stream_helper_moves_sealed_and_clear_frames_over_loopback():
     """bench/cluster.py's bound: the GET's frames alone over a real loopback connection, sealed
-    (every record's tag checked, or the helper raises) and in clear; one value larger than a
-    reply message and an odd total are carried too; bad sizes are refused by name."""
-    for sealed in (True, False):
-        r = _core.peer_frame_stream(768_000, 3000, 0.05, sealed=sealed)
-        assert set(r) == {"seconds", "cpu", "transfers"}
-        assert r["transfers"] >= 1 and 0 < r["seconds"] < 1 and r["cpu"] > 0
-    r = _core.peer_frame_stream(1_500_001, 700_000, 0.02)   # records of one value each, the last short
-    assert r["transfers"] >= 1
+    (every record's tag checked, or the helper raises) and in clear, and every value arrives as
+    the source had it (opened, when sealed: ciphertext would not match); records of 256 small
+    values, a value larger than a reply message, an odd total; bad arguments refused by name."""
+    for total, value in ((768_000, 3000), (3000, 10), (1_500_001, 700_000)):
+        for sealed in (True, False):
+            r = _core.peer_frame_stream(total, value, 0.02, sealed=sealed)
+            assert set(r) == {"seconds", "cpu", "transfers", "crc32c"}
+            assert r["transfers"] >= 1 and 0 < r["seconds"] < 1 and r["cpu"] > 0
+            assert r["crc32c"] == _frame_stream_checksum(total, value), (total, value, sealed)
     with pytest.raises(ValueError, match="0 < value"):
         _core.peer_frame_stream(768_000, 0, 0.01)
+    for seconds in (-1.0, float("nan"), 1e30):
+        with pytest.raises(ValueError, match="seconds"):
+            _core.peer_frame_stream(768_000, 3000, seconds)
