@@ -135,8 +135,10 @@ def test_deferral_never_loses_a_sample_from_an_epoch(store_path, cache_factory, 
 
 
 @pytest.mark.parametrize("kind", ["CachedLoader", "DataLoader"])
-def test_resume_mid_epoch_gives_the_same_batches(store_path, cache_factory, kind):
-    """The planner's state (position, counts, random stream) comes back with state_dict. The
+@pytest.mark.parametrize("budget", [0.3, 1.0])
+def test_resume_mid_epoch_gives_the_same_batches(store_path, cache_factory, kind, budget):
+    """The planner's state (position, counts, the epoch's room under the coverage floor, random
+    stream) comes back with state_dict; a budget of the whole epoch is held by that room. The
     cache is an input of the plan, not part of the checkpoint: a static cache keeps the same
     samples however the scores are pushed (a resumed sampler pushes its whole table; under the
     importance policy that rebuilds the engine's heap, and samples of equal score are then
@@ -148,19 +150,23 @@ def test_resume_mid_epoch_gives_the_same_batches(store_path, cache_factory, kind
         cache = cache_factory(N, capacity=size, policy="static", sizes=store.lengths)
         ds = sc.CachedDataset(store, cache)
         return cache, ds, sc.ShadeSampler(ds, cache=cache, batch_size=B, seed=6,
-                                          stall_speeds=SLOW)
+                                          stall_speeds=SLOW, stall_budget=budget)
 
+    # resumed in an epoch that repeats: with the whole epoch as budget the cold epoch leaves out
+    # half of all samples, the next none (they are due), the third its share
+    epoch = 1 if budget < 1 else 2
     cache, ds, ref = fresh()
     full = run_epochs(make_loader(kind, ds, ref), ref, 3)
-    assert ref.repeats_history[1]["stall_repeats"] > 0
+    assert ref.repeats_history[epoch]["stall_repeats"] > 0
     cache, ds, s = fresh()
-    part = run_epochs(make_loader(kind, ds, s), s, 3, stop=(1, 7))
+    part = run_epochs(make_loader(kind, ds, s), s, 3, stop=(epoch, 7))
     state = s.state_dict()
     # a new sampler and loader over the same cache and store (the process came back)
     ds2 = sc.CachedDataset(store, cache)
-    s2 = sc.ShadeSampler(ds2, cache=cache, batch_size=B, seed=6, stall_speeds=SLOW)
+    s2 = sc.ShadeSampler(ds2, cache=cache, batch_size=B, seed=6, stall_speeds=SLOW,
+                         stall_budget=budget)
     s2.load_state_dict(state)
-    rest = run_epochs(make_loader(kind, ds2, s2), s2, 3, first=1)
+    rest = run_epochs(make_loader(kind, ds2, s2), s2, 3, first=epoch)
     assert len(part) + len(rest) == len(full)
     for k, (a, b) in enumerate(zip(part + rest, full)):
         assert np.array_equal(a, b), f"batch {k} differs after the resume"
