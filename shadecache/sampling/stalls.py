@@ -142,11 +142,20 @@ class StallPace:
         self._last = None
 
     def observe(self, now: float, read: int, tier_s: float, wait_s: float, missed: int = 0,
-                sched=None) -> None:
+                sched=None, floor_s: float = 0.0) -> None:
         """One batch boundary: the data set's running totals (CachedDataset.loader_totals):
         samples the loader read from the tiers below the cache, the seconds of those reads, the
         seconds it waited on misses, the samples not cached when it asked for them; sched: this
-        thread's (ran, queued) seconds so far (thread_sched_s), or None.
+        thread's (ran, queued) seconds so far (thread_sched_s), or None; floor_s: the least a
+        sample costs the store's device at its sustained rate (StallView.read_floor_s), below
+        which no batch's measure is taken.
+
+        A device that lets reads burst measures faster than it can go on: a disk throttled to
+        3,000 reads/s and 200 MiB/s served 119-176 samples of 100 KB in 4-22 ms after idle time
+        (its throttle's unused budget), while the prefetcher read the rest; the median of such
+        batches said the store keeps up, the planner stopped acting, and those epochs read up to
+        0.53x the data against 0.26-0.31x (BENCHMARKS.md, "The store's sustained rate bounds the
+        stall budget's pace").
 
         What the CPUs' contention explains is not the store's. Only the time the thread slept in
         a batch (its wall time less what it ran and what it waited for a CPU) can be the store's,
@@ -175,6 +184,7 @@ class StallPace:
                 elif dm >= self.MIN_MISSES and dw >= step > 0:   # waited on the prefetcher
                     miss = (step + dw) / dm
                 if miss is not None:
+                    miss = max(miss, floor_s)
                     self._misses.append(miss)
                     self._ratios.append(step / miss)
                 if len(self._ratios) >= self.MIN_SAMPLES:
@@ -235,7 +245,8 @@ class StallPlanner:
         b = self.batch_size
         if k < self.planned:
             return np.empty(0, dtype=np.int64)    # planned before a resume: taken as it stands
-        self.pace.observe(time.perf_counter(), *view.loader_totals(), sched=thread_sched_s())
+        self.pace.observe(time.perf_counter(), *view.loader_totals(), sched=thread_sched_s(),
+                          floor_s=view.read_floor_s())
         per_step = self.pace.per_step()
         end = self.planned = min((k // b + 1) * b, order.size)   # the batch that k is in
         if per_step is None or per_step >= SLOW * b or self.pace.miss_s < STORAGE_S:
@@ -371,12 +382,33 @@ class StallView:
         self.source = source          # a CachedDataset (loader_totals, its tier chain)
         self._mask = None             # cached in RAM
         self._held = None             # this plan's snapshot (hold): the node holds it
+        self._floor = None            # read_floor_s, once
 
     def refresh(self):
         self._mask = self._held = None
 
     def loader_totals(self):
         return self.source.loader_totals()
+
+    def read_floor_s(self) -> float:
+        """The least a sample costs the store's device at its sustained rate: one request
+        (1 / iops) or its mean bytes (/ bandwidth), whichever is more, from the device profile
+        the store was given or measured at open. Only where every read reaches the device
+        (O_DIRECT) and the loader reads from nothing else below the cache (no home peer tier,
+        whose reads are faster); 0 otherwise (a store in the page cache reads in microseconds,
+        and the pace must see that)."""
+        if self._floor is None:
+            self._floor = 0.0
+            store = getattr(self.source, "store", None)
+            device = getattr(store, "device", None) or {}
+            chain = getattr(self.source, "chain", None)
+            peers = chain is not None and any(name == "peer" for name, _ in chain.tiers)
+            lengths = lengths_of(store)
+            if (getattr(store, "direct", False) and device.get("iops") and device.get("bandwidth")
+                    and not peers and lengths is not None and lengths.size):
+                self._floor = max(1.0 / float(device["iops"]),
+                                  float(np.mean(lengths)) / float(device["bandwidth"]))
+        return self._floor
 
     def _cached_mask(self) -> np.ndarray:
         if self._mask is None:
