@@ -147,14 +147,14 @@ class StallPace:
         samples the loader read from the tiers below the cache, the seconds of those reads, the
         seconds it waited on misses, the samples not cached when it asked for them; sched: this
         thread's (ran, queued) seconds so far (thread_sched_s), or None; floor_s: the least a
-        sample costs the store's device at its sustained rate (StallView.read_floor_s), below
-        which no batch's measure is taken.
+        sample costs the store's device at its sustained rate (StallView.read_floor_s: its bytes
+        at the device's bandwidth), below which no batch's measure is taken.
 
         A device that lets reads burst measures faster than it can go on: a disk throttled to
         3,000 reads/s and 200 MiB/s served 119-176 samples of 100 KB in 4-22 ms after idle time
         (its throttle's unused budget), while the prefetcher read the rest; the median of such
         batches said the store keeps up, the planner stopped acting, and those epochs read up to
-        0.53x the data against 0.26-0.31x (BENCHMARKS.md, "The store's sustained rate bounds the
+        0.53x the data against 0.26-0.33x (BENCHMARKS.md, "The store's sustained rate bounds the
         stall budget's pace").
 
         What the CPUs' contention explains is not the store's. Only the time the thread slept in
@@ -391,23 +391,24 @@ class StallView:
         return self.source.loader_totals()
 
     def read_floor_s(self) -> float:
-        """The least a sample costs the store's device at its sustained rate: one request
-        (1 / iops) or its mean bytes (/ bandwidth), whichever is more, from the device profile
-        the store was given or measured at open. Only where every read reaches the device
-        (O_DIRECT) and the loader reads from nothing else below the cache (no home peer tier,
-        whose reads are faster); 0 otherwise (a store in the page cache reads in microseconds,
-        and the pace must see that)."""
+        """The least a sample costs the store's device at its sustained rate: its mean bytes over
+        the bandwidth of the device profile the store was given or measured at open. Not one
+        request (1 / iops) a sample: the store merges neighbours within gap_bytes into one
+        request, in any batch (a 16 MiB store of 8 KB samples read 256 of them in 72 requests,
+        130 us a sample against 333 us for one request each). Only where every read reaches the
+        device (O_DIRECT) and the loader reads from nothing else below the cache (no home peer
+        tier, whose reads are faster); 0 otherwise (a store in the page cache reads in
+        microseconds, and the pace must see that)."""
         if self._floor is None:
             self._floor = 0.0
             store = getattr(self.source, "store", None)
-            device = getattr(store, "device", None) or {}
+            bandwidth = (getattr(store, "device", None) or {}).get("bandwidth")
             chain = getattr(self.source, "chain", None)
             peers = chain is not None and any(name == "peer" for name, _ in chain.tiers)
-            lengths = lengths_of(store)
-            if (getattr(store, "direct", False) and device.get("iops") and device.get("bandwidth")
-                    and not peers and lengths is not None and lengths.size):
-                self._floor = max(1.0 / float(device["iops"]),
-                                  float(np.mean(lengths)) / float(device["bandwidth"]))
+            if getattr(store, "direct", False) and bandwidth and not peers:
+                lengths = lengths_of(store)
+                if lengths is not None and lengths.size:
+                    self._floor = float(np.mean(lengths)) / float(bandwidth)
         return self._floor
 
     def _cached_mask(self) -> np.ndarray:
