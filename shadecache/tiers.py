@@ -266,6 +266,12 @@ class TierChain:
         return out
 
     @property
+    def partitions(self) -> bool:
+        """Whether a tier partitions the ids (serves: the home peer), so that reads below the
+        cache may come from another node instead of the store."""
+        return any(getattr(t, "serves", None) is not None for _, t in self.tiers)
+
+    @property
     def keeps_copies(self) -> bool:
         """Whether a tier below the cache keeps copies (an SSD tier)."""
         return bool(self._copying())

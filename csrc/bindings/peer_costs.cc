@@ -43,13 +43,20 @@ void fill_key(uint8_t* key) {
   for (size_t k = 0; k < Aead::kKeyBytes; ++k) key[k] = static_cast<uint8_t>(k + 1);
 }
 
+// The bytes both helpers seal: (k * 131 + k / 512) mod 256 at offset k (not all alike, so that a
+// shifted or unopened byte shows; tests compute the same pattern).
+template <class T>
+void fill_source(std::vector<T>* src) {
+  for (size_t k = 0; k < src->size(); ++k) (*src)[k] = static_cast<T>(k * 131 + (k >> 9));
+}
+
 // Seconds for one pass over `total` bytes in values of `value` bytes of sealing (as the server
 // seals a message, value by value into one record), opening in place (as the client opens it),
 // crc32c per value (as the client checks them) and memcpy; each the best of `repeats`.
 py::dict frame_costs(size_t total, size_t value, int repeats) {
   if (total == 0 || value == 0 || repeats < 1) throw Error(ErrorKind::kInvalidArgument, "frame_costs wants sizes > 0");
   std::vector<uint8_t> src(total), dst(total), tag(kTag);
-  for (size_t k = 0; k < total; ++k) src[k] = static_cast<uint8_t>(k * 131 + (k >> 9));
+  fill_source(&src);
   uint8_t key[Aead::kKeyBytes];
   fill_key(key);
   Aead tx(key, true), rx(key, false);
@@ -153,7 +160,7 @@ py::dict frame_stream(size_t total, size_t value, double seconds, bool sealed) {
   fill_key(key);
   Aead tx(key, true), rx(key, false);
   std::vector<char> src(total), out(std::min(total, kReplyMessageBytes + value) + kTag), in(total + kTag);
-  for (size_t k = 0; k < total; ++k) src[k] = static_cast<char>(k * 131 + (k >> 9));
+  fill_source(&src);
   LoopbackPair pair;
   // Every wait ends: a peer out of step fails the call instead of hanging it.
   const int64_t deadline = net::now_ns() + static_cast<int64_t>((seconds + 30) * 1e9);

@@ -9,8 +9,8 @@
 // before the values' tag AND its own crc32c (the store's checksum, carried end to end) check out.
 //
 // Server (seal_get_reply, then flush): answers a chunk of a GET as GET_REPLY messages of at most
-// kMessageItems ids. For each message it takes pins from the process's pin pool (waiting at most
-// `pin_wait`), pins the message's cached values in one batch (Cache::pin_many: no writer frees,
+// kReplyMessageItems ids (peer_io.h). For each message it takes pins from the process's pin pool
+// (waiting at most `pin_wait`), pins the message's cached values in one batch (Cache::pin_many: no writer frees,
 // rewrites or moves them until unpinned), takes the bytes of the misses the Python side filled
 // from the SSD tier or the store, cuts at the byte bounds (filled values included), then, without
 // the GIL, seals the table and the values straight from shared memory into the connection's
@@ -18,9 +18,9 @@
 // message (never waiting for it). Whole messages, not pieces as they are sealed: on loopback each
 // send wakes the client and contends with its receive for the socket, and a reply of 256 x 3 KB
 // handed over in 128 KiB pieces took 12-13% longer (64 x 100 KB: 12-18%). Only a message longer
-// than the client's window (a large value) goes a window at a time (kHandOver). Only when every pin is released does flush() wait
-// for the client to take the rest, under the send deadline: a slow client holds its own buffer,
-// nothing another client needs.
+// than the client's window (a large value) goes a window at a time (kHandOver). Only when every
+// pin is released does flush() wait for the client to take the rest, under the send deadline: a
+// slow client holds its own buffer, nothing another client needs.
 // A cached value travels with the crc32c the cache recorded when it was put (CachedDataset puts
 // bytes it has just checked against the store's directory, so this is the store's checksum): a
 // value damaged in shared memory since is caught by the client. Filled values (each checked
@@ -84,10 +84,6 @@ constexpr size_t kWindow = 1 << 20;
 // (16 MiB values took 11-20% longer when each went only once sealed whole); shorter messages go
 // whole.
 constexpr size_t kHandOver = kWindow;
-// A GET reply message: at most this many ids and (one larger value aside) value bytes (see
-// peer_io.h).
-constexpr size_t kMessageItems = kReplyMessageItems;
-constexpr size_t kMessageBytes = kReplyMessageBytes;
 // The largest body send_message seals (GET ids, STATS and ERROR texts): requests are small.
 constexpr size_t kMaxMessage = 1 << 20;
 
@@ -294,8 +290,8 @@ class PeerSession {
 
   // Seals the reply to a GET for the ids of `ids`, from its first on: the values cached here or
   // given in `fills` ({position: bytes}), cut where the values would pass `max_bytes` (one value
-  // always goes). They go as GET_REPLY messages of at most kMessageItems ids and kMessageBytes of
-  // values each, so that the first leaves early and the client opens one while the next is
+  // always goes). They go as GET_REPLY messages of at most kReplyMessageItems ids and
+  // kReplyMessageBytes of values each, so that the first leaves early and the client opens one while the next is
   // sealed. `more_after`: ids of the request follow `ids`, so the last message says MORE too.
   // What the kernel takes at once is sent as it is sealed; flush() sends the rest (the caller
   // may do other work, pins released, in between), or, given flush_timeout >= 0 (a caller with
@@ -342,9 +338,9 @@ class PeerSession {
         // by the lengths the cache shows now (a lock-free look, no pin), so that only the values
         // that go in it are pinned, in one batch; a value that changed before its pin is cut
         // again by the length pinned.
-        const size_t lim = std::min(n, pos + kMessageItems);
+        const size_t lim = std::min(n, pos + kReplyMessageItems);
         auto call_bound = [&](size_t k, uint64_t bytes, uint64_t len) { return k != 0 && total + bytes + len > max_bytes; };
-        auto message_bound = [&](size_t k, uint64_t bytes, uint64_t len) { return k > pos && bytes + len > kMessageBytes; };
+        auto message_bound = [&](size_t k, uint64_t bytes, uint64_t len) { return k > pos && bytes + len > kReplyMessageBytes; };
         std::vector<size_t> to_pin;
         size_t planned = lim;
         bool planned_cut = false;  // the plan ends at the call's bound

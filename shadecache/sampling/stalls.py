@@ -404,7 +404,7 @@ class StallView:
             store = getattr(self.source, "store", None)
             bandwidth = (getattr(store, "device", None) or {}).get("bandwidth")
             chain = getattr(self.source, "chain", None)
-            peers = chain is not None and any(name == "peer" for name, _ in chain.tiers)
+            peers = chain is not None and chain.partitions
             if getattr(store, "direct", False) and bandwidth and not peers:
                 lengths = lengths_of(store)
                 if lengths is not None and lengths.size:
