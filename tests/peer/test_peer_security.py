@@ -262,8 +262,11 @@ def test_a_connection_whose_thread_cannot_start_does_not_end_serving(cache_facto
         assert first.get_many([0], timeout=10) == [store.read(0)]
         first.close()
         deadline = time.monotonic() + 10
-        while len(os.listdir(f"/proc/{srv.pid}/task")) > 3 and time.monotonic() < deadline:
-            time.sleep(0.05)   # main, accept and status threads; the first connection's is gone
+        # main, accept and status threads, and no more: the first connection's is gone, and the
+        # status thread (started after the accept thread, which may already have served the GET
+        # above) is up before the limit leaves no room for its stack
+        while len(os.listdir(f"/proc/{srv.pid}/task")) != 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
         soft, hard = resource.prlimit(srv.pid, resource.RLIMIT_AS)
         mapped = _memory_kib(srv.pid, "VmSize") << 10
         resource.prlimit(srv.pid, resource.RLIMIT_AS, (mapped + (2 << 20), hard))   # no room for an 8 MiB stack
