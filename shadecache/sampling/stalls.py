@@ -35,14 +35,17 @@ What the planner does with the batch's misses when the store is too slow:
   exist (no scores, no repeats); and, under the coverage floor, at most the share of the epoch's
   misses that every epoch can leave out (half at the default two epochs, less what the accuracy
   budget left out: StallPlanner._room). The rest is read: a stall.
-- with a prefetcher, what is left of the budget replaces upcoming misses that nobody reads yet
-  (neither cached nor on their way, within twice the prefetcher's reach), the lowest-scored
-  first: the prefetcher reads every miss of the order at the store's pace, so an epoch on a store
-  slower than training takes its misses / the store's rate whatever the order, and only a read
-  that never happens saves time. Measured on a throttled disk (bench/fidelity.py slow, tabular,
-  seed 0, a 10% budget): repeats made only at the batch being assembled replaced misses the
-  prefetcher was already reading (1,419 repeats, 35,323 device reads against uniform's 34,941,
-  1.02x its wall time); with this step, 3,252 repeats, 33,028 reads against 34,995 (0.96x).
+- with a prefetcher, the planner decides ahead of it: each upcoming miss that nobody reads yet
+  (neither cached nor on its way) is looked at once, when it enters the plan's horizon, and the
+  share of them that the epoch's room allows is replaced then, the lowest-scored first
+  (StallPlanner._decide_ahead). The prefetcher reads every miss of the order at the store's
+  pace, so an epoch on a store slower than training takes its misses / the store's rate
+  whatever the order, and only a read that never happens saves time; a miss the prefetcher has
+  read is no longer one the planner may leave out. Measured on a throttled disk (bench/fidelity.py
+  slow, tabular, seed 0, a 10% budget): repeats made only at the batch being assembled replaced
+  misses the prefetcher was already reading (1,419 repeats, 35,323 device reads against
+  uniform's 34,941, 1.02x its wall time); with repeats ahead, 3,252 repeats, 33,028 reads
+  against 34,995 (0.96x).
 
 Not under the extent order (ShadeSampler does not plan there): a miss is read with its whole
 extent, which the pass's other samples of that extent share, so a repeat in place of one sample
@@ -230,11 +233,13 @@ class StallPlanner:
         self.deferrals = 0
         self.repeats = 0
         self.room = None          # the epoch's room for stall repeats (_room), once it acts in it
+        self.ahead = None         # what it decided ahead of the loader (LookAhead), with a prefetcher
 
     def start_epoch(self, rng) -> None:
         self.rng = rng
         self.planned = self.deferrals = self.repeats = 0
         self.room = None
+        self.ahead = None
         self.pace.restart()
 
     # ---- one batch ----------------------------------------------------------------------------
@@ -259,52 +264,109 @@ class StallPlanner:
             reach = max(b, view.cache_items() // 2)
             stop = min(order.size, end + max(2 * reach, DEFER_HORIZON_BATCHES * b))
         view.hold(order[k:stop])   # one snapshot of what the node holds, for all of the plan
+        changed = []
+        if prefetching:
+            if self.ahead is None or self.ahead.size != order.size:
+                self.ahead = LookAhead(order.size)
+            changed += self._refill(order, k, end, view)
         uncached = ~view.cached(order[k:end])
         # With a prefetcher reading the published order, a miss here is one it has not brought
         # yet: most likely in flight, so a read now would read it twice. Without one, the loader
         # reads what the store delivers during one step without the store setting the pace.
         allow = 0 if prefetching else math.floor(per_step)
         pos = k + np.flatnonzero(uncached)
-        if pos.size <= allow:
-            return np.empty(0, dtype=np.int64)
-        changed = []
-        if prefetching:
-            # defer: each miss trades places with the nearest cached sample after this batch
-            # (the loop trains that one now, without a wait), else with a miss beyond the
-            # prefetcher's reach, the lowest scores first (nobody reads those yet: the loader
-            # does, once, while the prefetcher brings the first); the cache keeps the arrivals
-            # until their turn, which comes within about its own size
-            ahead = view.cached(order[end:stop])
-            targets = (end + np.flatnonzero(ahead))[:pos.size]
-            far = end + reach + np.flatnonzero(~ahead[reach:])
-            need = pos.size - targets.size
-            if need > 0 and far.size:
-                far = np.sort(far[self._easiest(view, order[far], need)])
-                targets = np.concatenate([targets, far])
-            m = targets.size
-            if m:
-                near = pos[:m]
-                order[near], order[targets] = order[targets], order[near].copy()
-                changed += near.tolist() + targets.tolist()
-                self.deferrals += m
-            # what still waits on the store: the far misses the loader reads now, or misses
-            # nothing could move
-            pos = pos[~view.cached(order[pos])]
-        else:
-            pos = pos[self._easiest(view, order[pos], pos.size - allow)]
-        if view.scored():
-            changed += self._repeat(order, pos, view)
+        if pos.size > allow:
             if prefetching:
-                # The prefetcher reads every miss of the order at the store's pace, so the epoch
-                # takes (misses / the store's rate) whatever the order: time is saved only by
-                # reads that never happen. What is left of the budget replaces upcoming misses
-                # that nobody reads yet (neither cached nor on their way) within twice the
-                # prefetcher's reach, the lowest-scored of them (near: the cached samples put
-                # there are used before the prefetcher's room-making evicts them).
-                ahead = np.arange(end, min(stop, end + 2 * reach))
-                ahead = ahead[~view.cached(order[ahead]) & ~view.on_way(order[ahead])]
-                changed += self._repeat(order, ahead, view)
+                # defer: each miss trades places with the nearest cached sample after this batch
+                # (the loop trains that one now, without a wait), else with a miss beyond the
+                # prefetcher's reach, the lowest scores first (nobody reads those yet: the loader
+                # does, once, while the prefetcher brings the first); the cache keeps the
+                # arrivals until their turn, which comes within about its own size
+                ahead = view.cached(order[end:stop])
+                targets = (end + np.flatnonzero(ahead))[:pos.size]
+                far = end + reach + np.flatnonzero(~ahead[reach:])
+                need = pos.size - targets.size
+                if need > 0 and far.size:
+                    far = np.sort(far[self._easiest(view, order[far], need)])
+                    targets = np.concatenate([targets, far])
+                m = targets.size
+                if m:
+                    near = pos[:m]
+                    order[near], order[targets] = order[targets], order[near].copy()
+                    self.ahead.swap(near, targets)
+                    changed += near.tolist() + targets.tolist()
+                    self.deferrals += m
+                # what still waits on the store: the far misses the loader reads now, or misses
+                # nothing could move
+                pos = pos[~view.cached(order[pos])]
+            else:
+                pos = pos[self._easiest(view, order[pos], pos.size - allow)]
+            if view.scored():
+                changed += self._repeat(order, pos, view)
+        if prefetching and view.scored():
+            changed += self._decide_ahead(order, end, stop, view)
         return np.asarray(sorted(set(changed)), dtype=np.int64)
+
+    def _decide_ahead(self, order, end, stop, view) -> list:
+        """With a prefetcher: decides, once, the fate of each upcoming miss in [end, stop) that it
+        has not looked at before (neither cached nor on its way, not due under the coverage
+        floor): of those, the share that the epoch's room left allows over them and the like
+        beyond `stop` (estimated at the rate found so far) is replaced now, the lowest-scored,
+        by cached samples chosen by importance; the others are left for the prefetcher to read.
+        Within the stall budget too: budget x the positions decided. Returns the positions
+        changed.
+
+        Why now and not as the loader gets there: the prefetcher reads every miss of the
+        published order at the store's pace, so the epoch takes (misses / the store's rate)
+        whatever the order, and only a read that never happens saves time. Its window reaches
+        past the loader, and what it has read is no longer a miss the planner may replace: with
+        the repeats paced by the positions the loader had reached, the epochs that had to leave
+        out every miss they could (under the floor, each warm epoch in turn) lost the last
+        batches' share to the prefetcher's reads (953-979 stall repeats against 1,012-1,024
+        without a prefetcher, warm 100 KB epochs read 0.271-0.278x the data against
+        0.259-0.273x; bench/prefetch_tiers.py, BENCHMARKS.md "The stall budget decides ahead of
+        the prefetcher"). The repeats placed ahead are kept cached by their use (the board's next
+        uses), and one whose sample left the cache anyway is refilled at its batch (_refill)."""
+        a = self.ahead
+        win = np.arange(end, stop)
+        ids = order[win]
+        fresh = ~a.seen[win] & ~view.cached(ids) & ~view.on_way(ids) & ~view.due(ids)
+        first = win >= a.horizon      # positions looked at for the first time
+        a.looked += int(np.count_nonzero(first))
+        a.found += int(np.count_nonzero(fresh & first))
+        a.horizon = max(a.horizon, stop)
+        cand = win[fresh]
+        a.seen[cand] = True
+        left = min(math.floor(self.room), math.floor(self.budget * stop)) - self.repeats
+        if cand.size == 0 or left <= 0:
+            return []
+        beyond = (order.size - stop) * a.found / max(a.looked, 1)
+        want = min(1.0, left / (cand.size + beyond)) * cand.size + a.carry
+        m = min(int(want), left)
+        a.carry = want - int(want)
+        chosen = np.sort(cand[self._easiest(view, order[cand], m)])
+        got = view.pick_cached(self.rng, chosen.size) if chosen.size else chosen
+        chosen = chosen[:got.size]
+        if chosen.size == 0:
+            return []
+        order[chosen] = got
+        a.placed[chosen] = True
+        self.repeats += int(chosen.size)
+        return chosen.tolist()
+
+    def _refill(self, order, k, end, view) -> list:
+        """The repeats placed ahead (_decide_ahead) in the batch [k, end) whose sample is no
+        longer held (evicted since) get another cached sample, chosen the same way: a repeat is
+        any cached sample, and one that has left the cache would be read. Not new repeats.
+        Returns the positions changed."""
+        pos = k + np.flatnonzero(self.ahead.placed[k:end])
+        gone = pos[~view.cached(order[pos])]
+        if gone.size == 0:
+            return []
+        got = view.pick_cached(self.rng, gone.size)
+        gone = gone[:got.size]
+        order[gone] = got
+        return gone.tolist()
 
     def _repeat(self, order, pos, view) -> list:
         """Replaces the lowest-scored misses at positions `pos` (not due under the coverage floor)
@@ -359,16 +421,54 @@ class StallPlanner:
     def state(self) -> dict:
         return {"planned": self.planned, "deferrals": self.deferrals,
                 "repeats": self.repeats, "room": self.room, "pace": self.pace.state(),
+                "ahead": None if self.ahead is None else self.ahead.state(),
                 "rng": None if self.rng is None else self.rng.bit_generator.state}
 
     def load(self, state: dict, rng) -> None:
         self.planned = int(state["planned"])
         self.deferrals, self.repeats = int(state["deferrals"]), int(state["repeats"])
         self.room = state.get("room")
+        self.ahead = None if state.get("ahead") is None else LookAhead.from_state(state["ahead"])
         self.pace.load(state["pace"])
         self.rng = rng
         if state["rng"] is not None:
             self.rng.bit_generator.state = state["rng"]
+
+
+class LookAhead:
+    """What the planner decided ahead of the loader in one epoch, with a prefetcher
+    (StallPlanner._decide_ahead): the positions whose miss it has looked at (`seen`: decided
+    once, replaced or left to be read), the positions where it placed a stall repeat (`placed`:
+    refilled at their batch if the sample left the cache meanwhile), how far it has looked
+    (`horizon`), the positions first looked at and the misses it could leave out among them
+    (`looked`, `found`: their rate estimates those beyond the horizon), and the fraction of a
+    repeat carried to the next decision. The masks follow the ids when a deferral swaps two
+    positions."""
+
+    def __init__(self, size: int):
+        self.size = int(size)
+        self.seen = np.zeros(self.size, dtype=bool)
+        self.placed = np.zeros(self.size, dtype=bool)
+        self.horizon = self.looked = self.found = 0
+        self.carry = 0.0
+
+    def swap(self, a, b) -> None:
+        for m in (self.seen, self.placed):
+            m[a], m[b] = m[b], m[a].copy()
+
+    def state(self) -> dict:
+        return {"size": self.size, "seen": np.flatnonzero(self.seen).tolist(),
+                "placed": np.flatnonzero(self.placed).tolist(), "horizon": self.horizon,
+                "looked": self.looked, "found": self.found, "carry": self.carry}
+
+    @classmethod
+    def from_state(cls, state: dict) -> "LookAhead":
+        a = cls(state["size"])
+        a.seen[np.asarray(state["seen"], dtype=np.int64)] = True
+        a.placed[np.asarray(state["placed"], dtype=np.int64)] = True
+        a.horizon, a.looked, a.found = int(state["horizon"]), int(state["looked"]), int(state["found"])
+        a.carry = float(state["carry"])
+        return a
 
 
 class StallView:

@@ -452,3 +452,105 @@ def test_the_floor_is_the_device_profile_of_a_store_read_with_o_direct(tmp_path,
     view = stalls.StallView(s, ds)
     expected = 8192 / (200 << 20) if direct else 0.0
     assert view.read_floor_s() == pytest.approx(expected)
+
+
+def _warm_node_with_a_live_prefetcher(store_path, cache_factory, budget, kind="CachedLoader"):
+    """A node whose cache is full after one scored epoch (357 of these 600 small samples), a board
+    on which this test's own process is registered as the node's prefetcher (a live one that
+    reads nothing ahead: the planner's decisions are then its own, not a race with reads), and a
+    sampler without the coverage floor (every miss may be left out). Returns (cache, ds, sampler,
+    board, loader)."""
+    store = slow(store_path, 0.0)
+    cache = cache_factory(N, capacity=sc.Cache.capacity_for(120, store.lengths),
+                          policy="importance", sizes=store.lengths)
+    ds = sc.CachedDataset(store, cache)
+    s = sc.ShadeSampler(ds, cache=cache, batch_size=B, seed=7, stall_speeds=SLOW,
+                        stall_budget=budget, coverage_epochs=0, order="uniform")
+    board = sc.OrderBoard.create(cache.name, N)
+    board.set_prefetcher(os.getpid())
+    loader = make_loader(kind, ds, s)
+    run_epochs(loader, s, 1)
+    for first in range(0, N, B):   # every sample read once more: the cache is full again
+        ds.__getitems__(list(range(first, first + B)))
+    return cache, ds, s, board, loader
+
+
+@pytest.mark.parametrize("budget", [0.25, 1.0])
+def test_with_a_prefetcher_each_upcoming_miss_is_decided_when_first_seen(store_path,
+                                                                         cache_factory, budget):
+    """With a prefetcher reading the published order, a miss it has read is no longer one the
+    planner may leave out; so the planner decides each upcoming miss the first time its horizon
+    (here the whole epoch) reaches it: the share the budget allows, the lowest-scored, is
+    replaced by cached samples at once. With the whole epoch as budget no miss is left ahead
+    after the first batch; with a quarter of it (243 misses drawn, room for 150 repeats),
+    the repeats fill that quarter already and the misses left for the prefetcher to read are
+    the higher-scored ones. (Paced by the
+    positions the loader had reached, the first batch made 20 x budget repeats and left the
+    rest to a prefetcher that reads them first.)"""
+    cache, ds, s, board, loader = _warm_node_with_a_live_prefetcher(store_path, cache_factory,
+                                                                     budget)
+    try:
+        s.set_epoch(1)
+        drawn = s.order().copy()
+        it = iter(loader)
+        _, _, idx = next(it)
+        s.update(idx, losses_of(idx))
+        order = s.order()
+        cached = np.asarray(cache.cached_mask(), dtype=bool)
+        left_ahead = order[B:][~cached[order[B:]]]
+        repeats = s.repeats_history[1]["stall_repeats"]
+        assert repeats <= budget * N
+        if budget == 1.0:
+            assert left_ahead.size == 0, "misses left ahead for the prefetcher to read"
+        else:
+            assert repeats == int(budget * N)
+            gone = np.setdiff1d(drawn, order)          # the misses left out of the epoch
+            scores = s.table.scores
+            assert gone.size >= repeats - B and left_ahead.size > 0
+            lowest = scores[gone] <= scores[left_ahead].min()
+            assert lowest.mean() >= 0.95, "the misses left out are not the lowest-scored"
+        for _ in it:
+            pass
+        s.end_epoch()
+    finally:
+        board.set_prefetcher(0)
+        board.unlink()
+        board.close()
+
+
+def test_a_repeat_placed_ahead_whose_sample_left_the_cache_gets_another(store_path, cache_factory):
+    """A stall repeat placed ahead stays a cached sample until its batch: one whose sample was
+    evicted meanwhile is given another cached sample there (it would be read otherwise), and the
+    batch reads nothing. (DataLoader without workers: each batch is planned and read when it is
+    asked for, after the evictions.)"""
+    cache, ds, s, board, loader = _warm_node_with_a_live_prefetcher(store_path, cache_factory, 1.0,
+                                                                     "DataLoader")
+    try:
+        s.set_epoch(1)
+        s.order()
+        it = iter(loader)
+        _, _, idx = next(it)
+        s.update(idx, losses_of(idx))
+        order = s.order()
+        second = order[B:2 * B].copy()
+        cached = np.asarray(cache.cached_mask(), dtype=bool)
+        assert cached[second].all()
+        placed = s._planner.ahead.placed[B:2 * B]
+        assert placed.any()
+        evicted = np.unique(second[placed])[:5]
+        for i in evicted.tolist():
+            assert cache.remove(i)
+        cached = np.asarray(cache.cached_mask(), dtype=bool)
+        reads = ds.stats()["store_reads"]
+        _, _, idx = next(it)
+        got = idx.numpy()
+        assert not np.isin(got, evicted).any(), "an evicted repeat was read"
+        assert cached[got[placed]].all()
+        assert ds.stats()["store_reads"] == reads
+        for _ in it:
+            pass
+        s.end_epoch()
+    finally:
+        board.set_prefetcher(0)
+        board.unlink()
+        board.close()
