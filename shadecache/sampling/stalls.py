@@ -281,19 +281,29 @@ class StallPlanner:
                 # (the loop trains that one now, without a wait), else with a miss beyond the
                 # prefetcher's reach, the lowest scores first (nobody reads those yet: the loader
                 # does, once, while the prefetcher brings the first); the cache keeps the
-                # arrivals until their turn, which comes within about its own size
+                # arrivals until their turn, which comes within about its own size. A miss
+                # deferred before and still not on its way is not one the prefetcher reads (its
+                # window has passed it, or, with an SSD tier and a full cache, it reads only what
+                # the cache would admit): it is read now. Deferred again, it went batch after
+                # batch to the epoch's end, where all such misses waited at once (warm 100 KB
+                # epochs: 80-186 ms waits in the last three of 16 batches, none before; 0.85x
+                # the speed without a prefetcher: BENCHMARKS.md, "The stall budget decides ahead
+                # of the prefetcher").
+                again = self.ahead.deferred[pos] & ~view.on_way(order[pos])
+                movable = pos[~again]
                 ahead = view.cached(order[end:stop])
-                targets = (end + np.flatnonzero(ahead))[:pos.size]
+                targets = (end + np.flatnonzero(ahead))[:movable.size]
                 far = end + reach + np.flatnonzero(~ahead[reach:])
-                need = pos.size - targets.size
+                need = movable.size - targets.size
                 if need > 0 and far.size:
                     far = np.sort(far[self._easiest(view, order[far], need)])
                     targets = np.concatenate([targets, far])
                 m = targets.size
                 if m:
-                    near = pos[:m]
+                    near = movable[:m]
                     order[near], order[targets] = order[targets], order[near].copy()
                     self.ahead.swap(near, targets)
+                    self.ahead.deferred[targets] = True
                     changed += near.tolist() + targets.tolist()
                     self.deferrals += m
                 # what still waits on the store: the far misses the loader reads now, or misses
@@ -439,26 +449,29 @@ class LookAhead:
     """What the planner decided ahead of the loader in one epoch, with a prefetcher
     (StallPlanner._decide_ahead): the positions whose miss it has looked at (`seen`: decided
     once, replaced or left to be read), the positions where it placed a stall repeat (`placed`:
-    refilled at their batch if the sample left the cache meanwhile), how far it has looked
-    (`horizon`), the positions first looked at and the misses it could leave out among them
-    (`looked`, `found`: their rate estimates those beyond the horizon), and the fraction of a
-    repeat carried to the next decision. The masks follow the ids when a deferral swaps two
-    positions."""
+    refilled at their batch if the sample left the cache meanwhile), the positions a deferral
+    moved a miss to (`deferred`: one still not on its way there is read, not deferred again), how
+    far it has looked (`horizon`), the positions first looked at and the misses it could leave
+    out among them (`looked`, `found`: their rate estimates those beyond the horizon), and the
+    fraction of a repeat carried to the next decision. The masks follow the ids when a deferral
+    swaps two positions."""
 
     def __init__(self, size: int):
         self.size = int(size)
         self.seen = np.zeros(self.size, dtype=bool)
         self.placed = np.zeros(self.size, dtype=bool)
+        self.deferred = np.zeros(self.size, dtype=bool)
         self.horizon = self.looked = self.found = 0
         self.carry = 0.0
 
     def swap(self, a, b) -> None:
-        for m in (self.seen, self.placed):
+        for m in (self.seen, self.placed, self.deferred):
             m[a], m[b] = m[b], m[a].copy()
 
     def state(self) -> dict:
         return {"size": self.size, "seen": np.flatnonzero(self.seen).tolist(),
-                "placed": np.flatnonzero(self.placed).tolist(), "horizon": self.horizon,
+                "placed": np.flatnonzero(self.placed).tolist(),
+                "deferred": np.flatnonzero(self.deferred).tolist(), "horizon": self.horizon,
                 "looked": self.looked, "found": self.found, "carry": self.carry}
 
     @classmethod
@@ -466,6 +479,7 @@ class LookAhead:
         a = cls(state["size"])
         a.seen[np.asarray(state["seen"], dtype=np.int64)] = True
         a.placed[np.asarray(state["placed"], dtype=np.int64)] = True
+        a.deferred[np.asarray(state["deferred"], dtype=np.int64)] = True
         a.horizon, a.looked, a.found = int(state["horizon"]), int(state["looked"]), int(state["found"])
         a.carry = float(state["carry"])
         return a
