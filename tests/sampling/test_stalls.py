@@ -554,3 +554,29 @@ def test_a_repeat_placed_ahead_whose_sample_left_the_cache_gets_another(store_pa
         board.set_prefetcher(0)
         board.unlink()
         board.close()
+
+
+def test_a_miss_the_prefetcher_does_not_take_up_is_deferred_once(store_path, cache_factory):
+    """A deferred miss that is still not on its way at its new batch is not one the prefetcher
+    reads (here it reads nothing): it is read there. Deferred again and again, the misses went
+    to the epoch's end and waited there all at once."""
+    cache, ds, s, board, loader = _warm_node_with_a_live_prefetcher(store_path, cache_factory, 0.0,
+                                                                     "DataLoader")
+    try:
+        s.set_epoch(1)
+        drawn = s.order().copy()
+        cached = np.asarray(cache.cached_mask(), dtype=bool)
+        misses = int(np.count_nonzero(~cached[drawn]))
+        trained = np.concatenate([idx.numpy() for _, _, idx in loader])
+        s.end_epoch()
+        assert np.array_equal(np.sort(trained), np.sort(drawn))   # budget 0: nothing left out
+        deferrals = s.repeats_history[1]["stall_deferrals"]
+        assert 0 < deferrals <= misses
+        # the misses are spread over the epoch, not gathered at its end
+        was_miss = ~cached[trained]
+        last_fifth = was_miss[-N // 5:].sum()
+        assert last_fifth <= 0.35 * misses, (last_fifth, misses)   # 49% when deferred again
+    finally:
+        board.set_prefetcher(0)
+        board.unlink()
+        board.close()
