@@ -24,7 +24,9 @@ What the planner does with the batch's misses when the store is too slow:
   one now, without waiting), or, when none is left, with a miss beyond the prefetcher's reach (half
   the cache ahead of the loader) that nobody reads yet, the lowest-scored first: the loader reads
   that one, once, while the prefetcher brings the first. The epoch keeps every sample it held;
-  only the order changes, and each sample is read once.
+  only the order changes, and each sample is read once. A miss is deferred once unless it is on
+  its way: one still not on its way at its new batch is one the prefetcher does not read, and the
+  loader reads it there.
 - without one, the loader reads as many misses as the store delivers during one step; the rest
   would make the loop wait longer than a step.
 - what still waits on the store (the far misses brought forward, the misses beyond a step's worth)
