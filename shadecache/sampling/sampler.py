@@ -458,7 +458,12 @@ class ShadeSampler(Sampler):
         # read 0.63x and 1.04x the data at half the speed; without it 0.71x).
         if (self._planner is not None and self.cache is not None and self._source is not None
                 and self.extents is None):
-            if start == 0 or self._planner_epoch != self.epoch:
+            # Once per epoch's order: a second pass over the same order (the same epoch again,
+            # or a pass stopped early and started over) takes it as planned, repeats written in
+            # included; restarting the planner there counted its budget from zero again over an
+            # order that already held that epoch's repeats (every miss left out of an epoch whose
+            # budget allowed 150 of 243)
+            if self._planner_epoch != self.epoch:
                 self._planner.start_epoch(self._rng(2 + self.num_replicas + self.rank))
                 self._planner_epoch = self.epoch
             plan = self._plan_batch

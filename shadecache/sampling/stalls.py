@@ -31,16 +31,17 @@ What the planner does with the batch's misses when the store is too slow:
   would make the loop wait longer than a step.
 - what still waits on the store (the far misses brought forward, the misses beyond a step's worth)
   is replaced by cached samples chosen by importance (probability proportional to the score),
-  within the stall budget: at most `budget` x the positions planned so far, so repeats spread over
-  the epoch; the misses replaced are the lowest-scored (a sample the model already fits costs
+  within the stall budget: at most `budget` x the positions planned so far (with a prefetcher,
+  decided so far: below), so repeats spread over the epoch; the misses replaced are the lowest-scored (a sample the model already fits costs
   least to leave out), never one the coverage floor protects this epoch, and only once scores
   exist (no scores, no repeats); and, under the coverage floor, at most the share of the epoch's
   misses that every epoch can leave out (half at the default two epochs, less what the accuracy
   budget left out: StallPlanner._room). The rest is read: a stall.
 - with a prefetcher, the planner decides ahead of it: each upcoming miss that nobody reads yet
   (neither cached nor on its way) is looked at once, when it enters the plan's horizon, and the
-  share of them that the epoch's room allows is replaced then, the lowest-scored first
-  (StallPlanner._decide_ahead). The prefetcher reads every miss of the order at the store's
+  share of them that the epoch's room and budget allow is replaced then, the lowest-scored
+  first (StallPlanner._decide_ahead); a repeat placed ahead whose sample left the cache gets
+  another cached sample at its batch. The prefetcher reads every miss of the order at the store's
   pace, so an epoch on a store slower than training takes its misses / the store's rate
   whatever the order, and only a read that never happens saves time; a miss the prefetcher has
   read is no longer one the planner may leave out. Measured on a throttled disk (bench/fidelity.py
@@ -55,8 +56,9 @@ saves no read (docs/importance.md).
 
 Reproducible: the planner's random choices come from its own stream of the sampler's seed (seed,
 epoch, rank); given the same sequence of stalls (which ids of which batch were not cached, at which
-measured speeds) the order is the same. state() / load() carry the position planned up to, the
-counts, the stream's state and the speeds, so a resumed epoch goes on exactly.
+measured speeds, and with a prefetcher which were on their way over the plan's horizon) the order
+is the same. state() / load() carry the position planned up to, the counts, the stream's state,
+the speeds and what was decided ahead (LookAhead), so a resumed epoch goes on exactly.
 """
 import math
 import os
@@ -267,9 +269,9 @@ class StallPlanner:
             stop = min(order.size, end + max(2 * reach, DEFER_HORIZON_BATCHES * b))
         view.hold(order[k:stop])   # one snapshot of what the node holds, for all of the plan
         changed = []
-        if prefetching:
-            if self.ahead is None or self.ahead.size != order.size:
-                self.ahead = LookAhead(order.size)
+        if prefetching and (self.ahead is None or self.ahead.size != order.size):
+            self.ahead = LookAhead(order.size)
+        if self.ahead is not None:   # repeats placed ahead, also once the prefetcher is gone
             changed += self._refill(order, k, end, view)
         uncached = ~view.cached(order[k:end])
         # With a prefetcher reading the published order, a miss here is one it has not brought
@@ -284,9 +286,9 @@ class StallPlanner:
                 # prefetcher's reach, the lowest scores first (nobody reads those yet: the loader
                 # does, once, while the prefetcher brings the first); the cache keeps the
                 # arrivals until their turn, which comes within about its own size. A miss
-                # deferred before and still not on its way is not one the prefetcher reads (its
-                # window has passed it, or, with an SSD tier and a full cache, it reads only what
-                # the cache would admit): it is read now. Deferred again, it went batch after
+                # deferred before and still not on its way is one the prefetcher does not take
+                # up in time (it is behind, or, with an SSD tier and a full cache, it reads only
+                # what the cache would admit): it is read now. Deferred again, it went batch after
                 # batch to the epoch's end, where all such misses waited at once (warm 100 KB
                 # epochs: 80-186 ms waits in the last three of 16 batches, none before; 0.85x
                 # the speed without a prefetcher: BENCHMARKS.md, "The stall budget decides ahead
@@ -296,6 +298,7 @@ class StallPlanner:
                 ahead = view.cached(order[end:stop])
                 targets = (end + np.flatnonzero(ahead))[:movable.size]
                 far = end + reach + np.flatnonzero(~ahead[reach:])
+                far = far[~self.ahead.placed[far]]   # a repeat placed there is refilled, not read
                 need = movable.size - targets.size
                 if need > 0 and far.size:
                     far = np.sort(far[self._easiest(view, order[far], need)])
@@ -322,11 +325,12 @@ class StallPlanner:
     def _decide_ahead(self, order, end, stop, view) -> list:
         """With a prefetcher: decides, once, the fate of each upcoming miss in [end, stop) that it
         has not looked at before (neither cached nor on its way, not due under the coverage
-        floor): of those, the share that the epoch's room left allows over them and the like
-        beyond `stop` (estimated at the rate found so far) is replaced now, the lowest-scored,
-        by cached samples chosen by importance; the others are left for the prefetcher to read.
-        Within the stall budget too: budget x the positions decided. Returns the positions
-        changed.
+        floor): of those, the share that the epoch's allowance left (its room under the floor,
+        and budget x its positions) spreads over them and the like beyond `stop` (estimated at
+        the rate found so far) is replaced now, the lowest-scored, by cached samples chosen by
+        importance; the others are left for the prefetcher to read. The budget is also a running
+        cap, budget x the positions decided so far (`stop`): candidates that cap cut off are
+        looked at again by the next plans. Returns the positions changed.
 
         Why now and not as the loader gets there: the prefetcher reads every miss of the
         published order at the store's pace, so the epoch takes (misses / the store's rate)
@@ -348,15 +352,18 @@ class StallPlanner:
         a.found += int(np.count_nonzero(fresh & first))
         a.horizon = max(a.horizon, stop)
         cand = win[fresh]
-        a.seen[cand] = True
-        left = min(math.floor(self.room), math.floor(self.budget * stop)) - self.repeats
-        if cand.size == 0 or left <= 0:
+        room = min(math.floor(self.room), math.floor(self.budget * order.size)) - self.repeats
+        cap = min(math.floor(self.room), math.floor(self.budget * stop)) - self.repeats
+        if cand.size == 0 or room <= 0 or cap <= 0:
+            a.seen[cand] = room <= 0    # nothing left to spend: decided (read); else look again
             return []
         beyond = (order.size - stop) * a.found / max(a.looked, 1)
-        want = min(1.0, left / (cand.size + beyond)) * cand.size + a.carry
-        m = min(int(want), left)
-        a.carry = want - int(want)
+        want = min(1.0, room / (cand.size + beyond)) * cand.size + a.carry
+        m = min(int(want), cap)
+        a.carry = want - int(want) if m == int(want) else 0.0
         chosen = np.sort(cand[self._easiest(view, order[cand], m)])
+        # decided: what was chosen, and, unless the running cap cut the share, the rest (read)
+        a.seen[cand if m == int(want) else chosen] = True
         got = view.pick_cached(self.rng, chosen.size) if chosen.size else chosen
         chosen = chosen[:got.size]
         if chosen.size == 0:
@@ -387,9 +394,10 @@ class StallPlanner:
         coverage floor (_room, paced the same way). A miss left out of one epoch is due in the
         next (with the floor at two epochs), so an epoch that left out more than its share left
         the next fewer to leave out, and epochs alternated: with a prefetcher, whose look-ahead
-        offers many misses at once, warm 100 KB epochs read 0.259x, 0.339x, 0.309x of the data by
-        epoch index (means of four rounds; 0.294x, 0.297x, 0.302x with the room). Returns the
-        positions changed."""
+        offered many misses at once, warm 100 KB epochs read 0.259x, 0.339x, 0.309x of the data by
+        epoch index (means of four rounds; 0.294x, 0.297x, 0.302x with the room). With a
+        prefetcher most repeats are decided ahead (_decide_ahead) and count against the same
+        credit. Returns the positions changed."""
         room = self.room * self.planned / max(order.size, 1)
         credit = min(math.floor(self.budget * self.planned), math.floor(room)) - self.repeats
         if credit <= 0 or pos.size == 0:
@@ -426,6 +434,8 @@ class StallPlanner:
         costs least to leave out), ties in a random order from the planner's stream."""
         if m >= ids.size:
             return np.arange(ids.size)
+        if m <= 0:
+            return np.empty(0, dtype=np.int64)
         tie = self.rng.permutation(ids.size)
         return tie[np.argsort(view.scores(ids[tie]), kind="stable")[:m]]
 
@@ -498,10 +508,12 @@ class StallView:
         self.source = source          # a CachedDataset (loader_totals, its tier chain)
         self._mask = None             # cached in RAM
         self._held = None             # this plan's snapshot (hold): the node holds it
+        self._way = None              # ... and the prefetcher is reading it (ON_WAY)
+        self._pool = None             # (cached ids, their weights) for pick_cached, once a plan
         self._floor = None            # read_floor_s, once
 
     def refresh(self):
-        self._mask = self._held = None
+        self._mask = self._held = self._way = self._pool = None
 
     def loader_totals(self):
         return self.source.loader_totals()
@@ -542,7 +554,16 @@ class StallView:
         SSD tier holds saves no read of the store, and it spent the budget that a store miss
         needed (docs/importance.md). One snapshot, so that a plan's steps agree (a flag that
         changed between two looks moved a deferral's target into the repeats), taken over the
-        plan's ids only (the SSD tier's index over a million samples took ~10 ms a batch)."""
+        plan's ids only (the SSD tier's index over a million samples took ~10 ms a batch).
+        The ON_WAY flags are read first and the cache after them: a read that lands in between is
+        seen cached, never as neither cached nor on its way (a miss the planner would replace,
+        its read thrown away)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        board = board_for(self.sampler.cache)
+        way = np.zeros(self.sampler.cache.num_samples, dtype=bool)
+        if board is not None and ids.size:
+            way[ids] = board.on_way(ids)
+        self._way, self._mask, self._pool = way, None, None
         self._held = self._held_mask(ids)
 
     def _held_mask(self, ids) -> np.ndarray:
@@ -578,7 +599,10 @@ class StallView:
         return self.sampler.extents is None and prefetcher_live(self.sampler.cache)
 
     def on_way(self, ids) -> np.ndarray:
-        """Which ids the prefetcher is reading now (the board's ON_WAY flags)."""
+        """Which ids the prefetcher is reading (the board's ON_WAY flags): by this plan's snapshot
+        (hold) for the ids it looked at, now before one."""
+        if self._way is not None:
+            return self._way[ids]
         board = board_for(self.sampler.cache)
         return np.zeros(len(ids), dtype=bool) if board is None else board.on_way(ids)
 
@@ -608,11 +632,13 @@ class StallView:
     def pick_cached(self, rng, m: int) -> np.ndarray:
         """m cached ids drawn with probability proportional to their scores (distinct when the
         cache holds enough)."""
-        cand = np.flatnonzero(self._cached_mask())
+        if self._pool is None:   # once a plan: a plan may pick up to three times
+            cand = np.flatnonzero(self._cached_mask())
+            w = np.asarray(self.sampler.table.scores[cand], dtype=np.float64)
+            self._pool = (cand, w / w.sum() if w.sum() > 0 else None)
+        cand, w = self._pool
         if cand.size == 0 or m <= 0:
             return np.empty(0, dtype=np.int64)
-        w = np.asarray(self.sampler.table.scores[cand], dtype=np.float64)
-        w = w / w.sum() if w.sum() > 0 else None
         return rng.choice(cand, size=m, replace=m > cand.size, p=w).astype(np.int64)
 
     def cache_items(self) -> int:
