@@ -24,9 +24,10 @@ What the planner does with the batch's misses when the store is too slow:
   one now, without waiting), or, when none is left, with a miss beyond the prefetcher's reach (half
   the cache ahead of the loader) that nobody reads yet, the lowest-scored first: the loader reads
   that one, once, while the prefetcher brings the first. The epoch keeps every sample it held;
-  only the order changes, and each sample is read once. A miss is deferred once unless it is on
-  its way: one still not on its way at its new batch is one the prefetcher does not read, and the
-  loader reads it there.
+  only the order changes, and each sample is read once. With an SSD tier (where the prefetcher
+  reads only what a full cache would admit) a miss is deferred once unless it is on its way: one
+  still not on its way at its new batch is one the prefetcher does not take up, and the loader
+  reads it there.
 - without one, the loader reads as many misses as the store delivers during one step; the rest
   would make the loop wait longer than a step.
 - what still waits on the store (the far misses brought forward, the misses beyond a step's worth)
@@ -285,15 +286,19 @@ class StallPlanner:
                 # (the loop trains that one now, without a wait), else with a miss beyond the
                 # prefetcher's reach, the lowest scores first (nobody reads those yet: the loader
                 # does, once, while the prefetcher brings the first); the cache keeps the
-                # arrivals until their turn, which comes within about its own size. A miss
-                # deferred before and still not on its way is one the prefetcher does not take
-                # up in time (it is behind, or, with an SSD tier and a full cache, it reads only
-                # what the cache would admit): it is read now. Deferred again, it went batch after
-                # batch to the epoch's end, where all such misses waited at once (warm 100 KB
-                # epochs: 80-186 ms waits in the last three of 16 batches, none before; 0.85x
-                # the speed without a prefetcher: BENCHMARKS.md, "The stall budget decides ahead
+                # arrivals until their turn, which comes within about its own size. With an SSD
+                # tier, a miss deferred before and still not on its way is read now: there the
+                # prefetcher reads only what a full cache would admit, so it does not take that
+                # miss up, and deferral after deferral carried such misses to the epoch's end,
+                # where they all waited at once (warm 100 KB epochs: 80-186 ms waits in the last
+                # three of 16 batches, none before). Without one it reads every miss, making
+                # room, and a miss not on its way yet is one it has not reached: deferred again
+                # (read at the batch instead, tabular and longtail on the throttled disk read
+                # 4-6% more and ran 4-7% slower: BENCHMARKS.md, "The stall budget decides ahead
                 # of the prefetcher").
                 again = self.ahead.deferred[pos] & ~view.on_way(order[pos])
+                if not view.prefetcher_filters():
+                    again[:] = False
                 movable = pos[~again]
                 ahead = view.cached(order[end:stop])
                 targets = (end + np.flatnonzero(ahead))[:movable.size]
@@ -462,11 +467,11 @@ class LookAhead:
     (StallPlanner._decide_ahead): the positions whose miss it has looked at (`seen`: decided
     once, replaced or left to be read), the positions where it placed a stall repeat (`placed`:
     refilled at their batch if the sample left the cache meanwhile), the positions a deferral
-    moved a miss to (`deferred`: one still not on its way there is read, not deferred again), how
-    far it has looked (`horizon`), the positions first looked at and the misses it could leave
-    out among them (`looked`, `found`: their rate estimates those beyond the horizon), and the
-    fraction of a repeat carried to the next decision. The masks follow the ids when a deferral
-    swaps two positions."""
+    moved a miss to (`deferred`: with an SSD tier, one still not on its way there is read, not
+    deferred again), how far it has looked (`horizon`), the positions first looked at and the
+    misses it could leave out among them (`looked`, `found`: their rate estimates those beyond
+    the horizon), and the fraction of a repeat carried to the next decision. The masks follow
+    the ids when a deferral swaps two positions."""
 
     def __init__(self, size: int):
         self.size = int(size)
@@ -597,6 +602,13 @@ class StallView:
         read apart from its extent (measured: with a live prefetcher the first warm epoch read
         0.91-1.03x the data against 0.59-0.77x)."""
         return self.sampler.extents is None and prefetcher_live(self.sampler.cache)
+
+    def prefetcher_filters(self) -> bool:
+        """Whether the prefetcher reads only some of the misses ahead: with a tier that keeps
+        copies (an SSD tier), once the cache is full it reads only what the cache would admit
+        (shadecache/lookahead/prefetcher.py); without one it reads every miss, making room."""
+        chain = getattr(self.source, "chain", None)
+        return chain is not None and chain.keeps_copies
 
     def on_way(self, ids) -> np.ndarray:
         """Which ids the prefetcher is reading (the board's ON_WAY flags): by this plan's snapshot

@@ -454,16 +454,19 @@ def test_the_floor_is_the_device_profile_of_a_store_read_with_o_direct(tmp_path,
     assert view.read_floor_s() == pytest.approx(expected)
 
 
-def _warm_node_with_a_live_prefetcher(store_path, cache_factory, budget, kind="CachedLoader"):
+def _warm_node_with_a_live_prefetcher(store_path, cache_factory, budget, kind="CachedLoader",
+                                      ssd=None):
     """A node whose cache is full after one scored epoch (357 of these 600 small samples), a board
     on which this test's own process is registered as the node's prefetcher (a live one that
     reads nothing ahead: the planner's decisions are then its own, not a race with reads), and a
-    sampler without the coverage floor (every miss may be left out). Returns (cache, ds, sampler,
-    board, loader)."""
+    sampler without the coverage floor (every miss may be left out); `ssd`: an SSD tier under the
+    cache. Returns (cache, ds, sampler, board, loader)."""
     store = slow(store_path, 0.0)
     cache = cache_factory(N, capacity=sc.Cache.capacity_for(120, store.lengths),
                           policy="importance", sizes=store.lengths)
-    ds = sc.CachedDataset(store, cache)
+    if ssd is not None:
+        ssd = ssd(cache)
+    ds = sc.CachedDataset(store, cache, ssd=ssd)
     s = sc.ShadeSampler(ds, cache=cache, batch_size=B, seed=7, stall_speeds=SLOW,
                         stall_budget=budget, coverage_epochs=0, order="uniform")
     board = sc.OrderBoard.create(cache.name, N)
@@ -561,12 +564,20 @@ def test_a_repeat_placed_ahead_whose_sample_left_the_cache_gets_another(store_pa
         board.close()
 
 
-def test_a_miss_the_prefetcher_does_not_take_up_is_deferred_once(store_path, cache_factory):
-    """A deferred miss that is still not on its way at its new batch is not one the prefetcher
-    reads (here it reads nothing): it is read there. Deferred again and again, the misses went
-    to the epoch's end and waited there all at once."""
+def test_with_an_ssd_tier_a_miss_the_prefetcher_does_not_take_up_is_deferred_once(
+        store_path, cache_factory, tmp_path):
+    """With an SSD tier the prefetcher reads only what a full cache would admit: a deferred miss
+    still not on its way at its new batch is not one it takes up (here it reads nothing), and is
+    read there. Deferred again and again, the misses went to the epoch's end and waited there all
+    at once. (The SSD tier is small: most samples the cache does not hold stay misses.)"""
+    tiers = []
+
+    def small_ssd(cache):
+        room = 30 * sc.SSDTier.slot_bytes(64)          # 30 samples
+        tiers.append(sc.SSDTier(str(tmp_path / "ssd"), capacity_bytes=room, cache=cache))
+        return tiers[-1]
     cache, ds, s, board, loader = _warm_node_with_a_live_prefetcher(store_path, cache_factory, 0.0,
-                                                                     "DataLoader")
+                                                                     "DataLoader", ssd=small_ssd)
     try:
         s.set_epoch(1)
         drawn = s.order().copy()
@@ -576,7 +587,7 @@ def test_a_miss_the_prefetcher_does_not_take_up_is_deferred_once(store_path, cac
         s.end_epoch()
         assert np.array_equal(np.sort(trained), np.sort(drawn))   # budget 0: nothing left out
         deferrals = s.repeats_history[1]["stall_deferrals"]
-        assert 0 < deferrals <= 1.15 * misses    # 1.37x when deferred again (332 of 243)
+        assert 0 < deferrals <= 1.15 * misses    # 1.49x when deferred again (362 of 243)
         # the misses are spread over the epoch, not gathered at its end
         was_miss = ~cached[trained]
         last_fifth = was_miss[-N // 5:].sum()
@@ -585,6 +596,8 @@ def test_a_miss_the_prefetcher_does_not_take_up_is_deferred_once(store_path, cac
         board.set_prefetcher(0)
         board.unlink()
         board.close()
+        for t in tiers:
+            t.close()
 
 
 def test_a_second_pass_over_the_same_epoch_takes_its_order_as_planned(store_path, cache_factory):
