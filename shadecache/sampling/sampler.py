@@ -252,6 +252,7 @@ class ShadeSampler(Sampler):
         if epoch != self.epoch:
             self.epoch = epoch
             self._order = None
+            self._planner_epoch = None   # a new order: the planner starts over on it
             self._ahead = None
             self._weights = None
             self._consumed = 0
@@ -458,11 +459,12 @@ class ShadeSampler(Sampler):
         # read 0.63x and 1.04x the data at half the speed; without it 0.71x).
         if (self._planner is not None and self.cache is not None and self._source is not None
                 and self.extents is None):
-            # Once per epoch's order: a second pass over the same order (the same epoch again,
-            # or a pass stopped early and started over) takes it as planned, repeats written in
-            # included; restarting the planner there counted its budget from zero again over an
-            # order that already held that epoch's repeats (every miss left out of an epoch whose
-            # budget allowed 150 of 243)
+            # Once per order drawn (set_epoch to another epoch and end_epoch drop the order and
+            # the planner's claim to it): a second pass over the same order (a pass stopped
+            # early and started over) takes it as planned, repeats written in included;
+            # restarting the planner there counted its budget from zero again over an order that
+            # already held that epoch's repeats (every miss left out of an epoch whose budget
+            # allowed 150 of 243)
             if self._planner_epoch != self.epoch:
                 self._planner.start_epoch(self._rng(2 + self.num_replicas + self.rank))
                 self._planner_epoch = self.epoch
@@ -593,6 +595,7 @@ class ShadeSampler(Sampler):
         self._loss_sum, self._loss_cnt = 0.0, 0
         self.epoch += 1
         self._order = None
+        self._planner_epoch = None
         self._ahead = None
         self._weights = None
         self._consumed = 0

@@ -33,11 +33,12 @@ What the planner does with the batch's misses when the store is too slow:
 - what still waits on the store (the far misses brought forward, the misses beyond a step's worth)
   is replaced by cached samples chosen by importance (probability proportional to the score),
   within the stall budget: at most `budget` x the positions planned so far (with a prefetcher,
-  decided so far: below), so repeats spread over the epoch; the misses replaced are the lowest-scored (a sample the model already fits costs
-  least to leave out), never one the coverage floor protects this epoch, and only once scores
-  exist (no scores, no repeats); and, under the coverage floor, at most the share of the epoch's
-  misses that every epoch can leave out (half at the default two epochs, less what the accuracy
-  budget left out: StallPlanner._room). The rest is read: a stall.
+  decided so far: below), so repeats spread over the epoch; the misses replaced are the
+  lowest-scored (a sample the model already fits costs least to leave out), never one the
+  coverage floor protects this epoch, and only once scores exist (no scores, no repeats); and,
+  under the coverage floor, at most the share of the epoch's misses that every epoch can leave
+  out (half at the default two epochs, less what the accuracy budget left out:
+  StallPlanner._room). The rest is read: a stall.
 - with a prefetcher, the planner decides ahead of it: each upcoming miss that nobody reads yet
   (neither cached nor on its way) is looked at once, when it enters the plan's horizon, and the
   share of them that the epoch's room and budget allow is replaced then, the lowest-scored
@@ -238,7 +239,7 @@ class StallPlanner:
         self.deferrals = 0
         self.repeats = 0
         self.room = None          # the epoch's room for stall repeats (_room), once it acts in it
-        self.ahead = None         # what it decided ahead of the loader (LookAhead), with a prefetcher
+        self.ahead = None         # with a prefetcher: what it decided ahead (LookAhead)
 
     def start_epoch(self, rng) -> None:
         self.rng = rng
@@ -497,7 +498,8 @@ class LookAhead:
         a.seen[np.asarray(state["seen"], dtype=np.int64)] = True
         a.placed[np.asarray(state["placed"], dtype=np.int64)] = True
         a.deferred[np.asarray(state["deferred"], dtype=np.int64)] = True
-        a.horizon, a.looked, a.found = int(state["horizon"]), int(state["looked"]), int(state["found"])
+        a.horizon, a.looked = int(state["horizon"]), int(state["looked"])
+        a.found = int(state["found"])
         a.carry = float(state["carry"])
         return a
 
@@ -611,8 +613,9 @@ class StallView:
         return chain is not None and chain.keeps_copies
 
     def on_way(self, ids) -> np.ndarray:
-        """Which ids the prefetcher is reading (the board's ON_WAY flags): by this plan's snapshot
-        (hold) for the ids it looked at, now before one."""
+        """Which ids the prefetcher is reading (the board's ON_WAY flags): after hold, by this
+        plan's snapshot (exact for the ids it took; others read as not on their way); before
+        one, now."""
         if self._way is not None:
             return self._way[ids]
         board = board_for(self.sampler.cache)
