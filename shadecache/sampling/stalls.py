@@ -325,7 +325,16 @@ class StallPlanner:
             if view.scored():
                 changed += self._repeat(order, pos, view)
         if prefetching and view.scored():
-            changed += self._decide_ahead(order, end, stop, view)
+            # How far ahead the planner decides. With an SSD tier the prefetcher never removes a
+            # sample to make room, and its window (bounded by lookahead bytes) reached past twice
+            # its reach: over the whole horizon. Without one it makes room among the samples
+            # needed later (the board's next uses), and repeats placed across the epoch gave
+            # the cached samples next uses everywhere: on the throttled disk tabular, sequence
+            # and longtail then read 0-2.5% more than with repeats within twice the reach, ran
+            # 2-4% slower, and lost 0.15-0.5 points against them (BENCHMARKS.md, "The stall
+            # budget decides ahead of the prefetcher").
+            upto = stop if view.prefetcher_filters() else min(stop, end + 2 * reach)
+            changed += self._decide_ahead(order, end, upto, view)
         return np.asarray(sorted(set(changed)), dtype=np.int64)
 
     def _decide_ahead(self, order, end, stop, view) -> list:
