@@ -294,9 +294,9 @@ class StallPlanner:
                 # where they all waited at once (warm 100 KB epochs: 80-186 ms waits in the last
                 # three of 16 batches, none before). Without one it reads every miss, making
                 # room, and a miss not on its way yet is one it has not reached: deferred again
-                # (read at the batch instead, tabular and longtail on the throttled disk read
-                # 4-6% more and ran 4-7% slower: BENCHMARKS.md, "The stall budget decides ahead
-                # of the prefetcher").
+                # (read at the batch instead, tabular and longtail on the throttled disk read 5%
+                # more and ran 4-5% slower: BENCHMARKS.md, "The stall budget decides ahead of the
+                # prefetcher").
                 again = self.ahead.deferred[pos] & ~view.on_way(order[pos])
                 if not view.prefetcher_filters():
                     again[:] = False
@@ -330,9 +330,8 @@ class StallPlanner:
             # its reach: over the whole horizon. Without one it makes room among the samples
             # needed later (the board's next uses), and repeats placed across the epoch gave
             # the cached samples next uses everywhere: on the throttled disk tabular, sequence
-            # and longtail then read 0-2.5% more than with repeats within twice the reach, ran
-            # 2-4% slower, and lost 0.15-0.5 points against them (BENCHMARKS.md, "The stall
-            # budget decides ahead of the prefetcher").
+            # and longtail then read 4-6% more than with repeats within twice the reach, and ran
+            # 1-7% slower (BENCHMARKS.md, "The stall budget decides ahead of the prefetcher").
             upto = stop if view.prefetcher_filters() else min(stop, end + 2 * reach)
             changed += self._decide_ahead(order, end, upto, view)
         return np.asarray(sorted(set(changed)), dtype=np.int64)

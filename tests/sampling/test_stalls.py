@@ -710,7 +710,7 @@ def test_an_epoch_drawn_again_is_planned_again(store_path, cache_factory):
 def test_without_an_ssd_tier_a_miss_not_on_its_way_is_deferred_again(store_path, cache_factory):
     """Without an SSD tier the prefetcher reads every miss (making room): a miss not on its way
     yet is one it has not reached, and is deferred again rather than read by the loader (read at
-    its second batch, tabular and longtail on a throttled disk read 4-6% more). Here the
+    its second batch, tabular and longtail on a throttled disk read 5% more). Here the
     prefetcher reads nothing, so every miss goes on being deferred while a cached sample is left
     to trade places with: the first half of the epoch trains cached samples only."""
     cache, ds, s, board, loader = _warm_node_with_a_live_prefetcher(store_path, cache_factory, 0.0,
