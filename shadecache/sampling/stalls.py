@@ -40,7 +40,8 @@ What the planner does with the batch's misses when the store is too slow:
   out (half at the default two epochs, less what the accuracy budget left out:
   StallPlanner._room). The rest is read: a stall.
 - with a prefetcher, the planner decides ahead of it: each upcoming miss that nobody reads yet
-  (neither cached nor on its way) is looked at once, when it enters the plan's horizon, and the
+  (neither cached nor on its way) is looked at once, when it enters the window the plan decides
+  over (with an SSD tier the plan's horizon, without one twice the prefetcher's reach), and the
   share of them that the epoch's room and budget allow is replaced then, the lowest-scored
   first (StallPlanner._decide_ahead); a repeat placed ahead whose sample left the cache gets
   another cached sample at its batch. The prefetcher reads every miss of the order at the store's
@@ -326,8 +327,9 @@ class StallPlanner:
                 changed += self._repeat(order, pos, view)
         if prefetching and view.scored():
             # How far ahead the planner decides. With an SSD tier the prefetcher never removes a
-            # sample to make room, and its window (bounded by lookahead bytes) reached past twice
-            # its reach: over the whole horizon. Without one it makes room among the samples
+            # sample to make room, and with the README's lookahead (4,096 samples, 64 MiB) its
+            # window reached past twice its reach (the automatic lookahead stops at the reach):
+            # over the whole horizon. Without one it makes room among the samples
             # needed later (the board's next uses), and repeats placed across the epoch gave
             # the cached samples next uses everywhere: on the throttled disk tabular, sequence
             # and longtail then read 4-6% more than with repeats within twice the reach, and ran

@@ -622,8 +622,9 @@ def test_a_second_pass_over_the_same_epoch_takes_its_order_as_planned(store_path
 
 
 def test_the_budget_is_spent_when_the_horizon_is_shorter_than_the_epoch(tmp_path, cache_factory):
-    """20,000 samples, a cache that holds about a third of them (6,936): a plan looks as far
-    ahead, a third of the epoch. The share of each window's misses comes from the whole
+    """20,000 samples, a cache that holds about a third of them (6,936): a plan decides over
+    twice the prefetcher's reach (half the cache's items, by the store's mean sample size: about
+    14,000 positions), 70% of the epoch. The share of each window's misses comes from the whole
     epoch's allowance, and the running cap (budget x the positions decided) only delays what it
     cuts: the epoch makes every repeat its budget allows, ahead of the prefetcher (shared by the
     budget so far, the early windows got too small a share: 4,782 of the 5,000 were decided
@@ -726,3 +727,53 @@ def test_without_an_ssd_tier_a_miss_not_on_its_way_is_deferred_again(store_path,
         board.set_prefetcher(0)
         board.unlink()
         board.close()
+
+
+@pytest.mark.parametrize("with_ssd", [False, True])
+def test_without_an_ssd_tier_repeats_are_decided_within_twice_the_prefetchers_reach(
+        tmp_path, cache_factory, with_ssd):
+    """Without an SSD tier the prefetcher makes room by next use, and repeats placed across the
+    epoch gave the cached samples next uses everywhere (the slow-store sweep read 4-6% more):
+    the planner decides within twice the prefetcher's reach (half the cache's items). With one,
+    as far as the plan looks (64 batches here; the cache holds 376 samples of 512 bytes)."""
+    n = 3000
+    path = str(tmp_path / "mid.shc")
+    sc.pack([(np.full(512, i % 251, np.uint8).tobytes(), i % 10) for i in range(n)], path,
+            progress=False)
+    store = slow(path, 0.0)
+    cache = cache_factory(n, capacity=sc.Cache.capacity_for(200, store.lengths),
+                          policy="importance", sizes=store.lengths)
+    tier = None
+    if with_ssd:   # small: most samples the cache does not hold stay misses
+        tier = sc.SSDTier(str(tmp_path / "ssd"), capacity_bytes=30 * sc.SSDTier.slot_bytes(512),
+                          cache=cache)
+    ds = sc.CachedDataset(store, cache, ssd=tier)
+    s = sc.ShadeSampler(ds, cache=cache, batch_size=B, seed=7, stall_speeds=SLOW,
+                        stall_budget=0.25, coverage_epochs=0, order="uniform")
+    board = sc.OrderBoard.create(cache.name, n)
+    try:
+        board.set_prefetcher(os.getpid())
+        loader = make_loader("DataLoader", ds, s)
+        run_epochs(loader, s, 1)
+        s.set_epoch(1)
+        s.order()
+        it = iter(loader)
+        next(it)
+        view = stalls.StallView(s, ds)
+        window = 2 * max(B, view.cache_items() // 2)
+        assert B + window < n // 2                   # the window is well short of the epoch
+        placed = np.flatnonzero(s._planner.ahead.placed)
+        assert placed.size > 0
+        if with_ssd:
+            assert placed.max() >= B + window
+        else:
+            assert placed.max() < B + window
+        for _ in it:
+            pass
+        s.end_epoch()
+    finally:
+        board.set_prefetcher(0)
+        board.unlink()
+        board.close()
+        if tier is not None:
+            tier.close()
