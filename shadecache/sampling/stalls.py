@@ -266,6 +266,7 @@ class StallPlanner:
         if self.room is None:
             self.room = self._room(order, k, view)
         prefetching = view.prefetching()
+        filters = prefetching and view.prefetcher_filters()
         stop = end                 # the last position this plan looks at, + 1
         if prefetching:
             reach = max(b, view.cache_items() // 2)
@@ -298,9 +299,8 @@ class StallPlanner:
                 # (read at the batch instead, tabular and longtail on the throttled disk read 5%
                 # more and ran 4-5% slower: BENCHMARKS.md, "The stall budget decides ahead of the
                 # prefetcher").
-                again = self.ahead.deferred[pos] & ~view.on_way(order[pos])
-                if not view.prefetcher_filters():
-                    again[:] = False
+                again = (self.ahead.deferred[pos] & ~view.on_way(order[pos]) if filters
+                         else np.zeros(pos.size, dtype=bool))
                 movable = pos[~again]
                 ahead = view.cached(order[end:stop])
                 targets = (end + np.flatnonzero(ahead))[:movable.size]
@@ -334,7 +334,7 @@ class StallPlanner:
             # the cached samples next uses everywhere: on the throttled disk tabular, sequence
             # and longtail then read 4-6% more than with repeats within twice the reach, and ran
             # 1-7% slower (BENCHMARKS.md, "The stall budget decides ahead of the prefetcher").
-            upto = stop if view.prefetcher_filters() else min(stop, end + 2 * reach)
+            upto = stop if filters else min(stop, end + 2 * reach)
             changed += self._decide_ahead(order, end, upto, view)
         return np.asarray(sorted(set(changed)), dtype=np.int64)
 
@@ -380,11 +380,7 @@ class StallPlanner:
         chosen = np.sort(cand[self._easiest(view, order[cand], m)])
         # decided: what was chosen, and, unless the running cap cut the share, the rest (read)
         a.seen[cand if m == int(want) else chosen] = True
-        got = view.pick_cached(self.rng, chosen.size) if chosen.size else chosen
-        chosen = chosen[:got.size]
-        if chosen.size == 0:
-            return []
-        order[chosen] = got
+        chosen = self._fill(order, chosen, view)
         a.placed[chosen] = True
         self.repeats += int(chosen.size)
         return chosen.tolist()
@@ -395,13 +391,7 @@ class StallPlanner:
         any cached sample, and one that has left the cache would be read. Not new repeats.
         Returns the positions changed."""
         pos = k + np.flatnonzero(self.ahead.placed[k:end])
-        gone = pos[~view.cached(order[pos])]
-        if gone.size == 0:
-            return []
-        got = view.pick_cached(self.rng, gone.size)
-        gone = gone[:got.size]
-        order[gone] = got
-        return gone.tolist()
+        return self._fill(order, pos[~view.cached(order[pos])], view).tolist()
 
     def _repeat(self, order, pos, view) -> list:
         """Replaces the lowest-scored misses at positions `pos` (not due under the coverage floor)
@@ -419,14 +409,19 @@ class StallPlanner:
         if credit <= 0 or pos.size == 0:
             return []
         left = pos[~view.due(order[pos])]
-        left = np.sort(left[self._easiest(view, order[left], credit)])
-        got = view.pick_cached(self.rng, left.size) if left.size else left
-        left = left[:got.size]
-        if left.size == 0:
-            return []
-        order[left] = got
+        left = self._fill(order, np.sort(left[self._easiest(view, order[left], credit)]), view)
         self.repeats += int(left.size)
         return left.tolist()
+
+    def _fill(self, order, pos, view) -> np.ndarray:
+        """Puts cached samples chosen by importance (view.pick_cached) at positions `pos`, in
+        order; returns the positions filled (fewer when the cache holds nothing)."""
+        if pos.size == 0:
+            return pos
+        got = view.pick_cached(self.rng, pos.size)
+        pos = pos[:got.size]
+        order[pos] = got
+        return pos
 
     def _room(self, order, k, view) -> float:
         """The stall repeats this epoch may make in all if every epoch is to make as many, under
@@ -526,6 +521,7 @@ class StallView:
         self._mask = None             # cached in RAM
         self._held = None             # this plan's snapshot (hold): the node holds it
         self._way = None              # ... and the prefetcher is reading it (ON_WAY)
+        self._way_buf = self._way_ids = None   # that mask's memory, and the ids it set
         self._pool = None             # (cached ids, their weights) for pick_cached, once a plan
         self._floor = None            # read_floor_s, once
 
@@ -577,10 +573,14 @@ class StallView:
         its read thrown away)."""
         ids = np.asarray(ids, dtype=np.int64)
         board = board_for(self.sampler.cache)
-        way = np.zeros(self.sampler.cache.num_samples, dtype=bool)
+        if self._way_buf is None:   # one mask over all ids, cleared where the last plan set it
+            self._way_buf = np.zeros(self.sampler.cache.num_samples, dtype=bool)
+        else:
+            self._way_buf[self._way_ids] = False
         if board is not None and ids.size:
-            way[ids] = board.on_way(ids)
-        self._way, self._mask, self._pool = way, None, None
+            self._way_buf[ids] = board.on_way(ids)
+        self._way_ids = ids
+        self._way, self._mask, self._pool = self._way_buf, None, None
         self._held = self._held_mask(ids)
 
     def _held_mask(self, ids) -> np.ndarray:

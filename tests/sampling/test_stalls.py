@@ -4,6 +4,7 @@ permutation; deferral never loses a sample from an epoch (a real prefetcher proc
 resumed epoch gives the same batches; CachedLoader and DataLoader give the same batches; two DDP
 ranks (real processes, gloo) stay in step; the counts reach ds.stats() and `shadecache stats`; a
 fast store is left alone."""
+import contextlib
 import json
 import os
 import subprocess
@@ -36,12 +37,17 @@ N, B = 600, 20
 SLOW = (0.001, 0.002)
 
 
-@pytest.fixture
-def store_path(tmp_path):
-    path = str(tmp_path / "s.shc")
-    sc.pack([(np.full(64, i % 251, np.uint8).tobytes(), i % 10) for i in range(N)], path,
+def pack_samples(path, n, size):
+    """A packed store at `path` of n samples of `size` bytes (sample i filled with i % 251,
+    label i % 10); returns the path."""
+    sc.pack([(np.full(size, i % 251, np.uint8).tobytes(), i % 10) for i in range(n)], path,
             progress=False)
     return path
+
+
+@pytest.fixture
+def store_path(tmp_path):
+    return pack_samples(str(tmp_path / "s.shc"), N, 64)
 
 
 def losses_of(idx):
@@ -297,9 +303,7 @@ def test_under_the_extent_order_the_stall_budget_repeats_nothing(tmp_path, cache
     of that extent share: a repeat in place of one sample saves no read. The same slow store and
     scores under the uniform order do make stall repeats (the planner acts there)."""
     n = 640
-    path = str(tmp_path / "dense.shc")
-    sc.pack([(np.full(2048, i % 251, np.uint8).tobytes(), i % 10) for i in range(n)], path,
-            progress=False)
+    path = pack_samples(str(tmp_path / "dense.shc"), n, 2048)
     store = slow(path, 0.0)
     cache = cache_factory(n, capacity=sc.Cache.capacity_for(128, store.lengths),
                           policy="importance", sizes=store.lengths)
@@ -454,33 +458,42 @@ def test_the_floor_is_the_device_profile_of_a_store_read_with_o_direct(tmp_path,
     assert view.read_floor_s() == pytest.approx(expected)
 
 
-def _warm_node_with_a_live_prefetcher(store_path, cache_factory, budget, kind="CachedLoader",
-                                      ssd=None):
-    """A node whose cache is full after one scored epoch (357 of these 600 small samples), a board
-    on which this test's own process is registered as the node's prefetcher (a live one that
-    reads nothing ahead: the planner's decisions are then its own, not a race with reads), and a
-    sampler without the coverage floor (every miss may be left out); `ssd`: an SSD tier under the
-    cache. Returns (cache, ds, sampler, board, loader)."""
-    store = slow(store_path, 0.0)
-    cache = cache_factory(N, capacity=sc.Cache.capacity_for(120, store.lengths),
+@contextlib.contextmanager
+def warm_node(path, cache_factory, budget, kind="CachedLoader", cached=120, ssd_dir=None,
+              refill=True):
+    """A node over the store at `path` after one scored epoch: a cache sized for `cached` samples
+    (357 of the 600 small samples of store_path), an SSD tier of 30 samples under it in `ssd_dir`
+    (small: most samples the cache does not hold stay misses), a board on which this test's own
+    process is registered as the node's prefetcher (a live one that reads nothing ahead: the
+    planner's decisions are then its own, not a race with reads), and a sampler without the
+    coverage floor (every miss may be left out); `refill`: every sample read once more after that
+    epoch, so that the cache is full again. Yields (cache, ds, sampler, loader)."""
+    store = slow(path, 0.0)
+    n = len(store)
+    cache = cache_factory(n, capacity=sc.Cache.capacity_for(cached, store.lengths),
                           policy="importance", sizes=store.lengths)
-    if ssd is not None:
-        ssd = ssd(cache)
-    ds = sc.CachedDataset(store, cache, ssd=ssd)
+    tier = None
+    if ssd_dir is not None:
+        room = 30 * sc.SSDTier.slot_bytes(int(np.max(store.lengths)))
+        tier = sc.SSDTier(ssd_dir, capacity_bytes=room, cache=cache)
+    ds = sc.CachedDataset(store, cache, ssd=tier)
     s = sc.ShadeSampler(ds, cache=cache, batch_size=B, seed=7, stall_speeds=SLOW,
                         stall_budget=budget, coverage_epochs=0, order="uniform")
-    board = sc.OrderBoard.create(cache.name, N)
+    board = sc.OrderBoard.create(cache.name, n)
     try:
         board.set_prefetcher(os.getpid())
         loader = make_loader(kind, ds, s)
         run_epochs(loader, s, 1)
-        for first in range(0, N, B):   # every sample read once more: the cache is full again
-            ds.__getitems__(list(range(first, first + B)))
-    except BaseException:
+        if refill:
+            for first in range(0, n, B):
+                ds.__getitems__(list(range(first, min(first + B, n))))
+        yield cache, ds, s, loader
+    finally:
+        board.set_prefetcher(0)
         board.unlink()
         board.close()
-        raise
-    return cache, ds, s, board, loader
+        if tier is not None:
+            tier.close()
 
 
 @pytest.mark.parametrize("budget", [0.25, 1.0])
@@ -495,9 +508,7 @@ def test_with_a_prefetcher_each_upcoming_miss_is_decided_when_first_seen(store_p
     the higher-scored ones. (Paced by the
     positions the loader had reached, the first batch made 20 x budget repeats and left the
     rest to a prefetcher that reads them first.)"""
-    cache, ds, s, board, loader = _warm_node_with_a_live_prefetcher(store_path, cache_factory,
-                                                                     budget)
-    try:
+    with warm_node(store_path, cache_factory, budget) as (cache, ds, s, loader):
         s.set_epoch(1)
         drawn = s.order().copy()
         it = iter(loader)
@@ -520,10 +531,6 @@ def test_with_a_prefetcher_each_upcoming_miss_is_decided_when_first_seen(store_p
         for _ in it:
             pass
         s.end_epoch()
-    finally:
-        board.set_prefetcher(0)
-        board.unlink()
-        board.close()
 
 
 def test_a_repeat_placed_ahead_whose_sample_left_the_cache_gets_another(store_path, cache_factory):
@@ -531,9 +538,7 @@ def test_a_repeat_placed_ahead_whose_sample_left_the_cache_gets_another(store_pa
     evicted meanwhile is given another cached sample there (it would be read otherwise), and the
     batch reads nothing. (DataLoader without workers: each batch is planned and read when it is
     asked for, after the evictions.)"""
-    cache, ds, s, board, loader = _warm_node_with_a_live_prefetcher(store_path, cache_factory, 1.0,
-                                                                     "DataLoader")
-    try:
+    with warm_node(store_path, cache_factory, 1.0, "DataLoader") as (cache, ds, s, loader):
         s.set_epoch(1)
         s.order()
         it = iter(loader)
@@ -558,10 +563,6 @@ def test_a_repeat_placed_ahead_whose_sample_left_the_cache_gets_another(store_pa
         for _ in it:
             pass
         s.end_epoch()
-    finally:
-        board.set_prefetcher(0)
-        board.unlink()
-        board.close()
 
 
 def test_with_an_ssd_tier_a_miss_the_prefetcher_does_not_take_up_is_deferred_once(
@@ -569,16 +570,9 @@ def test_with_an_ssd_tier_a_miss_the_prefetcher_does_not_take_up_is_deferred_onc
     """With an SSD tier the prefetcher reads only what a full cache would admit: a deferred miss
     still not on its way at its new batch is not one it takes up (here it reads nothing), and is
     read there. Deferred again and again, the misses went to the epoch's end and waited there all
-    at once. (The SSD tier is small: most samples the cache does not hold stay misses.)"""
-    tiers = []
-
-    def small_ssd(cache):
-        room = 30 * sc.SSDTier.slot_bytes(64)          # 30 samples
-        tiers.append(sc.SSDTier(str(tmp_path / "ssd"), capacity_bytes=room, cache=cache))
-        return tiers[-1]
-    cache, ds, s, board, loader = _warm_node_with_a_live_prefetcher(store_path, cache_factory, 0.0,
-                                                                     "DataLoader", ssd=small_ssd)
-    try:
+    at once."""
+    with warm_node(store_path, cache_factory, 0.0, "DataLoader",
+                   ssd_dir=str(tmp_path / "ssd")) as (cache, ds, s, loader):
         s.set_epoch(1)
         drawn = s.order().copy()
         cached = np.asarray(cache.cached_mask(), dtype=bool)
@@ -592,12 +586,6 @@ def test_with_an_ssd_tier_a_miss_the_prefetcher_does_not_take_up_is_deferred_onc
         was_miss = ~cached[trained]
         last_fifth = was_miss[-N // 5:].sum()
         assert last_fifth <= 0.35 * misses, (last_fifth, misses)   # 49% when deferred again
-    finally:
-        board.set_prefetcher(0)
-        board.unlink()
-        board.close()
-        for t in tiers:
-            t.close()
 
 
 def test_a_second_pass_over_the_same_epoch_takes_its_order_as_planned(store_path, cache_factory):
@@ -605,8 +593,7 @@ def test_a_second_pass_over_the_same_epoch_takes_its_order_as_planned(store_path
     twice) uses the order as the first pass planned it, repeats included: the planner does not
     count the epoch's budget from zero again over an order that already holds its repeats (every
     one of 243 misses was left out under a budget of 150)."""
-    cache, ds, s, board, loader = _warm_node_with_a_live_prefetcher(store_path, cache_factory, 0.25)
-    try:
+    with warm_node(store_path, cache_factory, 0.25) as (cache, ds, s, loader):
         s.set_epoch(1)
         drawn = s.order().copy()
         next(iter(loader))                                 # one batch, then started over
@@ -615,10 +602,6 @@ def test_a_second_pass_over_the_same_epoch_takes_its_order_as_planned(store_path
         left_out = N - np.intersect1d(drawn, trained).size
         assert 0 < left_out <= 0.25 * N
         assert s.repeats_history[1]["stall_repeats"] <= 0.25 * N
-    finally:
-        board.set_prefetcher(0)
-        board.unlink()
-        board.close()
 
 
 def test_the_budget_is_spent_when_the_horizon_is_shorter_than_the_epoch(tmp_path, cache_factory):
@@ -630,22 +613,8 @@ def test_the_budget_is_spent_when_the_horizon_is_shorter_than_the_epoch(tmp_path
     budget so far, the early windows got too small a share: 4,782 of the 5,000 were decided
     ahead, the rest made up at the loader's batch, 4,900 in all when misses were deferred once)."""
     n = 20_000
-    path = str(tmp_path / "big.shc")
-    sc.pack([(np.full(64, i % 251, np.uint8).tobytes(), i % 10) for i in range(n)], path,
-            progress=False)
-    store = slow(path, 0.0)
-    cache = cache_factory(n, capacity=sc.Cache.capacity_for(5000, store.lengths),
-                          policy="importance", sizes=store.lengths)
-    ds = sc.CachedDataset(store, cache)
-    s = sc.ShadeSampler(ds, cache=cache, batch_size=B, seed=7, stall_speeds=SLOW,
-                        stall_budget=0.25, coverage_epochs=0, order="uniform")
-    board = sc.OrderBoard.create(cache.name, n)
-    try:
-        board.set_prefetcher(os.getpid())
-        loader = sc.CachedLoader(ds, batch_size=B, sampler=s, num_workers=0)
-        run_epochs(loader, s, 1)
-        for first in range(0, n, B):
-            ds.__getitems__(list(range(first, first + B)))
+    path = pack_samples(str(tmp_path / "big.shc"), n, 64)
+    with warm_node(path, cache_factory, 0.25, cached=5000) as (cache, ds, s, loader):
         s.set_epoch(1)
         cached = np.asarray(cache.cached_mask(), dtype=bool)
         assert np.count_nonzero(~cached[s.order()]) > 0.25 * n
@@ -653,10 +622,6 @@ def test_the_budget_is_spent_when_the_horizon_is_shorter_than_the_epoch(tmp_path
         assert s.repeats_history[1]["stall_repeats"] == int(0.25 * n)
         # all of them decided ahead, not made up at the loader's batch (4,782 ahead before)
         assert int(s._planner.ahead.placed.sum()) == int(0.25 * n)
-    finally:
-        board.set_prefetcher(0)
-        board.unlink()
-        board.close()
 
 
 def test_a_read_that_lands_during_a_plan_is_seen_on_its_way(store_path, cache_factory):
@@ -690,8 +655,7 @@ def test_an_epoch_drawn_again_is_planned_again(store_path, cache_factory):
     """An epoch run again after end_epoch (set_epoch back to its number) draws its order anew,
     and the planner starts over on it: the budget is spent on the new order, not taken as spent
     by the old one's plans (the whole epoch ran unplanned: 0 repeats)."""
-    cache, ds, s, board, loader = _warm_node_with_a_live_prefetcher(store_path, cache_factory, 0.25)
-    try:
+    with warm_node(store_path, cache_factory, 0.25) as (cache, ds, s, loader):
         run_epochs(loader, s, 2, first=1)
         first = s.repeats_history[1]["stall_repeats"]
         assert first > 0
@@ -702,10 +666,6 @@ def test_an_epoch_drawn_again_is_planned_again(store_path, cache_factory):
         trained = np.concatenate([idx.numpy() for _, _, idx in loader])
         left_out = N - np.intersect1d(drawn, trained).size
         assert left_out > 0.8 * first, (left_out, first)
-    finally:
-        board.set_prefetcher(0)
-        board.unlink()
-        board.close()
 
 
 def test_without_an_ssd_tier_a_miss_not_on_its_way_is_deferred_again(store_path, cache_factory):
@@ -714,19 +674,13 @@ def test_without_an_ssd_tier_a_miss_not_on_its_way_is_deferred_again(store_path,
     its second batch, tabular and longtail on a throttled disk read 5% more). Here the
     prefetcher reads nothing, so every miss goes on being deferred while a cached sample is left
     to trade places with: the first half of the epoch trains cached samples only."""
-    cache, ds, s, board, loader = _warm_node_with_a_live_prefetcher(store_path, cache_factory, 0.0,
-                                                                     "DataLoader")
-    try:
+    with warm_node(store_path, cache_factory, 0.0, "DataLoader") as (cache, ds, s, loader):
         s.set_epoch(1)
         cached = np.asarray(cache.cached_mask(), dtype=bool)
         trained = np.concatenate([idx.numpy() for _, _, idx in loader])
         s.end_epoch()
         assert cached[trained[:N // 2]].all()
         assert s.repeats_history[1]["stall_deferrals"] > np.count_nonzero(~cached[trained])
-    finally:
-        board.set_prefetcher(0)
-        board.unlink()
-        board.close()
 
 
 @pytest.mark.parametrize("with_ssd", [False, True])
@@ -737,24 +691,10 @@ def test_without_an_ssd_tier_repeats_are_decided_within_twice_the_prefetchers_re
     the planner decides within twice the prefetcher's reach (half the cache's items). With one,
     as far as the plan looks (64 batches here; the cache holds 376 samples of 512 bytes)."""
     n = 3000
-    path = str(tmp_path / "mid.shc")
-    sc.pack([(np.full(512, i % 251, np.uint8).tobytes(), i % 10) for i in range(n)], path,
-            progress=False)
-    store = slow(path, 0.0)
-    cache = cache_factory(n, capacity=sc.Cache.capacity_for(200, store.lengths),
-                          policy="importance", sizes=store.lengths)
-    tier = None
-    if with_ssd:   # small: most samples the cache does not hold stay misses
-        tier = sc.SSDTier(str(tmp_path / "ssd"), capacity_bytes=30 * sc.SSDTier.slot_bytes(512),
-                          cache=cache)
-    ds = sc.CachedDataset(store, cache, ssd=tier)
-    s = sc.ShadeSampler(ds, cache=cache, batch_size=B, seed=7, stall_speeds=SLOW,
-                        stall_budget=0.25, coverage_epochs=0, order="uniform")
-    board = sc.OrderBoard.create(cache.name, n)
-    try:
-        board.set_prefetcher(os.getpid())
-        loader = make_loader("DataLoader", ds, s)
-        run_epochs(loader, s, 1)
+    path = pack_samples(str(tmp_path / "mid.shc"), n, 512)
+    with warm_node(path, cache_factory, 0.25, "DataLoader", cached=200,
+                   ssd_dir=str(tmp_path / "ssd") if with_ssd else None,
+                   refill=False) as (cache, ds, s, loader):
         s.set_epoch(1)
         s.order()
         it = iter(loader)
@@ -771,9 +711,3 @@ def test_without_an_ssd_tier_repeats_are_decided_within_twice_the_prefetchers_re
         for _ in it:
             pass
         s.end_epoch()
-    finally:
-        board.set_prefetcher(0)
-        board.unlink()
-        board.close()
-        if tier is not None:
-            tier.close()
