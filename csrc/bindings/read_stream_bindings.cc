@@ -122,17 +122,18 @@ void register_read_stream(py::module_& m) {
 
   py::class_<PyReadStream>(m, "ReadStream")
       .def(py::init([](PackedReader& reader, const std::string& backend, unsigned queue_depth,
-                       unsigned lanes) {
+                       unsigned lanes, const std::string& submission) {
              auto w = std::make_unique<PyReadStream>();
              BackendKind kind = parse_backend_kind(backend);
+             ReadStream::Submission mode = ReadStream::parse_submission(submission);
              {
                py::gil_scoped_release nogil;
-               w->stream = std::make_unique<ReadStream>(reader, kind, queue_depth, lanes);
+               w->stream = std::make_unique<ReadStream>(reader, kind, queue_depth, lanes, mode);
              }
              return w;
            }),
            py::arg("reader"), py::arg("backend") = "auto", py::arg("queue_depth") = 32,
-           py::arg("lanes") = 2, py::keep_alive<1, 2>())
+           py::arg("lanes") = 2, py::arg("submission") = "auto", py::keep_alive<1, 2>())
       .def(
           "submit",
           [](PyReadStream& w, PackedReader& reader, const py::handle& ids) {
@@ -145,6 +146,9 @@ void register_read_stream(py::module_& m) {
       .def_property_readonly("pending", [](PyReadStream& w) { return w.pending.size(); })
       .def_property_readonly("lanes", [](PyReadStream& w) { return w.s().lanes(); })
       .def_property_readonly("lane_depth", [](PyReadStream& w) { return w.s().lane_depth(); })
+      .def_property_readonly("submission", [](PyReadStream& w) { return w.s().submission_mode(); },
+                             "The submission mode the lanes run now: 'spread' or 'single'.")
+      .def_property_readonly("mode_switches", [](PyReadStream& w) { return w.s().mode_switches(); })
       .def_property_readonly("backend", [](PyReadStream& w) { return w.s().backend_name(); })
       .def_property_readonly("fallback_reason",
                              [](PyReadStream& w) { return w.s().fallback_reason(); })

@@ -66,6 +66,13 @@ class IoBackend {
   // Reads every file whole. Failures are recorded per file (err, failed_step), not thrown, so the
   // caller can name the path; only a failure of the backend itself throws.
   virtual void read_files(FileRead* ops, size_t n) = 0;
+
+  // How the next read_ranges calls run: at most `max_inflight` reads in flight (never more than
+  // the depth the backend was made with) and, with `submit_each`, every read handed to the kernel
+  // alone as soon as it is queued, instead of the reads that are ready together in one system
+  // call. The read stream switches these between batches (read_stream.h); a backend that cannot
+  // (the pread pool) ignores them.
+  virtual void set_submission(unsigned max_inflight, bool submit_each) {}
 };
 
 // Bytes an O_DIRECT read of `op` asks for: the aligned blocks that cover it (at least one).

@@ -14,8 +14,16 @@
 
 namespace shadecache {
 
+ReadStream::Submission ReadStream::parse_submission(const std::string& s) {
+  if (s == "auto") return Submission::kAuto;
+  if (s == "spread") return Submission::kSpread;
+  if (s == "single") return Submission::kSingle;
+  throw Error(ErrorKind::kInvalidArgument,
+              "submission must be 'auto', 'spread' or 'single', not '" + s + "'");
+}
+
 ReadStream::ReadStream(PackedReader& reader, BackendKind kind, unsigned queue_depth,
-                       unsigned lanes)
+                       unsigned lanes, Submission submission)
     : reader_(reader), kind_(kind), pid_(::getpid()) {
   if (queue_depth < 1 || queue_depth > 4096)
     throw Error(ErrorKind::kInvalidArgument,
@@ -25,6 +33,10 @@ ReadStream::ReadStream(PackedReader& reader, BackendKind kind, unsigned queue_de
   if (reader.closed()) throw Error(ErrorKind::kClosed, reader.path() + ": store is closed");
   lanes = std::min(lanes, queue_depth);
   lane_depth_ = (queue_depth + lanes - 1) / lanes;
+  queue_depth_ = queue_depth;
+  submission_ = submission;
+  single_ = submission == Submission::kSingle;
+  epoch_start_ = std::chrono::steady_clock::now();
   // The file the store opened and validated (a dup shares its O_DIRECT flag), never whatever
   // the path names now (a re-pack renamed over it, a FIFO).
   fd_ = ::fcntl(reader.read_fd(), F_DUPFD_CLOEXEC, 0);
@@ -36,7 +48,7 @@ ReadStream::ReadStream(PackedReader& reader, BackendKind kind, unsigned queue_de
   bool first_ready = false;
   for (unsigned i = 0; i < lanes; ++i) {
     try {
-      threads_.emplace_back([this] { lane_main(); });
+      threads_.emplace_back([this, i] { lane_main(i); });
     } catch (const std::system_error& e) {
       close();
       throw Error(ErrorKind::kOs, "read stream: cannot start lane " + std::to_string(i + 1) +
@@ -64,13 +76,14 @@ void ReadStream::check_process() const {
                 "survive fork); make a new one in this process");
 }
 
-void ReadStream::lane_main() {
+void ReadStream::lane_main(unsigned index) {
   // The backend is made in the thread that uses it (an io_uring ring bound to it reads faster).
+  // Lane 0's ring is as deep as the whole stream: it runs alone in the single mode.
   std::unique_ptr<IoBackend> backend;
   std::string reason;
   if (kind_ != BackendKind::kPread) {
     try {
-      backend = make_uring_backend(lane_depth_, /*bind_to_thread=*/true);
+      backend = make_uring_backend(index == 0 ? queue_depth_ : lane_depth_, /*bind_to_thread=*/true);
     } catch (const Error& e) {
       reason = e.what();
     }
@@ -88,19 +101,26 @@ void ReadStream::lane_main() {
     if (backend_name_.empty()) {
       backend_name_ = backend->name();
       fallback_reason_ = reason;
+      // The modes are io_uring's; the pread pool (each lane its own threads) always spreads.
+      uring_ = backend_name_ == std::string("io_uring");
+      if (!uring_) single_ = false;
       done_cv_.notify_all();
     }
   }
   for (;;) {
     std::shared_ptr<Batch> b;
+    bool single;
     {
       std::unique_lock<std::mutex> lk(mu_);
-      work_cv_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
+      // In the single mode only lane 0 takes batches; the others wait for the spread mode.
+      work_cv_.wait(lk, [&] { return stopping_ || (!queue_.empty() && (index == 0 || !single_)); });
       if (stopping_) return;
       b = std::move(queue_.front());
       queue_.pop_front();
       b->started = true;
+      single = single_;
     }
+    backend->set_submission(single ? queue_depth_ : lane_depth_, single);
     try {
       run(*b, *backend);
     } catch (...) {
@@ -109,8 +129,40 @@ void ReadStream::lane_main() {
     {
       std::lock_guard<std::mutex> lk(mu_);
       b->done = true;
+      count_batch_locked(b->ids.size());
     }
     done_cv_.notify_all();
+  }
+}
+
+void ReadStream::count_batch_locked(size_t samples) {
+  if (submission_ != Submission::kAuto || !uring_) return;
+  epoch_samples_ += samples;
+  if (++epoch_batches_ < kEpochBatches) return;
+  auto now = std::chrono::steady_clock::now();
+  double secs = std::chrono::duration<double>(now - epoch_start_).count();
+  if (secs < kEpochSeconds) return;
+  int m = single_ ? 1 : 0;
+  if (secs > 0) {
+    double rate = static_cast<double>(epoch_samples_) / secs;
+    // A moving average over about four epochs: the device's pace wanders from second to second.
+    rate_[m] = measured_[m] ? 0.75 * rate_[m] + 0.25 * rate : rate;
+    measured_[m] = true;
+  }
+  ++epochs_;
+  epoch_start_ = now;
+  epoch_samples_ = 0;
+  epoch_batches_ = 0;
+  // The other mode when it has not been measured yet or its turn to be tried again has come;
+  // else the faster one.
+  int other = 1 - m;
+  int next = !measured_[other] || epochs_ % kExploreEvery == 0 ? other
+             : rate_[other] > rate_[m]                         ? other
+                                                               : m;
+  if (next != m) {
+    single_ = next == 1;
+    ++switches_;
+    work_cv_.notify_all();  // spread: the other lanes take batches again
   }
 }
 
@@ -134,7 +186,9 @@ uint64_t ReadStream::submit(std::vector<int64_t> ids, std::vector<char*> dests) 
     queue_.push_back(b);
     results_.push_back(b);
   }
-  work_cv_.notify_one();
+  // All: in the single mode only lane 0 may take it, and one wake-up could go to another lane,
+  // which would go back to sleep and leave the batch waiting for the next submit.
+  work_cv_.notify_all();
   return b->ticket;
 }
 
@@ -163,6 +217,16 @@ size_t ReadStream::pending() const {
 std::string ReadStream::backend_name() const {
   std::lock_guard<std::mutex> lk(mu_);
   return backend_name_;
+}
+
+std::string ReadStream::submission_mode() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return single_ ? "single" : "spread";
+}
+
+uint64_t ReadStream::mode_switches() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return switches_;
 }
 
 std::string ReadStream::fallback_reason() const {

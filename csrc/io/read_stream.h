@@ -10,6 +10,20 @@
 // ceil(queue_depth / lanes) reads in flight, so the stream as a whole never has more than
 // queue_depth in flight, as one read_many(queue_depth) would.
 //
+// Submission modes (io_uring only; the pread pool always spreads):
+// - spread: every lane runs batches, ceil(queue_depth / lanes) reads in flight each, the reads
+//   that are ready together handed to the kernel in one system call;
+// - single: lane 0 alone runs batches, queue_depth reads in flight, each read handed to the kernel
+//   alone as soon as it is queued (one io_uring_enter per read, as fio does).
+// Which is faster depends on the device's state, not only on the device: on this project's VM
+// disk, 4 KB O_DIRECT reads at QD 32, single read 85-100k/s where spread read 67-87k/s while the
+// disk served fio 80-150k/s, and 0.76x of spread (128 KB reads: 0.55x) while it served fio
+// 30-65k/s (BENCHMARKS.md, "Submitting each read alone"). So `auto` measures: it runs a mode for an
+// epoch (at least kEpochBatches batches and kEpochSeconds), keeps a moving average of each mode's
+// samples per second, runs the faster one and tries the other for one epoch in every
+// kExploreEvery. (Epochs by time too: 16 batches of 128 KB samples took 0.4 s, so a one-second
+// stream spent half its time trying the slower mode.)
+//
 // Contract:
 // - submit() and take() may be called from one thread at a time (the caller serialises them);
 //   take() returns batches in submission order. Nothing here touches Python: the bindings release
@@ -26,12 +40,14 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -44,7 +60,14 @@ class ReadStream {
  public:
   // `reader` must outlive the stream (the bindings keep it alive). Opens its own descriptors of
   // the store file (O_DIRECT when the reader reads direct).
-  ReadStream(PackedReader& reader, BackendKind kind, unsigned queue_depth, unsigned lanes);
+  enum class Submission { kAuto, kSpread, kSingle };
+  static Submission parse_submission(const std::string& s);  // "auto" | "spread" | "single"
+  static constexpr unsigned kEpochBatches = 4;
+  static constexpr double kEpochSeconds = 0.025;
+  static constexpr unsigned kExploreEvery = 16;
+
+  ReadStream(PackedReader& reader, BackendKind kind, unsigned queue_depth, unsigned lanes,
+             Submission submission = Submission::kAuto);
   ~ReadStream();
   ReadStream(const ReadStream&) = delete;
   ReadStream& operator=(const ReadStream&) = delete;
@@ -60,6 +83,9 @@ class ReadStream {
   unsigned lane_depth() const { return lane_depth_; }
   std::string backend_name() const;  // of the lanes' backends ("io_uring" or "pread")
   std::string fallback_reason() const;
+  // The mode the lanes run now ("spread" or "single"), and how many times auto switched.
+  std::string submission_mode() const;
+  uint64_t mode_switches() const;
   // Stops the lanes: batches in flight finish, queued ones are dropped. Idempotent.
   void close();
   // False in a forked child: there the stream must be leaked, not destroyed (its condition
@@ -75,13 +101,18 @@ class ReadStream {
     bool started = false;  // taken by a lane (guarded by mu_)
     std::exception_ptr error;
   };
-  void lane_main();
+  void lane_main(unsigned index);
   void run(Batch& b, IoBackend& backend);
+  // With mu_ held: counts a finished batch of `samples` ids toward the epoch and, at its end,
+  // chooses the next epoch's mode (auto only).
+  void count_batch_locked(size_t samples);
   void check_process() const;
 
   PackedReader& reader_;
   BackendKind kind_;
   unsigned lane_depth_;
+  unsigned queue_depth_;
+  Submission submission_;
   int fd_ = -1;
   pid_t pid_;
   mutable std::mutex mu_;
@@ -90,6 +121,15 @@ class ReadStream {
   std::deque<std::shared_ptr<Batch>> results_;  // submitted, not taken (submission order)
   uint64_t next_ticket_ = 0;
   bool stopping_ = false;
+  // The submission mode and auto's measurements (guarded by mu_).
+  bool single_ = false;                  // the mode now: single (true) or spread
+  bool uring_ = false;                   // the lanes' backend is io_uring (modes apply)
+  std::chrono::steady_clock::time_point epoch_start_;
+  uint64_t epoch_samples_ = 0;
+  unsigned epoch_batches_ = 0;
+  uint64_t epochs_ = 0, switches_ = 0;
+  double rate_[2] = {0, 0};              // moving average of samples/s: [spread, single]
+  bool measured_[2] = {false, false};
   std::string backend_name_, fallback_reason_;  // set by the first lane that made a backend
   std::vector<std::thread> threads_;
 };

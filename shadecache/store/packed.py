@@ -161,11 +161,13 @@ class PackedStore(NativeStore):
         """File offset of sample ``i`` (what CorruptSampleError reports)."""
         return self._r.offset(i)
 
-    def stream(self, queue_depth: int = 32, lanes: int = 2) -> "PackedStream":
+    def stream(self, queue_depth: int = 32, lanes: int = 2,
+               submission: str = "auto") -> "PackedStream":
         """Batches of reads kept in flight across batch boundaries (the prefetcher's pipeline):
-        ``queue_depth`` reads in flight per lane, on ``lanes`` threads of their own (io_uring,
-        or the pread pool). See PackedStream."""
-        return PackedStream(self, queue_depth, lanes)
+        ``queue_depth`` reads in flight in all, on ``lanes`` threads of their own (io_uring, or
+        the pread pool); ``submission``: "spread", "single" or "auto", measured as it runs
+        (csrc/io/read_stream.h). See PackedStream."""
+        return PackedStream(self, queue_depth, lanes, submission)
 
     def verify(self, progress: bool = False, batch_bytes: int = 64 << 20) -> list:
         """Reads every sample and returns the ids whose checksum does not match (sorted)."""
@@ -279,10 +281,22 @@ class PackedStream:
     raised by its take()); close() stops the lanes (batches not taken are dropped). One thread
     submits and takes."""
 
-    def __init__(self, store: "PackedStore", queue_depth: int = 32, lanes: int = 2):
+    def __init__(self, store: "PackedStore", queue_depth: int = 32, lanes: int = 2,
+                 submission: str = "auto"):
         check_backend_args("auto", queue_depth)
         self._reader = store._r
-        self._stream = _io.ReadStream(self._reader, "auto", int(queue_depth), int(lanes))
+        self._stream = _io.ReadStream(self._reader, "auto", int(queue_depth), int(lanes),
+                                      str(submission))
+
+    @property
+    def submission(self) -> str:
+        """The submission mode the lanes run now ("spread" or "single")."""
+        return self._stream.submission
+
+    @property
+    def mode_switches(self) -> int:
+        """How many times the "auto" submission changed mode."""
+        return self._stream.mode_switches
 
     def submit(self, ids) -> None:
         self._stream.submit(self._reader, ids)

@@ -1,6 +1,7 @@
 """ReadStream (csrc/io/read_stream.h): batches come back whole, in submission order, with the same
 bytes and the same errors as read_many, on both backends, buffered and O_DIRECT."""
 import os
+import time
 
 import numpy as np
 import pytest
@@ -24,13 +25,19 @@ def packed(tmp_path):
     return path, data
 
 
+URING = any(b == "io_uring" for b, _ in MODES)
+
+
 @pytest.mark.parametrize("backend,direct", MODES)
 @pytest.mark.parametrize("lanes", [1, 3])
-def test_stream_returns_every_batch_in_order(packed, backend, direct, lanes):
+@pytest.mark.parametrize("submission", ["spread", "single", "auto"])
+def test_stream_returns_every_batch_in_order(packed, backend, direct, lanes, submission):
     path, data = packed
     store = sc.PackedStore(path, direct=direct)
-    rs = _io.ReadStream(store._r, backend, 8, lanes)
+    rs = _io.ReadStream(store._r, backend, 8, lanes, submission)
     assert rs.backend == backend and rs.lanes == lanes and rs.lane_depth == -(-8 // lanes)
+    # the modes are io_uring's: the pread pool always spreads
+    assert rs.submission == ("single" if submission == "single" and backend == "io_uring" else "spread")
     rng = np.random.default_rng(lanes)
     batches = [rng.integers(0, len(data), int(rng.integers(0, 300))) for _ in range(25)]
     got = []
@@ -67,6 +74,31 @@ def test_a_corrupt_sample_fails_its_batch_only(packed):
     assert rs.take() == [data[6]]
 
 
+@pytest.mark.skipif(not URING, reason="io_uring is refused here")
+@pytest.mark.parametrize("direct", [False, True])
+def test_auto_submission_tries_both_modes_and_loses_nothing(packed, direct):
+    """auto runs one mode for an epoch (>= 4 batches and 25 ms), then the other one it has not
+    measured yet: a stream kept busy for longer than two epochs has switched at least once, and
+    every batch still comes back whole and in order across the switches."""
+    path, data = packed
+    store = sc.PackedStore(path, direct=direct)
+    rs = _io.ReadStream(store._r, "io_uring", 8, 2, "auto")
+    rng = np.random.default_rng(11)
+    t_end = time.monotonic() + 0.5
+    queued = []
+    while time.monotonic() < t_end or rs.mode_switches == 0:
+        b = rng.integers(0, len(data), 64)
+        rs.submit(store._r, b)
+        queued.append(b)
+        if len(queued) > 4:
+            assert rs.take() == [data[i] for i in queued.pop(0)]
+        assert time.monotonic() < t_end + 30, "auto never switched mode"
+    while queued:
+        assert rs.take() == [data[i] for i in queued.pop(0)]
+    assert rs.mode_switches >= 1 and rs.submission in ("spread", "single")
+    rs.close()
+
+
 def test_bad_input_is_refused(packed):
     path, data = packed
     store = sc.PackedStore(path)
@@ -84,6 +116,8 @@ def test_bad_input_is_refused(packed):
         _io.ReadStream(store._r, "auto", 8, 0)
     with pytest.raises(ValueError):
         _io.ReadStream(store._r, "nvme", 8, 1)
+    with pytest.raises(ValueError, match="submission must be 'auto', 'spread' or 'single', not 'fast'"):
+        _io.ReadStream(store._r, "auto", 8, 2, "fast")
     rs.submit(store._r, [1])
     rs.close()                     # a dropped batch: never handed out
     with pytest.raises(sc.ClosedError):
@@ -109,3 +143,15 @@ def test_a_forked_child_cannot_use_its_parents_stream(packed):
     rs.submit(store._r, [1])
     assert len(rs.take()) == 1
 
+
+
+@pytest.mark.skipif(not URING, reason="io_uring is refused here")
+def test_packed_stream_passes_its_submission_mode_on(packed):
+    path, data = packed
+    store = sc.PackedStore(path)
+    with store.stream(8, 2, "single") as s:
+        s.submit([3, 1, 4])
+        assert s.take() == [data[3], data[1], data[4]]
+        assert s.submission == "single" and s.mode_switches == 0
+    with pytest.raises(ValueError, match="submission must be"):
+        store.stream(8, 2, "batched")
