@@ -6,6 +6,7 @@
 // them. take() waits with the GIL released. Dropping the stream joins its lanes before the bytes
 // objects of batches still in flight are freed (close() runs first in the destructor).
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <atomic>
 #include <deque>
@@ -149,6 +150,11 @@ void register_read_stream(py::module_& m) {
       .def_property_readonly("submission", [](PyReadStream& w) { return w.s().submission_mode(); },
                              "The submission mode the lanes run now: 'spread' or 'single'.")
       .def_property_readonly("mode_switches", [](PyReadStream& w) { return w.s().mode_switches(); })
+      .def_property_readonly("mode_rates", [](PyReadStream& w) { return w.s().mode_rates(); },
+                             "auto's moving averages of samples per busy second, [spread, single]"
+                             " (0: not measured yet).")
+      .def_property_readonly("lane_batches", [](PyReadStream& w) { return w.s().lane_batches(); },
+                             "The batches each lane has run.")
       .def_property_readonly("backend", [](PyReadStream& w) { return w.s().backend_name(); })
       .def_property_readonly("fallback_reason",
                              [](PyReadStream& w) { return w.s().fallback_reason(); })

@@ -36,7 +36,7 @@ ReadStream::ReadStream(PackedReader& reader, BackendKind kind, unsigned queue_de
   queue_depth_ = queue_depth;
   submission_ = submission;
   single_ = submission == Submission::kSingle;
-  epoch_start_ = std::chrono::steady_clock::now();
+  lane_batches_.assign(lanes, 0);
   // The file the store opened and validated (a dup shares its O_DIRECT flag), never whatever
   // the path names now (a re-pack renamed over it, a FIFO).
   fd_ = ::fcntl(reader.read_fd(), F_DUPFD_CLOEXEC, 0);
@@ -112,13 +112,18 @@ void ReadStream::lane_main(unsigned index) {
     bool single;
     {
       std::unique_lock<std::mutex> lk(mu_);
-      // In the single mode only lane 0 takes batches; the others wait for the spread mode.
-      work_cv_.wait(lk, [&] { return stopping_ || (!queue_.empty() && (index == 0 || !single_)); });
+      // In the single mode only lane 0 takes batches, and only once no other lane runs one
+      // (after a switch from spread): never more than queue_depth reads in flight.
+      work_cv_.wait(lk, [&] {
+        return stopping_ || (!queue_.empty() && (!single_ || (index == 0 && running_ == 0)));
+      });
       if (stopping_) return;
       b = std::move(queue_.front());
       queue_.pop_front();
       b->started = true;
-      single = single_;
+      b->single = single = single_;
+      if (running_++ == 0) busy_since_ = std::chrono::steady_clock::now();
+      ++lane_batches_[index];
     }
     backend->set_submission(single ? queue_depth_ : lane_depth_, single);
     try {
@@ -126,21 +131,28 @@ void ReadStream::lane_main(unsigned index) {
     } catch (...) {
       b->error = std::current_exception();
     }
+    bool wake_lane0;
     {
       std::lock_guard<std::mutex> lk(mu_);
       b->done = true;
-      count_batch_locked(b->ids.size());
+      auto now = std::chrono::steady_clock::now();
+      if (--running_ == 0) epoch_busy_ += std::chrono::duration<double>(now - busy_since_).count();
+      count_batch_locked(*b, now);
+      wake_lane0 = single_ && running_ == 0 && !queue_.empty();
     }
     done_cv_.notify_all();
+    if (wake_lane0) work_cv_.notify_all();  // lane 0 waits for the others to finish (above)
   }
 }
 
-void ReadStream::count_batch_locked(size_t samples) {
+void ReadStream::count_batch_locked(const Batch& b, std::chrono::steady_clock::time_point now) {
   if (submission_ != Submission::kAuto || !uring_) return;
-  epoch_samples_ += samples;
+  // A batch that started in the other mode (it straddles a switch) counts for neither.
+  if (b.single != single_) return;
+  epoch_samples_ += b.ids.size();
   if (++epoch_batches_ < kEpochBatches) return;
-  auto now = std::chrono::steady_clock::now();
-  double secs = std::chrono::duration<double>(now - epoch_start_).count();
+  double secs = epoch_busy_ +
+                (running_ > 0 ? std::chrono::duration<double>(now - busy_since_).count() : 0.0);
   if (secs < kEpochSeconds) return;
   int m = single_ ? 1 : 0;
   if (secs > 0) {
@@ -150,7 +162,8 @@ void ReadStream::count_batch_locked(size_t samples) {
     measured_[m] = true;
   }
   ++epochs_;
-  epoch_start_ = now;
+  epoch_busy_ = 0;
+  if (running_ > 0) busy_since_ = now;
   epoch_samples_ = 0;
   epoch_batches_ = 0;
   // The other mode when it has not been measured yet or its turn to be tried again has come;
@@ -227,6 +240,16 @@ std::string ReadStream::submission_mode() const {
 uint64_t ReadStream::mode_switches() const {
   std::lock_guard<std::mutex> lk(mu_);
   return switches_;
+}
+
+std::vector<double> ReadStream::mode_rates() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return {measured_[0] ? rate_[0] : 0.0, measured_[1] ? rate_[1] : 0.0};
+}
+
+std::vector<uint64_t> ReadStream::lane_batches() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return lane_batches_;
 }
 
 std::string ReadStream::fallback_reason() const {

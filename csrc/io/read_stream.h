@@ -18,11 +18,16 @@
 // Which is faster depends on the device's state, not only on the device: on this project's VM
 // disk, 4 KB O_DIRECT reads at QD 32, single read 85-100k/s where spread read 67-87k/s while the
 // disk served fio 80-150k/s, and 0.76x of spread (128 KB reads: 0.55x) while it served fio
-// 30-65k/s (BENCHMARKS.md, "Submitting each read alone"). So `auto` measures: it runs a mode for an
-// epoch (at least kEpochBatches batches and kEpochSeconds), keeps a moving average of each mode's
+// 30-65k/s (BENCHMARKS.md, "The stream submits each read alone when that is faster"). So `auto`
+// measures: it runs a mode for an epoch (at least kEpochBatches batches and kEpochSeconds of time
+// while a batch runs: a stream nobody feeds is not slow), keeps a moving average of each mode's
 // samples per second, runs the faster one and tries the other for one epoch in every
-// kExploreEvery. (Epochs by time too: 16 batches of 128 KB samples took 0.4 s, so a one-second
-// stream spent half its time trying the slower mode.)
+// kExploreEvery. A batch that straddles a switch counts for neither mode. (Epochs by time too: 16
+// batches of 128 KB samples took 0.4 s, so a one-second stream spent half its time trying the
+// slower mode.) On a switch to single, lane 0 waits for the other lanes' batches to finish, so
+// the stream never has more than queue_depth reads in flight. The single mode drains its ring at
+// the end of every batch, which spread was made to avoid: measured, it is faster all the same
+// where the device prefers reads submitted alone.
 //
 // Contract:
 // - submit() and take() may be called from one thread at a time (the caller serialises them);
@@ -86,6 +91,10 @@ class ReadStream {
   // The mode the lanes run now ("spread" or "single"), and how many times auto switched.
   std::string submission_mode() const;
   uint64_t mode_switches() const;
+  // auto's moving averages of samples per busy second, {spread, single} (0: not measured yet),
+  // and the batches each lane has run.
+  std::vector<double> mode_rates() const;
+  std::vector<uint64_t> lane_batches() const;
   // Stops the lanes: batches in flight finish, queued ones are dropped. Idempotent.
   void close();
   // False in a forked child: there the stream must be leaked, not destroyed (its condition
@@ -99,13 +108,14 @@ class ReadStream {
     std::vector<char*> dests;
     bool done = false;
     bool started = false;  // taken by a lane (guarded by mu_)
+    bool single = false;   // the mode it ran in (guarded by mu_)
     std::exception_ptr error;
   };
   void lane_main(unsigned index);
   void run(Batch& b, IoBackend& backend);
   // With mu_ held: counts a finished batch of `samples` ids toward the epoch and, at its end,
   // chooses the next epoch's mode (auto only).
-  void count_batch_locked(size_t samples);
+  void count_batch_locked(const Batch& b, std::chrono::steady_clock::time_point now);
   void check_process() const;
 
   PackedReader& reader_;
@@ -124,9 +134,13 @@ class ReadStream {
   // The submission mode and auto's measurements (guarded by mu_).
   bool single_ = false;                  // the mode now: single (true) or spread
   bool uring_ = false;                   // the lanes' backend is io_uring (modes apply)
-  std::chrono::steady_clock::time_point epoch_start_;
+  // An epoch's time is the time a batch was running (busy): a stream nobody feeds is not slow.
+  unsigned running_ = 0;                 // batches taken by a lane and not done
+  std::chrono::steady_clock::time_point busy_since_;  // when running_ last rose from 0
+  double epoch_busy_ = 0;                // seconds busy in this epoch before busy_since_
   uint64_t epoch_samples_ = 0;
   unsigned epoch_batches_ = 0;
+  std::vector<uint64_t> lane_batches_;   // batches run, per lane
   uint64_t epochs_ = 0, switches_ = 0;
   double rate_[2] = {0, 0};              // moving average of samples/s: [spread, single]
   bool measured_[2] = {false, false};

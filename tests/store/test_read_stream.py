@@ -99,6 +99,56 @@ def test_auto_submission_tries_both_modes_and_loses_nothing(packed, direct):
     rs.close()
 
 
+@pytest.mark.skipif(not URING, reason="io_uring is refused here")
+@pytest.mark.parametrize("submission,lanes", [("single", 3), ("spread", 2)])
+def test_single_runs_every_batch_on_lane_0_and_spread_on_all(packed, submission, lanes):
+    path, data = packed
+    store = sc.PackedStore(path)
+    rs = _io.ReadStream(store._r, "io_uring", 8, lanes, submission)
+    rng = np.random.default_rng(5)
+    batches = [rng.integers(0, len(data), 32) for _ in range(60)]
+    for k, b in enumerate(batches):
+        rs.submit(store._r, b)
+        if k >= 4:
+            rs.take()
+    while rs.pending:
+        rs.take()
+    ran = rs.lane_batches
+    assert sum(ran) == len(batches)
+    if submission == "single":
+        assert ran[0] == len(batches)
+    else:
+        assert all(n > 0 for n in ran)
+    rs.close()
+
+
+@pytest.mark.skipif(not URING, reason="io_uring is refused here")
+def test_auto_counts_only_the_time_batches_run(packed):
+    """A stream made long before its first batch (the prefetcher's, at start) is not slow: auto
+    measures samples per second while a batch runs. Counting the wait, the first mode measured
+    would read a few hundred samples per second here and lose to the other for good."""
+    path, data = packed
+    store = sc.PackedStore(path)          # buffered: the page cache serves these in microseconds
+    rs = _io.ReadStream(store._r, "io_uring", 8, 2, "auto")
+    time.sleep(0.5)
+    rng = np.random.default_rng(9)
+    deadline = time.monotonic() + 30
+    queued = []
+    while min(rs.mode_rates) == 0:
+        b = rng.integers(0, len(data), 64)
+        rs.submit(store._r, b)
+        queued.append(b)
+        if len(queued) > 4:
+            assert rs.take() == [data[i] for i in queued.pop(0)]
+        assert time.monotonic() < deadline, "auto never measured both modes"
+    while queued:
+        assert rs.take() == [data[i] for i in queued.pop(0)]
+    # samples per second of each mode: thousands at the least, where 64 x 4 samples over the
+    # 0.5 s wait would be about 500
+    assert min(rs.mode_rates) > 10_000, rs.mode_rates
+    rs.close()
+
+
 def test_bad_input_is_refused(packed):
     path, data = packed
     store = sc.PackedStore(path)

@@ -195,7 +195,7 @@ def test_stream_close_while_take_waits_does_not_free_bytes_in_flight(big_store, 
         import gc, threading, time, shadecache as sc
         from shadecache import _io
         s = sc.PackedStore({big_store!r}, backend={backend!r}, direct=True)
-        st = _io.ReadStream(s._r, {backend!r}, 2, 2)  # one read in flight per lane: slow batches
+        st = _io.ReadStream(s._r, {backend!r}, 2, 2, "spread")  # one read in flight per lane: slow batches
         for k in range(4):
             st.submit(s._r, list(range(k * 500, k * 500 + 500)))
         def taker():
