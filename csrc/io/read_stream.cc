@@ -122,7 +122,8 @@ void ReadStream::lane_main(unsigned index) {
       queue_.pop_front();
       b->started = true;
       b->single = single = single_;
-      if (running_++ == 0) busy_since_ = std::chrono::steady_clock::now();
+      ++running_;
+      if (mode_running_[single]++ == 0) mode_since_[single] = std::chrono::steady_clock::now();
       ++lane_batches_[index];
     }
     backend->set_submission(single ? queue_depth_ : lane_depth_, single);
@@ -136,8 +137,13 @@ void ReadStream::lane_main(unsigned index) {
       std::lock_guard<std::mutex> lk(mu_);
       b->done = true;
       auto now = std::chrono::steady_clock::now();
-      if (--running_ == 0) epoch_busy_ += std::chrono::duration<double>(now - busy_since_).count();
-      count_batch_locked(*b, now);
+      --running_;
+      int m = b->single ? 1 : 0;
+      if (--mode_running_[m] == 0)
+        mode_busy_[m] += std::chrono::duration<double>(now - mode_since_[m]).count();
+      mode_samples_[m] += b->ids.size();
+      ++mode_batches_[m];
+      count_batch_locked(now);
       wake_lane0 = single_ && running_ == 0 && !queue_.empty();
     }
     done_cv_.notify_all();
@@ -145,27 +151,25 @@ void ReadStream::lane_main(unsigned index) {
   }
 }
 
-void ReadStream::count_batch_locked(const Batch& b, std::chrono::steady_clock::time_point now) {
+void ReadStream::count_batch_locked(std::chrono::steady_clock::time_point now) {
   if (submission_ != Submission::kAuto || !uring_) return;
-  // A batch that started in the other mode (it straddles a switch) counts for neither.
-  if (b.single != single_) return;
-  epoch_samples_ += b.ids.size();
-  if (++epoch_batches_ < kEpochBatches) return;
-  double secs = epoch_busy_ +
-                (running_ > 0 ? std::chrono::duration<double>(now - busy_since_).count() : 0.0);
-  if (secs < kEpochSeconds) return;
   int m = single_ ? 1 : 0;
-  if (secs > 0) {
-    double rate = static_cast<double>(epoch_samples_) / secs;
+  if (mode_batches_[m] < kEpochBatches) return;
+  double secs = mode_busy_[m] + (mode_running_[m] > 0
+                                     ? std::chrono::duration<double>(now - mode_since_[m]).count()
+                                     : 0.0);
+  if (secs < kEpochSeconds) return;
+  {
+    double rate = static_cast<double>(mode_samples_[m]) / secs;
     // A moving average over about four epochs: the device's pace wanders from second to second.
     rate_[m] = measured_[m] ? 0.75 * rate_[m] + 0.25 * rate : rate;
     measured_[m] = true;
   }
   ++epochs_;
-  epoch_busy_ = 0;
-  if (running_ > 0) busy_since_ = now;
-  epoch_samples_ = 0;
-  epoch_batches_ = 0;
+  mode_busy_[m] = 0;
+  if (mode_running_[m] > 0) mode_since_[m] = now;
+  mode_samples_[m] = 0;
+  mode_batches_[m] = 0;
   // The other mode when it has not been measured yet or its turn to be tried again has come;
   // else the faster one.
   int other = 1 - m;
@@ -173,6 +177,9 @@ void ReadStream::count_batch_locked(const Batch& b, std::chrono::steady_clock::t
              : rate_[other] > rate_[m]                         ? other
                                                                : m;
   if (next != m) {
+    // A switch from single to spread happens with nothing running (only single batches end a
+    // single epoch, and lane 0 runs one at a time), so spread never starts above queue_depth;
+    // the other way, lane 0 waits for running_ == 0 (lane_main).
     single_ = next == 1;
     ++switches_;
     work_cv_.notify_all();  // spread: the other lanes take batches again

@@ -22,7 +22,7 @@
 // measures: it runs a mode for an epoch (at least kEpochBatches batches and kEpochSeconds of time
 // while a batch runs: a stream nobody feeds is not slow), keeps a moving average of each mode's
 // samples per second, runs the faster one and tries the other for one epoch in every
-// kExploreEvery. A batch that straddles a switch counts for neither mode. (Epochs by time too: 16
+// kExploreEvery. Each batch counts for the mode it started in. (Epochs by time too: 16
 // batches of 128 KB samples took 0.4 s, so a one-second stream spent half its time trying the
 // slower mode.) On a switch to single, lane 0 waits for the other lanes' batches to finish, so
 // the stream never has more than queue_depth reads in flight. The single mode drains its ring at
@@ -113,9 +113,9 @@ class ReadStream {
   };
   void lane_main(unsigned index);
   void run(Batch& b, IoBackend& backend);
-  // With mu_ held: counts a finished batch of `samples` ids toward the epoch and, at its end,
-  // chooses the next epoch's mode (auto only).
-  void count_batch_locked(const Batch& b, std::chrono::steady_clock::time_point now);
+  // With mu_ held, after a batch finished: at the end of the current mode's epoch, chooses the
+  // next epoch's mode (auto only).
+  void count_batch_locked(std::chrono::steady_clock::time_point now);
   void check_process() const;
 
   PackedReader& reader_;
@@ -134,12 +134,16 @@ class ReadStream {
   // The submission mode and auto's measurements (guarded by mu_).
   bool single_ = false;                  // the mode now: single (true) or spread
   bool uring_ = false;                   // the lanes' backend is io_uring (modes apply)
-  // An epoch's time is the time a batch was running (busy): a stream nobody feeds is not slow.
   unsigned running_ = 0;                 // batches taken by a lane and not done
-  std::chrono::steady_clock::time_point busy_since_;  // when running_ last rose from 0
-  double epoch_busy_ = 0;                // seconds busy in this epoch before busy_since_
-  uint64_t epoch_samples_ = 0;
-  unsigned epoch_batches_ = 0;
+  // Per mode ([spread, single], by the mode a batch started in): an epoch's time is the time a
+  // batch of that mode was running (a stream nobody feeds is not slow, and the drain before a
+  // switch to single is not single's), its samples those of its own batches. A batch that
+  // straddles a switch brings its time and samples to its own mode's next epoch.
+  unsigned mode_running_[2] = {0, 0};
+  std::chrono::steady_clock::time_point mode_since_[2];  // when mode_running_ last rose from 0
+  double mode_busy_[2] = {0, 0};         // seconds busy in the epoch before mode_since_
+  uint64_t mode_samples_[2] = {0, 0};
+  unsigned mode_batches_[2] = {0, 0};
   std::vector<uint64_t> lane_batches_;   // batches run, per lane
   uint64_t epochs_ = 0, switches_ = 0;
   double rate_[2] = {0, 0};              // moving average of samples/s: [spread, single]
