@@ -269,7 +269,9 @@ def test_a_connection_whose_thread_cannot_start_does_not_end_serving(cache_facto
             time.sleep(0.05)
         soft, hard = resource.prlimit(srv.pid, resource.RLIMIT_AS)
         mapped = _memory_kib(srv.pid, "VmSize") << 10
-        resource.prlimit(srv.pid, resource.RLIMIT_AS, (mapped + (2 << 20), hard))   # no room for an 8 MiB stack
+        # no room for an 8 MiB stack, and room for the rest: with 2 MiB the server itself died
+        # once in a full run (a small allocation of its own failed)
+        resource.prlimit(srv.pid, resource.RLIMIT_AS, (mapped + (6 << 20), hard))
         try:
             held = [socket.create_connection(_address(srv), timeout=5) for _ in range(4)]
             time.sleep(1.0)
