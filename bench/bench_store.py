@@ -140,23 +140,30 @@ def stream_for(store, ids: np.ndarray, secs: float, ahead: int = 4) -> dict:
     (the next one goes in as soon as the oldest is taken), for about `secs` seconds."""
     from shadecache.tiers import TierChain
     tier = TierChain((), store).reader(ahead, QD, 2)   # the prefetcher's reads: the chain's pipeline
-    done = nbytes = k = 0
-    t0 = time.perf_counter()
     try:
-        for _ in range(ahead):
-            tier.submit(ids[k:k + BATCH])
-            k = (k + BATCH) % (len(ids) - BATCH)
-        while True:
-            out = tier.take().values
-            done += len(out)
-            nbytes += sum(map(len, out))
-            el = time.perf_counter() - t0
-            if el >= secs:
-                return {"iops": done / el, "bw": nbytes / el}
-            tier.submit(ids[k:k + BATCH])
-            k = (k + BATCH) % (len(ids) - BATCH)
+        return keep_streaming(tier.submit, lambda: tier.take().values, ids, secs, ahead)
     finally:
         tier.close()
+
+
+def keep_streaming(submit, take, ids: np.ndarray, secs: float, ahead: int = 4) -> dict:
+    """Consecutive BATCH-id slices of `ids` through submit(ids) / take() -> values, `ahead`
+    batches queued (the next goes in as soon as the oldest is taken), for about `secs` seconds:
+    {"iops": samples/s, "bw": bytes/s}."""
+    done = nbytes = k = 0
+    t0 = time.perf_counter()
+    for _ in range(ahead):
+        submit(ids[k:k + BATCH])
+        k = (k + BATCH) % (len(ids) - BATCH)
+    while True:
+        out = take()
+        done += len(out)
+        nbytes += sum(map(len, out))
+        el = time.perf_counter() - t0
+        if el >= secs:
+            return {"iops": done / el, "bw": nbytes / el}
+        submit(ids[k:k + BATCH])
+        k = (k + BATCH) % (len(ids) - BATCH)
 
 
 def timed(fn) -> float:

@@ -17,14 +17,14 @@ import argparse
 import json
 import subprocess
 import sys
-import time
 
 import numpy as np
 
+from bench_store import BATCH, QD, keep_streaming   # bench/ is this script's import path
 from shadecache.store import PackedStore
 
 MODES = ("auto", "spread", "single")
-BATCH, AHEAD, QD, LANES = 256, 4, 32, 2
+AHEAD, LANES = 4, 2
 
 
 def fio_rate(path: str, bs: str, secs: float) -> float:
@@ -41,23 +41,11 @@ def fio_rate(path: str, bs: str, secs: float) -> float:
 def stream_rate(store, ids: np.ndarray, mode: str, bs: str, secs: float) -> float:
     """The stream's samples/s (4k) or bytes/s over about `secs`, batches kept queued."""
     s = store.stream(QD, LANES, mode)
-    done = nbytes = k = 0
-    t0 = time.perf_counter()
     try:
-        for _ in range(AHEAD):
-            s.submit(ids[k:k + BATCH])
-            k = (k + BATCH) % (len(ids) - BATCH)
-        while True:
-            out = s.take()
-            done += len(out)
-            nbytes += sum(map(len, out))
-            el = time.perf_counter() - t0
-            if el >= secs:
-                return done / el if bs == "4k" else nbytes / el
-            s.submit(ids[k:k + BATCH])
-            k = (k + BATCH) % (len(ids) - BATCH)
+        rates = keep_streaming(s.submit, s.take, ids, secs, AHEAD)
     finally:
         s.close()
+    return rates["iops"] if bs == "4k" else rates["bw"]
 
 
 def main() -> None:

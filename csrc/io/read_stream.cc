@@ -115,14 +115,13 @@ void ReadStream::lane_main(unsigned index) {
       // In the single mode only lane 0 takes batches, and only once no other lane runs one
       // (after a switch from spread): never more than queue_depth reads in flight.
       work_cv_.wait(lk, [&] {
-        return stopping_ || (!queue_.empty() && (!single_ || (index == 0 && running_ == 0)));
+        return stopping_ || (!queue_.empty() && (!single_ || (index == 0 && running() == 0)));
       });
       if (stopping_) return;
       b = std::move(queue_.front());
       queue_.pop_front();
       b->started = true;
       b->single = single = single_;
-      ++running_;
       if (mode_running_[single]++ == 0) mode_since_[single] = std::chrono::steady_clock::now();
       ++lane_batches_[index];
     }
@@ -137,14 +136,13 @@ void ReadStream::lane_main(unsigned index) {
       std::lock_guard<std::mutex> lk(mu_);
       b->done = true;
       auto now = std::chrono::steady_clock::now();
-      --running_;
       int m = b->single ? 1 : 0;
       if (--mode_running_[m] == 0)
         mode_busy_[m] += std::chrono::duration<double>(now - mode_since_[m]).count();
       mode_samples_[m] += b->ids.size();
       ++mode_batches_[m];
       count_batch_locked(now);
-      wake_lane0 = single_ && running_ == 0 && !queue_.empty();
+      wake_lane0 = single_ && running() == 0 && !queue_.empty();
     }
     done_cv_.notify_all();
     if (wake_lane0) work_cv_.notify_all();  // lane 0 waits for the others to finish (above)
@@ -159,12 +157,10 @@ void ReadStream::count_batch_locked(std::chrono::steady_clock::time_point now) {
                                      ? std::chrono::duration<double>(now - mode_since_[m]).count()
                                      : 0.0);
   if (secs < kEpochSeconds) return;
-  {
-    double rate = static_cast<double>(mode_samples_[m]) / secs;
-    // A moving average over about four epochs: the device's pace wanders from second to second.
-    rate_[m] = measured_[m] ? 0.75 * rate_[m] + 0.25 * rate : rate;
-    measured_[m] = true;
-  }
+  double rate = static_cast<double>(mode_samples_[m]) / secs;
+  // A moving average over about four epochs: the device's pace wanders from second to second.
+  rate_[m] = measured_[m] ? 0.75 * rate_[m] + 0.25 * rate : rate;
+  measured_[m] = true;
   ++epochs_;
   mode_busy_[m] = 0;
   if (mode_running_[m] > 0) mode_since_[m] = now;
@@ -179,7 +175,7 @@ void ReadStream::count_batch_locked(std::chrono::steady_clock::time_point now) {
   if (next != m) {
     // A switch from single to spread happens with nothing running (only single batches end a
     // single epoch, and lane 0 runs one at a time), so spread never starts above queue_depth;
-    // the other way, lane 0 waits for running_ == 0 (lane_main).
+    // the other way, lane 0 waits until nothing runs (lane_main).
     single_ = next == 1;
     ++switches_;
     work_cv_.notify_all();  // spread: the other lanes take batches again

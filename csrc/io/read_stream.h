@@ -117,6 +117,8 @@ class ReadStream {
   // next epoch's mode (auto only).
   void count_batch_locked(std::chrono::steady_clock::time_point now);
   void check_process() const;
+  // Batches taken by a lane and not done (mu_ held).
+  unsigned running() const { return mode_running_[0] + mode_running_[1]; }
 
   PackedReader& reader_;
   BackendKind kind_;
@@ -134,7 +136,6 @@ class ReadStream {
   // The submission mode and auto's measurements (guarded by mu_).
   bool single_ = false;                  // the mode now: single (true) or spread
   bool uring_ = false;                   // the lanes' backend is io_uring (modes apply)
-  unsigned running_ = 0;                 // batches taken by a lane and not done
   // Per mode ([spread, single], by the mode a batch started in): an epoch's time is the time a
   // batch of that mode was running (a stream nobody feeds is not slow, and the drain before a
   // switch to single is not single's), its samples those of its own batches. A batch that
