@@ -134,7 +134,7 @@ void register_read_stream(py::module_& m) {
              return w;
            }),
            py::arg("reader"), py::arg("backend") = "auto", py::arg("queue_depth") = 32,
-           py::arg("lanes") = 2, py::arg("submission") = "auto", py::keep_alive<1, 2>())
+           py::arg("lanes") = 2, py::arg("submission") = "single", py::keep_alive<1, 2>())
       .def(
           "submit",
           [](PyReadStream& w, PackedReader& reader, const py::handle& ids) {
@@ -155,6 +155,9 @@ void register_read_stream(py::module_& m) {
                              " (0: not measured yet).")
       .def_property_readonly("lane_batches", [](PyReadStream& w) { return w.s().lane_batches(); },
                              "The batches each lane has run.")
+      .def_property_readonly("single_calls", [](PyReadStream& w) { return w.s().single_calls(); },
+                             "Backend calls lane 0 made in the single mode (each one runs every "
+                             "batch queued while its reads ran).")
       .def_property_readonly("backend", [](PyReadStream& w) { return w.s().backend_name(); })
       .def_property_readonly("fallback_reason",
                              [](PyReadStream& w) { return w.s().fallback_reason(); })

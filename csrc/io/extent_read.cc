@@ -42,53 +42,62 @@ ExtentPlan plan_extents(const store::Entry* dir, const int64_t* ids, size_t n, b
   return plan;
 }
 
-void read_samples(IoBackend& backend, int fd, bool direct, CheckedBatch& batch, const ReadShape& shape,
-                  ReadCounters* counters) {
-  const store::Entry* dir = batch.dir();
-  const int64_t* ids = batch.ids();
-  const size_t n = batch.size();
+ExtentBatch::ExtentBatch(CheckedBatch& batch, bool direct, const ReadShape& shape,
+                         ReadCounters* counters)
+    : batch_(batch), plan_(plan_extents(batch.dir(), batch.ids(), batch.size(), direct, shape)) {
+  const size_t m = plan_.extents.size();
   char* const* dests = batch.dests();
-  ExtentPlan plan = plan_extents(dir, ids, n, direct, shape);
-  const size_t m = plan.extents.size();
   // An extent of one sample goes straight to its destination (the backend widens O_DIRECT reads
-  // in its own bounce buffers); the others into this thread's scratch, one after the other.
-  std::vector<RangeRead> ops(m);
-  std::vector<size_t> scratch_at(m, SIZE_MAX);
-  size_t scratch_bytes = 0;
+  // in its own bounce buffers); the others into scratch, one after the other.
+  ops_.resize(m);
+  scratch_at_.assign(m, SIZE_MAX);
   uint64_t asked = 0;
   for (size_t x = 0; x < m; ++x) {
-    const Extent& e = plan.extents[x];
-    ops[x] = RangeRead{e.offset, static_cast<uint32_t>(e.len), nullptr};
+    const Extent& e = plan_.extents[x];
+    ops_[x] = RangeRead{e.offset, static_cast<uint32_t>(e.len), nullptr};
     if (e.last - e.first == 1) {
-      ops[x].dest = dests[plan.order[e.first]];
+      ops_[x].dest = dests[plan_.order[e.first]];
     } else {
-      scratch_at[x] = scratch_bytes;
-      scratch_bytes += e.len;
+      scratch_at_[x] = scratch_bytes_;
+      scratch_bytes_ += e.len;
     }
-    asked += direct ? direct_span(ops[x]) : e.len;
+    uint64_t span = direct ? direct_span(ops_[x]) : e.len;
+    if (direct) max_span_ = std::max(max_span_, span);
+    asked += span;
   }
-  static thread_local ScratchBuffer scratch;
-  char* base = scratch_bytes ? scratch.get(scratch_bytes) : nullptr;
-  for (size_t x = 0; x < m; ++x)
-    if (scratch_at[x] != SIZE_MAX) ops[x].dest = base + scratch_at[x];
-
-  RangeDone done = [&](size_t x) {
-    const Extent& e = plan.extents[x];
-    for (size_t j = e.first; j < e.last; ++j) {
-      size_t k = plan.order[j];
-      const store::Entry& s = dir[ids[k]];
-      const char* src = ops[x].dest + (s.offset - e.offset);
-      if (scratch_at[x] != SIZE_MAX) std::memcpy(dests[k], src, s.length);
-      batch.check(k);
-    }
-  };
-  backend.read_ranges(fd, direct, ops.data(), m, done);
-  // Duplicate ids share one extent entry in `order` each, so every position was handled above.
+  // Duplicate ids share one extent entry in `order` each, so every position is landed once.
   if (counters) {
-    counters->samples.fetch_add(n, std::memory_order_relaxed);
+    counters->samples.fetch_add(batch.size(), std::memory_order_relaxed);
     counters->requests.fetch_add(m, std::memory_order_relaxed);
     counters->bytes.fetch_add(asked, std::memory_order_relaxed);
   }
+}
+
+void ExtentBatch::place(char* scratch) {
+  for (size_t x = 0; x < ops_.size(); ++x)
+    if (scratch_at_[x] != SIZE_MAX) ops_[x].dest = scratch + scratch_at_[x];
+}
+
+void ExtentBatch::land(size_t x) {
+  const Extent& e = plan_.extents[x];
+  const store::Entry* dir = batch_.dir();
+  const int64_t* ids = batch_.ids();
+  char* const* dests = batch_.dests();
+  for (size_t j = e.first; j < e.last; ++j) {
+    size_t k = plan_.order[j];
+    const store::Entry& s = dir[ids[k]];
+    if (scratch_at_[x] != SIZE_MAX) std::memcpy(dests[k], ops_[x].dest + (s.offset - e.offset), s.length);
+    batch_.check(k);
+  }
+}
+
+void read_samples(IoBackend& backend, int fd, bool direct, CheckedBatch& batch, const ReadShape& shape,
+                  ReadCounters* counters) {
+  ExtentBatch reads(batch, direct, shape, counters);
+  static thread_local ScratchBuffer scratch;
+  if (reads.scratch_bytes()) reads.place(scratch.get(reads.scratch_bytes()));
+  backend.read_ranges(fd, direct, reads.ops().data(), reads.ops().size(),
+                      [&](size_t x) { reads.land(x); });
   scratch.trim();
 }
 

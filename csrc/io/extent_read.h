@@ -51,6 +51,32 @@ struct ExtentPlan {
 ExtentPlan plan_extents(const store::Entry* dir, const int64_t* ids, size_t n, bool direct,
                         const ReadShape& shape);
 
+// One batch's reads as extents: the ranges to read and what to do as each one lands. read_samples
+// reads one through a backend call; the read stream (read_stream.h) feeds several to one call.
+class ExtentBatch {
+ public:
+  // Plans the extents of `batch` (which must outlive this) and counts them in `counters`.
+  ExtentBatch(CheckedBatch& batch, bool direct, const ReadShape& shape, ReadCounters* counters);
+  // Bytes of scratch the extents of several samples are read into; place() must be given that
+  // many (valid until the last land()) before ops() is read.
+  size_t scratch_bytes() const { return scratch_bytes_; }
+  void place(char* scratch);
+  std::vector<RangeRead>& ops() { return ops_; }
+  // Extent x is in: its samples are copied to their destinations (when read into scratch) and
+  // checked. Thread-safe for distinct x (the pread pool lands extents from its threads).
+  void land(size_t x);
+  // The largest direct_span of the ranges (0 when not direct).
+  uint64_t max_span() const { return max_span_; }
+
+ private:
+  CheckedBatch& batch_;
+  ExtentPlan plan_;
+  std::vector<RangeRead> ops_;
+  std::vector<size_t> scratch_at_;  // offset in scratch, SIZE_MAX: straight to its destination
+  size_t scratch_bytes_ = 0;
+  uint64_t max_span_ = 0;
+};
+
 // Reads the batch through `backend`, each sample checked (batch.check) as its extent completes;
 // the caller asks the batch what failed. Throws what the backend throws (after the batch drained).
 void read_samples(IoBackend& backend, int fd, bool direct, CheckedBatch& batch, const ReadShape& shape,

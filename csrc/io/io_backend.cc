@@ -24,6 +24,24 @@ bool built_with_uring() {
 #endif
 }
 
+void IoBackend::read_feed(int fd, bool direct, RangeFeed& feed) {
+  constexpr size_t kChunk = 256;
+  std::vector<RangeRead> ops;
+  std::vector<uint64_t> tags;
+  for (;;) {
+    ops.clear();
+    tags.clear();
+    RangeRead op{};
+    uint64_t tag = 0;
+    while (ops.size() < kChunk && feed.next(op, tag)) {
+      ops.push_back(op);
+      tags.push_back(tag);
+    }
+    if (ops.empty()) return;
+    read_ranges(fd, direct, ops.data(), ops.size(), [&](size_t i) { feed.done(tags[i]); });
+  }
+}
+
 BackendSlot::BackendSlot(BackendKind kind, unsigned queue_depth)
     : kind_(kind), queue_depth_(queue_depth) {
   if (queue_depth < 1 || queue_depth > 4096)

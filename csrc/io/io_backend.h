@@ -46,6 +46,23 @@ struct FileRead {
 // that checking overlaps with the reads still in flight.
 using RangeDone = std::function<void(size_t index)>;
 
+// Ranges handed to a backend one at a time while it reads (IoBackend::read_feed), so that one call
+// can keep the device busy across what the caller sees as separate batches: the next batch's reads
+// enter the queue while the last batch's tail is still in flight. Called only from the thread in
+// read_feed; next() and done() must not throw.
+class RangeFeed {
+ public:
+  virtual ~RangeFeed() = default;
+  // The next range to read and the tag done() will get back; false when there is none now (the
+  // backend then drains what is in flight and returns; it may ask again before that).
+  virtual bool next(RangeRead& op, uint64_t& tag) = 0;
+  // The range tagged `tag` is in: all its bytes are at op.dest.
+  virtual void done(uint64_t tag) = 0;
+  // The largest direct_span the ranges to come are expected to have (0: unknown). O_DIRECT bounce
+  // buffers are sized by it; a larger range costs a drain while they are made larger.
+  virtual uint64_t span_hint() const { return 0; }
+};
+
 class IoBackend {
  public:
   virtual ~IoBackend() = default;
@@ -62,6 +79,14 @@ class IoBackend {
   // the offset.
   virtual void read_ranges(int fd, bool direct, RangeRead* ops, size_t n,
                            const RangeDone& done) = 0;
+
+  // Reads the feed's ranges until next() says there are none and every read has finished, with
+  // the same checks, retries and O_DIRECT widening as read_ranges; done(tag) is called as each
+  // range is in. After the first hard failure no new range is asked for; the failure is thrown
+  // once the reads in flight have drained (ranges not done() by then did not complete). This
+  // default reads the feed in chunks through read_ranges (drained between chunks); io_uring keeps
+  // its queue full across the whole call.
+  virtual void read_feed(int fd, bool direct, RangeFeed& feed);
 
   // Reads every file whole. Failures are recorded per file (err, failed_step), not thrown, so the
   // caller can name the path; only a failure of the backend itself throws.

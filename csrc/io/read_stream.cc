@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "io/checked_batch.h"
+#include "io/extent_read.h"
 #include "io/pread_backend.h"
 #include "io/uring_backend.h"
 
@@ -109,43 +110,184 @@ void ReadStream::lane_main(unsigned index) {
   }
   for (;;) {
     std::shared_ptr<Batch> b;
-    bool single;
     {
       std::unique_lock<std::mutex> lk(mu_);
       // In the single mode only lane 0 takes batches, and only once no other lane runs one
-      // (after a switch from spread): never more than queue_depth reads in flight.
+      // (after a switch from spread); in spread, no lane takes one while lane 0 still runs single
+      // batches (after a switch from single): never more than queue_depth reads in flight.
       work_cv_.wait(lk, [&] {
-        return stopping_ || (!queue_.empty() && (!single_ || (index == 0 && running() == 0)));
+        return stopping_ || (!queue_.empty() && (single_ ? index == 0 && running() == 0
+                                                         : mode_running_[1] == 0));
       });
       if (stopping_) return;
-      b = std::move(queue_.front());
-      queue_.pop_front();
-      b->started = true;
-      b->single = single = single_;
-      if (mode_running_[single]++ == 0) mode_since_[single] = std::chrono::steady_clock::now();
-      ++lane_batches_[index];
+      b = start_locked(index);
     }
-    backend->set_submission(single ? queue_depth_ : lane_depth_, single);
+    if (b->single) {
+      backend->set_submission(queue_depth_, true);
+      run_fed(std::move(b), *backend);
+      continue;
+    }
+    backend->set_submission(lane_depth_, false);
     try {
       run(*b, *backend);
     } catch (...) {
       b->error = std::current_exception();
     }
-    bool wake_lane0;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      b->done = true;
-      auto now = std::chrono::steady_clock::now();
-      int m = b->single ? 1 : 0;
-      if (--mode_running_[m] == 0)
-        mode_busy_[m] += std::chrono::duration<double>(now - mode_since_[m]).count();
-      mode_samples_[m] += b->ids.size();
-      ++mode_batches_[m];
-      count_batch_locked(now);
-      wake_lane0 = single_ && running() == 0 && !queue_.empty();
+    finish(*b);
+  }
+}
+
+std::shared_ptr<ReadStream::Batch> ReadStream::start_locked(unsigned index) {
+  std::shared_ptr<Batch> b = std::move(queue_.front());
+  queue_.pop_front();
+  b->started = true;
+  b->single = single_;
+  if (mode_running_[b->single]++ == 0) mode_since_[b->single] = std::chrono::steady_clock::now();
+  ++lane_batches_[index];
+  return b;
+}
+
+std::shared_ptr<ReadStream::Batch> ReadStream::start_next_single() {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (stopping_ || !single_ || queue_.empty()) return nullptr;
+  return start_locked(0);
+}
+
+void ReadStream::finish(Batch& b) {
+  bool wake;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    b.done = true;
+    auto now = std::chrono::steady_clock::now();
+    int m = b.single ? 1 : 0;
+    if (--mode_running_[m] == 0)
+      mode_busy_[m] += std::chrono::duration<double>(now - mode_since_[m]).count();
+    mode_samples_[m] += b.ids.size();
+    ++mode_batches_[m];
+    count_batch_locked(now);
+    // The lanes that wait for the others to finish (lane_main's wait) may go on now.
+    wake = !queue_.empty() && (single_ ? running() == 0 : mode_running_[1] == 0);
+  }
+  done_cv_.notify_all();
+  if (wake) work_cv_.notify_all();
+}
+
+// Lane 0's reads in the single mode: the batch it took and each batch queued while its reads run,
+// all in one backend call (read_feed), so the ring never drains between batches; each batch is
+// done as soon as its last extent has landed. Batches are opened as their first range is asked for
+// and closed from the front as they finish (they finish about in order: ranges go out in order).
+class ReadStream::SingleFeed final : public RangeFeed {
+ public:
+  SingleFeed(ReadStream& stream, std::shared_ptr<Batch> first) : s_(stream) { open(std::move(first)); }
+
+  bool next(RangeRead& op, uint64_t& tag) override {
+    for (;;) {
+      if (!open_.empty()) {
+        Open& o = open_.back();
+        if (o.reads && o.next < o.reads->ops().size()) {
+          uint32_t seq = base_ + static_cast<uint32_t>(open_.size() - 1);
+          op = o.reads->ops()[o.next];
+          tag = (uint64_t{seq} << 32) | o.next++;
+          return true;
+        }
+      }
+      std::shared_ptr<Batch> b = s_.start_next_single();
+      if (!b) return false;
+      open(std::move(b));
     }
-    done_cv_.notify_all();
-    if (wake_lane0) work_cv_.notify_all();  // lane 0 waits for the others to finish (above)
+  }
+
+  void done(uint64_t tag) override {
+    Open& o = open_[static_cast<uint32_t>(tag >> 32) - base_];
+    o.reads->land(static_cast<size_t>(tag & 0xffffffffu));
+    if (--o.left == 0) close(o);
+    while (!open_.empty() && open_.front().closed) {
+      open_.pop_front();
+      ++base_;
+    }
+  }
+
+  uint64_t span_hint() const override { return span_; }
+
+  // After read_feed threw: each batch not finished is read again alone, so that the failure goes
+  // to the batch it belongs to and the others are read whole.
+  void rerun_unfinished(IoBackend& backend) {
+    for (Open& o : open_) {
+      if (o.closed) continue;
+      try {
+        s_.run(*o.b, backend);
+      } catch (...) {
+        o.b->error = std::current_exception();
+      }
+      o.closed = true;
+      s_.finish(*o.b);
+    }
+    open_.clear();
+  }
+
+ private:
+  struct Open {
+    std::shared_ptr<Batch> b;
+    std::unique_ptr<CheckedBatch> check;
+    std::unique_ptr<ExtentBatch> reads;
+    std::unique_ptr<char[]> scratch;
+    size_t next = 0;  // ranges handed to the backend
+    size_t left = 0;  // ranges not landed
+    bool closed = false;
+  };
+
+  // Never throws (next() must not): a batch that cannot be planned fails alone.
+  void open(std::shared_ptr<Batch> b) {
+    open_.emplace_back();
+    Open& o = open_.back();
+    o.b = std::move(b);
+    try {
+      PackedReader& r = s_.reader_;
+      o.check = std::make_unique<CheckedBatch>(r.directory(), o.b->ids.data(), o.b->ids.size(),
+                                               o.b->dests.data(), r.verify());
+      o.reads = std::make_unique<ExtentBatch>(*o.check, r.direct(), r.shape(), &r.counters());
+      if (o.reads->scratch_bytes()) {
+        o.scratch.reset(new char[o.reads->scratch_bytes()]);
+        o.reads->place(o.scratch.get());
+      }
+      o.left = o.reads->ops().size();
+      span_ = std::max(span_, o.reads->max_span());
+    } catch (...) {
+      o.b->error = std::current_exception();
+      o.reads.reset();
+      o.left = 0;
+    }
+    if (o.left == 0) close(o);
+  }
+
+  void close(Open& o) {
+    if (!o.b->error) {
+      try {
+        o.check->throw_if_corrupt(s_.reader_.path());
+      } catch (...) {
+        o.b->error = std::current_exception();
+      }
+    }
+    o.closed = true;
+    s_.finish(*o.b);
+  }
+
+  ReadStream& s_;
+  std::deque<Open> open_;
+  uint32_t base_ = 0;  // the sequence number of open_.front() (tags carry it, modulo 2^32)
+  uint64_t span_ = 0;
+};
+
+void ReadStream::run_fed(std::shared_ptr<Batch> first, IoBackend& backend) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    ++single_calls_;
+  }
+  SingleFeed feed(*this, std::move(first));
+  try {
+    backend.read_feed(fd_, reader_.direct(), feed);
+  } catch (...) {
+    feed.rerun_unfinished(backend);
   }
 }
 
@@ -173,9 +315,8 @@ void ReadStream::count_batch_locked(std::chrono::steady_clock::time_point now) {
              : rate_[other] > rate_[m]                         ? other
                                                                : m;
   if (next != m) {
-    // A switch from single to spread happens with nothing running (only single batches end a
-    // single epoch, and lane 0 runs one at a time), so spread never starts above queue_depth;
-    // the other way, lane 0 waits until nothing runs (lane_main).
+    // Either way the lanes of the new mode wait until no batch of the old one runs (lane_main),
+    // so the stream never has more than queue_depth reads in flight.
     single_ = next == 1;
     ++switches_;
     work_cv_.notify_all();  // spread: the other lanes take batches again
@@ -253,6 +394,11 @@ std::vector<double> ReadStream::mode_rates() const {
 std::vector<uint64_t> ReadStream::lane_batches() const {
   std::lock_guard<std::mutex> lk(mu_);
   return lane_batches_;
+}
+
+uint64_t ReadStream::single_calls() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return single_calls_;
 }
 
 std::string ReadStream::fallback_reason() const {

@@ -14,20 +14,24 @@
 // - spread: every lane runs batches, ceil(queue_depth / lanes) reads in flight each, the reads
 //   that are ready together handed to the kernel in one system call;
 // - single: lane 0 alone runs batches, queue_depth reads in flight, each read handed to the kernel
-//   alone as soon as it is queued (one io_uring_enter per read, as fio does).
-// Which is faster depends on the device's state, not only on the device: on this project's VM
-// disk, 4 KB O_DIRECT reads at QD 32, single read 85-100k/s where spread read 67-87k/s while the
-// disk served fio 80-150k/s, and 0.76x of spread (128 KB reads: 0.55x) while it served fio
-// 30-65k/s (BENCHMARKS.md, "The stream submits each read alone when that is faster"). So `auto`
-// measures: it runs a mode for an epoch (at least kEpochBatches batches and kEpochSeconds of time
-// while a batch runs: a stream nobody feeds is not slow), keeps a moving average of each mode's
-// samples per second, runs the faster one and tries the other for one epoch in every
-// kExploreEvery. Each batch counts for the mode it started in. (Epochs by time too: 16
-// batches of 128 KB samples took 0.4 s, so a one-second stream spent half its time trying the
-// slower mode.) On a switch to single, lane 0 waits for the other lanes' batches to finish, so
-// the stream never has more than queue_depth reads in flight. The single mode drains its ring at
-// the end of every batch, which spread was made to avoid: measured, it is faster all the same
-// where the device prefers reads submitted alone.
+//   alone as soon as it is queued (one io_uring_enter per read, as fio does). Lane 0 feeds every
+//   batch queued while its reads run into the same backend call (IoBackend::read_feed), so the
+//   ring does not drain at the end of a batch either.
+// - auto: measures which of the two is faster and runs it.
+// single is the default. On this project's VM disk (4 KB O_DIRECT reads at QD 32), whose pace
+// flips between two states, single's median ratio to fio in three runs of 5-7 rounds was 0.96x,
+// 1.12x and 1.21x, spread's 0.87x, 1.06x and 1.09x in the same rounds; at 128 KB, 2.54x and
+// 1.53x of fio's bandwidth (BENCHMARKS.md, "The stream submits each read alone"). Before lane 0
+// fed batches into one call,
+// single drained its ring at each batch's end and lost to spread by 0.55-0.76x in the disk's slow
+// state: that is why auto exists. It runs a mode for an epoch (at least kEpochBatches batches and
+// kEpochSeconds of time while a batch runs: a stream nobody feeds is not slow), keeps a moving
+// average of each mode's samples per second, runs the faster one and tries the other for one
+// epoch in every kExploreEvery. Each batch counts for the mode it started in. (Epochs by time
+// too: 16 batches of 128 KB samples took 0.4 s, so a one-second stream spent half its time trying
+// the slower mode.) On a switch to single, lane 0 waits for the other lanes' batches to finish,
+// and on a switch to spread the lanes wait for lane 0's single batches, so the stream never has
+// more than queue_depth reads in flight.
 //
 // Contract:
 // - submit() and take() may be called from one thread at a time (the caller serialises them);
@@ -72,7 +76,7 @@ class ReadStream {
   static constexpr unsigned kExploreEvery = 16;
 
   ReadStream(PackedReader& reader, BackendKind kind, unsigned queue_depth, unsigned lanes,
-             Submission submission = Submission::kAuto);
+             Submission submission = Submission::kSingle);
   ~ReadStream();
   ReadStream(const ReadStream&) = delete;
   ReadStream& operator=(const ReadStream&) = delete;
@@ -95,6 +99,9 @@ class ReadStream {
   // and the batches each lane has run.
   std::vector<double> mode_rates() const;
   std::vector<uint64_t> lane_batches() const;
+  // Backend calls lane 0 made in the single mode: fewer than the batches it ran when batches were
+  // queued behind each other.
+  uint64_t single_calls() const;
   // Stops the lanes: batches in flight finish, queued ones are dropped. Idempotent.
   void close();
   // False in a forked child: there the stream must be leaked, not destroyed (its condition
@@ -111,8 +118,17 @@ class ReadStream {
     bool single = false;   // the mode it ran in (guarded by mu_)
     std::exception_ptr error;
   };
+  class SingleFeed;
   void lane_main(unsigned index);
-  void run(Batch& b, IoBackend& backend);
+  // Takes the queue's front batch for lane `index` in the current mode (mu_ held).
+  std::shared_ptr<Batch> start_locked(unsigned index);
+  // The next batch for lane 0's single-mode call, or null when it should drain (stopping, the
+  // mode switched to spread, nothing queued). Takes mu_.
+  std::shared_ptr<Batch> start_next_single();
+  // Marks a batch done and counts it (takes mu_); wakes take() and the lanes waiting for it.
+  void finish(Batch& b);
+  void run(Batch& b, IoBackend& backend);                    // one batch, one backend call
+  void run_fed(std::shared_ptr<Batch> first, IoBackend& backend);  // single mode (SingleFeed)
   // With mu_ held, after a batch finished: at the end of the current mode's epoch, chooses the
   // next epoch's mode (auto only).
   void count_batch_locked(std::chrono::steady_clock::time_point now);
@@ -146,7 +162,7 @@ class ReadStream {
   uint64_t mode_samples_[2] = {0, 0};
   unsigned mode_batches_[2] = {0, 0};
   std::vector<uint64_t> lane_batches_;   // batches run, per lane
-  uint64_t epochs_ = 0, switches_ = 0;
+  uint64_t epochs_ = 0, switches_ = 0, single_calls_ = 0;
   double rate_[2] = {0, 0};              // moving average of samples/s: [spread, single]
   bool measured_[2] = {false, false};
   std::string backend_name_, fallback_reason_;  // set by the first lane that made a backend

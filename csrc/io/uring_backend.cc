@@ -82,6 +82,7 @@ class UringBackend final : public IoBackend {
   }
 
   void read_ranges(int fd, bool direct, RangeRead* ops, size_t n, const RangeDone& done) override;
+  void read_feed(int fd, bool direct, RangeFeed& feed) override;
   void read_files(FileRead* ops, size_t n) override;
   void set_submission(unsigned max_inflight, bool submit_each) override {
     limit_ = std::max(1u, std::min(qd_, max_inflight));
@@ -142,34 +143,78 @@ void UringBackend::ensure_arena(size_t slot_bytes, unsigned slots) {
   registered_ = io_uring_register_buffers(&ring_, &iov, 1) == 0;
 }
 
+namespace {
+
+// read_ranges as a feed: range i is tagged i.
+class ArrayFeed final : public RangeFeed {
+ public:
+  ArrayFeed(RangeRead* ops, size_t n, bool direct, const RangeDone& done)
+      : ops_(ops), n_(n), done_(done) {
+    if (direct)
+      for (size_t i = 0; i < n; ++i) span_ = std::max(span_, direct_span(ops[i]));
+  }
+  bool next(RangeRead& op, uint64_t& tag) override {
+    if (next_ == n_) return false;
+    op = ops_[next_];
+    tag = next_++;
+    return true;
+  }
+  void done(uint64_t tag) override { done_(static_cast<size_t>(tag)); }
+  uint64_t span_hint() const override { return span_; }
+
+ private:
+  RangeRead* ops_;
+  size_t n_;
+  const RangeDone& done_;
+  size_t next_ = 0;
+  uint64_t span_ = 0;
+};
+
+}  // namespace
+
 void UringBackend::read_ranges(int fd, bool direct, RangeRead* ops, size_t n,
                                const RangeDone& done) {
   if (n == 0) return;
+  ArrayFeed feed(ops, n, direct, done);
+  read_feed(fd, direct, feed);
+}
+
+void UringBackend::read_feed(int fd, bool direct, RangeFeed& feed) {
+  // One entry per range taken from the feed and not yet handed back: in flight, waiting to be
+  // resubmitted, or in and waiting to be copied out. A read's user_data is its entry's index, and
+  // with O_DIRECT so is its bounce slot. Twice as many entries as reads in flight: finished reads
+  // are copied out of their slots while the replacement reads already run in the other half.
+  struct Entry {
+    RangeRead op;
+    uint64_t tag;
+    uint64_t got;  // bytes in so far (for direct: of the aligned read)
+  };
   // Bytes that must be in before a range is done: for O_DIRECT, counted from the aligned start.
   auto need = [direct](const RangeRead& op) {
     return direct ? op.offset % store::kAlign + op.len : uint64_t{op.len};
   };
   unsigned depth = limit_;
   size_t slot_bytes = 0;
-  unsigned nslots = 0;
-  std::vector<unsigned> free_slots, slot_of;
-  if (direct) {
-    for (size_t i = 0; i < n; ++i) slot_bytes = std::max<size_t>(slot_bytes, direct_span(ops[i]));
-    slot_bytes = std::max<size_t>(slot_bytes, store::kAlign);
-    // Twice as many bounce slots as reads in flight: finished reads are copied out of their slots
-    // while the replacement reads already run in the other half (see the loop below).
-    size_t cap_slots = std::max<size_t>(2, kArenaCapBytes / slot_bytes);
-    nslots = static_cast<unsigned>(std::min<size_t>(2 * static_cast<size_t>(depth), cap_slots));
-    depth = std::max(1u, std::min(depth, nslots / 2));
-    ensure_arena(slot_bytes, nslots);
-    for (unsigned sl = nslots; sl-- > 0;) free_slots.push_back(sl);
-    slot_of.assign(n, 0);
-  }
-  std::vector<uint64_t> got(n, 0);  // bytes in so far (for direct: of the aligned read)
-  std::vector<size_t> retry;        // ops whose next piece must be (re)submitted
-  std::vector<size_t> finished;     // ops whose bytes are all in, not yet handed over
-  finished.reserve(depth);
-  size_t next = 0;
+  std::vector<Entry> entries;
+  std::vector<unsigned> free_entries, retry, finished;
+  // (Re)sizes the entries (and for O_DIRECT their bounce slots, for ranges up to `span` bytes);
+  // only while no entry is in use.
+  auto make_entries = [&](uint64_t span) {
+    size_t count = 2 * static_cast<size_t>(limit_);
+    if (direct) {
+      slot_bytes = std::max<size_t>(span, store::kAlign);
+      count = std::min<size_t>(count, std::max<size_t>(2, kArenaCapBytes / slot_bytes));
+      ensure_arena(slot_bytes, static_cast<unsigned>(count));
+    }
+    depth = std::max(1u, std::min(limit_, static_cast<unsigned>(count / 2)));
+    entries.assign(count, Entry{});
+    free_entries.clear();
+    for (size_t e = count; e-- > 0;) free_entries.push_back(static_cast<unsigned>(e));
+  };
+  make_entries(feed.span_hint());
+  finished.reserve(entries.size());
+  Entry held{};        // taken from the feed, waiting for an entry
+  bool holding = false;
   unsigned inflight = 0;
   bool stop = false;
   int err = 0;
@@ -184,37 +229,46 @@ void UringBackend::read_ranges(int fd, bool direct, RangeRead* ops, size_t n,
     }
     stop = true;
   };
-  // Queues reads until `depth` are in flight (or nothing is left); returns how many it queued.
+  // Queues reads until `depth` are in flight (or the feed has nothing now); returns how many.
   auto fill = [&]() {
     unsigned queued = 0;
     while (!stop && inflight < depth) {
-      size_t i;
+      unsigned e;
       if (!retry.empty()) {
-        i = retry.back();
+        e = retry.back();
         retry.pop_back();
-      } else if (next < n && (!direct || !free_slots.empty())) {
-        i = next++;
-        if (direct) {
-          slot_of[i] = free_slots.back();
-          free_slots.pop_back();
-        }
       } else {
-        break;
+        if (free_entries.empty()) break;
+        if (!holding) {
+          if (!feed.next(held.op, held.tag)) break;
+          held.got = 0;
+          holding = true;
+        }
+        if (direct && direct_span(held.op) > slot_bytes) {
+          // Larger than the bounce slots: wait until none is in use, then make them larger.
+          if (free_entries.size() < entries.size()) break;
+          make_entries(direct_span(held.op));
+        }
+        e = free_entries.back();
+        free_entries.pop_back();
+        entries[e] = held;
+        holding = false;
       }
+      Entry& x = entries[e];
+      const RangeRead& op = x.op;
       io_uring_sqe* s = sqe();
-      const RangeRead& op = ops[i];
       if (direct) {  // the aligned blocks that cover the range
-        char* buf = arena_ + static_cast<size_t>(slot_of[i]) * slot_bytes + got[i];
-        unsigned want = static_cast<unsigned>(direct_span(op) - got[i]);
-        uint64_t at = store::align_down(op.offset) + got[i];
+        char* buf = arena_ + static_cast<size_t>(e) * slot_bytes + x.got;
+        unsigned want = static_cast<unsigned>(direct_span(op) - x.got);
+        uint64_t at = store::align_down(op.offset) + x.got;
         if (registered_)
           io_uring_prep_read_fixed(s, fd, buf, want, at, 0);
         else
           io_uring_prep_read(s, fd, buf, want, at);
       } else {
-        io_uring_prep_read(s, op.fd >= 0 ? op.fd : fd, op.dest + got[i], op.len - got[i], op.offset + got[i]);
+        io_uring_prep_read(s, op.fd >= 0 ? op.fd : fd, op.dest + x.got, op.len - x.got, op.offset + x.got);
       }
-      io_uring_sqe_set_data64(s, i);
+      io_uring_sqe_set_data64(s, e);
       ++inflight;
       ++queued;
       if (submit_each_) io_uring_submit(&ring_);  // the device has it now (set_submission)
@@ -231,32 +285,33 @@ void UringBackend::read_ranges(int fd, bool direct, RangeRead* ops, size_t n,
     io_uring_for_each_cqe(&ring_, head, cqe) {
       ++seen;
       --inflight;
-      size_t i = static_cast<size_t>(io_uring_cqe_get_data64(cqe));
+      unsigned e = static_cast<unsigned>(io_uring_cqe_get_data64(cqe));
+      Entry& x = entries[e];
+      const RangeRead& op = x.op;
       int res = cqe->res;
-      const RangeRead& op = ops[i];
       if (res == -EAGAIN || res == -EINTR) {
-        retry.push_back(i);
+        retry.push_back(e);
       } else if (res < 0) {
         fail(ErrorKind::kOs, "io_uring read of " + std::to_string(op.len) + " bytes at offset " +
-                                 std::to_string(op.offset + got[i]) + ": " + std::strerror(-res),
+                                 std::to_string(op.offset + x.got) + ": " + std::strerror(-res),
              -res);
-        if (direct) free_slots.push_back(slot_of[i]);
-      } else if (res == 0 && got[i] < need(op)) {
+        free_entries.push_back(e);
+      } else if (res == 0 && x.got < need(op)) {
         fail(ErrorKind::kFormat, "data file truncated: end of file at offset " +
-                                     std::to_string(op.offset + got[i] - (direct ? op.offset % store::kAlign : 0)) +
+                                     std::to_string(op.offset + x.got - (direct ? op.offset % store::kAlign : 0)) +
                                      " while reading " +
                                      std::to_string(op.len) + " bytes at offset " +
                                      std::to_string(op.offset),
              0);
-        if (direct) free_slots.push_back(slot_of[i]);
+        free_entries.push_back(e);
       } else {
-        got[i] += static_cast<uint64_t>(res);
+        x.got += static_cast<uint64_t>(res);
         // An O_DIRECT read of the last blocks ends early at end of file: enough once the range
         // itself is in.
-        if (got[i] >= need(op))
-          finished.push_back(i);
+        if (x.got >= need(op))
+          finished.push_back(e);
         else
-          retry.push_back(i);  // short read: ask for the rest
+          retry.push_back(e);  // short read: ask for the rest
       }
     }
     io_uring_cq_advance(&ring_, seen);
@@ -264,18 +319,18 @@ void UringBackend::read_ranges(int fd, bool direct, RangeRead* ops, size_t n,
     //    finished ones (completions arrive in bursts here; copying and checksumming a burst first
     //    would leave the device idle for that long).
     if (fill() > 0) io_uring_submit(&ring_);
-    // 3. Hand over the finished reads: copy out of the bounce slot, checksum (in `done`).
-    for (size_t i : finished) {
-      if (direct) {
-        std::memcpy(ops[i].dest,
-                    arena_ + static_cast<size_t>(slot_of[i]) * slot_bytes + ops[i].offset % store::kAlign,
-                    ops[i].len);
-        free_slots.push_back(slot_of[i]);
-      }
-      done(i);
+    // 3. Hand over the finished reads: copy out of the bounce slot, then the feed's done (which
+    //    checksums).
+    for (unsigned e : finished) {
+      const Entry& x = entries[e];
+      if (direct)
+        std::memcpy(x.op.dest, arena_ + static_cast<size_t>(e) * slot_bytes + x.op.offset % store::kAlign,
+                    x.op.len);
+      feed.done(x.tag);
+      free_entries.push_back(e);
     }
     finished.clear();
-    fill();  // room freed by the slots just emptied; submitted by the next wait
+    fill();  // room freed by the entries just emptied; submitted by the next wait
   }
   if (stop) throw Error(err_kind, err_what, err);
 }

@@ -162,11 +162,12 @@ class PackedStore(NativeStore):
         return self._r.offset(i)
 
     def stream(self, queue_depth: int = 32, lanes: int = 2,
-               submission: str = "auto") -> "PackedStream":
+               submission: str = "single") -> "PackedStream":
         """Batches of reads kept in flight across batch boundaries (the prefetcher's pipeline):
         ``queue_depth`` reads in flight in all, on ``lanes`` threads of their own (io_uring, or
-        the pread pool); ``submission``: "spread", "single" or "auto", measured as it runs
-        (csrc/io/read_stream.h). See PackedStream."""
+        the pread pool); ``submission``: "single" (one io_uring lane, every read submitted
+        alone), "spread" (every lane) or "auto" (the faster, measured as it runs); the pread pool
+        always spreads (csrc/io/read_stream.h). See PackedStream."""
         return PackedStream(self, queue_depth, lanes, submission)
 
     def verify(self, progress: bool = False, batch_bytes: int = 64 << 20) -> list:
@@ -282,7 +283,7 @@ class PackedStream:
     submits and takes."""
 
     def __init__(self, store: "PackedStore", queue_depth: int = 32, lanes: int = 2,
-                 submission: str = "auto"):
+                 submission: str = "single"):
         check_backend_args("auto", queue_depth)
         self._reader = store._r
         self._stream = _io.ReadStream(self._reader, "auto", int(queue_depth), int(lanes),

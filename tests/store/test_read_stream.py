@@ -54,7 +54,8 @@ def test_stream_returns_every_batch_in_order(packed, backend, direct, lanes, sub
     assert rs.closed
 
 
-def test_a_corrupt_sample_fails_its_batch_only(packed):
+@pytest.mark.parametrize("submission", ["spread", "single"])
+def test_a_corrupt_sample_fails_its_batch_only(packed, submission):
     path, data = packed
     store = sc.PackedStore(path)
     off = store.offset(5)
@@ -63,7 +64,7 @@ def test_a_corrupt_sample_fails_its_batch_only(packed):
         b = f.read(1)
         f.seek(off)
         f.write(bytes([b[0] ^ 1]))
-    rs = _io.ReadStream(store._r, "auto", 8, 2)
+    rs = _io.ReadStream(store._r, "auto", 8, 2, submission)
     rs.submit(store._r, [1, 2])
     rs.submit(store._r, [3, 5, 4])
     rs.submit(store._r, [6])
@@ -119,6 +120,57 @@ def test_single_runs_every_batch_on_lane_0_and_spread_on_all(packed, submission,
         assert ran[0] == len(batches)
     else:
         assert all(n > 0 for n in ran)
+    rs.close()
+
+
+@pytest.mark.skipif(not URING, reason="io_uring is refused here")
+@pytest.mark.parametrize("direct", [False, True])
+def test_single_reads_queued_batches_in_one_call(packed, direct):
+    """In the single mode lane 0 feeds the batches queued behind the one it runs into the same
+    backend call, so the ring does not drain between them: with four batches kept queued, 60
+    batches take a handful of calls, not 60, and each still comes back whole and in order."""
+    path, data = packed
+    store = sc.PackedStore(path, direct=direct)
+    rs = _io.ReadStream(store._r, "io_uring", 8, 1, "single")
+    rng = np.random.default_rng(6)
+    batches = [rng.integers(0, len(data), 64) for _ in range(60)]
+    got = []
+    for k, b in enumerate(batches):
+        rs.submit(store._r, b)
+        if k >= 4:
+            got.append(rs.take())
+    while rs.pending:
+        got.append(rs.take())
+    assert got == [[data[i] for i in b] for b in batches]
+    assert rs.lane_batches == [60]
+    assert 1 <= rs.single_calls <= 15
+    rs.close()
+
+
+@pytest.mark.skipif(not URING, reason="io_uring is refused here")
+@pytest.mark.parametrize("direct", [False, True])
+def test_a_read_error_in_single_mode_fails_its_batch_only(packed, tmp_path, direct):
+    """A failed read stops the call that feeds many batches; the batches it had not finished are
+    read again alone, so the error reaches the batch that asked for the bytes and no other."""
+    path, data = packed
+    p = tmp_path / "t.shc"
+    p.write_bytes(path.read_bytes())
+    store = sc.PackedStore(p, direct=direct)
+    # pack shuffles placement: cut the file inside the sample that lies last in it
+    last = max((i for i in range(len(data)) if data[i]), key=store.offset)
+    os.truncate(p, store.offset(last) + len(data[last]) // 2)
+    rs = _io.ReadStream(store._r, "io_uring", 8, 1, "single")
+    batches = [[i for i in range(k, k + 41) if i != last] for k in range(0, 205, 41)]
+    batches.insert(2, [3, last, 4])
+    for b in batches:
+        rs.submit(store._r, b)
+    for k, b in enumerate(batches):
+        if k == 2:
+            with pytest.raises(sc.StoreFormatError, match="truncated"):
+                rs.take()
+        else:
+            assert rs.take() == [data[i] for i in b]
+    assert rs.single_calls < len(batches)  # the failed call had fed several batches
     rs.close()
 
 
@@ -203,5 +255,10 @@ def test_packed_stream_passes_its_submission_mode_on(packed):
         s.submit([3, 1, 4])
         assert s.take() == [data[3], data[1], data[4]]
         assert s.submission == "single" and s.mode_switches == 0
+    with store.stream(8, 2) as s:
+        assert s.submission == "single"           # the default
+    with store.stream(8, 2, "spread") as s:
+        s.submit([2])
+        assert s.take() == [data[2]] and s.submission == "spread"
     with pytest.raises(ValueError, match="submission must be"):
         store.stream(8, 2, "batched")
