@@ -88,7 +88,7 @@ def test_four_processes_large_values(cache_name, policy):
         for k, method in enumerate(["fork", "fork", "spawn", "spawn"]):
             ctx = mp.get_context(method)
             q = ctx.Queue()
-            p = ctx.Process(target=_worker, args=(cache_name, k + 1, 40, q, sizes, n, 2))
+            p = ctx.Process(target=_worker, args=(cache_name, k + 1, 20, q, sizes, n, 2))
             p.start()
             procs.append(p)
             queues.append(q)
