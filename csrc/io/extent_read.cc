@@ -42,8 +42,7 @@ ExtentPlan plan_extents(const store::Entry* dir, const int64_t* ids, size_t n, b
   return plan;
 }
 
-ExtentBatch::ExtentBatch(CheckedBatch& batch, bool direct, const ReadShape& shape,
-                         ReadCounters* counters)
+ExtentBatch::ExtentBatch(CheckedBatch& batch, bool direct, const ReadShape& shape)
     : batch_(batch), plan_(plan_extents(batch.dir(), batch.ids(), batch.size(), direct, shape)) {
   const size_t m = plan_.extents.size();
   char* const* dests = batch.dests();
@@ -51,7 +50,6 @@ ExtentBatch::ExtentBatch(CheckedBatch& batch, bool direct, const ReadShape& shap
   // in its own bounce buffers); the others into scratch, one after the other.
   ops_.resize(m);
   scratch_at_.assign(m, SIZE_MAX);
-  uint64_t asked = 0;
   for (size_t x = 0; x < m; ++x) {
     const Extent& e = plan_.extents[x];
     ops_[x] = RangeRead{e.offset, static_cast<uint32_t>(e.len), nullptr};
@@ -63,14 +61,15 @@ ExtentBatch::ExtentBatch(CheckedBatch& batch, bool direct, const ReadShape& shap
     }
     uint64_t span = direct ? direct_span(ops_[x]) : e.len;
     if (direct) max_span_ = std::max(max_span_, span);
-    asked += span;
+    asked_ += span;
   }
-  // Duplicate ids share one extent entry in `order` each, so every position is landed once.
-  if (counters) {
-    counters->samples.fetch_add(batch.size(), std::memory_order_relaxed);
-    counters->requests.fetch_add(m, std::memory_order_relaxed);
-    counters->bytes.fetch_add(asked, std::memory_order_relaxed);
-  }
+}
+
+void ExtentBatch::count(ReadCounters* counters) const {
+  if (!counters) return;
+  counters->samples.fetch_add(batch_.size(), std::memory_order_relaxed);
+  counters->requests.fetch_add(ops_.size(), std::memory_order_relaxed);
+  counters->bytes.fetch_add(asked_, std::memory_order_relaxed);
 }
 
 void ExtentBatch::place(char* scratch) {
@@ -78,6 +77,7 @@ void ExtentBatch::place(char* scratch) {
     if (scratch_at_[x] != SIZE_MAX) ops_[x].dest = scratch + scratch_at_[x];
 }
 
+// Duplicate ids share one extent entry in `order` each, so every position is landed once.
 void ExtentBatch::land(size_t x) {
   const Extent& e = plan_.extents[x];
   const store::Entry* dir = batch_.dir();
@@ -93,11 +93,12 @@ void ExtentBatch::land(size_t x) {
 
 void read_samples(IoBackend& backend, int fd, bool direct, CheckedBatch& batch, const ReadShape& shape,
                   ReadCounters* counters) {
-  ExtentBatch reads(batch, direct, shape, counters);
+  ExtentBatch reads(batch, direct, shape);
   static thread_local ScratchBuffer scratch;
   if (reads.scratch_bytes()) reads.place(scratch.get(reads.scratch_bytes()));
   backend.read_ranges(fd, direct, reads.ops().data(), reads.ops().size(),
                       [&](size_t x) { reads.land(x); });
+  reads.count(counters);  // not when the reads threw: only what was handed out counts
   scratch.trim();
 }
 

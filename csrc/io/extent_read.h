@@ -55,8 +55,8 @@ ExtentPlan plan_extents(const store::Entry* dir, const int64_t* ids, size_t n, b
 // reads one through a backend call; the read stream (read_stream.h) feeds several to one call.
 class ExtentBatch {
  public:
-  // Plans the extents of `batch` (which must outlive this) and counts them in `counters`.
-  ExtentBatch(CheckedBatch& batch, bool direct, const ReadShape& shape, ReadCounters* counters);
+  // Plans the extents of `batch` (which must outlive this).
+  ExtentBatch(CheckedBatch& batch, bool direct, const ReadShape& shape);
   // Bytes of scratch the extents of several samples are read into; place() must be given that
   // many (valid until the last land()) before ops() is read.
   size_t scratch_bytes() const { return scratch_bytes_; }
@@ -67,6 +67,9 @@ class ExtentBatch {
   void land(size_t x);
   // The largest direct_span of the ranges (0 when not direct).
   uint64_t max_span() const { return max_span_; }
+  // Adds the batch to `counters` (samples handed out, requests, bytes asked): called once, after
+  // every extent has landed.
+  void count(ReadCounters* counters) const;
 
  private:
   CheckedBatch& batch_;
@@ -75,6 +78,7 @@ class ExtentBatch {
   std::vector<size_t> scratch_at_;  // offset in scratch, SIZE_MAX: straight to its destination
   size_t scratch_bytes_ = 0;
   uint64_t max_span_ = 0;
+  uint64_t asked_ = 0;  // bytes asked of the device (gaps and O_DIRECT widening included)
 };
 
 // Reads the batch through `backend`, each sample checked (batch.check) as its extent completes;

@@ -2,6 +2,9 @@
 
 #include <unistd.h>
 
+#include <mutex>
+#include <vector>
+
 #include "common/error.h"
 #include "io/pread_backend.h"
 #include "io/uring_backend.h"
@@ -38,7 +41,24 @@ void IoBackend::read_feed(int fd, bool direct, RangeFeed& feed) {
       tags.push_back(tag);
     }
     if (ops.empty()) return;
-    read_ranges(fd, direct, ops.data(), ops.size(), [&](size_t i) { feed.done(tags[i]); });
+    // read_ranges may land ranges on its own threads (the pread pool); the feed hears of them on
+    // this one, as its contract says, once the chunk has drained.
+    std::mutex mu;
+    std::vector<size_t> landed;
+    landed.reserve(ops.size());
+    auto deliver = [&] {
+      for (size_t i : landed) feed.done(tags[i]);
+    };
+    try {
+      read_ranges(fd, direct, ops.data(), ops.size(), [&](size_t i) {
+        std::lock_guard<std::mutex> lk(mu);
+        landed.push_back(i);
+      });
+    } catch (...) {
+      deliver();  // what landed before the failure is good
+      throw;
+    }
+    deliver();
   }
 }
 

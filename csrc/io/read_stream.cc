@@ -42,10 +42,9 @@ ReadStream::ReadStream(PackedReader& reader, BackendKind kind, unsigned queue_de
   // the path names now (a re-pack renamed over it, a FIFO).
   fd_ = ::fcntl(reader.read_fd(), F_DUPFD_CLOEXEC, 0);
   if (fd_ < 0) throw_errno("dup " + reader.path(), errno);
-  // Make the first lane's backend here-and-now semantics visible: a refused io_uring with
-  // kind == kUring must throw from the constructor, not from a lane. So the lanes are started
-  // and the first one reports whether it could make its backend.
-  std::exception_ptr first_error;
+  // Make lane 0's backend here-and-now semantics visible: a refused io_uring with kind == kUring
+  // must throw from the constructor, not from a lane. So the lanes are started and lane 0
+  // reports whether it could make its backend (any lane that could not stops the stream).
   bool first_ready = false;
   for (unsigned i = 0; i < lanes; ++i) {
     try {
@@ -99,12 +98,17 @@ void ReadStream::lane_main(unsigned index) {
       work_cv_.notify_all();
       return;
     }
-    if (backend_name_.empty()) {
+    if (index == 0) {
+      // Lane 0's backend is the stream's: the constructor reports it, and the single mode runs on
+      // it. The modes are io_uring's; on the pread pool (whose threads land reads concurrently)
+      // the stream always spreads, even where another lane's io_uring ring was made.
       backend_name_ = backend->name();
       fallback_reason_ = reason;
-      // The modes are io_uring's; the pread pool (each lane its own threads) always spreads.
       uring_ = backend_name_ == std::string("io_uring");
-      if (!uring_) single_ = false;
+      if (!uring_ && single_) {
+        single_ = false;
+        work_cv_.notify_all();  // the other lanes wait while the mode is single
+      }
       done_cv_.notify_all();
     }
   }
@@ -149,7 +153,8 @@ std::shared_ptr<ReadStream::Batch> ReadStream::start_locked(unsigned index) {
 
 std::shared_ptr<ReadStream::Batch> ReadStream::start_next_single() {
   std::lock_guard<std::mutex> lk(mu_);
-  if (stopping_ || !single_ || queue_.empty()) return nullptr;
+  // mode_running_[0]: a spread batch of a switch back and forth since lane 0 last looked.
+  if (stopping_ || !single_ || queue_.empty() || mode_running_[0] > 0) return nullptr;
   return start_locked(0);
 }
 
@@ -238,14 +243,20 @@ class ReadStream::SingleFeed final : public RangeFeed {
 
   // Never throws (next() must not): a batch that cannot be planned fails alone.
   void open(std::shared_ptr<Batch> b) {
-    open_.emplace_back();
+    try {
+      open_.emplace_back();
+    } catch (...) {
+      b->error = std::current_exception();
+      s_.finish(*b);
+      return;
+    }
     Open& o = open_.back();
     o.b = std::move(b);
     try {
       PackedReader& r = s_.reader_;
       o.check = std::make_unique<CheckedBatch>(r.directory(), o.b->ids.data(), o.b->ids.size(),
                                                o.b->dests.data(), r.verify());
-      o.reads = std::make_unique<ExtentBatch>(*o.check, r.direct(), r.shape(), &r.counters());
+      o.reads = std::make_unique<ExtentBatch>(*o.check, r.direct(), r.shape());
       if (o.reads->scratch_bytes()) {
         o.scratch.reset(new char[o.reads->scratch_bytes()]);
         o.reads->place(o.scratch.get());
@@ -260,14 +271,20 @@ class ReadStream::SingleFeed final : public RangeFeed {
     if (o.left == 0) close(o);
   }
 
+  // Every extent of the batch has landed (or it failed to open): checks it, counts it, frees its
+  // buffers (the batch may wait at the front of open_ for the ones before it) and finishes it.
   void close(Open& o) {
     if (!o.b->error) {
+      o.reads->count(&s_.reader_.counters());
       try {
         o.check->throw_if_corrupt(s_.reader_.path());
       } catch (...) {
         o.b->error = std::current_exception();
       }
     }
+    o.reads.reset();
+    o.check.reset();
+    o.scratch.reset();
     o.closed = true;
     s_.finish(*o.b);
   }

@@ -165,7 +165,7 @@ class ReadStream {
   uint64_t epochs_ = 0, switches_ = 0, single_calls_ = 0;
   double rate_[2] = {0, 0};              // moving average of samples/s: [spread, single]
   bool measured_[2] = {false, false};
-  std::string backend_name_, fallback_reason_;  // set by the first lane that made a backend
+  std::string backend_name_, fallback_reason_;  // lane 0's backend (set once lane 0 made it)
   std::vector<std::thread> threads_;
 };
 

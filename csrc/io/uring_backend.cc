@@ -36,8 +36,9 @@ bool disabled_by_env() {
   return v != nullptr && v[0] != '\0' && std::strcmp(v, "0") != 0;
 }
 
-// The O_DIRECT bounce arena never grows past this (unless one sample alone is larger): with large
-// samples the batch then keeps fewer reads in flight instead of pinning unbounded memory.
+// The O_DIRECT bounce arena never grows past this, nor do the buffers of their own that ranges
+// larger than a slot get (unless one range alone is larger): with large samples a call then keeps
+// fewer of them in flight instead of pinning unbounded memory (read_feed).
 constexpr size_t kArenaCapBytes = 64u << 20;
 
 class UringBackend final : public IoBackend {
@@ -181,39 +182,57 @@ void UringBackend::read_ranges(int fd, bool direct, RangeRead* ops, size_t n,
 
 void UringBackend::read_feed(int fd, bool direct, RangeFeed& feed) {
   // One entry per range taken from the feed and not yet handed back: in flight, waiting to be
-  // resubmitted, or in and waiting to be copied out. A read's user_data is its entry's index, and
-  // with O_DIRECT so is its bounce slot. Twice as many entries as reads in flight: finished reads
-  // are copied out of their slots while the replacement reads already run in the other half.
+  // resubmitted, or in and waiting to be copied out. A read's user_data is its entry's index. Twice
+  // as many entries as reads in flight: finished reads are copied out of their buffers while the
+  // replacement reads already run in the other half.
+  //
+  // O_DIRECT reads land in bounce buffers: entry e's slot of the registered arena, slot_bytes
+  // each, sized once per call by the feed's hint but never so large that the arena would hold
+  // fewer than 2 x depth slots within kArenaCapBytes; a range larger than its slot gets a buffer of
+  // its own (an unregistered read), and those together stay within kArenaCapBytes too (one is
+  // always allowed), so a large sample slows only its own read, never the depth of the others.
   struct Entry {
     RangeRead op;
     uint64_t tag;
-    uint64_t got;  // bytes in so far (for direct: of the aligned read)
+    uint64_t got;        // bytes in so far (for direct: of the aligned read)
+    char* own = nullptr;  // its own bounce buffer (direct, larger than a slot), else null
   };
   // Bytes that must be in before a range is done: for O_DIRECT, counted from the aligned start.
   auto need = [direct](const RangeRead& op) {
     return direct ? op.offset % store::kAlign + op.len : uint64_t{op.len};
   };
-  unsigned depth = limit_;
+  const unsigned depth = limit_;
+  const size_t count = 2 * static_cast<size_t>(depth);
   size_t slot_bytes = 0;
-  std::vector<Entry> entries;
+  if (direct) {
+    size_t fit = std::max<size_t>(store::kAlign, kArenaCapBytes / count / store::kAlign * store::kAlign);
+    slot_bytes = std::min(std::max<size_t>(feed.span_hint(), store::kAlign), fit);
+    ensure_arena(slot_bytes, static_cast<unsigned>(count));
+  }
+  std::vector<Entry> entries(count);
   std::vector<unsigned> free_entries, retry, finished;
-  // (Re)sizes the entries (and for O_DIRECT their bounce slots, for ranges up to `span` bytes);
-  // only while no entry is in use.
-  auto make_entries = [&](uint64_t span) {
-    size_t count = 2 * static_cast<size_t>(limit_);
-    if (direct) {
-      slot_bytes = std::max<size_t>(span, store::kAlign);
-      count = std::min<size_t>(count, std::max<size_t>(2, kArenaCapBytes / slot_bytes));
-      ensure_arena(slot_bytes, static_cast<unsigned>(count));
+  for (size_t e = count; e-- > 0;) free_entries.push_back(static_cast<unsigned>(e));
+  finished.reserve(count);
+  size_t own_bytes = 0;  // in buffers of their own
+  auto release = [&](Entry& x) {
+    if (x.own) {
+      own_bytes -= direct_span(x.op);
+      std::free(x.own);
+      x.own = nullptr;
     }
-    depth = std::max(1u, std::min(limit_, static_cast<unsigned>(count / 2)));
-    entries.assign(count, Entry{});
-    free_entries.clear();
-    for (size_t e = count; e-- > 0;) free_entries.push_back(static_cast<unsigned>(e));
   };
-  make_entries(feed.span_hint());
-  finished.reserve(entries.size());
-  Entry held{};        // taken from the feed, waiting for an entry
+  // Whatever way this returns, no buffer of its own outlives the call (nothing is in flight then).
+  struct FreeOwn {
+    std::vector<Entry>& entries;
+    ~FreeOwn() {
+      for (Entry& x : entries) std::free(x.own);
+    }
+  } free_own{entries};
+  auto buffer = [&](unsigned e) -> char* {
+    return entries[e].own ? entries[e].own : arena_ + static_cast<size_t>(e) * slot_bytes;
+  };
+
+  Entry held{};  // taken from the feed, waiting for an entry (or for room for its own buffer)
   bool holding = false;
   unsigned inflight = 0;
   bool stop = false;
@@ -244,24 +263,33 @@ void UringBackend::read_feed(int fd, bool direct, RangeFeed& feed) {
           held.got = 0;
           holding = true;
         }
+        char* own = nullptr;
         if (direct && direct_span(held.op) > slot_bytes) {
-          // Larger than the bounce slots: wait until none is in use, then make them larger.
-          if (free_entries.size() < entries.size()) break;
-          make_entries(direct_span(held.op));
+          size_t span = direct_span(held.op);
+          if (own_bytes > 0 && own_bytes + span > kArenaCapBytes) break;  // after one lands
+          void* p = nullptr;
+          if (posix_memalign(&p, store::kAlign, span) != 0) {
+            fail(ErrorKind::kCapacity,
+                 "io_uring: cannot allocate " + std::to_string(span) + " bytes of O_DIRECT buffer", ENOMEM);
+            break;
+          }
+          own = static_cast<char*>(p);
+          own_bytes += span;
         }
         e = free_entries.back();
         free_entries.pop_back();
         entries[e] = held;
+        entries[e].own = own;
         holding = false;
       }
       Entry& x = entries[e];
       const RangeRead& op = x.op;
       io_uring_sqe* s = sqe();
       if (direct) {  // the aligned blocks that cover the range
-        char* buf = arena_ + static_cast<size_t>(e) * slot_bytes + x.got;
+        char* buf = buffer(e) + x.got;
         unsigned want = static_cast<unsigned>(direct_span(op) - x.got);
         uint64_t at = store::align_down(op.offset) + x.got;
-        if (registered_)
+        if (registered_ && !x.own)
           io_uring_prep_read_fixed(s, fd, buf, want, at, 0);
         else
           io_uring_prep_read(s, fd, buf, want, at);
@@ -295,6 +323,7 @@ void UringBackend::read_feed(int fd, bool direct, RangeFeed& feed) {
         fail(ErrorKind::kOs, "io_uring read of " + std::to_string(op.len) + " bytes at offset " +
                                  std::to_string(op.offset + x.got) + ": " + std::strerror(-res),
              -res);
+        release(x);
         free_entries.push_back(e);
       } else if (res == 0 && x.got < need(op)) {
         fail(ErrorKind::kFormat, "data file truncated: end of file at offset " +
@@ -303,6 +332,7 @@ void UringBackend::read_feed(int fd, bool direct, RangeFeed& feed) {
                                      std::to_string(op.len) + " bytes at offset " +
                                      std::to_string(op.offset),
              0);
+        release(x);
         free_entries.push_back(e);
       } else {
         x.got += static_cast<uint64_t>(res);
@@ -319,13 +349,12 @@ void UringBackend::read_feed(int fd, bool direct, RangeFeed& feed) {
     //    finished ones (completions arrive in bursts here; copying and checksumming a burst first
     //    would leave the device idle for that long).
     if (fill() > 0) io_uring_submit(&ring_);
-    // 3. Hand over the finished reads: copy out of the bounce slot, then the feed's done (which
+    // 3. Hand over the finished reads: copy out of the bounce buffer, then the feed's done (which
     //    checksums).
     for (unsigned e : finished) {
-      const Entry& x = entries[e];
-      if (direct)
-        std::memcpy(x.op.dest, arena_ + static_cast<size_t>(e) * slot_bytes + x.op.offset % store::kAlign,
-                    x.op.len);
+      Entry& x = entries[e];
+      if (direct) std::memcpy(x.op.dest, buffer(e) + x.op.offset % store::kAlign, x.op.len);
+      release(x);
       feed.done(x.tag);
       free_entries.push_back(e);
     }

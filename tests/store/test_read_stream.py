@@ -175,6 +175,87 @@ def test_a_read_error_in_single_mode_fails_its_batch_only(packed, tmp_path, dire
 
 
 @pytest.mark.skipif(not URING, reason="io_uring is refused here")
+def test_io_counters_count_what_was_handed_out_once(packed, tmp_path):
+    """io_counters() counts samples handed out: a batch whose read failed counts nothing, and a
+    batch read again after a failed call of the single mode counts once."""
+    path, data = packed
+    p = tmp_path / "t.shc"
+    p.write_bytes(path.read_bytes())
+    store = sc.PackedStore(p, backend="io_uring")
+    last = max((i for i in range(len(data)) if data[i]), key=store.offset)
+    os.truncate(p, store.offset(last) + len(data[last]) // 2)
+    c0 = store.io_counters()
+    with pytest.raises(sc.StoreFormatError):
+        store.read_many([1, 2, last])
+    assert store.io_counters() == c0
+    rs = _io.ReadStream(store._r, "io_uring", 8, 1, "single")
+    good = [[i for i in range(k, k + 40) if i != last and data[i]] for k in range(0, 240, 40)]
+    batches = good[:3] + [[last]] + good[3:]
+    for b in batches:
+        rs.submit(store._r, b)
+    for b in batches:
+        if b == [last]:
+            with pytest.raises(sc.StoreFormatError):
+                rs.take()
+        else:
+            assert rs.take() == [data[i] for i in b]
+    rs.close()
+    assert store.io_counters()["samples"] - c0["samples"] == sum(map(len, good))
+
+
+def _io_uring_rings() -> int:
+    n = 0
+    for f in os.listdir("/proc/self/fd"):
+        try:
+            n += "io_uring" in os.readlink(f"/proc/self/fd/{f}")
+        except OSError:
+            pass
+    return n
+
+
+@pytest.mark.skipif(not URING, reason="io_uring is refused here")
+def test_lanes_on_different_backends_run_the_single_mode_only_on_lane_0s_ring(packed):
+    """With descriptors for one ring only, one lane gets io_uring and the other the pread pool,
+    whichever is first. The stream's backend and its modes are lane 0's: single where lane 0 has
+    the ring, spread where lane 0 has the pool (whose threads land reads concurrently: the single
+    mode's bookkeeping would race there). Both read every batch whole."""
+    import resource
+    path, data = packed
+    store = sc.PackedStore(path, direct=False)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    seen = []
+    before = _io_uring_rings()              # the store's own, if it has made one
+    for trial in range(200):
+        fd = os.open("/dev/null", os.O_RDONLY)
+        os.close(fd)                        # the lowest free descriptor
+        resource.setrlimit(resource.RLIMIT_NOFILE, (fd + 2, hard))   # the dup, and one ring
+        try:
+            rs = _io.ReadStream(store._r, "auto", 8, 2, "single")
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        try:
+            if _io_uring_rings() - before != 1:
+                continue
+            assert (rs.backend, rs.submission) in (("io_uring", "single"), ("pread", "spread"))
+            seen.append(rs.backend)
+            rng = np.random.default_rng(trial)
+            batches = [rng.integers(0, len(data), 200) for _ in range(40)]
+            got = []
+            for k, b in enumerate(batches):
+                rs.submit(store._r, b)
+                if k >= 10:
+                    got.append(rs.take())
+            while rs.pending:
+                got.append(rs.take())
+            assert got == [[data[i] for i in b] for b in batches]
+        finally:
+            rs.close()
+        if len(seen) >= 30 and seen.count("pread") >= 5 and "io_uring" in seen:
+            break
+    assert seen.count("pread") >= 5 and "io_uring" in seen, f"lane 0 got {seen} in 200 tries"
+
+
+@pytest.mark.skipif(not URING, reason="io_uring is refused here")
 def test_auto_counts_only_the_time_batches_run(packed):
     """A stream made long before its first batch (the prefetcher's, at start) is not slow: auto
     measures samples per second while a batch runs. Counting the wait, the first mode measured
