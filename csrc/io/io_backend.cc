@@ -2,8 +2,7 @@
 
 #include <unistd.h>
 
-#include <mutex>
-#include <vector>
+#include <string>
 
 #include "common/error.h"
 #include "io/pread_backend.h"
@@ -27,39 +26,9 @@ bool built_with_uring() {
 #endif
 }
 
-void IoBackend::read_feed(int fd, bool direct, RangeFeed& feed) {
-  constexpr size_t kChunk = 256;
-  std::vector<RangeRead> ops;
-  std::vector<uint64_t> tags;
-  for (;;) {
-    ops.clear();
-    tags.clear();
-    RangeRead op{};
-    uint64_t tag = 0;
-    while (ops.size() < kChunk && feed.next(op, tag)) {
-      ops.push_back(op);
-      tags.push_back(tag);
-    }
-    if (ops.empty()) return;
-    // read_ranges may land ranges on its own threads (the pread pool); the feed hears of them on
-    // this one, as its contract says, once the chunk has drained.
-    std::mutex mu;
-    std::vector<size_t> landed;
-    landed.reserve(ops.size());
-    auto deliver = [&] {
-      for (size_t i : landed) feed.done(tags[i]);
-    };
-    try {
-      read_ranges(fd, direct, ops.data(), ops.size(), [&](size_t i) {
-        std::lock_guard<std::mutex> lk(mu);
-        landed.push_back(i);
-      });
-    } catch (...) {
-      deliver();  // what landed before the failure is good
-      throw;
-    }
-    deliver();
-  }
+void IoBackend::read_feed(int, bool, RangeFeed&) {
+  throw Error(ErrorKind::kInvalidArgument,
+              std::string(name()) + ": reads ranges only in whole batches (read_ranges), not from a feed");
 }
 
 BackendSlot::BackendSlot(BackendKind kind, unsigned queue_depth)

@@ -58,8 +58,9 @@ class RangeFeed {
   virtual bool next(RangeRead& op, uint64_t& tag) = 0;
   // The range tagged `tag` is in: all its bytes are at op.dest.
   virtual void done(uint64_t tag) = 0;
-  // The largest direct_span the ranges to come are expected to have (0: unknown). O_DIRECT bounce
-  // buffers are sized by it; a larger range costs a drain while they are made larger.
+  // The largest direct_span the ranges to come are expected to have (0: unknown), read when the
+  // call starts. O_DIRECT bounce slots are sized by it (within a cap); a larger range gets a bounce
+  // buffer of its own.
   virtual uint64_t span_hint() const { return 0; }
 };
 
@@ -83,9 +84,9 @@ class IoBackend {
   // Reads the feed's ranges until next() says there are none and every read has finished, with
   // the same checks, retries and O_DIRECT widening as read_ranges; done(tag) is called as each
   // range is in. After the first hard failure no new range is asked for; the failure is thrown
-  // once the reads in flight have drained (ranges not done() by then did not complete). This
-  // default reads the feed in chunks through read_ranges (drained between chunks); io_uring keeps
-  // its queue full across the whole call.
+  // once the reads in flight have drained (ranges not done() by then did not complete). io_uring
+  // keeps its queue full across the whole call; the pread pool, whose threads land ranges
+  // concurrently, has no feed (the read stream spreads there): this default throws kInvalidArgument.
   virtual void read_feed(int fd, bool direct, RangeFeed& feed);
 
   // Reads every file whole. Failures are recorded per file (err, failed_step), not thrown, so the

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <new>
 #include <string>
 
@@ -191,11 +192,14 @@ void UringBackend::read_feed(int fd, bool direct, RangeFeed& feed) {
   // fewer than 2 x depth slots within kArenaCapBytes; a range larger than its slot gets a buffer of
   // its own (an unregistered read), and those together stay within kArenaCapBytes too (one is
   // always allowed), so a large sample slows only its own read, never the depth of the others.
+  struct FreeAligned {
+    void operator()(char* p) const { std::free(p); }
+  };
   struct Entry {
     RangeRead op;
     uint64_t tag;
-    uint64_t got;        // bytes in so far (for direct: of the aligned read)
-    char* own = nullptr;  // its own bounce buffer (direct, larger than a slot), else null
+    uint64_t got;                             // bytes in so far (for direct: of the aligned read)
+    std::unique_ptr<char, FreeAligned> own;   // its own bounce buffer (larger than a slot), or none
   };
   // Bytes that must be in before a range is done: for O_DIRECT, counted from the aligned start.
   auto need = [direct](const RangeRead& op) {
@@ -215,24 +219,15 @@ void UringBackend::read_feed(int fd, bool direct, RangeFeed& feed) {
   finished.reserve(count);
   size_t own_bytes = 0;  // in buffers of their own
   auto release = [&](Entry& x) {
-    if (x.own) {
-      own_bytes -= direct_span(x.op);
-      std::free(x.own);
-      x.own = nullptr;
-    }
+    if (x.own) own_bytes -= direct_span(x.op);
+    x.own.reset();
   };
-  // Whatever way this returns, no buffer of its own outlives the call (nothing is in flight then).
-  struct FreeOwn {
-    std::vector<Entry>& entries;
-    ~FreeOwn() {
-      for (Entry& x : entries) std::free(x.own);
-    }
-  } free_own{entries};
   auto buffer = [&](unsigned e) -> char* {
-    return entries[e].own ? entries[e].own : arena_ + static_cast<size_t>(e) * slot_bytes;
+    return entries[e].own ? entries[e].own.get() : arena_ + static_cast<size_t>(e) * slot_bytes;
   };
 
-  Entry held{};  // taken from the feed, waiting for an entry (or for room for its own buffer)
+  RangeRead held_op{};  // taken from the feed, waiting for an entry (or room for its own buffer)
+  uint64_t held_tag = 0;
   bool holding = false;
   unsigned inflight = 0;
   bool stop = false;
@@ -259,13 +254,12 @@ void UringBackend::read_feed(int fd, bool direct, RangeFeed& feed) {
       } else {
         if (free_entries.empty()) break;
         if (!holding) {
-          if (!feed.next(held.op, held.tag)) break;
-          held.got = 0;
+          if (!feed.next(held_op, held_tag)) break;
           holding = true;
         }
         char* own = nullptr;
-        if (direct && direct_span(held.op) > slot_bytes) {
-          size_t span = direct_span(held.op);
+        if (direct && direct_span(held_op) > slot_bytes) {
+          size_t span = direct_span(held_op);
           if (own_bytes > 0 && own_bytes + span > kArenaCapBytes) break;  // after one lands
           void* p = nullptr;
           if (posix_memalign(&p, store::kAlign, span) != 0) {
@@ -278,8 +272,10 @@ void UringBackend::read_feed(int fd, bool direct, RangeFeed& feed) {
         }
         e = free_entries.back();
         free_entries.pop_back();
-        entries[e] = held;
-        entries[e].own = own;
+        entries[e].op = held_op;
+        entries[e].tag = held_tag;
+        entries[e].got = 0;
+        entries[e].own.reset(own);
         holding = false;
       }
       Entry& x = entries[e];
