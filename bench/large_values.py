@@ -1,6 +1,6 @@
 """Large values: a 16 MiB `get` against a plain 16 MiB bytes copy.
 
-    python bench/large_values.py             # ~1 minute; prints the table (BENCHMARKS.md, "Large values")
+    python bench/large_values.py             # ~1 minute; prints the table (docs/benchmark_history.md, "Large values")
     python bench/large_values.py --tiny      # the smoke run
 
 A value larger than a chunk is whole chunks plus a tail slot; a get copies the chunks out (those

@@ -21,7 +21,8 @@
 // single is the default. On this project's VM disk (4 KB O_DIRECT reads at QD 32), whose pace
 // flips between two states, single's median ratio to fio in three runs of 5-7 rounds was 0.96x,
 // 1.12x and 1.21x, spread's 0.87x, 1.06x and 1.09x in the same rounds; at 128 KB, 2.54x and
-// 1.53x of fio's bandwidth (BENCHMARKS.md, "The stream submits each read alone"). Before lane 0
+// 1.53x of fio's bandwidth (docs/benchmark_history.md, "The single mode feeds queued batches
+// into one call"). Before lane 0
 // fed batches into one call,
 // single drained its ring at each batch's end and lost to spread by 0.55-0.76x in the disk's slow
 // state: that is why auto exists. It runs a mode for an epoch (at least kEpochBatches batches and

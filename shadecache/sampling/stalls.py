@@ -164,8 +164,8 @@ class StallPace:
         3,000 reads/s and 200 MiB/s served 119-176 samples of 100 KB in 4-22 ms after idle time
         (its throttle's unused budget), while the prefetcher read the rest; the median of such
         batches said the store keeps up, the planner stopped acting, and those epochs read up to
-        0.53x the data against 0.26-0.33x (BENCHMARKS.md, "The store's sustained rate bounds the
-        stall budget's pace").
+        0.53x the data against 0.26-0.33x (docs/benchmark_history.md, "The store's sustained rate
+        bounds the stall budget's pace").
 
         What the CPUs' contention explains is not the store's. Only the time the thread slept in
         a batch (its wall time less what it ran and what it waited for a CPU) can be the store's,
@@ -297,8 +297,8 @@ class StallPlanner:
                 # three of 16 batches, none before). Without one it reads every miss, making
                 # room, and a miss not on its way yet is one it has not reached: deferred again
                 # (read at the batch instead, tabular and longtail on the throttled disk read 5%
-                # more and ran 4-5% slower: BENCHMARKS.md, "The stall budget decides ahead of the
-                # prefetcher").
+                # more and ran 4-5% slower: docs/benchmark_history.md, "The stall budget decides
+                # ahead of the prefetcher").
                 again = (self.ahead.deferred[pos] & ~view.on_way(order[pos]) if filters
                          else np.zeros(pos.size, dtype=bool))
                 movable = pos[~again]
@@ -333,7 +333,8 @@ class StallPlanner:
             # needed later (the board's next uses), and repeats placed across the epoch gave
             # the cached samples next uses everywhere: on the throttled disk tabular, sequence
             # and longtail then read 4-6% more than with repeats within twice the reach, and ran
-            # 1-7% slower (BENCHMARKS.md, "The stall budget decides ahead of the prefetcher").
+            # 1-7% slower (docs/benchmark_history.md, "The stall budget decides ahead of the
+            # prefetcher").
             upto = stop if filters else min(stop, end + 2 * reach)
             changed += self._decide_ahead(order, end, upto, view)
         return np.asarray(sorted(set(changed)), dtype=np.int64)
@@ -356,8 +357,8 @@ class StallPlanner:
         out every miss they could (under the floor, each warm epoch in turn) lost the last
         batches' share to the prefetcher's reads (953-979 stall repeats against 1,012-1,024
         without a prefetcher, warm 100 KB epochs read 0.271-0.278x the data against
-        0.259-0.273x; bench/prefetch_tiers.py, BENCHMARKS.md "The stall budget decides ahead of
-        the prefetcher"). The repeats placed ahead are kept cached by their use (the board's next
+        0.259-0.273x; bench/prefetch_tiers.py, docs/benchmark_history.md "The stall budget decides
+        ahead of the prefetcher"). The repeats placed ahead are kept cached by their use (the board's next
         uses), and one whose sample left the cache anyway is refilled at its batch (_refill)."""
         a = self.ahead
         win = np.arange(end, stop)

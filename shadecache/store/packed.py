@@ -203,7 +203,8 @@ class PackedStore(NativeStore):
         device transfers in the time of one request): then reads of whole extents, and the order
         that reads them (ShadeSampler's extent order), pay off. Below that factor they do not:
         an extent's read also carries the samples the cache holds inside it (measured:
-        BENCHMARKS.md, "Reads shaped for the device", 100 KB samples)."""
+        docs/benchmark_history.md, "bench/peers.py: shadecache, Mosaic Streaming 0.13.0, LitData
+        0.2.76", 100 KB samples)."""
         n = len(self)
         return bool(n) and IOPS_BOUND_FACTOR * self.data_bytes / n < self.device["gap_bytes"]
 
