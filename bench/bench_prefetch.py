@@ -121,8 +121,7 @@ def run(path, latency_s, prefetch, args, name, policy="importance", loader="data
               else sc.CachedDataset(store, cache))            # raw (B, S) batches
         sampler = sc.ShadeSampler(ds, cache=cache, batch_size=64, importance=False, pads=False,
                                   rep_factor=0.0, seed=0)
-        pf = (sc.Prefetcher(cache, store, lookahead_samples=lookahead, batch=128,
-                            max_batches=4).start() if prefetch else None)
+        pf = (sc.Node(store, cache).prefetcher(lookahead_samples=lookahead, batch=128, max_batches=4).start() if prefetch else None)
         try:
             for epoch in range(args.epochs):
                 sampler.set_epoch(epoch)

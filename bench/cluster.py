@@ -63,12 +63,12 @@ def store_reads(path, n, size, nodes, epochs, frac=0.2, batch=64):
         c = sc.Cache.create(f"bench-cluster-{os.getpid()}-{nodes}-{k}", n, cap, policy="importance",
                             max_item_bytes=4096)
         caches.append(c)
-        servers.append(sc.serve(c, store=store, secret=SECRET))
+        servers.append(sc.Node(store, c, read_ahead=False).serve(secret=SECRET))
     addrs = [s.address for s in servers]
     dss = []
     for k in range(nodes):
         cl = sc.Cluster(addrs, k, timeout=5.0, secret=SECRET)
-        dss.append((sc.CachedDataset(store, caches[k], cluster=cl), cl))
+        dss.append((sc.Node(store, caches[k], cluster=cl, read_ahead=False).dataset(), cl))
     clients = [PeerClient(a, SECRET, store) for a in addrs]
     rng = np.random.default_rng(1)
     per_epoch = []
@@ -196,7 +196,7 @@ def ssd_tier(path, n, size, epochs, batch=64):
     ram = _capacity_for(n, int(0.10 * n), size)
     with sc.Cache.create(f"bench-ssd-{os.getpid()}", n, ram, policy="importance", max_item_bytes=size + 64) as cache:
         ssd = sc.SSDTier(ssd_dir, capacity_bytes=int(0.50 * n * sc.SSDTier.slot_bytes(size)), cache=cache)
-        ds = sc.CachedDataset(store, cache, ssd=ssd)
+        ds = sc.Node(store, cache, ssd=ssd, read_ahead=False).dataset()
         rng = np.random.default_rng(3)
         reads = []
         for _ in range(epochs):
@@ -314,7 +314,7 @@ def throughput(seconds, rounds=8):
             cpu[1] += time.thread_time() - t0[1] + other_cpu() - c0
             return wall / k
 
-        with sc.serve(cache, secret=SECRET, read_through=False) as server:
+        with sc.Node(None, cache, read_ahead=False).serve(secret=SECRET) as server:
             client = PeerClient(server.address, SECRET, cache)
             for label, ids, nbytes in (("64 x 100 KB", list(range(64)), 64 * 100_000),
                                        ("256 x 3 KB", list(range(n_big, n_big + n_small)), n_small * 3000)):

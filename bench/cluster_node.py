@@ -43,7 +43,7 @@ def main(node, nodes, host, store_addr, workdir, epochs, capacity, mode):
                             max_item_bytes=item)
     server = client = cluster = None
     if mode == "shared":
-        server = sc.serve(cache, host=host, secret=secret, store=store)
+        server = sc.Node(store, cache, read_ahead=False).serve(host=host, secret=secret)
         _publish(os.path.join(workdir, f"addr.{node}"), server.address)
         addrs = []
         for k in range(nodes):
@@ -51,7 +51,7 @@ def main(node, nodes, host, store_addr, workdir, epochs, capacity, mode):
             addrs.append(open(os.path.join(workdir, f"addr.{k}")).read())
         cluster = sc.Cluster(addrs, node, secret=secret, timeout=30.0)
         client = PeerClient(server.address, secret, store)
-    ds = sc.CachedDataset(store, cache, cluster=cluster)
+    ds = sc.Node(store, cache, cluster=cluster, read_ahead=False).dataset()
     _publish(os.path.join(workdir, f"ready.{node}"), "")
     try:
         for epoch in range(epochs):

@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import shadecache as sc  # noqa: E402
 import fidelity_datasets as fdata  # noqa: E402
-from shadecache.sampling.extents import MIN_EXTENT_BYTES  # noqa: E402
+from shadecache.read_plan import MIN_EXTENT_BYTES, ReadPlan  # noqa: E402
 
 SECTION = "## Sampling fidelity"
 DEFAULT_JSON = os.path.join(HERE, "fidelity.jsonl")
@@ -62,13 +62,22 @@ class Config:
     sampler.weights(idx); policy: the cache's eviction policy; loader: CachedLoader options;
     order_seed: added to the run's seed for the sampler only (the same initial weights, another
     order); placement: the placement seed the store is packed with (its partition into extents),
-    or "seed": the run's seed (each seed another random partition)."""
+    or "seed": the run's seed (each seed another random partition); plan: the node's read plan,
+    ("auto",), ("samples",) or ("extents", extent bytes, window)."""
     sampler: dict
     weights: bool = False
     policy: str = "importance"
     loader: dict = field(default_factory=dict)
     order_seed: int = 0
     placement: int | str = 0
+    plan: tuple = ("auto",)
+
+
+def read_plan(cfg: Config, store):
+    """The node's read plan of a configuration (sc.Node's read_plan=)."""
+    if cfg.plan[0] != "extents":
+        return cfg.plan[0]
+    return ReadPlan.of_extents(store, extent_bytes=cfg.plan[1], window=cfg.plan[2])
 
 
 UNIFORM = "uniform"
@@ -78,15 +87,15 @@ RESHUFFLED = "uniform reshuffled"
 CONFIGS = {
     # the baseline: a seeded permutation per epoch, nothing reordered, repeated or deferred
     UNIFORM: Config(dict(importance=False, pads=False, rep_factor=0.0, substitute=0.0,
-                         stalls=False, order="uniform"), policy="static"),
+                         stalls=False), policy="static", plan=("samples",)),
     # whatever ShadeSampler() does without options (recorded with each run)
     DEFAULTS: Config({}),
     # the null comparison: uniform sampling with another seeded permutation per epoch, so its
     # Δ to uniform is what reshuffling alone does to a cell (the noise a change of order has to
     # be told from); same initial weights and steps
     RESHUFFLED: Config(dict(importance=False, pads=False, rep_factor=0.0,
-                                      substitute=0.0, stalls=False, order="uniform"),
-                                 policy="static", order_seed=10_000),
+                            substitute=0.0, stalls=False),
+                       policy="static", order_seed=10_000, plan=("samples",)),
     # the accuracy budget at 10% of the epoch's slots (the default before these measurements);
     # the stall budget at its default
     "accuracy budget 10%": Config(dict(substitute=0.1, rep_factor=1.0)),
@@ -99,19 +108,17 @@ CONFIGS = {
     # here), so a window (16 extents) holds 512 samples, 8 batches and 13-17% of a training set;
     # the 3 KB run of bench/peers.py had 23 batches and 10% of its data per window: this is the
     # harsher mix
-    EXTENTS: Config(dict(order="extents", extent_bytes=MIN_EXTENT_BYTES)),
+    EXTENTS: Config({}, plan=("extents", MIN_EXTENT_BYTES, 16)),
     # the same with four times the window: 2,048 samples, 32 batches, 51-68% of a training set
-    "extents window 64": Config(dict(order="extents", extent_bytes=MIN_EXTENT_BYTES,
-                                     extent_window=64)),
+    "extents window 64": Config({}, plan=("extents", MIN_EXTENT_BYTES, 64)),
     # the extent order at its default window, each seed over its own placement: the order's
     # cost averaged over the partitions into extents a user's pack can draw, where every other
     # row measures it for the one partition of placement seed 0 (the order of a uniform row
     # does not depend on the placement)
-    "extents placed by seed": Config(dict(order="extents", extent_bytes=MIN_EXTENT_BYTES),
+    "extents placed by seed": Config({}, plan=("extents", MIN_EXTENT_BYTES, 16),
                                      placement="seed"),
     # the extent order at its default window over one other fixed placement (seed 1)
-    "extents placement 1": Config(dict(order="extents", extent_bytes=MIN_EXTENT_BYTES),
-                                  placement=1),
+    "extents placement 1": Config({}, plan=("extents", MIN_EXTENT_BYTES, 16), placement=1),
 }
 SWEEP_CONFIGS = (UNIFORM, "accuracy budget 10%", DEFAULTS)
 SCHEDULES = {"cosine": 12, "constant": 12}    # epochs; "cosine" decays to 0, "constant" does not
@@ -119,7 +126,7 @@ SCHEDULES = {"cosine": 12, "constant": 12}    # epochs; "cosine" decays to 0, "c
 
 def sampler_defaults():
     keep = ("rep_factor", "importance", "pads", "coverage_epochs", "temper", "substitute", "draw",
-            "stalls", "stall_budget", "order", "extent_window")
+            "stalls", "stall_budget")
     return {k: v for k, v in sc.ShadeSampler.defaults().items() if k in keep}
 
 
@@ -213,8 +220,8 @@ class Prepared:
 def train_run(data: Prepared, label, schedule, seed, cache_name, prefetch=None,
               eval_each_epoch=False, on_epoch=None) -> dict:
     """Train configuration `label` from the seed's initial weights; returns its measurements.
-    prefetch: a callable (cache, store) -> context manager running the node's prefetcher (an
-    order board is made for it), or None. on_epoch(epoch): called before each epoch, outside the
+    prefetch: a callable (node) -> context manager running the node's prefetcher (the node makes
+    its order board), or None. on_epoch(epoch): called before each epoch, outside the
     timed part (the slow-store mode drops the store's pages there)."""
     cfg = CONFIGS[label]
     spec, bs, epochs = data.spec, data.spec["batch"], SCHEDULES[schedule]
@@ -232,14 +239,14 @@ def train_run(data: Prepared, label, schedule, seed, cache_name, prefetch=None,
            "epoch_s": [], "acc": [], "wait_s": [], "per_epoch": []}
     with sc.Cache.create(cache_name, num_samples=data.n, capacity_bytes=data.capacity,
                          policy=cfg.policy, sizes=data.store.lengths) as cache:
-        board = sc.OrderBoard.create(cache_name, data.n) if prefetch is not None else None
+        node = sc.Node(data.store, cache, read_plan=read_plan(cfg, data.store),
+                       read_ahead=prefetch is not None)
         try:
-            ds = sc.CachedDataset(data.store, cache)
-            sampler = sc.ShadeSampler(ds, cache=cache, batch_size=bs, seed=seed + cfg.order_seed,
-                                      **cfg.sampler)
+            ds = node.dataset()
+            sampler = sc.ShadeSampler(ds, batch_size=bs, seed=seed + cfg.order_seed, **cfg.sampler)
             loader = sc.CachedLoader(ds, batch_size=bs, sampler=sampler, num_workers=0,
                                      batch_transform=BatchDecode(spec, data.nbytes), **cfg.loader)
-            ctx = prefetch(cache, data.store) if prefetch is not None else _nothing()
+            ctx = prefetch(node) if prefetch is not None else _nothing()
             wsum = wcnt = 0.0
             with ctx:
                 for epoch in range(epochs):
@@ -272,12 +279,11 @@ def train_run(data: Prepared, label, schedule, seed, cache_name, prefetch=None,
                                                           "stall_repeats")}
                                 for r in st.get("per_epoch", [])]
         finally:
-            if board is not None:
-                board.close()
-                board.unlink()
+            node.close()
     test_acc, train_acc = data.test_accuracy(model)
     cov = sampler.coverage()
     out["order"] = sampler.order_kind
+    out["read_plan"] = node.read_plan.state()
     out.update(test_acc=test_acc, train_acc=train_acc, hit_ratio=st["hit_ratio"],
                bytes_read=st["bytes_read"], min_coverage=cov["min"],
                mean_weight=wsum / wcnt if wcnt else 1.0, wall_s=float(sum(out["epoch_s"])),
@@ -537,8 +543,8 @@ MAX_IOPS = 2000
 SLOW_SCHEDULE = "cosine"
 
 
-def _prefetcher(cache, store):
-    return sc.Prefetcher(cache, store)
+def _prefetcher(node):
+    return node.prefetcher()
 
 
 def _drop_pages(path):

@@ -185,7 +185,7 @@ def run_shadecache(cfg, epochs, report):
     # one it evicts in id order and admits every newcomer, rewriting itself each epoch)
     ssd = (sc.SSDTier(cfg["ssd_dir"], capacity_bytes=int(ssd_share * data_bytes), cache=cache)
            if ssd_share else None)
-    ds = sc.CachedDataset(store, cache, ssd=ssd, decode=bytes)
+    ds = sc.Node(store, cache, ssd=ssd, read_ahead=False).dataset(decode=bytes)
     sampler = sc.ShadeSampler(ds, cache=cache, batch_size=BATCH, rep_factor=0, seed=0)
     if cfg.get("loader") == "dataloader":
         loader = torch.utils.data.DataLoader(ds, batch_size=BATCH, sampler=sampler,

@@ -118,7 +118,7 @@ def run_mode(mode, store_path, disk, ssd_dir, args):
         with sc.Cache.for_store(name, store, capacity_bytes=cap, policy="importance", attach=False) as cache, \
                 sc.OrderBoard.create(name, n) as board:
             ssd = sc.SSDTier(ssd_dir, capacity_bytes=ssd_bytes, cache=cache)
-            ds = sc.CachedDataset(store, cache, ssd=ssd)
+            ds = sc.Node(store, cache, ssd=ssd, read_ahead=False).dataset()
             sampler = sc.ShadeSampler(ds, cache=cache, batch_size=args.batch, seed=0, **args.sampler)
             loader = sc.CachedLoader(ds, batch_size=args.batch, sampler=sampler,
                                      **{"num_workers": 2, **args.loader})
@@ -130,8 +130,7 @@ def run_mode(mode, store_path, disk, ssd_dir, args):
                       flush=True)
             pf = None
             if mode != "none":
-                pf = sc.Prefetcher(cache, store, ssd=ssd if mode == "chain" else None,
-                                   lookahead_samples=4096, lookahead_bytes=64 << 20).start()
+                pf = sc.Node(store, cache, ssd=ssd if mode == "chain" else None).prefetcher(lookahead_samples=4096, lookahead_bytes=64 << 20).start()
             try:
                 for epoch in range(1 + args.warm):
                     sampler.set_epoch(epoch)

@@ -33,16 +33,19 @@ _LAZY = {
     "CachedLoader": ".loader.loader",
     "RaggedBatch": ".loader.batches",
     "Cluster": ".peer",
-    "serve": ".peer",
     "PeerServer": ".peer",
     "SSDTier": ".ssd",
     "OrderBoard": ".lookahead.board",
     "belady_hits": ".lookahead.belady",
     "Prefetcher": ".lookahead.prefetcher",
+    "Node": ".node",
+    "Admission": ".node",
+    "ReadThrough": ".node",
+    "ReadPlan": ".read_plan",
 }
 
 # the package's rooms, reached as attributes (`sc.cache.gc()`) without an import of their own
-_ROOMS = ("cache", "cli", "demo", "loader", "lookahead", "peer", "sampling", "ssd", "store")
+_ROOMS = ("cache", "cli", "demo", "loader", "lookahead", "node", "peer", "sampling", "ssd", "store")
 
 __all__ = sorted(list(_LAZY) + ["__version__", "CapacityError", "ClosedError", "CorruptionError", "FingerprintError",
                                 "CorruptSampleError", "LayoutVersionError", "ShadecacheError",

@@ -4,8 +4,9 @@ behind when its owner is gone.
     shadecache.<cache>                  a cache segment (the engine names, lists and removes them:
                                         csrc/cache/segment.cc; cache/node.py)
     shadecache-order.<cache>            the cache's order board (lookahead/board.py)
-    shadecache-tiers.<cache>.json       what the cache's peer server publishes (peer/status.py),
-    shadecache-tiers.<cache>.json.<pid>.<thread>.tmp    and its writers' files before the rename
+    shadecache-tiers.<cache>.json       what the cache's peer server publishes (status.py),
+    shadecache-prefetch.<cache>.json    what the cache's prefetcher publishes (status.py),
+    <either>.json.<pid>.<random>.tmp    and their writers' files before the rename
 
 Ownership: the process that creates a segment or a board removes it when it exits: own() registers
 the removal for interpreter exit in the creating pid only (a forked child inherits the registry
@@ -30,6 +31,9 @@ SHM_DIR = "/dev/shm"
 SEGMENT_PREFIX = "shadecache."        # the engine's (csrc/cache/segment.cc); the others must differ
 BOARD_PREFIX = "shadecache-order."
 STATUS_PREFIX = "shadecache-tiers."
+PREFETCH_STATUS_PREFIX = "shadecache-prefetch."
+SERVER, PREFETCHER = "server", "prefetcher"     # the roles that publish a status file
+_STATUS_PREFIXES = {SERVER: STATUS_PREFIX, PREFETCHER: PREFETCH_STATUS_PREFIX}
 _MAX_STATUS_BYTES = 1 << 20           # far more than any status; a larger file is not one
 # The board header's creator: int64 pid at this byte offset, int64 start time (process.py) 24 bytes
 # on (lookahead/board.py writes both; a board of an older writer has 0 there: pid only).
@@ -47,8 +51,8 @@ def board_path(cache_name: str) -> str:
     return os.path.join(SHM_DIR, BOARD_PREFIX + _check_name(cache_name))
 
 
-def status_path(cache_name: str) -> str:
-    return os.path.join(SHM_DIR, f"{STATUS_PREFIX}{_check_name(cache_name)}.json")
+def status_path(cache_name: str, role: str = SERVER) -> str:
+    return os.path.join(SHM_DIR, f"{_STATUS_PREFIXES[role]}{_check_name(cache_name)}.json")
 
 
 def free_bytes() -> int:
@@ -146,20 +150,21 @@ def sweep(live_caches) -> list:
     live = set(live_caches)
     for entry in os.listdir(SHM_DIR):
         path = os.path.join(SHM_DIR, entry)
-        if entry.startswith((BOARD_PREFIX, STATUS_PREFIX)) and not node_files.owned(path):
+        status = entry.startswith((STATUS_PREFIX, PREFETCH_STATUS_PREFIX))
+        if (status or entry.startswith(BOARD_PREFIX)) and not node_files.owned(path):
             continue
         if entry.startswith(BOARD_PREFIX):
             creator = board_creator(path)
             gone = (not alive(*creator) if creator is not None
                     else entry[len(BOARD_PREFIX):] not in live)
-        elif entry.startswith(STATUS_PREFIX) and entry.endswith(".json"):
+        elif status and entry.endswith(".json"):
             try:
                 d = read_status(path)
                 gone = d is not None and writer_gone(d)
             except (ValueError, OSError):   # garbage (a torn write of an older server), a link
                                             # or a 0644 file of ours: nobody trusts it
                 gone = True
-        elif entry.startswith(STATUS_PREFIX) and entry.endswith(".tmp"):
+        elif status and entry.endswith(".tmp"):
             # <cache>.json.<pid>.<thread>.tmp: gone when the writing process is
             pid = entry[:-len(".tmp")].split(".json.")[-1].split(".")[0]
             gone = pid.isdigit() and not alive(int(pid))

@@ -4,10 +4,10 @@
     values = chain.fetch(ids)          # distinct ids the cache missed: their bytes, in order
 
 Every tier answers the protocol of shadecache/store/protocol.py (a batched read_many, lengths,
-fingerprint, close). The chain knows nothing else of them: whoever composes it passes the tiers
-in, in the order they are read. CachedDataset: the home peer, the SSD tier, the store; the peer
-server: the SSD tier, the store; the Prefetcher: what its data set reads. So this module imports
-none of the tiers, and no tier (the peer layer included) imports it.
+fingerprint, close). The chain knows nothing else of them: the node (shadecache/node/) composes it once, from the
+tiers it was given, in the order they are read: the home peer, the SSD tier, the store (the peer
+server's chain leaves out the home peer: it answers for the ids it is home to). So this module
+imports none of the tiers.
 
 One batch, fetch(ids) = read(ids), then admit(read):
   read    each tier in order is asked, in one batched call, for the ids no tier above it had and
@@ -24,19 +24,22 @@ One batch, fetch(ids) = read(ids), then admit(read):
           caches the sum of its nodes. What the cache refused goes to each tier
           that keeps copies (put_many) and lies above the tier it came from (exclusive tiers: RAM
           and SSD together hold RAM + SSD worth of samples, not the larger of the two).
-Under whole-extent reads (the store's extent_layout, set by the sampler's extent order) a read
-first takes what this process staged (MateStage), asks a copying tier only for the store extents
-the node holds whole, with the tier's other samples of them (whole_extents: one read per extent,
-and the store is not asked for that extent at all), and reads the other misses' whole extents
-from the store; admit() then offers the mates too, in disk order, to the copying tiers.
+Under the extent plan (read_plan.py, given by the node) a read first takes what this process
+staged, asks a copying tier only for the store extents the node holds whole, with the tier's other
+samples of them, and reads the other misses' whole extents from the store; admit() then offers the
+mates too, in disk order (extent_reads.py holds all of that).
 reader() runs the same read for a pipeline of batches (the prefetcher): the tiers above the store
 at submit, the store's share in flight until take().
 
-Counts: each Read carries, per tier asked, a TierCount of its batch; the composer adds them to its
-own counters (CachedDataset's, the peer server's published status).
+Admission: what is offered to the cache, and the put itself, are the node's Admission
+(node/admission.py), the one rule every reader follows.
+
+Counts: each Read carries, per tier asked, a TierCount of its batch; the miss path adds them to its
+counters (node/miss_path.py), the peer server to its published status.
 
 Threads: a chain holds no lock. fetch() may run in several threads at once only when its tiers
-may (the Cluster's connections may not: CachedDataset serialises its misses per process).
+may (the Cluster's connections may not) and no extent stage is in use: the miss path serialises
+the callers of such a chain (node/miss_path.py, needs_turns).
 """
 from __future__ import annotations
 
@@ -47,7 +50,6 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from .errors import ValueTooLargeError
 
 STORE = "store"   # the store's name in a Read's counts
 
@@ -107,61 +109,6 @@ class Read:
         return r
 
 
-class MateStage:
-    """Extent mates the cache refused, kept in this process until their turn (first in, first
-    out, within `capacity` bytes): the extent order asks for them within its window, so a full
-    cache that admits by score (equal scores: nothing new) does not make them be read again.
-    Each value keeps the index of the tier that read it (Read.source)."""
-
-    def __init__(self, capacity: int):
-        from collections import OrderedDict
-        self.capacity = int(capacity)
-        self._d = OrderedDict()   # id -> (value, source)
-        self._bytes = 0
-        self.turn = None          # the sampler's pass the staged values were read in
-
-    def put(self, ids, values, sources) -> None:
-        for i, v, src in zip(ids, values, sources):
-            if i in self._d or v is None:
-                continue
-            self._d[i] = (v, src)
-            self._bytes += len(v)
-        while self._bytes > self.capacity and self._d:
-            _, (v, _) = self._d.popitem(last=False)
-            self._bytes -= len(v)
-
-    def take(self, ids) -> list:
-        """The staged (value, source) of each id (None where there is none), removed from the
-        stage."""
-        out = []
-        for i in ids:
-            got = self._d.pop(i, None)
-            if got is not None:
-                self._bytes -= len(got[0])
-            out.append(got)
-        return out
-
-    def mask(self, ids: np.ndarray) -> np.ndarray:
-        """Bool mask: which of `ids` are staged."""
-        d = self._d
-        return np.fromiter((i in d for i in ids.tolist()), dtype=bool, count=ids.size)
-
-    def clear(self) -> None:
-        self._d.clear()
-        self._bytes = 0
-
-    @property
-    def room(self) -> int:
-        """Bytes the stage takes before it drops its oldest values."""
-        return max(0, self.capacity - self._bytes)
-
-    def __len__(self) -> int:
-        return len(self._d)
-
-    def __contains__(self, i) -> bool:
-        return i in self._d
-
-
 class TierChain:
     """The tiers below a node cache, read in order, and the admission of what they return.
 
@@ -169,59 +116,69 @@ class TierChain:
     store        the last tier, which holds every id (protocol.py's Store), or None: what no tier
                  holds stays None (a peer server without a store)
     cache        the node cache values are offered to (an sc.Cache), or None
-    admit        offer values to the cache (False: read-through; the tiers that keep copies still
-                 get what was read below them)
     keep_remote  also keep the ids that a partitioning tier serves (another node is their home)
+    plan         the node's ReadPlan (read_plan.py; None: samples): under the extent plan the
+                 store's misses are read as whole extents (extent_reads.py)
+    admission    the node's Admission (node/admission.py; None: the engine's policy alone)
 
     Picklable when its tiers are (a DataLoader worker, the prefetcher's process).
     """
 
-    def __init__(self, tiers: Sequence = (), store=None, cache=None, admit: bool = True,
-                 keep_remote: bool = False):
+    def __init__(self, tiers: Sequence = (), store=None, cache=None, keep_remote: bool = False,
+                 plan=None, admission=None):
+        from .node.admission import Admission
         self.tiers = [(str(name), tier) for name, tier in tiers]
         self.store = store
         self.cache = cache
-        self.admit_to_cache = bool(admit)
         self.keep_remote = bool(keep_remote)
-        self._stage = None   # (pid, MateStage): per process, made on the first extent mates
+        self.plan = plan
+        self.admission = Admission() if admission is None else admission
+        self._extents = None   # this process's ExtentReads (extents(): made on first use)
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_stage"] = None   # a stage belongs to the process that read its values
+        state["_extents"] = None   # a stage belongs to the process that read its values
         return state
 
     @property
     def reads_extents(self) -> bool:
-        """Whether the store reads whole extents now (store.read_whole_extents: the sampler's
-        extent order): a read brings mates, and this process's stage keeps what the cache
-        refuses, one caller at a time."""
-        return getattr(self.store, "extent_layout", None) is not None
-
-    def stage(self) -> MateStage | None:
-        """This process's stage of extent mates (None while the store reads no whole extents):
-        room for 32 extents, the sampler's default window twice."""
-        layout = getattr(self.store, "extent_layout", None)
-        if layout is None:
-            self._stage = None   # the reads stopped: what was staged for them is not kept
-            return None
-        if self._stage is None or self._stage[0] != os.getpid():
-            self._stage = (os.getpid(), MateStage(min(256 << 20, 32 * layout.extent_bytes)))
-        stage = self._stage[1]
-        if layout.epoch_pid == os.getpid() and stage.turn != layout.turn:
-            # a new pass of the sampler in this process: what the last one staged and did not
-            # ask for is not due in this one's windows, and would hold the stage's room
-            stage.clear()
-            stage.turn = layout.turn
-        return stage
+        """Whether misses are read as whole extents (the node's extent plan): a read brings
+        mates, and this process's stage keeps what the cache refuses, one caller at a time."""
+        return self.plan is not None and self.plan.extents
 
     @classmethod
-    def for_node(cls, store, cache=None, peer=None, ssd=None, admit: bool = True,
-                 keep_remote: bool = False) -> "TierChain":
-        """The chain of a node's readers: the home peer (a tier that partitions the ids, e.g.
+    def for_node(cls, store, cache=None, peer=None, ssd=None, keep_remote: bool = False,
+                 plan=None, admission=None) -> "TierChain":
+        """A node's chain, in the node's order: the home peer (a tier that partitions the ids,
         peer/tier.py's HomePeerTier), the SSD tier, then the store; any of the first two may be
-        None. CachedDataset and the Prefetcher compose theirs with it."""
+        None. sc.Node composes its chain with it (node/node.py)."""
         tiers = [(name, t) for name, t in (("peer", peer), ("ssd", ssd)) if t is not None]
-        return cls(tiers, store, cache=cache, admit=admit, keep_remote=keep_remote)
+        return cls(tiers, store, cache=cache, keep_remote=keep_remote, plan=plan,
+                   admission=admission)
+
+    def extents(self):
+        """This process's ExtentReads (extent_reads.py), or None under the samples plan."""
+        if not self.reads_extents:
+            return None
+        if self._extents is None or self._extents.pid != os.getpid():
+            from .extent_reads import ExtentReads
+            self._extents = ExtentReads(self.plan.layout, self.store.lengths)
+        return self._extents
+
+    def begin_pass(self, order=None) -> None:
+        """The sampler of this process starts a pass over `order` (extent_reads.py: which ids are
+        still due as mates); nothing under the samples plan."""
+        ext = self.extents()
+        if ext is not None:
+            ext.begin_pass(order)
+
+    def describe(self) -> list:
+        """[(name, what)] of the tiers a read goes through, in order, the store last: what every
+        process of a node reports it reads through (node.tiers())."""
+        out = [(name, _what(t)) for name, t in self.tiers]
+        if self.store is not None:
+            out.append((STORE, _what(self.store)))
+        return out
 
     def _copying(self) -> list:
         return [j for j, (_, t) in enumerate(self.tiers) if callable(getattr(t, "put_many", None))]
@@ -276,15 +233,21 @@ class TierChain:
         """Whether a tier below the cache keeps copies (an SSD tier)."""
         return bool(self._copying())
 
+    def _cached(self):
+        """The cache's cached mask when values are offered to it (None otherwise)."""
+        if self.cache is None:
+            return None
+        return np.asarray(self.cache.cached_mask(), dtype=bool)
+
     # ---- one batch --------------------------------------------------------------------------
     def read(self, ids) -> Read:
-        """Reads distinct ids through the tiers, then the store (no admission); with a store that
-        reads whole extents, their other samples come along as mates (Read)."""
+        """Reads distinct ids through the tiers, then the store (no admission); under the extent
+        plan their extents' other samples come along as mates (Read)."""
         r = self.read_tiers(ids)
         rest = r.missing()
-        stage = self.stage()
-        if stage is not None:
-            self.store.extent_layout.asked(r.ids[:r.asked])
+        ext = self.extents()
+        if ext is not None:
+            ext.asked(r.ids[:r.asked])
         if rest.size and self.store is not None:
             mates = self.extent_mates(r.ids[rest])
             t0 = time.perf_counter_ns()
@@ -292,134 +255,42 @@ class TierChain:
             self.took_from_store(r, rest, got, time.perf_counter_ns() - t0, mates)
         return r
 
-    def take_staged(self, r: Read) -> None:
-        """Fills the positions no tier had yet from this process's stage of extent mates (with
-        the source that read them)."""
-        stage = self.stage()
-        rest = r.missing()
-        if stage is None or not len(stage) or not rest.size:
-            return
-        staged = np.zeros(r.ids.size, dtype=bool)
-        for k, got in zip(rest.tolist(), stage.take(r.ids[rest].tolist())):
-            if got is not None:
-                r.values[k] = got[0]
-                r.source[k] = got[1]
-                staged[k] = True
-        r.staged = staged
-
     def extent_mates(self, ids: np.ndarray) -> np.ndarray:
-        """The samples a read of `ids`' extents brings besides them (store.extent_mates: empty
-        unless the store reads whole extents, for the sampler's extent order) that this node would
-        keep and its cache does not hold yet; in the sampler's process only those its pass still
-        still asks for (ExtentLayout.due), and no more than the stage has room for."""
-        mates_of = getattr(self.store, "extent_mates", None)
-        mates = np.empty(0, np.int64) if mates_of is None else np.asarray(mates_of(ids), np.int64)
-        if mates.size and self.cache is not None and self.admit_to_cache:
-            mates = mates[~np.asarray(self.cache.cached_mask(), dtype=bool)[mates]]
-        if mates.size:
-            mates = mates[self.keeps(mates)]
-        stage = self.stage() if mates.size else None
-        if stage is not None and len(stage):
-            mates = mates[~stage.mask(mates)]
-        if stage is not None and mates.size:
-            # Only what this pass still asks for (ExtentLayout.due): not what it asked for already
-            # (a sample asked again in its extent's window, one cached when its extent was read
-            # and evicted since by the mates admitted after it, is read with the extent's
-            # samples still due, not with the whole extent), nor what it does not ask for at all
-            # (another rank's share, a sample the draw left out: staged, it would fill the stage
-            # for good). And no more than the stage has room for: what the cache refuses waits
-            # there, and a stage that overflows drops mates still due, whose reads bring more
-            # mates, which push out more (measured: each warm epoch read 6-21x the data; the
-            # prefetcher's early admissions started it). The rest of an extent cut off here is
-            # read when its samples are asked for. (The mates' lengths only: a cast of the
-            # whole array is a copy of the data set's.)
-            mates = mates[self.store.extent_layout.due(mates)]
-            fits = np.cumsum(np.asarray(self.store.lengths)[mates], dtype=np.int64) <= stage.room
-            mates = mates[fits]
-        return mates
+        """The samples a read of `ids`' extents brings besides them that this node would keep
+        and does not hold (extent_reads.py: ExtentReads.mates); empty under the samples plan."""
+        ext = self.extents()
+        if ext is None:
+            return np.empty(0, np.int64)
+        return ext.mates(ids, self._cached(), self.keeps)
 
-    def _offers(self, r: Read, insert=None) -> np.ndarray:
-        """Bool mask: the positions of `r` that admit(r, insert) offers to the cache (when it
-        has one and admits); admit() keeps it as r.offered, so that a caller tells a refusal from
-        a value not offered."""
-        have = r.keep & (r.source >= 0)
-        # Values taken from the stage were offered when they were staged (the cache refused them,
-        # the copying tiers had them in disk order): the loaders' path does not offer them again,
-        # a batch at a time; a caller with its own insert (the prefetcher, which counts what the
-        # cache refuses) offers them to the cache as before.
-        offer = have if insert is not None or r.staged is None else have & ~r.staged
-        if r.ids.size:
-            # What a copying tier (the SSD tier) served stays there, and is offered to the cache
-            # only while the cache has free room for it: a copy moved up into a full cache
-            # displaces a cached sample that no tier keeps, and leaves the same sample on both
-            # tiers, so the node holds fewer samples with every such hit (RAM 20% + SSD 30% of
-            # 100 KB samples: the two held 1,562-1,663 of 2,048 distinct samples after each warm
-            # epoch, 2,040-2,048 without; under the extent order the extents held whole shrank
-            # from 85 to 51-75 of 169). An empty cache beside a warm SSD tier (a restart) fills.
-            served = offer & np.isin(r.source, self._copying())
-            if served.any():
-                offer = offer & ~served
-                room = self._free_room()
-                if room > 0:
-                    pos = np.flatnonzero(served)
-                    sizes = np.fromiter((len(r.values[k]) for k in pos.tolist()), np.int64, pos.size)
-                    offer[pos[np.cumsum(sizes) <= room]] = True
-        return offer
-
-    def _free_room(self) -> int:
-        """Bytes the cache can take without evicting anything: its pages not yet given to any
-        size class (a cache whose byte count looks 68-99% used may have none left: values take
-        whole slots of their class, and the engine evicts from the first insert it cannot place;
-        measured, free pages were 0 at each cache's first eviction). 0 without a cache."""
-        if self.cache is None or not self.admit_to_cache:
-            return 0
-        st = self.cache.stats()
-        return int(st["free_pages"]) * int(st["page_size"])
-
-    def admit(self, r: Read, insert=None) -> np.ndarray:
-        """Offers the values of the ids this node keeps to the cache (insert(ids, values) -> bool
-        mask; default cache.put_many: the engine admits each by its policy; a value too large
-        for the cache is refused like any other), then gives what it refused to the copying tiers
-        above the tier it came from. Returns the admitted mask."""
+    def admit(self, r: Read, make_room=None, staged_again: bool = False) -> np.ndarray:
+        """Offers the values of the ids this node keeps to the cache through the node's
+        Admission (the engine admits each by its policy), then gives what it refused to the
+        copying tiers above the tier it came from, and stages the refused extent mates.
+        make_room: see Admission.offer; staged_again: offer what the read took from the stage
+        too (the prefetcher, which hands samples over one by one). Returns the admitted mask."""
         admitted = np.zeros(r.ids.size, dtype=bool)
         have = r.keep & (r.source >= 0)
         fresh = have if r.staged is None else have & ~r.staged
-        offer = r.offered = self._offers(r, insert)
-        layout = getattr(self.store, "extent_layout", None)
-        if self.cache is not None and self.admit_to_cache and offer.any():
+        ext = self.extents()
+        offer = np.zeros(r.ids.size, dtype=bool)
+        if self.cache is not None:
+            offer = self.admission.offered(self.cache, r, self._copying(), staged_again)
+        r.offered = offer
+        if offer.any():
             pos = np.flatnonzero(offer)
-            if layout is not None and r.ids.size > r.asked:
-                # in disk order, asked ids among their mates: a cache that fills up holds whole
-                # extents and at most one in part (its rest goes to the copying tiers), so that
-                # the extents the node holds whole are as many as its room allows
-                pos = pos[np.argsort(layout.position[r.ids[pos]], kind="stable")]
-            put = self.cache.put_many if insert is None else insert
-            try:
-                admitted[pos] = np.asarray(put(r.ids[pos], [r.values[k] for k in pos.tolist()]),
-                                           dtype=bool)
-            except ValueTooLargeError:
-                # a value larger than the cache takes (its max_item_bytes) is refused, not the
-                # reader's error: the others are offered one by one
-                for k in pos.tolist():
-                    try:
-                        admitted[k] = bool(np.asarray(put(r.ids[k:k + 1], [r.values[k]]))[0])
-                    except ValueTooLargeError:
-                        pass
+            if ext is not None:
+                pos = ext.in_disk_order(r, pos)
+            admitted[pos] = self.admission.offer(self.cache, r.ids[pos],
+                                                 [r.values[k] for k in pos.tolist()], make_room)
         for j in self._copying():
-            # the extent mates too, in disk order: the samples of one store extent then lie in
-            # neighbouring slots and come back in one read (the tier drops what it holds, and
-            # when full what scores no higher than what it holds, without per-sample work)
             below = np.flatnonzero(fresh & ~admitted & (r.source > j))
-            if below.size and layout is not None and r.ids.size > r.asked:
-                below = below[np.argsort(layout.position[r.ids[below]], kind="stable")]
+            if ext is not None:
+                below = ext.in_disk_order(r, below)
             if below.size:
                 self.tiers[j][1].put_many(r.ids[below], [r.values[k] for k in below.tolist()])
-        if r.ids.size > r.asked:   # mates the cache refused wait in this process for their turn
-            refused = np.flatnonzero(~admitted[r.asked:] & have[r.asked:]) + r.asked
-            stage = self.stage()
-            if stage is not None and refused.size:
-                stage.put(r.ids[refused].tolist(), [r.values[k] for k in refused.tolist()],
-                          r.source[refused].tolist())
+        if ext is not None:
+            ext.stage_refused(r, admitted, have)
         return admitted
 
     def fetch(self, ids) -> list:
@@ -443,74 +314,49 @@ class TierChain:
             for mask in served.values():
                 keep &= ~mask
         r = Read(a, keep)
-        self.take_staged(r)
+        ext = self.extents()
+        if ext is not None:
+            ext.take_staged(r)
         copying = self._copying()
         for j, (name, tier) in enumerate(self.tiers):
             pending = r.missing()
             if j in served:
                 pending = pending[served[j][pending]]
             mates = None
-            if j in copying:
-                pending, mates = self.whole_extents(r, tier, pending)
-            if not pending.size:
-                continue
-            t0 = time.perf_counter_ns()
-            want = pending.size + (0 if mates is None else mates.size)
-            got = _answer(tier.read_many(a[pending] if want == pending.size
-                                         else np.concatenate([a[pending], mates])),
-                          want, f"tier {name!r}", tier)
-            ns = time.perf_counter_ns() - t0
-            hits = nbytes = 0
-            for k, v in zip(pending.tolist(), got):
-                if v is not None:
-                    if type(v) is not bytes:
-                        v = _as_bytes(v, f"tier {name!r}", tier, a[k])
-                    r.values[k] = v
-                    r.source[k] = j
-                    hits += 1
-                    nbytes += len(v)
-            if mates is not None and mates.size:
-                extra = got[pending.size:]
-                ok = np.fromiter((v is not None for v in extra), dtype=bool, count=len(extra))
-                if ok.any():
-                    values = [v if type(v) is bytes else _as_bytes(v, f"tier {name!r}", tier, i)
-                              for v, i in zip(extra, mates.tolist()) if v is not None]
-                    nbytes += sum(len(v) for v in values)
-                    r.add_mates(mates[ok], values, self.keeps(mates[ok]), j)
-            r.counts[name] = TierCount(int(pending.size), hits, nbytes, ns)
+            if j in copying and ext is not None:
+                pending, mates = ext.whole(r, tier, pending, None if self.cache is None else
+                                           np.asarray(self.cache.cached_mask(), dtype=bool))
+            if pending.size:
+                self._read_tier(r, j, name, tier, pending, mates)
         return r
 
-    def whole_extents(self, r: Read, tier, pending: np.ndarray):
-        """Which of the `pending` positions to ask of a copying tier (the SSD tier), and which of
-        its other samples to read with them. Without whole-extent reads of the store: all of them,
-        no others. With them (the extent order): only the positions whose store extent the node
-        holds whole (each of its samples cached, held by this tier, or staged), and with them the
-        tier's other samples of those extents that are neither cached nor staged, so that an
-        extent comes back from the tier in one read and the store is not asked for it at all;
-        the rest are left to the store, whose read of their extents brings them anyway (a read of
-        this tier for them would be one more read and save the shared storage nothing)."""
-        layout = getattr(self.store, "extent_layout", None)
-        holds = getattr(tier, "holds", None)
-        none = np.empty(0, np.int64)
-        if layout is None or holds is None or not pending.size:
-            return pending, none
-        ids = r.ids[pending]
-        members = layout.widen(ids)                    # disk order: grouped by extent
-        ext = layout.extent_of[members]
-        held = np.asarray(holds(members), dtype=bool)
-        other = np.zeros(members.size, dtype=bool)      # cached or staged: not this tier's to read
-        if self.cache is not None:
-            other |= np.asarray(self.cache.cached_mask(), dtype=bool)[members]
-        stage = self.stage()
-        if stage is not None and len(stage):
-            other |= stage.mask(members)
-        starts = np.flatnonzero(np.concatenate([[True], ext[1:] != ext[:-1]]))
-        whole = ext[starts][np.logical_and.reduceat(held | other, starts)]
-        if not whole.size:
-            return pending[:0], none
-        in_whole = np.isin(ext, whole)
-        mates = members[in_whole & held & ~other & ~np.isin(members, r.ids)]
-        return pending[np.isin(layout.extent_of[ids], whole)], mates
+    def _read_tier(self, r: Read, j: int, name: str, tier, pending: np.ndarray, mates) -> None:
+        """Asks tier j (`name`) for the ids at `pending` and the extent `mates` with them, in one
+        batched read; records what it had in `r` and its TierCount."""
+        a, what = r.ids, f"tier {name!r}"
+        t0 = time.perf_counter_ns()
+        want = pending.size + (0 if mates is None else mates.size)
+        got = _answer(tier.read_many(a[pending] if want == pending.size
+                                     else np.concatenate([a[pending], mates])), want, what, tier)
+        ns = time.perf_counter_ns() - t0
+        hits = nbytes = 0
+        for k, v in zip(pending.tolist(), got):
+            if v is not None:
+                if type(v) is not bytes:
+                    v = _as_bytes(v, what, tier, a[k])
+                r.values[k] = v
+                r.source[k] = j
+                hits += 1
+                nbytes += len(v)
+        if mates is not None and mates.size:
+            extra = got[pending.size:]
+            ok = np.fromiter((v is not None for v in extra), dtype=bool, count=len(extra))
+            if ok.any():
+                values = [v if type(v) is bytes else _as_bytes(v, what, tier, i)
+                          for v, i in zip(extra, mates.tolist()) if v is not None]
+                nbytes += sum(len(v) for v in values)
+                r.add_mates(mates[ok], values, self.keeps(mates[ok]), j)
+        r.counts[name] = TierCount(int(pending.size), hits, nbytes, ns)
 
     def took_from_store(self, r: Read, rest: np.ndarray, got: list, ns: int,
                         mates: np.ndarray | None = None) -> None:
@@ -537,6 +383,19 @@ class TierChain:
             nbytes += sum(len(v) for v in extra)
             r.add_mates(mates, extra, np.ones(mates.size, dtype=bool), len(self.tiers))
         r.counts[STORE] = TierCount(int(rest.size), int(rest.size), nbytes, ns)
+
+
+def _what(tier) -> str:
+    """A tier or store as a process reports it (TierChain.describe): its type and where it
+    reads from (a path, a directory, the peers)."""
+    where = getattr(tier, "describe", None)
+    if callable(where):
+        return str(where())
+    for attr in ("path", "directory", "root"):
+        v = getattr(tier, attr, None)
+        if isinstance(v, (str, os.PathLike)):
+            return f"{type(tier).__name__}({os.fspath(v)})"
+    return type(tier).__name__
 
 
 def _who(what: str, tier) -> str:

@@ -16,6 +16,15 @@ def _segments():
 
 
 @pytest.fixture(scope="session", autouse=True)
+def own_read_plans(tmp_path_factory):
+    """The read plans a node chooses from a measurement are remembered under $XDG_CACHE_HOME
+    (shadecache/read_plan.py): the suite's go to a directory of its own, not the user's home, and
+    the processes the tests start (prefetchers, peer servers, ranks) inherit it."""
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg"))
+    yield
+
+
+@pytest.fixture(scope="session", autouse=True)
 def no_leaked_segments():
     """Every test leaves /dev/shm as it found it (after `gc` of killed creators)."""
     before = _segments()
@@ -48,7 +57,8 @@ def no_leaked_segments():
         creator = shm.board_creator(os.path.join(shm.SHM_DIR, e)) if e.startswith(shm.BOARD_PREFIX) else None
         return mine in e and (creator is None or creator[0] != os.getpid())
 
-    others = {e for e in os.listdir(shm.SHM_DIR) if e.startswith((shm.BOARD_PREFIX, shm.STATUS_PREFIX))
+    others = {e for e in os.listdir(shm.SHM_DIR)
+              if e.startswith((shm.BOARD_PREFIX, shm.STATUS_PREFIX, shm.PREFETCH_STATUS_PREFIX))
               and left(e)} - before_files
     assert not others, f"tests left files in {shm.SHM_DIR} behind: {sorted(others)}"
 

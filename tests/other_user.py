@@ -30,7 +30,7 @@ needs_root = pytest.mark.skipif(
 
 # Imported before forking: the other user cannot read the interpreter's library under /root.
 for _m in ("json", "secrets", "warnings", "numpy", "shadecache", "shadecache.cache.handle", "shadecache.cache.node", "shadecache.shm", "shadecache.lookahead.publish",
-           "shadecache.lookahead.board", "shadecache.peer.status", "shadecache.ssd.tier", "shadecache.ssd.layout",
+           "shadecache.lookahead.board", "shadecache.status", "shadecache.ssd.tier", "shadecache.ssd.layout",
            "shadecache.lookahead.prefetcher", "shadecache.node_files", "shadecache.cli.cache"):
     try:
         importlib.import_module(_m)

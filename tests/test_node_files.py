@@ -15,7 +15,7 @@ from shadecache import shm
 from shadecache.cache import node as cache_mod
 from shadecache.lookahead import board as order
 from shadecache.lookahead import publish
-from shadecache.peer import status as tier_status
+from shadecache import status as tier_status
 from shadecache.ssd.layout import slot_bytes
 
 from other_user import ATTACKER, VICTIM, PrivateDir, needs_root, run_as, unlink_quietly
@@ -382,7 +382,7 @@ def test_root_status_write_leaves_another_users_file_and_the_publisher_goes_on(n
         [os.path.basename(tier_status.path_of(name))]
 
     c = sc.Cache.create(name, 8, 1 << 20)
-    service = PeerService(c, secret=new_secret())
+    service = PeerService(sc.Node(None, c, read_ahead=False), secret=new_secret())
     publisher = threading.Thread(target=service.publish_forever, args=(0.02,), daemon=True)
     try:
         publisher.start()

@@ -81,8 +81,8 @@ def test_admission_keeps_ours_and_the_ssd_tier_gets_what_the_cache_refused(store
     # room; 30 is another node's: neither cached nor written
     assert cache.cached_mask()[[5, 7, 33]].all() and not cache.contains(30)
     assert ssd.ids().tolist() == []
-    # read-through (admit=False): nothing is offered to the cache, so the SSD tier keeps it all
-    TierChain.for_node(store, cache, ssd=ssd, admit=False).fetch([9, 11])
+    # read-through (sc.ReadThrough): nothing is offered to the cache, so the SSD tier keeps it all
+    TierChain.for_node(store, cache, ssd=ssd, admission=sc.ReadThrough()).fetch([9, 11])
     ssd.flush()
     assert ssd.ids().tolist() == [9, 11] and not cache.contains(9) and not cache.contains(11)
     assert ssd.get_many([9, 11]) == store.read_many([9, 11])

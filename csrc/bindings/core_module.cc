@@ -267,6 +267,22 @@ PYBIND11_MODULE(_core, m) {
              c.update_scores(v.data(), sc.data(), v.size());
            },
            py::arg("ids"), py::arg("scores"))
+      .def("would_admit",
+           [](Cache& c, py::handle ids, py::handle displaced) {
+             std::vector<int64_t> v = ids_of(ids);
+             std::vector<int64_t> d = ids_of(displaced);
+             if (d.size() != v.size())
+               throw py::value_error("would_admit got " + std::to_string(v.size()) + " ids but " +
+                                     std::to_string(d.size()) + " displaced counts");
+             py::array_t<bool> out(static_cast<py::ssize_t>(v.size()));
+             auto* o = reinterpret_cast<uint8_t*>(out.mutable_data());
+             {
+               py::gil_scoped_release nogil;
+               c.would_admit(v.data(), d.data(), v.size(), o);
+             }
+             return out;
+           },
+           py::arg("ids"), py::arg("displaced"))
       .def("cached_mask",
            [](Cache& c) {
              py::array_t<bool> out(static_cast<py::ssize_t>(c.num_samples()));

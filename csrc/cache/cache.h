@@ -206,6 +206,9 @@ class Cache {
   void set_policy_weight(double w);
   double policy_weight();
   bool keys_on_next_use() const { return policy_->keys_on_next_use(); }
+  // out[i]: whether a full cache would admit ids[i] once displaced[i] of its cached values have
+  // given way to others, by the policy that decides puts (csrc/cache/admission.cc).
+  void would_admit(const int64_t* ids, const int64_t* displaced, size_t n, uint8_t* out);
   // Walks every structure under the lock; throws Error(kCorruption) describing the first fault.
   void check();
 

@@ -28,6 +28,7 @@ class IndexedHeap {
   bool contains(uint32_t id) const { return pos_[id] != 0; }
   const HeapNode& top() const { return at(0); }
   double key_of(uint32_t id) const { return at(pos_[id] - 1).key; }
+  double key_at(uint64_t k) const { return at(k).key; }  // node k, in heap (not sorted) order
   uint64_t per_page() const { return per_page_; }
 
   // Hint for batch updates: bring id's node and its parent toward the CPU cache.

@@ -22,7 +22,6 @@ store's `lengths`; `Cache.for_store` does) fits the tail slots to them.
 """
 import errno
 import functools
-import math
 import os
 from typing import List, Optional
 
@@ -250,15 +249,12 @@ class Cache:
         look-up per batch, no lock (a peer server's chunk fills these from the tiers below)."""
         return _core.peer_missed(self._core, ids)
 
-    def seal_reply(self, session, fd: int, ids, fills: dict, opaque: int, more: bool,
-                   max_bytes: int, pin_wait: float, flush_timeout: float = -1.0):
-        """A peer server's GET reply chunk, sealed by `session` (csrc/bindings/peer_io.cc) onto
-        socket `fd`: the cached values of the leading ids that fit `max_bytes` are pinned only
-        while they are encrypted straight from shared memory (waiting at most `pin_wait` s for
-        pins); fills {position: bytes} gives the values the server read below the cache. What
-        the kernel did not take waits for session.flush, or, with flush_timeout >= 0, is sent
-        by this call within that many seconds (pins released first)."""
-        return session.seal_get_reply(fd, self._core, ids, fills, opaque, more, max_bytes, pin_wait, flush_timeout)
+    @property
+    def engine(self):
+        """The native engine object of this handle (_core.CacheCore), for the native calls of
+        the layers above that work on shared memory directly (the peer layer seals replies
+        straight from the segment: peer/server.py seal_reply)."""
+        return self._core
 
     # ---- writers with argument shaping -------------------------------------------------------
     def update_scores(self, ids, scores) -> None:
@@ -270,23 +266,14 @@ class Cache:
         self._core.update_scores(ids, scores)
 
     def admits(self, ids, displaced=0) -> np.ndarray:
-        """Bool mask: whether this cache, full, would admit each id by its policy by the time
-        `displaced` (an int, or one per id) of its cached values have given way to others:
-        importance, a score above the lowest cached score left then; static, none; lru, fifo and
-        clairvoyant, every id (they evict to make room). A prediction for readers ahead (the
-        prefetcher, which counts the samples due before each one); put decides."""
+        """Bool mask: whether this cache, full, would admit each id by the time `displaced` (an
+        int, or one per id) of its cached values have given way to others. The engine answers
+        with the policy that decides puts (csrc/cache/admission.cc): importance, a score above
+        the lowest cached score left then; static, none; lru, fifo and clairvoyant, every id. A
+        prediction for readers ahead (the prefetcher); put decides."""
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        policy = self.policy
-        if policy == "static":
-            return np.zeros(ids.size, dtype=bool)
-        if policy != "importance":
-            return np.ones(ids.size, dtype=bool)
-        scores = np.asarray(self.scores())
-        held = np.sort(scores[self.cached_mask()])
-        k = np.broadcast_to(np.asarray(displaced, dtype=np.int64), ids.shape)
-        out = k < held.size
-        out[out] = scores[ids[out]] > held[k[out]]
-        return out
+        k = np.ascontiguousarray(np.broadcast_to(np.asarray(displaced, dtype=np.int64), ids.shape))
+        return np.asarray(self._core.would_admit(ids, k), dtype=bool)
 
     # ---- introspection ----------------------------------------------------------------------
     @property
@@ -345,7 +332,7 @@ class Cache:
         served from the cache, the SSD tier and the store, bytes, mean latency, the SSD tier's
         counters and the peers."""
         s = self._core.stats()
-        from ..peer import status as tier_status
+        from .. import status as tier_status
         tiers = tier_status.read(self.name)
         if tiers is not None:
             s["tiers"] = tiers

@@ -4,7 +4,7 @@ import sys
 import time
 
 from ..cache import Cache, creator_alive, describe, gc, list_caches, remove
-from ..peer import status as tier_status
+from .. import status as tier_status
 
 
 def _fmt_bytes(n: int) -> str:
@@ -51,11 +51,14 @@ def cmd_stats(args) -> int:
     with Cache.attach(args.name) as c:
         d = c.stats()
         d["huge_pages"] = c.huge_pages()
-        from ..lookahead.publish import board_for   # the prefetcher's per-epoch counters, if any
-        board = board_for(c)
+        from ..lookahead.board import BoardLink   # the prefetcher's per-epoch counters, if any
+        board = BoardLink(c.name).get()
         if board is not None:
             d["prefetch"] = {"prefetcher_pid": board.prefetcher_pid, **board.totals(),
                              "per_epoch": board.epoch_counters()}
+        pf = tier_status.read(c.name, tier_status.PREFETCHER)
+        if pf is not None:
+            d.setdefault("prefetch", {})["status"] = pf
         print(json.dumps(d, indent=2, sort_keys=True))
     return 0
 

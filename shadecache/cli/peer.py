@@ -14,6 +14,7 @@ import threading
 
 def cmd_serve(args) -> int:
     from ..cache import Cache
+    from ..node import Node
     from ..peer import secret
     from ..peer.server import PeerService
 
@@ -30,7 +31,8 @@ def cmd_serve(args) -> int:
     if args.ssd:
         from ..ssd.tier import SSDTier
         ssd = SSDTier(args.ssd, capacity_bytes=args.ssd_bytes, cache=cache)
-    service = PeerService(cache, args.host, args.port, key, ssd, store)
+    node = Node(store, cache, ssd=ssd, read_ahead=False)
+    service = PeerService(node, args.host, args.port, key)
     print(f"serving cache {args.name!r} on {service.address} (Ctrl-C to stop)", flush=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *a: stop.set())

@@ -115,16 +115,19 @@ def train_run(store, cfg: RunConfig, test, cache_name: str, progress: bool = Fal
         # The per-sample Augment (Python, torch RNG per worker) stays on DataLoader workers.
         # extra={"loader": "dataloader"} forces the DataLoader (to compare the two).
         batched = aug is None and cfg.extra.get("loader", "cached") == "cached"
+        # the demo's store is local and small: every configuration reads it sample by sample,
+        # with no prefetcher (the comparison is of samplers and policies, not of reading ahead)
+        node = sc.Node(store, cache, read_plan="samples", read_ahead=False)
         if batched:
-            ds = sc.CachedDataset(store, cache)
+            ds = node.dataset()
         else:
-            ds = sc.CachedDataset(store, cache, decode=functools.partial(synthetic.decode, size=size),
-                                  transform=Augment(size, **aug) if aug is not None else None)
+            ds = node.dataset(decode=functools.partial(synthetic.decode, size=size),
+                              transform=Augment(size, **aug) if aug is not None else None)
         shade = cfg.sampler == "shade"
         kw = dict(rep_factor=cfg.rep_factor if shade else 0.0, importance=shade, pads=shade,
                   coverage_epochs=cfg.coverage_epochs, seed=cfg.seed)
         kw.update(cfg.extra.get("sampler", {}))    # experiments: any other ShadeSampler option
-        sampler = sc.ShadeSampler(ds, cache=cache, batch_size=cfg.batch_size, **kw)
+        sampler = sc.ShadeSampler(ds, batch_size=cfg.batch_size, **kw)
         if batched:
             loader = sc.CachedLoader(ds, batch_size=cfg.batch_size, sampler=sampler,
                                      num_workers=0, batch_transform=decode_batch)

@@ -15,8 +15,8 @@ num_workers=0 makes it in the iterating thread):
   2. hits: one native call (Cache.gather_rows / gather_flat) copies every cached value into the
      batch's buffer with the GIL released: a (B, S) tensor when every sample of the store has the
      same size S, else one flat tensor plus offsets (RaggedBatch). No Python object per sample;
-  3. misses: CachedDataset.fetch_missing (the tiers below the cache, one batch each, then admission
-     into the cache, exactly as a DataLoader worker does), copied into their rows;
+  3. misses: the node's miss path, node.misses.fetch (the tiers below the cache, one batch each,
+     then admission into the cache, exactly as a DataLoader worker does), copied into their rows;
   4. labels gathered from the store's label array (fixed sizes: in the same native call);
      `batch_transform(x)` (vectorized, on the whole batch) if given.
 Fixed-size raw batches of a sampler that cannot follow the training steps (see _group_batches) are
@@ -397,7 +397,7 @@ class CachedLoader:
 
     def _rows(self, ids, pin, block=0):
         """(x, labels, ids): x a (B, S) uint8 tensor, hits copied by one native call (which also
-        gathers the labels when the store has a label array), misses from fetch_missing. With
+        gathers the labels when the store has a label array), misses from the node's miss path. With
         block > 0 (batches of `block` ids), only the batches up to the first with a miss: ids is
         the prefix of the given ids they hold."""
         ds = self.dataset
@@ -415,7 +415,7 @@ class CachedLoader:
             if lens is None:    # every id read, every one a hit of S bytes: the common case
                 if y is None:
                     y = ds.labels_of(ids)
-                ds.count_batch(ids, ids.size, _all_hit)
+                ds.node.misses.count_batch(ids, ids.size, _all_hit)
                 return x, y, ids
             if lens[-1] == -2:    # block: the batches after the first miss unread
                 done = int(np.argmax(lens == -2))
@@ -437,7 +437,7 @@ class CachedLoader:
             got, wait_ns = _fetch_missed(ds, ids[pos].tolist())
             for p, i in zip(pos.tolist(), ids[pos].tolist()):
                 out[p] = np.frombuffer(got[i], dtype=np.uint8)
-        ds.count_batch(ids, ids.size - missed, lambda: lens >= 0, wait_ns)
+        ds.node.misses.count_batch(ids, ids.size - missed, lambda: lens >= 0, wait_ns)
         return x, y, ids
 
     def _ragged(self, ids):
@@ -466,7 +466,7 @@ class CachedLoader:
         np.cumsum(lens, out=offsets[1:])
         if ds.cache is not None and lens.size:
             self._len_hint = int(offsets[-1]) // lens.size   # sizes the next batch's buffer once
-        ds.count_batch(ids, ids.size - missed.size, lambda: hit, wait_ns)
+        ds.node.misses.count_batch(ids, ids.size - missed.size, lambda: hit, wait_ns)
         return RaggedBatch(torch.from_numpy(flat), torch.from_numpy(offsets))
 
     def _pin(self, batch):
@@ -501,7 +501,7 @@ def _as_id_array(sampler):
 
 
 def _all_hit():
-    """The hit mask of a batch whose ids all hit (CachedDataset.count_batch asks for it only when
+    """The hit mask of a batch whose ids all hit (MissPath.count_batch asks for it only when
     a prefetch flag is set): True broadcasts over the ids."""
     return True
 
@@ -511,5 +511,5 @@ def _fetch_missed(ds, missed: list):
     data set's miss path (tiers, store, admission into the cache), as a DataLoader worker makes it."""
     uniq = list(dict.fromkeys(missed))
     t0 = time.perf_counter_ns()
-    values = ds.fetch_missing(uniq)
+    values = ds.node.misses.fetch(uniq)
     return dict(zip(uniq, values)), time.perf_counter_ns() - t0

@@ -115,6 +115,14 @@ _H_MAGIC, _H_VERSION, _H_STREAMS, _H_CAPACITY, _H_N = 0, 8, 16, 24, 32
 _H_CREATOR, _H_CREATOR_START = shm.BOARD_CREATOR_AT, shm.BOARD_CREATOR_START_AT   # shm.py sweeps by them
 _H_PREFETCHER, _H_STOP = 48, 56
 _H_PREFETCHER_START = 72   # the prefetcher's start time: with its pid, one process (pids are reused)
+_H_READ_RULE, _H_REACH = 80, 88   # what the prefetcher reads ahead, and how far (its own words)
+# The prefetcher's read rule, written by it when it starts (0 in a board no prefetcher ran on):
+# READS_EVERY_MISS  every miss of its window, making room in a full cache (no copying tier);
+# READS_ADMITTED    once the cache is full, only what it would admit when due (an SSD tier keeps
+#                   the rest, and the loader reads it from there);
+# READS_UNTIL_FULL  nothing once the cache is full (the extent plan: the loader's own reads are
+#                   whole extents)
+READS_EVERY_MISS, READS_ADMITTED, READS_UNTIL_FULL = 1, 2, 3
 # stream record words
 _S_SEQ, _S_EPOCH, _S_LENGTH, _S_CURSOR = 0, 1, 2, 3
 
@@ -269,6 +277,11 @@ class OrderBoard:
     @property
     def closed(self) -> bool:
         return self._mm is None
+
+    @property
+    def created_here(self) -> bool:
+        """Whether this process made the board (and removes it at its exit)."""
+        return self._creator == os.getpid()
 
     def close(self):
         if self._mm is None:
@@ -560,6 +573,21 @@ class OrderBoard:
         pid = self.prefetcher_pid
         return bool(pid) and alive(pid, self._prefetcher_start())
 
+    def set_read_rule(self, rule: int, reach: int) -> None:
+        """The prefetcher's rule (READS_*) and reach (samples ahead of the cursors it reads at
+        most), for the samplers' stall budget, which bends the order around what it reads."""
+        self._header[_H_REACH // 8] = int(reach)
+        self._header[_H_READ_RULE // 8] = int(rule)
+
+    @property
+    def read_rule(self) -> int:
+        """The live prefetcher's READS_* rule, 0 when none runs."""
+        return int(self._header[_H_READ_RULE // 8]) if self.prefetcher_alive() else 0
+
+    @property
+    def reach(self) -> int:
+        return int(self._header[_H_REACH // 8])
+
     @property
     def stop_requested(self) -> bool:
         return bool(self._header[_H_STOP // 8])
@@ -637,3 +665,54 @@ class OrderBoard:
             for c in t:
                 t[c] += r[c]
         return t
+
+
+class BoardLink:
+    """The order board of one cache as a node holds it (sc.Node passes it to its miss path, its
+    samplers and its prefetcher): the board attached when it exists, looked for again at most
+    once a second while it does not (another rank, or the node's own first publish, may make it
+    later), and dropped once its creator removed it. Pickles as the cache's name: a DataLoader
+    worker or the prefetcher attaches in its own process."""
+
+    RELOOK_S = 1.0
+
+    def __init__(self, cache_name: str):
+        self.cache_name = cache_name
+        self._board = None
+        self._looked = None       # when a look last found no board
+        self._pid = os.getpid()
+
+    def get(self) -> Optional[OrderBoard]:
+        """The board, or None while there is none (PermissionError when the board at its name
+        is another user's: refused, never attached)."""
+        if self._pid != os.getpid():   # a forked child attaches on its own
+            self._board, self._looked, self._pid = None, None, os.getpid()
+        b = self._board
+        if b is not None and not b.closed and b.is_current():
+            return b
+        now = time.monotonic()
+        if b is None and self._looked is not None and now - self._looked < self.RELOOK_S:
+            return None
+        self._looked = now
+        try:
+            self._board = OrderBoard.attach(self.cache_name)
+        except (FileNotFoundError, ValueError):
+            self._board = None
+        return self._board
+
+    def create(self, num_samples: int, streams: int) -> OrderBoard:
+        """Makes the board (this process removes it at its exit), or attaches the one another
+        process made first."""
+        try:
+            self._board = OrderBoard.create(self.cache_name, num_samples, streams=streams)
+        except FileExistsError:
+            self._board = OrderBoard.attach(self.cache_name)
+        self._looked = time.monotonic()
+        return self._board
+
+    def __getstate__(self):
+        return {"cache_name": self.cache_name}
+
+    def __setstate__(self, state):
+        self.__init__(state["cache_name"])
+

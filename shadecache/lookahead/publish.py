@@ -1,51 +1,31 @@
-"""The sampler's side of the order board: each process finds its cache's board, publishes its
-sampler's order on its stream, moves the cursor as the loader takes ids, and feeds the next uses
-to the clairvoyant policy.
+"""The sampler's side of the order board: each process publishes its sampler's order on its
+stream, moves the cursor as the loader takes ids, and feeds the next uses to the clairvoyant
+policy.
 
 ShadeSampler calls publish_ahead (set_epoch, end_epoch) and published_iter (__iter__), and, for
-its stall budget, rewrite_published (entries it moved while the epoch runs) and prefetcher_live; readers
-(CachedDataset, `shadecache stats`) find the board with board_for and count their reads in the
-epoch of reader_stream. Everything here is per process (the dicts below are keyed by pid): a
-forked DataLoader worker attaches on its own and never publishes for its parent.
+its stall budget, rewrite_published (entries it moved while the epoch runs); readers count their
+reads in the epoch of reader_stream. The sampler's board is the node's (sampler.board, given
+explicitly: sc.Node makes or attaches it); a sampler without one publishes nothing. What is kept
+here is per process (the dicts below are keyed by pid): a forked DataLoader worker never
+publishes for its parent.
 """
 import os
-import time
 import weakref
-from typing import Optional
 
 import numpy as np
 
-from ..process import alive
 from .board import OrderBoard
 
-_ATTACHED: dict = {}   # (pid, cache name) -> OrderBoard, or the time a look found none
 _MY_STREAM: dict = {}  # (pid, board path) -> the stream this process's sampler publishes
-_RELOOK_S = 1.0        # a cache without a board is looked at again after this long
 
 
-def board_for(cache) -> Optional[OrderBoard]:
-    """The board of `cache` attached in this process, or None when it has none. PermissionError
-    when the board at its name is another user's (refused, never attached)."""
-    if cache is None:
+def board_of(sampler):
+    """The sampler's board (its node's, or the one it was given) while it is current, else None:
+    a board its creator unlinked (and maybe made anew) is never published into again."""
+    board = getattr(sampler, "board", None)
+    if board is None or board.closed or not board.is_current():
         return None
-    key = (os.getpid(), cache.name)
-    b = _ATTACHED.get(key)
-    if isinstance(b, OrderBoard) and not b.closed:
-        if b.is_current():
-            return b
-        # its creator unlinked it (and maybe made a new one): never publish into it again. Not
-        # closed: an iterator of the sampler may still hold it; the mapping goes with the last
-        # reference
-        b = None
-    if isinstance(b, float) and time.monotonic() - b < _RELOOK_S:
-        return None
-    try:
-        b = OrderBoard.attach(cache.name)
-    except (FileNotFoundError, ValueError):
-        _ATTACHED[key] = time.monotonic()
-        return None
-    _ATTACHED[key] = b
-    return b
+    return board
 
 
 def reader_stream(board: OrderBoard) -> int:
@@ -82,6 +62,9 @@ def _publish(sampler, board, s, order):
     policy's input) on stream `s` (the sampler's: stream_of its rank). Returns how many entries of
     `order` were published."""
     _MY_STREAM[(os.getpid(), board.path)] = s
+    node = getattr(sampler, "node", None)
+    if node is not None:   # the node reads ahead once an order is up (Node.start_reading_ahead)
+        node.start_reading_ahead()
     full = order
     ahead = getattr(sampler, "next_epoch_order", None)
     if ahead is not None and order.size < board.capacity:
@@ -108,7 +91,7 @@ def publish_ahead(sampler, draw=None) -> bool:
     checkpoint, the epoch's last step). Does nothing without a board or when this very order is
     already up. __iter__ then takes the published order as it is (published_iter). draw(): the
     sampler's order, drawn only when there is a board (default sampler.order)."""
-    board = board_for(getattr(sampler, "cache", None))
+    board = board_of(sampler)
     if board is None:
         return False
     order = (sampler.order if draw is None else draw)()
@@ -126,7 +109,7 @@ def published_iter(sampler, order: np.ndarray, start: int, plan=None):
     ids (and the next uses of the ids taken, for the clairvoyant policy). plan(k): called before
     the ids of each batch (positions k.. up to the next multiple of the batch size) are read from
     `order`; it may rewrite order[k:] in place (and show it on the board: rewrite_published)."""
-    board = board_for(getattr(sampler, "cache", None))
+    board = board_of(sampler)
     step = max(1, int(getattr(sampler, "batch_size", 64)))
     if board is None:
         if plan is None:
@@ -146,18 +129,12 @@ def rewrite_published(sampler, order: np.ndarray, positions: np.ndarray, lo: int
     epoch's `order` while the epoch runs (the stall budget): its stream on the cache's board shows
     the new ids there, and the next uses of the ids that left or entered go to the clairvoyant
     policy. Nothing without a board."""
-    board = board_for(getattr(sampler, "cache", None))
+    board = board_of(sampler)
     if board is None or not len(positions):
         return
     touched = board.rewrite(stream_of(getattr(sampler, "rank", 0), board.streams), positions,
                             order[positions], lo=lo)
     _push_next_use(sampler.cache, board, touched)
-
-
-def prefetcher_live(cache) -> bool:
-    """Whether a live prefetcher reads the published orders of `cache`'s board."""
-    board = board_for(cache)
-    return board is not None and alive(board.prefetcher_pid)
 
 
 def _batches(order, start, step, plan):

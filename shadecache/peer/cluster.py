@@ -1,8 +1,8 @@
 """Cluster: this node's view of the job's nodes, and the batched fetch from their servers.
 
     cluster = Cluster(["10.0.0.1:7070", "10.0.0.2:7070"], node=0, timeout=1.0)   # secret: secret.py
-    cluster = Cluster.from_torch(cache, store=store)     # under torchrun: membership from the job's store
-    ds = CachedDataset(store, cache, cluster=cluster)    # binds the cluster to the store's data set
+    node = sc.Node(store, cache, cluster="torch")        # under torchrun: membership from the job's store
+    node = sc.Node(store, cache, cluster=cluster)        # binds the cluster to the store's data set
     values = cluster.fetch(ids)                          # bytes or None per id
 
 Each id has a home node (homes.py, over the nodes this process currently considers alive). fetch()
@@ -216,19 +216,18 @@ class Cluster:
 
     # ---- membership from torch.distributed ---------------------------------------------------
     @classmethod
-    def from_torch(cls, cache, secret=None, host=None, port: int = 0, timeout: float = 1.0,
-                   ssd=None, store=None, prefix: str = STORE_PREFIX, read_through: bool = True) -> "Cluster":
-        """Joins the job's nodes through torch.distributed's key-value store (torchrun).
+    def from_torch(cls, node, secret=None, host=None, port: int = 0, timeout: float = 1.0,
+                   prefix: str = STORE_PREFIX) -> "Cluster":
+        """Joins the job's nodes through torch.distributed's key-value store (torchrun); the
+        node calls it (sc.Node(..., cluster="torch")).
 
-        Local rank 0 of each node starts the node's server (serving `cache`, `ssd`, and `store`
-        read-through; serve() says what read_through=False means) and publishes its address under
-        `prefix/<node rank>`; every process reads all addresses. Node rank: GROUP_RANK
-        (torchrun), else rank // LOCAL_WORLD_SIZE. secret: see secret.py; host: the address to
-        bind and publish (default 127.0.0.1 when MASTER_ADDR is loopback, else this host's
-        name). The cluster is bound to the data set of `store` (else of `cache`)."""
+        Local rank 0 of each node starts the node's server (node.serve(): its cache, read
+        through the node's own tiers) and publishes its address under `prefix/<node rank>`;
+        every process reads all addresses. Node rank: GROUP_RANK (torchrun), else
+        rank // LOCAL_WORLD_SIZE. secret: see secret.py; host: the address to bind and publish
+        (default 127.0.0.1 when MASTER_ADDR is loopback, else this host's name). The cluster is
+        bound to the data set of the node's store."""
         import torch.distributed as dist
-
-        from .launch import serve
 
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("Cluster.from_torch needs torch.distributed initialised "
@@ -237,7 +236,7 @@ class Cluster:
         kv = dist.distributed_c10d._get_default_store()
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        node = int(os.environ.get("GROUP_RANK", dist.get_rank() // local_world))
+        index = int(os.environ.get("GROUP_RANK", dist.get_rank() // local_world))
         num_nodes = dist.get_world_size() // local_world
         server = None
         if local_rank == 0:
@@ -245,9 +244,8 @@ class Cluster:
                 from .server import is_loopback
                 master = os.environ.get("MASTER_ADDR", "127.0.0.1")
                 host = "127.0.0.1" if is_loopback(master) else socket.gethostname()
-            server = serve(cache, host=host, port=port, secret=secret, ssd=ssd, store=store,
-                           read_through=read_through)
-            kv.set(f"{prefix}/{node}", server.address)
+            server = node.serve(host=host, port=port, secret=secret)
+            kv.set(f"{prefix}/{index}", server.address)
         addresses = [kv.get(f"{prefix}/{k}").decode() for k in range(num_nodes)]
         if server is not None:
             server.set_peers(addresses)
@@ -258,8 +256,8 @@ class Cluster:
             except Exception:   # the store itself is gone: keep the old address
                 return None
 
-        cluster = cls(addresses, node, secret, timeout, lookup=lookup,
-                      dataset=identity.of_server(cache, store))
+        cluster = cls(addresses, index, secret, timeout, lookup=lookup,
+                      dataset=identity.of_server(node.cache, node.store))
         cluster.server = server
         return cluster
 

@@ -9,7 +9,6 @@ outlives the process that started it.
 """
 import pickle
 import select
-import signal
 import struct
 import subprocess
 
@@ -64,30 +63,19 @@ class PeerServer:
         return f"<PeerServer {self.address} pid={self.pid}{'' if self.alive else ' exited'}>"
 
 
-def serve(cache, host: str = "127.0.0.1", port: int = 0, secret=None, ssd=None, store=None,
-          read_through: bool = True) -> PeerServer:
-    """Serves `cache` (and `ssd`, an SSDTier) to the other nodes, reading through `store` on a
-    miss: the home node of a sample reads it from shared storage once, caches it by its policy
-    and serves it to every node, so the cluster reads each sample once.
-
-    store is required unless read_through=False (serve only what the cache holds: a cache that
-    is filled some other way). secret: see secret.py (default: $SHADECACHE_SECRET, or the 0600
-    file $SHADECACHE_SECRET_FILE names), required on every address, loopback included. port 0
-    picks a free port; the handle's .address says which."""
+def serve(node, host: str = "127.0.0.1", port: int = 0, secret=None) -> PeerServer:
+    """Serves `node`'s cache (sc.Node: node.serve() calls this) to the other nodes, reading its
+    misses through the node's SSD tier and store: the home node of a sample reads it from shared
+    storage once, caches it by the node's admission rule and serves it to every node, so the
+    cluster reads each sample once. secret: see secret.py (default: $SHADECACHE_SECRET, or the
+    0600 file $SHADECACHE_SECRET_FILE names), required on every address, loopback included.
+    port 0 picks a free port; the handle's .address says which."""
     key = secrets_.resolve(secret)
     check_bind(host)
     if not isinstance(port, int) or not 0 <= port <= 65535:
         raise ValueError(f"port must be an int in 0..65535, got {port!r}")
-    if store is None and read_through:
-        raise ValueError(
-            "serve(cache) needs store=: the server reads through the samples this node is home to, so that "
-            "the cluster reads each sample from shared storage once (without it a node caches only the samples "
-            "it reads itself and is home to, and a cluster re-reads nearly every miss every epoch). Pass "
-            "store=<the PackedStore of the cache's data set>, or read_through=False to serve only what the "
-            "cache holds")
-    identity.of_server(cache, store)   # a store of another data set than the cache's: refused here
-    cfg = pickle.dumps({"cache": cache.name, "host": host, "port": port, "secret": key,
-                        "ssd": ssd, "store": store})
+    identity.of_server(node.cache, node.store)   # a store of another data set than the cache's
+    cfg = pickle.dumps({"node": node.for_process(), "host": host, "port": port, "secret": key})
     proc = subprocess.Popen(isolated_python("shadecache.peer"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             start_new_session=True)
     proc.stdin.write(struct.pack("<I", len(cfg)) + cfg)

@@ -27,7 +27,6 @@ is counted and retried after a backoff, never the end of serving. close() ends e
 and joins every thread it started: a thread left inside a native call while the interpreter
 exits aborts the process.
 """
-import contextlib
 import ipaddress
 import json
 import os
@@ -42,9 +41,9 @@ import numpy as np
 
 from . import auth, identity, wire
 from . import secret as secrets_
-from . import status as tier_status
+from .. import status as tier_status
 from ..errors import FingerprintError
-from ..tiers import STORE, TierChain
+from ..tiers import STORE
 
 MAX_CONNECTIONS = 256            # authenticated connections
 MAX_HANDSHAKES = 128             # connections not yet authenticated, all together
@@ -86,19 +85,35 @@ def _linger(conn, limit: int = 1 << 20, seconds: float = 1.0) -> None:
         limit -= k
 
 
+def seal_reply(cache, session, fd: int, ids, fills: dict, opaque: int, more: bool,
+               max_bytes: int, pin_wait: float, flush_timeout: float = -1.0):
+    """A GET reply chunk of `cache`, sealed by `session` (csrc/bindings/peer_io.cc) onto socket
+    `fd`: the cached values of the leading ids that fit `max_bytes` are pinned only while they
+    are encrypted straight from shared memory (waiting at most `pin_wait` s for pins); fills
+    {position: bytes} gives the values the server read below the cache. What the kernel did not
+    take waits for session.flush, or, with flush_timeout >= 0, is sent by this call within that
+    many seconds (pins released first)."""
+    return session.seal_get_reply(fd, cache.engine, ids, fills, opaque, more, max_bytes, pin_wait,
+                                  flush_timeout)
+
+
 class PeerService:
     """The serving loop over one listening socket (in the process that serves)."""
 
-    def __init__(self, cache, host="127.0.0.1", port=0, secret=None, ssd=None, store=None):
+    def __init__(self, node, host="127.0.0.1", port=0, secret=None):
+        """node: the sc.Node it serves (its cache; its misses read through the node's SSD tier
+        and store, its admission rule, its read plan: Node.server_misses)."""
         self.key = secrets_.resolve(secret)
         check_bind(host)
+        cache, store = node.cache, node.store
         self.identity = identity.of_server(cache, store)
-        self.cache, self.ssd, self.store = cache, ssd, store
-        if ssd is not None:   # the tier it serves must hold this store's samples
-            ssd.bind_store(store)
-        # A miss goes to the SSD tier, then (read-through) the store: the node's tier chain.
-        self.chain = TierChain([("ssd", ssd)] if ssd is not None else [], store, cache=cache)
-        self.num_samples = cache.num_samples
+        self.cache, self.ssd, self.store = cache, node.ssd, store
+        # The node's miss path less the home peer (this server answers for the ids it is home
+        # to); its own counters are the published status, not the data set's. Reads and
+        # admissions take turns per process where the chain needs it (MissPath.turn): never
+        # held with _lock, nor across a send or a pin wait.
+        self.misses = node.server_misses()
+        self.num_samples = node.cache.num_samples
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.sock = socket.socket(family, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -111,13 +126,6 @@ class PeerService:
         self._per_address = {}
         self._authenticated = 0
         self._lock = threading.Lock()
-        # Taken around each of the tier chain's reads and admissions while the store reads whole
-        # extents: the chain's stage of extent mates is one per process and takes one caller at a
-        # time (TierChain.stage). Unlike CachedDataset's miss lock it is not held from a read to
-        # its admission: the admission waits until the chunk is sealed (it could evict what the
-        # chunk pins), so another connection may read the same extent meanwhile (a read twice,
-        # never a wrong value). Never held with _lock, nor across a send or a pin wait.
-        self._fill_lock = threading.Lock()
         self._stop = threading.Event()
         self._closed = False
         self.counters = {"connections": 0, "refused": 0, "refused_busy": 0, "refused_auth": 0,
@@ -134,6 +142,7 @@ class PeerService:
         return {"pid": os.getpid(), "address": self.address, "server": c,
                 "ssd": self.ssd.stats() if self.ssd is not None else None,
                 "store": repr(self.store) if self.store is not None else None,
+                "tiers": [list(t) for t in self.misses.chain.describe()],
                 "peers": list(self.peers), "updated": time.time()}
 
     def publish_forever(self, every: float = 1.0) -> None:
@@ -376,13 +385,12 @@ class PeerService:
                 filled_to = end
             window = {p - first: v for p, v in fills.items() if p < end} if fills else {}
             # With nothing read to offer the cache, the same native call sends the rest too.
-            code, detail = self.cache.seal_reply(session, fd, ids[first:end], window, opaque, end < count,
-                                                  CHUNK_BYTES, PIN_WAIT, -1.0 if fresh is not None else IO_TIMEOUT)
+            code, detail = seal_reply(self.cache, session, fd, ids[first:end], window, opaque, end < count,
+                                      CHUNK_BYTES, PIN_WAIT, -1.0 if fresh is not None else IO_TIMEOUT)
             if fresh is not None:    # the chunk's pins are released: nothing the cache does now hurts it
                 # the home node keeps its own samples: the cache by its policy, the SSD tier
                 # what the cache refused (a value too large for the cache counts as refused)
-                with self._fills_in_turn():
-                    self.chain.admit(fresh)
+                self.misses.admit(fresh)
                 if code == 0:
                     code = session.flush(fd, IO_TIMEOUT)[0]
             if code != 0:            # the client stopped reading, or went away
@@ -395,13 +403,6 @@ class PeerService:
                 del fills[p]
             first += k
         return True
-
-    def _fills_in_turn(self):
-        """The fill lock while the store reads whole extents (the connections take turns on the
-        chain's stage of mates), else nothing: their store reads overlap (they release the GIL)."""
-        if self.chain.reads_extents:
-            return self._fill_lock
-        return contextlib.nullcontext()
 
     def _fill_budget(self, ids, missed) -> int:
         """How many of the positions `missed` (of `ids`) to fill for one chunk: as many as fit in
@@ -421,8 +422,7 @@ class PeerService:
         pin)."""
         c = self.counters
         want = list(dict.fromkeys(ids[k] for k in missed))
-        with self._fills_in_turn():
-            r = self.chain.read(want)
+        r = self.misses.read(want)
         got = dict(zip(want, r.values))
         for name, key in (("ssd", "ssd_hits"), (STORE, "store_reads")):
             if name in r.counts:
@@ -437,13 +437,12 @@ def main() -> None:
     """The server process that serve() starts: reads its configuration (a length-prefixed
     pickle, written by serve() in the parent: our own process, never the network) from stdin,
     prints its address on stdout, serves until stdin closes (the parent exited or closed it)."""
-    from ..cache import Cache
-
     stdin = sys.stdin.buffer
     (n,) = struct.unpack("<I", stdin.read(4))
     cfg = pickle.loads(stdin.read(n))
-    cache = Cache.attach(cfg["cache"])
-    service = PeerService(cache, cfg["host"], cfg["port"], cfg["secret"], cfg.get("ssd"), cfg.get("store"))
+    node = cfg["node"]   # attaches the cache, reopens the store and the SSD tier by name
+    cache = node.cache
+    service = PeerService(node, cfg["host"], cfg["port"], cfg["secret"])
     sys.stdout.write(service.address + "\n")
     sys.stdout.flush()
     service.start(publish=True)

@@ -53,10 +53,10 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Sampler
 
-from .extents import DEFAULT_WINDOW, ExtentLayout, arrange, extent_bytes_for, store_of
+from .extents import arrange
 from .importance import ImportanceTable
 from .stalls import StallPlanner, StallView
-from ..lookahead.publish import board_for, publish_ahead, published_iter, rewrite_published
+from ..lookahead.publish import board_of, publish_ahead, published_iter, rewrite_published
 
 
 def _dist_world():
@@ -69,6 +69,29 @@ def _as_numpy(x, dtype):
     if isinstance(x, torch.Tensor):
         x = x.detach().cpu().numpy()
     return np.asarray(x).astype(dtype, copy=False)
+
+
+def _check_options(n, rep_factor, temper, substitute, stall_budget, stall_speeds,
+                   coverage_epochs, draw) -> None:
+    """ValueError naming the first of ShadeSampler's options that is out of its range."""
+    if n < 1:
+        raise ValueError(f"ShadeSampler needs at least one sample, got {n}")
+    if rep_factor < 0 or not math.isfinite(rep_factor):
+        raise ValueError(f"rep_factor must be a finite number >= 0, got {rep_factor}")
+    if not 0.0 <= temper <= 1.0:
+        raise ValueError(f"temper must be in [0, 1], got {temper}")
+    if substitute is not None and not 0.0 <= substitute <= 1.0:
+        raise ValueError(f"substitute must be None or in [0, 1], got {substitute}")
+    if not 0.0 <= stall_budget <= 1.0:
+        raise ValueError(f"stall_budget must be in [0, 1], got {stall_budget}")
+    if stall_speeds is not None and (len(stall_speeds) != 2 or not all(
+            math.isfinite(v) and v > 0 for v in map(float, stall_speeds))):
+        raise ValueError(f"stall_speeds must be None or (step_s, miss_s), two positive "
+                         f"seconds, got {stall_speeds!r}")
+    if coverage_epochs is not None and coverage_epochs < 0:
+        raise ValueError(f"coverage_epochs must be >= 0 or None, got {coverage_epochs}")
+    if draw not in ("systematic", "multinomial"):
+        raise ValueError(f"draw must be 'systematic' or 'multinomial', got {draw!r}")
 
 
 class ShadeSampler(Sampler):
@@ -96,18 +119,16 @@ class ShadeSampler(Sampler):
     epoch_size       samples per epoch over all ranks (default N)
     smoothing        the floor of the loss-trend blend (see ImportanceTable)
     num_replicas/rank  default: from torch.distributed when initialized, else 1/0
-    order            "uniform": the sequence is a shuffle of the draw; "extents": the draw arranged
-                     as a shuffle of the store's extents, samples shuffled within each window of
-                     `extent_window` extents (shadecache/sampling/extents.py; with pads and a
-                     cache, the cached samples still go first, the misses follow in extent
-                     order; the cache is given one score per extent, so it keeps whole ones);
-                     "auto" (default): "extents" when the packed store behind the data source (or
-                     `store`) is IOPS-bound (store.iops_bound: its samples are under a quarter of
-                     what the device transfers in the time of one request, measured at open), else
-                     "uniform". The draw itself (which ids, how often) is the same in both.
-    extent_window    extents whose samples are shuffled together (default 16)
-    extent_bytes     bytes of one extent (default: 16 x the store's gap threshold, 64 KiB-8 MiB)
-    store            the packed store (default: data_source, or data_source.store)
+    board            the order board to publish on when the data source is no node's data set
+                     (default: the node's, sc.Node; without a node, the board of `cache`)
+
+    The order follows the node's read plan (read_plan.py; sc.Node(read_plan=...)): under the
+    samples plan the sequence is a shuffle of the draw; under the extent plan the draw is arranged
+    as a shuffle of the store's extents, samples shuffled within each window of the plan's window
+    of extents (sampling/extents.py; with pads and a cache, the cached samples still go first,
+    the misses follow in extent order; the cache is given one score per extent, so it keeps whole
+    ones). The draw itself (which ids, how often) is the same under both. The plan is saved in
+    state_dict, and a state saved under another plan is refused.
     """
 
     def __init__(self, data_source, cache=None, batch_size: int = 64, rep_factor: float = 1.0,
@@ -115,40 +136,25 @@ class ShadeSampler(Sampler):
                  coverage_epochs=2, epoch_size=None, smoothing: float = 0.5,
                  draw: str = "systematic", temper: float = 0.0, substitute=0.0,
                  stalls: bool = True, stall_budget: float = 0.3, stall_speeds=None,
-                 num_replicas=None, rank=None, order: str = "auto",
-                 extent_window: int = DEFAULT_WINDOW, extent_bytes=None, store=None):
+                 num_replicas=None, rank=None, board=None):
         n = data_source if isinstance(data_source, (int, np.integer)) else len(data_source)
-        if n < 1:
-            raise ValueError(f"ShadeSampler needs at least one sample, got {n}")
-        if rep_factor < 0 or not math.isfinite(rep_factor):
-            raise ValueError(f"rep_factor must be a finite number >= 0, got {rep_factor}")
-        if not 0.0 <= temper <= 1.0:
-            raise ValueError(f"temper must be in [0, 1], got {temper}")
-        if substitute is not None and not 0.0 <= substitute <= 1.0:
-            raise ValueError(f"substitute must be None or in [0, 1], got {substitute}")
-        if not 0.0 <= stall_budget <= 1.0:
-            raise ValueError(f"stall_budget must be in [0, 1], got {stall_budget}")
-        if stall_speeds is not None and (len(stall_speeds) != 2 or not all(
-                math.isfinite(v) and v > 0 for v in map(float, stall_speeds))):
-            raise ValueError(f"stall_speeds must be None or (step_s, miss_s), two positive "
-                             f"seconds, got {stall_speeds!r}")
-        if coverage_epochs is not None and coverage_epochs < 0:
-            raise ValueError(f"coverage_epochs must be >= 0 or None, got {coverage_epochs}")
+        _check_options(n, rep_factor, temper, substitute, stall_budget, stall_speeds,
+                       coverage_epochs, draw)
         world, r = _dist_world()
         self.num_replicas = int(num_replicas if num_replicas is not None else world)
         self.rank = int(rank if rank is not None else r)
         if not 0 <= self.rank < self.num_replicas:
             raise ValueError(f"rank {self.rank} is not in 0..{self.num_replicas - 1}")
         self.n = int(n)
-        self.cache = cache
+        self.node = getattr(data_source, "node", None)
+        self.cache, self._board = self._node_parts(cache, board)
+        cache = self.cache
         if cache is not None and cache.num_samples != self.n:
             raise ValueError(f"cache {cache.name!r} holds {cache.num_samples} sample ids, the data "
                              f"set has {self.n}")
         self.batch_size = int(batch_size)
         self.rep_factor = float(rep_factor)
         self.seed = int(seed)
-        if draw not in ("systematic", "multinomial"):
-            raise ValueError(f"draw must be 'systematic' or 'multinomial', got {draw!r}")
         self.draw = draw
         self.importance = bool(importance)
         self.temper = float(temper)
@@ -162,12 +168,10 @@ class ShadeSampler(Sampler):
             raise ValueError(f"epoch_size must be at least 1, got {epoch_size!r}")
         self.num_samples = math.ceil(size / self.num_replicas)     # this rank's share
         self.total_size = self.num_samples * self.num_replicas
-        if int(extent_window) < 1:
-            raise ValueError(f"extent_window must be >= 1, got {extent_window}")
-        store = store_of(store if store is not None else data_source)   # None: not a packed store
-        self.extents = self._extent_layout(order, store, extent_bytes)
-        self.order_kind = "uniform" if self.extents is None else "extents"
-        self.extent_window = int(extent_window)
+        plan = None if self.node is None else self.node.read_plan
+        self.read_plan = plan
+        self.extents = plan.layout if plan is not None and plan.extents else None
+        self.extent_window = plan.window if plan is not None else 1
         self.table = ImportanceTable(self.n, self.batch_size, smoothing)
         self.last_drawn = np.full(self.n, -1, dtype=np.int64)   # last epoch each id was trained
         self.coverage_history = []                              # distinct ids trained / N, per epoch
@@ -192,42 +196,35 @@ class ShadeSampler(Sampler):
         self._scored = False        # update() has given scores (has_scores)
         self._warned_unmerged = False
         self._push_scores(np.arange(self.n, dtype=np.int64), self.table.scores)
-        if self.extents is not None:
-            # misses now come an extent at a time: the miss path reads whole extents and keeps the
-            # samples due later in the window (tiers.py, extent mates). Last: a constructor that
-            # refuses its options leaves the store reading as it did.
-            store.read_whole_extents(self.extents)
 
-    def _extent_layout(self, order, store, extent_bytes):
-        if order not in ("auto", "uniform", "extents"):
-            raise ValueError(f"order must be 'auto', 'uniform' or 'extents', got {order!r}")
-        if order == "uniform":
-            return None
-        if order == "extents" and store is None:
-            raise ValueError("order='extents' needs the packed store: pass store=, or a data "
-                             "source over one (a PackedStore, a CachedDataset of one)")
-        use = store is not None and (order == "extents" or store.iops_bound)
-        if use and len(store) != self.n:
-            raise ValueError(f"the store has {len(store)} samples, the data set {self.n}")
-        if store is not None and (order == "auto" or extent_bytes is None):
-            # "auto"'s choice and the default extent size come from the device figures this
-            # process measured at open, which differ between processes; the ranks' shares are
-            # positions of one arranged sequence, so every rank must take the same
-            use, extent_bytes = self._agreed(use, extent_bytes_for(store) if extent_bytes is None
-                                             else extent_bytes)
-        return ExtentLayout.of_store(store, extent_bytes) if use else None
+    def _node_parts(self, cache, board):
+        """(cache, board) of this sampler: its data set's node's (cache= and board= must then be
+        left out or be the node's), else those given; a cache without a node publishes on that
+        cache's board."""
+        if self.node is not None:
+            if cache is not None and cache is not self.node.cache:
+                raise ValueError("ShadeSampler: the data set's node has its own cache; leave cache= out")
+            if board is not None:
+                raise ValueError("ShadeSampler: the data set's node has its own order board; leave "
+                                 "board= out")
+            return self.node.cache, None
+        if board is None and cache is not None:
+            from ..lookahead.board import BoardLink
+            board = BoardLink(cache.name)
+        return cache, board
 
-    def _agreed(self, use: bool, extent_bytes: int) -> tuple:
-        """(extent order, extent_bytes) as every rank of the process group takes them (one
-        all_reduce): the extent order only where every rank picked it, the largest extent size.
-        As given without torch.distributed (ranks named by hand must open their stores with the
-        same device figures)."""
-        world, _ = _dist_world()
-        if self.num_replicas == 1 or world != self.num_replicas:
-            return use, extent_bytes
-        t = torch.tensor([0 if use else 1, int(extent_bytes)], dtype=torch.int64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return bool(t[0] == 0), int(t[1])
+    @property
+    def board(self):
+        """The order board this sampler publishes on: its node's (looked for when used: another
+        process may make it later), or the one it was given; None without either."""
+        if self.node is not None:
+            return self.node.board
+        return self._board.get() if hasattr(self._board, "get") else self._board
+
+    @property
+    def order_kind(self) -> str:
+        """"extents" when the order follows the node's extent plan, else "uniform"."""
+        return "uniform" if self.extents is None else "extents"
 
     @classmethod
     def defaults(cls) -> dict:
@@ -469,8 +466,8 @@ class ShadeSampler(Sampler):
                 self._planner.start_epoch(self._rng(2 + self.num_replicas + self.rank))
                 self._planner_epoch = self.epoch
             plan = self._plan_batch
-        if self.extents is not None:   # the chain's record of what this pass served starts anew
-            self.extents.begin_pass(order[start:])
+        if self.node is not None:   # the chain's record of what this pass asks for starts anew
+            self.node.chain.begin_pass(order[start:])
         if self._counted_epoch != self.epoch:   # once per epoch, when its order is first used
             self._counted_epoch = self.epoch
             self._note(accuracy_repeats=self.last_epoch_stats.get("substituted", 0))
@@ -504,7 +501,7 @@ class ShadeSampler(Sampler):
         if self._source is not None and hasattr(self._source, "note_epoch"):
             self._source.note_epoch(self.epoch, **counts)   # zeros too: the epoch has a row
         if any(counts.values()):
-            board = board_for(self.cache)
+            board = board_of(self)
             if board is not None:
                 board.count_sampler(self.epoch, **counts)
 
@@ -636,7 +633,8 @@ class ShadeSampler(Sampler):
                 "num_replicas": self.num_replicas,
                 "repeats_history": [dict(r) for r in self.repeats_history],
                 "stalls": (None if self._planner is None or self._planner_epoch != self.epoch
-                           else self._planner.state())}
+                           else self._planner.state()),
+                "read_plan": None if self.read_plan is None else self.read_plan.state()}
 
     def load_state_dict(self, state: dict):
         if int(state["n"]) != self.n:
@@ -644,6 +642,11 @@ class ShadeSampler(Sampler):
         if (int(state["rank"]), int(state["num_replicas"])) != (self.rank, self.num_replicas):
             raise ValueError(f"sampler state is for rank {state['rank']} of {state['num_replicas']}, "
                              f"this is rank {self.rank} of {self.num_replicas}")
+        saved = state.get("read_plan")
+        if saved is not None and self.read_plan is not None and not self.read_plan.same_as(saved):
+            raise ValueError(f"the sampler state was drawn under the read plan {saved}, this node reads "
+                             f"by {self.read_plan.state()}: compose the node with that plan (sc.Node("
+                             f"read_plan=...)) to resume the same order")
         self.seed = int(state["seed"])
         self.epoch = int(state["epoch"])
         self.table.load_state_dict(state["table"])

@@ -70,7 +70,8 @@ from collections import deque
 
 import numpy as np
 
-from ..lookahead.publish import board_for, prefetcher_live
+from ..lookahead.board import READS_ADMITTED, READS_EVERY_MISS
+from ..lookahead.publish import board_of
 from ..store.protocol import lengths_of
 
 DEFER_HORIZON_BATCHES = 64   # a miss is deferred at most this many batches
@@ -124,8 +125,8 @@ class StallPace:
     Both come from the same batch, so when other processes take the CPUs a read from the page
     cache and a training step slow down together and the ratio stays; a store that waits on its
     device does not. With a prefetcher the loader reads little itself: it waits for the samples
-    the prefetcher is reading (CachedDataset.fetch_missing). A batch whose loader read fewer than
-    MIN_MISSES samples but waited at least as long as it computed, for at least MIN_MISSES
+    the prefetcher is reading (node/miss_path.py, MissPath.fetch). A batch whose loader read
+    fewer than MIN_MISSES samples but waited at least as long as it computed, for at least MIN_MISSES
     samples that were not cached when it asked, measures the store by that wait instead: those
     samples took (step_i + wait_i) to come, miss_i = (step_i + wait_i) / missed. (Measured on a
     throttled disk with the prefetcher: the loader read nothing itself in the whole first epoch
@@ -265,11 +266,12 @@ class StallPlanner:
             return np.empty(0, dtype=np.int64)    # not measured yet, or the store keeps up
         if self.room is None:
             self.room = self._room(order, k, view)
-        prefetching = view.prefetching()
-        filters = prefetching and view.prefetcher_filters()
+        rule = view.prefetcher_rule()
+        prefetching = rule in (READS_EVERY_MISS, READS_ADMITTED)
+        filters = rule == READS_ADMITTED   # it reads only what a full cache would admit
         stop = end                 # the last position this plan looks at, + 1
         if prefetching:
-            reach = max(b, view.cache_items() // 2)
+            reach = max(b, view.prefetcher_reach())
             stop = min(order.size, end + max(2 * reach, DEFER_HORIZON_BATCHES * b))
         view.hold(order[k:stop])   # one snapshot of what the node holds, for all of the plan
         changed = []
@@ -285,59 +287,53 @@ class StallPlanner:
         pos = k + np.flatnonzero(uncached)
         if pos.size > allow:
             if prefetching:
-                # defer: each miss trades places with the nearest cached sample after this batch
-                # (the loop trains that one now, without a wait), else with a miss beyond the
-                # prefetcher's reach, the lowest scores first (nobody reads those yet: the loader
-                # does, once, while the prefetcher brings the first); the cache keeps the
-                # arrivals until their turn, which comes within about its own size. With an SSD
-                # tier, a miss deferred before and still not on its way is read now: there the
-                # prefetcher reads only what a full cache would admit, so it does not take that
-                # miss up, and deferral after deferral carried such misses to the epoch's end,
-                # where they all waited at once (warm 100 KB epochs: 80-186 ms waits in the last
-                # three of 16 batches, none before). Without one it reads every miss, making
-                # room, and a miss not on its way yet is one it has not reached: deferred again
-                # (read at the batch instead, tabular and longtail on the throttled disk read 5%
-                # more and ran 4-5% slower: docs/benchmark_history.md, "The stall budget decides
-                # ahead of the prefetcher").
-                again = (self.ahead.deferred[pos] & ~view.on_way(order[pos]) if filters
-                         else np.zeros(pos.size, dtype=bool))
-                movable = pos[~again]
-                ahead = view.cached(order[end:stop])
-                targets = (end + np.flatnonzero(ahead))[:movable.size]
-                far = end + reach + np.flatnonzero(~ahead[reach:])
-                far = far[~self.ahead.placed[far]]   # a repeat placed there is refilled, not read
-                need = movable.size - targets.size
-                if need > 0 and far.size:
-                    far = np.sort(far[self._easiest(view, order[far], need)])
-                    targets = np.concatenate([targets, far])
-                m = targets.size
-                if m:
-                    near = movable[:m]
-                    order[near], order[targets] = order[targets], order[near].copy()
-                    self.ahead.swap(near, targets)
-                    self.ahead.deferred[targets] = True
-                    changed += near.tolist() + targets.tolist()
-                    self.deferrals += m
-                # what still waits on the store: the far misses the loader reads now, or misses
-                # nothing could move
-                pos = pos[~view.cached(order[pos])]
+                pos = self._defer(order, pos, end, stop, reach, filters, view, changed)
             else:
                 pos = pos[self._easiest(view, order[pos], pos.size - allow)]
             if view.scored():
                 changed += self._repeat(order, pos, view)
         if prefetching and view.scored():
             # How far ahead the planner decides. With an SSD tier the prefetcher never removes a
-            # sample to make room, and with the README's lookahead (4,096 samples, 64 MiB) its
-            # window reached past twice its reach (the automatic lookahead stops at the reach):
-            # over the whole horizon. Without one it makes room among the samples
-            # needed later (the board's next uses), and repeats placed across the epoch gave
-            # the cached samples next uses everywhere: on the throttled disk tabular, sequence
-            # and longtail then read 4-6% more than with repeats within twice the reach, and ran
-            # 1-7% slower (docs/benchmark_history.md, "The stall budget decides ahead of the
-            # prefetcher").
+            # sample to make room: over the whole horizon. Without one it makes room among the
+            # samples needed later (the board's next uses), and repeats placed across the epoch
+            # would give the cached samples next uses everywhere: within twice its reach
+            # (docs/importance.md, "Repeats on two budgets", has the measurements).
             upto = stop if filters else min(stop, end + 2 * reach)
             changed += self._decide_ahead(order, end, upto, view)
         return np.asarray(sorted(set(changed)), dtype=np.int64)
+
+    def _defer(self, order, pos, end, stop, reach, filters, view, changed) -> np.ndarray:
+        """With a prefetcher: each miss at `pos` trades places with the nearest cached sample
+        after this batch (the loop trains that one now, without a wait), else with a miss beyond
+        the prefetcher's reach, the lowest scores first (nobody reads those yet: the loader does,
+        once, while the prefetcher brings the first); the cache keeps the arrivals until their
+        turn, which comes within about its own size. When the prefetcher reads only what a full
+        cache would admit (`filters`: an SSD tier), a miss deferred before and still not on its
+        way is read now: the prefetcher will not take it up, and deferral after deferral would
+        carry such misses to the epoch's end, where they all wait at once. When it reads every
+        miss, one not on its way yet is one it has not reached: deferred again. Adds the
+        positions changed to `changed`; returns those that still wait on the store (the far
+        misses the loader reads now, or misses nothing could move)."""
+        again = (self.ahead.deferred[pos] & ~view.on_way(order[pos]) if filters
+                 else np.zeros(pos.size, dtype=bool))
+        movable = pos[~again]
+        ahead = view.cached(order[end:stop])
+        targets = (end + np.flatnonzero(ahead))[:movable.size]
+        far = end + reach + np.flatnonzero(~ahead[reach:])
+        far = far[~self.ahead.placed[far]]   # a repeat placed there is refilled, not read
+        need = movable.size - targets.size
+        if need > 0 and far.size:
+            far = np.sort(far[self._easiest(view, order[far], need)])
+            targets = np.concatenate([targets, far])
+        m = targets.size
+        if m:
+            near = movable[:m]
+            order[near], order[targets] = order[targets], order[near].copy()
+            self.ahead.swap(near, targets)
+            self.ahead.deferred[targets] = True
+            changed += near.tolist() + targets.tolist()
+            self.deferrals += m
+        return pos[~view.cached(order[pos])]
 
     def _decide_ahead(self, order, end, stop, view) -> list:
         """With a prefetcher: decides, once, the fate of each upcoming miss in [end, stop) that it
@@ -545,7 +541,7 @@ class StallView:
             self._floor = 0.0
             store = getattr(self.source, "store", None)
             bandwidth = (getattr(store, "device", None) or {}).get("bandwidth")
-            chain = getattr(self.source, "chain", None)
+            chain = self._chain()
             peers = chain is not None and chain.partitions
             if getattr(store, "direct", False) and bandwidth and not peers:
                 lengths = lengths_of(store)
@@ -573,7 +569,7 @@ class StallView:
         seen cached, never as neither cached nor on its way (a miss the planner would replace,
         its read thrown away)."""
         ids = np.asarray(ids, dtype=np.int64)
-        board = board_for(self.sampler.cache)
+        board = board_of(self.sampler)
         if self._way_buf is None:   # one mask over all ids, cleared where the last plan set it
             self._way_buf = np.zeros(self.sampler.cache.num_samples, dtype=bool)
         else:
@@ -587,7 +583,7 @@ class StallView:
     def _held_mask(self, ids) -> np.ndarray:
         """The mask over all ids of what the node holds, exact for `ids` (see hold)."""
         held = self._cached_mask()
-        chain = getattr(self.source, "chain", None)
+        chain = self._chain()
         if chain is not None and chain.keeps_copies:
             ids = np.asarray(ids, dtype=np.int64)
             ask = np.zeros(held.size, dtype=bool)   # distinct, without a sort of up to N ids
@@ -608,20 +604,27 @@ class StallView:
         """Which ids the node holds, by this plan's snapshot (hold); cached in RAM before one."""
         return (self._cached_mask() if self._held is None else self._held)[ids]
 
-    def prefetching(self) -> bool:
-        """Whether a live prefetcher reads the order's misses ahead. Not under the extent order:
-        there it leaves a full cache's misses to the loader, whose reads are whole extents
-        (shadecache/lookahead/prefetcher.py), and a miss deferred out of its extent's window is
-        read apart from its extent (measured: with a live prefetcher the first warm epoch read
-        0.91-1.03x the data against 0.59-0.77x)."""
-        return self.sampler.extents is None and prefetcher_live(self.sampler.cache)
+    def _chain(self):
+        """The tier chain of the data set's node (None without one)."""
+        node = getattr(self.source, "node", None)
+        return None if node is None else node.chain
 
-    def prefetcher_filters(self) -> bool:
-        """Whether the prefetcher reads only some of the misses ahead: with a tier that keeps
-        copies (an SSD tier), once the cache is full it reads only what the cache would admit
-        (shadecache/lookahead/prefetcher.py); without one it reads every miss, making room."""
-        chain = getattr(self.source, "chain", None)
-        return chain is not None and chain.keeps_copies
+    def prefetcher_rule(self) -> int:
+        """The read rule the live prefetcher published on the board (lookahead/board.py:
+        READS_*), 0 when none runs: what it reads ahead, from its own word."""
+        board = board_of(self.sampler)
+        return 0 if board is None else board.read_rule
+
+    def prefetching(self) -> bool:
+        """Whether a live prefetcher reads the order's misses ahead (not under the extent plan,
+        READS_UNTIL_FULL: there it leaves a full cache's misses to the loader, whose reads are
+        whole extents, and a miss deferred out of its extent's window is read apart from it)."""
+        return self.prefetcher_rule() in (READS_EVERY_MISS, READS_ADMITTED)
+
+    def prefetcher_reach(self) -> int:
+        """How far ahead of the cursors the prefetcher reads at most (published by it)."""
+        board = board_of(self.sampler)
+        return 0 if board is None else board.reach
 
     def on_way(self, ids) -> np.ndarray:
         """Which ids the prefetcher is reading (the board's ON_WAY flags): after hold, by this
@@ -629,7 +632,7 @@ class StallView:
         one, now."""
         if self._way is not None:
             return self._way[ids]
-        board = board_for(self.sampler.cache)
+        board = board_of(self.sampler)
         return np.zeros(len(ids), dtype=bool) if board is None else board.on_way(ids)
 
     def scored(self) -> bool:
@@ -666,10 +669,3 @@ class StallView:
         if cand.size == 0 or m <= 0:
             return np.empty(0, dtype=np.int64)
         return rng.choice(cand, size=m, replace=m > cand.size, p=w).astype(np.int64)
-
-    def cache_items(self) -> int:
-        """About how many samples the cache holds when full (its bytes over the store's mean
-        sample size): the prefetcher reads at most half of that ahead of the loader."""
-        lengths = lengths_of(getattr(self.source, "store", None))
-        mean = float(np.mean(lengths)) if lengths is not None and lengths.size else 4096.0
-        return int(self.sampler.cache.capacity_bytes // max(mean, 1.0))

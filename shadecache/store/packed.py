@@ -46,8 +46,7 @@ class PackedStore(NativeStore):
 
     def __init__(self, path: str | os.PathLike, backend: str = "auto", direct: bool = False,
                  queue_depth: int = 64, verify: bool = True, *, gap_bytes: int | None = None,
-                 max_extent_bytes: int = DEFAULT_MAX_EXTENT, device: dict | None = None,
-                 extent_layout=None):
+                 max_extent_bytes: int = DEFAULT_MAX_EXTENT, device: dict | None = None):
         check_backend_args(backend, queue_depth)
         self.path = os.fspath(path)
         self._options = (backend, bool(direct), int(queue_depth), bool(verify))
@@ -65,7 +64,6 @@ class PackedStore(NativeStore):
         self._r.set_shape(int(gap_bytes), int(max_extent_bytes))
         self._shape_options = {"gap_bytes": int(gap_bytes), "max_extent_bytes": int(max_extent_bytes),
                                "device": self.device}
-        self.extent_layout = extent_layout
         self._labels = self._r.labels()
         self._labels.flags.writeable = False
         self._lengths = None
@@ -208,23 +206,6 @@ class PackedStore(NativeStore):
         n = len(self)
         return bool(n) and IOPS_BOUND_FACTOR * self.data_bytes / n < self.device["gap_bytes"]
 
-    def read_whole_extents(self, layout) -> None:
-        """From now on the tier chain reads the whole extents (shadecache/sampling/extents.py's
-        ExtentLayout) that the ids it misses touch, and keeps their other samples (tiers.Read's
-        mates: the cache by its policy, else the process's stage) instead of reading them again
-        when their turn comes.
-        ShadeSampler sets this when it draws the extent order; None stops it. Travels with a
-        pickled store (spawned workers)."""
-        self.extent_layout = layout
-
-    def extent_mates(self, ids) -> np.ndarray:
-        """The ids a read of the extents of `ids` brings besides them (empty unless
-        read_whole_extents was given a layout)."""
-        if self.extent_layout is None:
-            return np.empty(0, dtype=np.int64)
-        wide = self.extent_layout.widen(ids)
-        return wide[~np.isin(wide, np.asarray(ids, dtype=np.int64))]
-
     def io_counters(self) -> dict:
         """What this process's reads of the store asked of the device: samples handed out, read
         requests issued (extents) and bytes requested (gaps and O_DIRECT widening included)."""
@@ -234,8 +215,7 @@ class PackedStore(NativeStore):
         self._r.close()
 
     def __reduce__(self):
-        return (_reopen, (self.path, self._options,
-                          {**self._shape_options, "extent_layout": self.extent_layout}))
+        return (_reopen, (self.path, self._options, self._shape_options))
 
     def __repr__(self) -> str:
         return (f"PackedStore({self.path!r}, {len(self)} samples, backend={self.backend!r}, "

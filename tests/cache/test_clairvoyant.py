@@ -184,7 +184,7 @@ def test_sampler_publishes_and_the_policy_keeps_what_is_read_soonest(cache_name)
         class _Data:
             def __len__(self):
                 return n
-        s = sc.ShadeSampler(_Data(), cache=c, batch_size=8, importance=False, pads=False,
+        s = sc.ShadeSampler(_Data(), cache=c, board=board, batch_size=8, importance=False, pads=False,
                             rep_factor=0.0, seed=1)
         s.set_epoch(0)
         it = iter(s)

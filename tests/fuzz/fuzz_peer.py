@@ -92,7 +92,7 @@ def setup(workdir):
     cache = sc.Cache.create(f"fuzz-peer-{os.getpid()}-{uuid.uuid4().hex[:8]}", N, 1 << 20, policy="lru",
                             max_item_bytes=4096, fingerprint=store.fingerprint)
     cache.put_many(np.arange(0, N, 2), truth[0::2])
-    service = PeerService(cache, "127.0.0.1", 0, SECRET, None, store)
+    service = PeerService(sc.Node(store, cache, read_ahead=False), "127.0.0.1", 0, SECRET)
     service.sock.close()   # connections come from socketpairs here
     ident = identity.identity_of(store)
     # warm every code path once before the limit (imports, first allocations)

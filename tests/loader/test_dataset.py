@@ -139,7 +139,7 @@ def test_a_sample_larger_than_the_cache_takes_is_read_through(tmp_path, cache_fa
     store = sc.PackedStore(path)
     cache = cache_factory(20, 1 << 20, "lru", max_item_bytes=100)
     ssd = sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20, fingerprint=store.fingerprint)
-    ds = sc.CachedDataset(store, cache, ssd=ssd)
+    ds = sc.Node(store, cache, ssd=ssd, read_ahead=False).dataset()
     ids = [0, 1, 2, 3]
     assert [bytes(x.numpy()) for x, _, _ in ds.__getitems__(ids)] == [samples[i][0] for i in ids]
     assert cache.cached_mask()[[1, 3]].all() and not cache.cached_mask()[[0, 2]].any()
@@ -178,7 +178,7 @@ def test_a_dataloader_worker_killed_in_the_miss_path_leaves_nothing_behind(tmp_p
     store = KillingStore([truth[i] for i in range(N)], victim=3, armed=armed)
     cache = make_cache()
     ssd = sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20)
-    ds = sc.CachedDataset(store, cache, ssd=ssd)
+    ds = sc.Node(store, cache, ssd=ssd, read_ahead=False).dataset()
     # One worker, killed in its first batch: torch's SIGCHLD handler raises for a killed pid at
     # any later SIGCHLD until its iterator lets go of its workers (another worker's exit)
     it = iter(DataLoader(ds, batch_size=16, num_workers=1, multiprocessing_context="fork"))

@@ -1,4 +1,4 @@
-"""The miss path under the extent order (shadecache/tiers.py, extent mates): a miss reads its
+"""The miss path under the extent plan (shadecache/extent_reads.py, extent mates): a miss reads its
 whole extent, the extent's other samples are offered to the cache (admitted by its policy), and
 what it refuses waits in the process's stage, instead of being read again
 when its turn comes; so an epoch reads each sample it does not hold once, in about one request
@@ -8,8 +8,20 @@ import pytest
 import torch
 
 import shadecache as sc
+from shadecache.read_plan import ReadPlan
+from shadecache.tiers import TierChain
 
 from conftest import CLOUD_DEVICE as CLOUD  # noqa: E402
+
+
+def plan_of(store, kind="extents", window=2, extent_bytes=64 << 10):
+    """The read plan of these tests: extents of 64 KiB shuffled two at a time, or samples."""
+    return ReadPlan.of_extents(store, extent_bytes, window=window) if kind == "extents" else "samples"
+
+
+def dataset(store, cache, kind="extents"):
+    """A data set of a node of `store` and `cache` read by `kind` (no prefetcher)."""
+    return sc.Node(store, cache, read_plan=plan_of(store, kind), read_ahead=False).dataset(decode=bytes)
 
 
 @pytest.fixture
@@ -18,9 +30,8 @@ def store(cloud_store):
 
 
 def _epochs(store, cache, order, epochs=1, loader="cachedloader"):
-    ds = sc.CachedDataset(store, cache, decode=bytes)
-    sampler = sc.ShadeSampler(ds, cache=cache, order=order, rep_factor=0, seed=2,
-                              extent_window=2, extent_bytes=64 << 10)
+    ds = dataset(store, cache, "extents" if order == "extents" else "samples")
+    sampler = sc.ShadeSampler(ds, rep_factor=0, seed=2)
     if loader == "cachedloader":
         it = sc.CachedLoader(ds, batch_size=64, sampler=sampler, num_workers=2, collate=list)
     else:
@@ -67,19 +78,16 @@ def test_the_uniform_order_reads_sample_by_sample(store, cache_factory):
     cache = cache_factory(len(store), capacity=32 << 20, policy="importance")
     with sc.PackedStore(store.path, device=CLOUD) as plain:
         rows, sampler = _epochs(plain, cache, "uniform")
-    assert sampler.order_kind == "uniform" and plain.extent_layout is None
+    assert sampler.order_kind == "uniform" and not sampler.node.chain.reads_extents
     assert rows[0]["samples"] == len(store) and rows[0]["requests"] > 0.5 * len(store)
 
 
 def test_mates_this_node_does_not_keep_or_already_holds_are_not_read(store, cache_factory):
-    from shadecache.sampling.extents import ExtentLayout
-    from shadecache.tiers import TierChain
-
     cache = cache_factory(len(store), capacity=32 << 20)
-    store.read_whole_extents(ExtentLayout.of_store(store, 64 << 10))
-    chain = TierChain.for_node(store, cache)
+    plan = plan_of(store)
+    chain = TierChain.for_node(store, cache, plan=plan)
     first = int(store.disk_order()[0])
-    mates = store.extent_mates([first])
+    mates = plan.layout.mates([first])
     assert mates.size > 5 and first not in mates.tolist()
     cache.put(int(mates[0]), store.read(int(mates[0])))
     r = chain.read([first])
@@ -88,8 +96,7 @@ def test_mates_this_node_does_not_keep_or_already_holds_are_not_read(store, cach
     assert chain.admit(r).all()
     assert np.asarray(cache.cached_mask(), bool)[mates].all()
     assert chain.fetch([int(mates[3])]) == [store.read(int(mates[3]))]
-    store.read_whole_extents(None)
-    assert store.extent_mates([first]).size == 0
+    assert TierChain.for_node(store, cache).extent_mates(np.array([first])).size == 0   # samples plan
 
 
 def test_the_ssd_tier_serves_the_extents_it_holds_whole_and_no_others(store, tmp_path):
@@ -98,14 +105,11 @@ def test_the_ssd_tier_serves_the_extents_it_holds_whole_and_no_others(store, tmp
     an extent the tier holds only in part is left to the store (whose read of the extent brings
     it anyway), and the tier is not asked at all. Extent mates offered back go to the tier in
     disk order, so an extent lands in neighbouring slots."""
-    from shadecache.sampling.extents import ExtentLayout
-    from shadecache.tiers import TierChain
-
-    layout = ExtentLayout.of_store(store, 64 << 10)
-    store.read_whole_extents(layout)
+    plan = plan_of(store)
+    layout = plan.layout
     members = [layout.by_extent[layout.first[e]:layout.first[e + 1]] for e in range(3)]
     with sc.SSDTier(tmp_path / "ssd", capacity_bytes=8 << 20) as ssd:
-        chain = TierChain.for_node(store, None, ssd=ssd)
+        chain = TierChain.for_node(store, None, ssd=ssd, plan=plan)
         whole, part = members[0], members[1]
         ssd.put_many(whole, store.read_many(whole))
         ssd.put_many(part[::2], store.read_many(part[::2]))
@@ -139,10 +143,8 @@ def test_an_extent_the_ssd_tier_serves_stays_there_and_does_not_displace_the_cac
     extents the node held whole shrank with every such hit); its samples due later wait in the
     stage; in a cache with free room it would move up (tests/test_tiers.py), so this cache is
     full. Without whole-extent reads a hit stays on the SSD tier of a full cache too."""
-    from shadecache.sampling.extents import ExtentLayout
-    from shadecache.tiers import TierChain
-
-    layout = ExtentLayout.of_store(store, 64 << 10)
+    plan = plan_of(store)
+    layout = plan.layout
     whole = layout.by_extent[layout.first[0]:layout.first[1]]
     cache = cache_factory(len(store), capacity=4 << 20, policy="lru")
     others = np.setdiff1d(np.arange(len(store)), whole)
@@ -151,14 +153,13 @@ def test_an_extent_the_ssd_tier_serves_stays_there_and_does_not_displace_the_cac
     with sc.SSDTier(tmp_path / "ssd", capacity_bytes=8 << 20) as ssd:
         ssd.put_many(whole, store.read_many(whole))
         ssd.flush()
-        store.read_whole_extents(layout)
-        chain = TierChain.for_node(store, cache, ssd=ssd)
+        chain = TierChain.for_node(store, cache, ssd=ssd, plan=plan)
         r = chain.read([int(whole[0])])
         assert (r.source == 0).all() and sorted(r.ids.tolist()) == sorted(whole.tolist())
         chain.admit(r)
         assert not np.asarray(cache.cached_mask(), dtype=bool)[whole].any()
-        assert len(chain.stage()) == whole.size - 1
-        store.read_whole_extents(None)
+        assert len(chain.extents().stage) == whole.size - 1
+        chain = TierChain.for_node(store, cache, ssd=ssd)     # the samples plan
         r = chain.read([int(whole[1])])
         assert r.source[0] == 0
         chain.admit(r)
@@ -172,9 +173,8 @@ def test_scores_that_reshuffle_the_cache_do_not_make_an_epoch_read_its_extents_a
     sample is read with its extent's samples not yet served this epoch, not with the whole extent
     again (which read 1.5-1.9x the data per warm epoch)."""
     cache = cache_factory(len(store), capacity=2 << 20, policy="importance")
-    ds = sc.CachedDataset(store, cache, decode=bytes)
-    sampler = sc.ShadeSampler(ds, cache=cache, order="extents", rep_factor=0, seed=3,
-                              extent_window=2, extent_bytes=64 << 10)
+    ds = dataset(store, cache)
+    sampler = sc.ShadeSampler(ds, rep_factor=0, seed=3)
     loader = sc.CachedLoader(ds, batch_size=64, sampler=sampler, num_workers=2, collate=list)
     rows = []
     for e in range(4):
@@ -209,16 +209,13 @@ def test_a_thread_that_waited_for_another_threads_extent_read_takes_its_samples_
     import threading
     import time
 
-    from shadecache.sampling.extents import ExtentLayout
-
-    layout = ExtentLayout.of_store(store, 64 << 10)
-    store.read_whole_extents(layout)
-    members = layout.by_extent[layout.first[3]:layout.first[4]]
     cache = cache_factory(len(store), capacity=4 << 20, policy="lru")
-    ds = sc.CachedDataset(store, cache, decode=bytes)
+    ds = dataset(store, cache)
+    layout = ds.node.read_plan.layout
+    members = layout.by_extent[layout.first[3]:layout.first[4]]
     ds.fetch_bytes([int(store.disk_order()[-1])])   # the chain and its reader exist before
     got = []
-    with ds._miss_lock:                             # the first thread's read, in progress
+    with ds.node.misses.turn():                     # the first thread's read, in progress
         second = threading.Thread(target=lambda: got.append(ds.fetch_bytes(members)))
         misses = cache.stats()["misses"]
         second.start()
@@ -246,16 +243,14 @@ def test_what_the_prefetcher_brought_while_a_thread_waited_counts_as_its_hit(sto
     import time
 
     from shadecache.lookahead.board import OrderBoard
-    from shadecache.sampling.extents import ExtentLayout
 
-    store.read_whole_extents(ExtentLayout.of_store(store, 64 << 10))
     cache = cache_factory(len(store), capacity=4 << 20, policy="lru")
     ids = np.array([5, 6, 7])
     with OrderBoard.create(cache.name, len(store)) as board:
-        ds = sc.CachedDataset(store, cache, decode=bytes)
+        ds = dataset(store, cache)
         ds.fetch_bytes([int(store.disk_order()[-1])])
         got = []
-        with ds._miss_lock:                          # another thread's read, in progress
+        with ds.node.misses.turn():                  # another thread's read, in progress
             second = threading.Thread(target=lambda: got.append(ds.fetch_bytes(ids)))
             misses = cache.stats()["misses"]
             second.start()
@@ -279,9 +274,8 @@ def test_with_training_scores_the_cache_keeps_whole_extents_and_warm_epochs_read
     reads only the extents it does not hold. Per-sample scores scattered the cache over every
     extent (none held whole), and each warm epoch read more bytes than the data set."""
     cache = cache_factory(len(store), capacity=3 << 20, policy="importance")
-    ds = sc.CachedDataset(store, cache, decode=bytes)
-    sampler = sc.ShadeSampler(ds, cache=cache, order="extents", rep_factor=0, seed=3,
-                              extent_window=2, extent_bytes=64 << 10)
+    ds = dataset(store, cache)
+    sampler = sc.ShadeSampler(ds, rep_factor=0, seed=3)
     loader = sc.CachedLoader(ds, batch_size=64, sampler=sampler, num_workers=2, collate=list)
     layout = sampler.extents
     total = np.bincount(layout.extent_of, minlength=layout.extents)
@@ -307,18 +301,15 @@ def test_with_training_scores_the_cache_keeps_whole_extents_and_warm_epochs_read
             assert read <= 0.95 * data_bytes, (e, read, data_bytes)
 
 
-def test_the_stage_lets_go_of_its_values_once_whole_extent_reads_stop(store):
-    """store.read_whole_extents(None) stops the extent reads; the mates the process staged for
-    them are then no longer kept (up to 32 extents, 256 MiB at most, in every loader process)."""
+def test_a_new_pass_lets_go_of_the_staged_values(store):
+    """A new pass of the sampler in this process (begin_pass) drops what the last one staged: its
+    mates are not due in this pass's windows (up to 32 extents, 256 MiB at most, in every loader
+    process)."""
     import gc
     import tracemalloc
 
-    from shadecache.sampling.extents import ExtentLayout
-    from shadecache.tiers import TierChain
-
     order = store.disk_order()
-    store.read_whole_extents(ExtentLayout.of_store(store, 64 << 10))
-    chain = TierChain.for_node(store, None)      # no cache: every mate waits in the stage
+    chain = TierChain.for_node(store, None, plan=plan_of(store))   # no cache: every mate waits
     chain.fetch([int(order[-1])])                # the reader's buffers, made before the count
     gc.collect()
     tracemalloc.start()
@@ -326,8 +317,7 @@ def test_the_stage_lets_go_of_its_values_once_whole_extent_reads_stop(store):
         base = tracemalloc.get_traced_memory()[0]
         assert chain.fetch([int(order[0])]) == [store.read(int(order[0]))]
         staged = tracemalloc.get_traced_memory()[0] - base
-        store.read_whole_extents(None)
-        assert chain.fetch([int(order[1000])]) == [store.read(int(order[1000]))]
+        chain.begin_pass()
         gc.collect()
         after = tracemalloc.get_traced_memory()[0] - base
     finally:
@@ -341,15 +331,12 @@ def test_a_read_brings_no_more_mates_than_the_stage_has_room_for(store):
     the stage can take: a full stage would drop mates still due to make room, and their reads
     would bring more mates, which push out more (a loop that read 6-21x the data per epoch).
     The rest of a cut extent is read when its samples are asked for."""
-    from shadecache.sampling.extents import ExtentLayout
-    from shadecache.tiers import TierChain
-
-    layout = ExtentLayout.of_store(store, 64 << 10)
-    store.read_whole_extents(layout)
-    chain = TierChain.for_node(store, None)      # no cache: every mate waits in the stage
+    plan = plan_of(store)
+    layout = plan.layout
+    chain = TierChain.for_node(store, None, plan=plan)   # no cache: every mate waits in the stage
     members = [layout.by_extent[layout.first[e]:layout.first[e + 1]] for e in range(4)]
     lengths = np.asarray(store.lengths, dtype=np.int64)
-    stage = chain.stage()
+    stage = chain.extents().stage
     # room for one extent and a half: the first read's mates fit, the second's only in part
     stage.capacity = int(lengths[members[0]].sum() * 1.5)
     r = chain.read([int(members[0][0])])
@@ -377,9 +364,8 @@ def test_mates_another_rank_asks_for_are_not_read_or_staged_and_a_new_pass_start
     stage's room for good and later reads brought no mates). A new pass starts with an empty
     stage: what the last one staged and did not ask for is not due in its windows."""
     cache = cache_factory(len(store), capacity=1 << 20, policy="importance")
-    ds = sc.CachedDataset(store, cache, decode=bytes)
-    sampler = sc.ShadeSampler(ds, cache=cache, order="extents", rep_factor=0, seed=5,
-                              extent_window=2, extent_bytes=64 << 10, num_replicas=2, rank=0)
+    ds = dataset(store, cache)
+    sampler = sc.ShadeSampler(ds, rep_factor=0, seed=5, num_replicas=2, rank=0)
     loader = sc.CachedLoader(ds, batch_size=64, sampler=sampler, num_workers=2, collate=list)
     check = sc.PackedStore(store.path, gap_bytes=0)
     sampler.set_epoch(0)
@@ -390,12 +376,12 @@ def test_mates_another_rank_asks_for_are_not_read_or_staged_and_a_new_pass_start
             assert x == check.read(i) and i in share
             seen += 1
     assert seen == len(share)
-    stage = ds.chain.stage()
+    stage = ds.node.chain.extents().stage
     assert set(stage._d) <= share
     sampler.end_epoch()
     sampler.set_epoch(1)
     iter(sampler)                                  # the pass begins
-    assert len(ds.chain.stage()) == 0
+    assert len(ds.node.chain.extents().stage) == 0
 
 
 def _pass_reads(store, loader):
@@ -413,9 +399,8 @@ def test_an_epoch_begun_by_end_epoch_alone_reads_its_extents_whole(store, cache_
     extent as in any epoch, not sample by sample (which asked 1.6x the requests and read 1.4x the
     bytes of an epoch begun by set_epoch)."""
     cache = cache_factory(len(store), capacity=1 << 20, policy="importance")
-    ds = sc.CachedDataset(store, cache, decode=bytes)
-    sampler = sc.ShadeSampler(ds, cache=cache, order="extents", rep_factor=0, seed=3,
-                              extent_window=2, extent_bytes=64 << 10)
+    ds = dataset(store, cache)
+    sampler = sc.ShadeSampler(ds, rep_factor=0, seed=3)
     loader = torch.utils.data.DataLoader(ds, batch_size=64, sampler=sampler, collate_fn=list)
     data = int(np.asarray(store.lengths, np.int64).sum())
     sampler.set_epoch(0)
@@ -435,9 +420,8 @@ def test_a_checkpoint_loaded_in_the_same_process_reads_the_rest_of_its_epoch_by_
     a failed step, say) asks again for what it served since: those samples are read as mates of
     their extents, not one by one."""
     cache = cache_factory(len(store), capacity=1 << 20, policy="importance")
-    ds = sc.CachedDataset(store, cache, decode=bytes)
-    sampler = sc.ShadeSampler(ds, cache=cache, order="extents", rep_factor=0, seed=3,
-                              extent_window=2, extent_bytes=64 << 10)
+    ds = dataset(store, cache)
+    sampler = sc.ShadeSampler(ds, rep_factor=0, seed=3)
     loader = sc.CachedLoader(ds, batch_size=64, sampler=sampler, num_workers=2, collate=list)
     data = int(np.asarray(store.lengths, np.int64).sum())
     sampler.set_epoch(0)
@@ -461,18 +445,13 @@ def test_a_read_under_the_extent_order_costs_its_extents_not_the_data_set(tmp_pa
     copy of 8 bytes per sample of the data set per read (9 ms per read at 10 M samples)."""
     import tracemalloc
 
-    from shadecache.sampling.extents import ExtentLayout
-    from shadecache.tiers import TierChain
-
     n = 300_000
     p = tmp_path / "tiny.shc"
     with sc.PackWriter(p, seed=1) as w:
         for i in range(n):
             w.add(i.to_bytes(4, "little") * 4, 0)
     with sc.PackedStore(p, device=CLOUD) as store:
-        layout = ExtentLayout.of_store(store, 4 << 10)
-        store.read_whole_extents(layout)
-        chain = TierChain.for_node(store, None)
+        chain = TierChain.for_node(store, None, plan=plan_of(store, extent_bytes=4 << 10))
         chain.fetch([0])                       # the stage and the served record exist
         tracemalloc.start()
         try:

@@ -43,8 +43,7 @@ class LoggedStore(PackedStore):
         return _LoggedStream(self, super().stream(*args, **kwargs))
 
     def __reduce__(self):
-        return (_reopen, (self.path, self.log, {**self._shape_options,
-                                                "extent_layout": self.extent_layout}))
+        return (_reopen, (self.path, self.log, self._shape_options))
 
 
 def _reopen(path, log, options):
@@ -71,10 +70,17 @@ def _cloud_device() -> dict:
     return CLOUD_DEVICE
 
 
-def _extent_loader(ds, cache):
-    """(sampler, loader) of `ds` under the extent order: 64 KiB extents, two at a time."""
-    sampler = sc.ShadeSampler(ds, cache=cache, batch_size=BATCH, seed=1, order="extents",
-                              extent_bytes=64 << 10, extent_window=2)
+def _extent_node(store, cache, ssd=None):
+    """A node of `store` under the extent plan: 64 KiB extents, two at a time (its prefetcher is
+    started by the test)."""
+    from shadecache.read_plan import ReadPlan
+    return sc.Node(store, cache, ssd=ssd, read_plan=ReadPlan.of_extents(store, 64 << 10, window=2),
+                   read_ahead=False)
+
+
+def _extent_loader(ds):
+    """(sampler, loader) of `ds`, a data set of an _extent_node."""
+    sampler = sc.ShadeSampler(ds, batch_size=BATCH, seed=1)
     return sampler, sc.CachedLoader(ds, batch_size=BATCH, sampler=sampler, num_workers=2)
 
 
@@ -111,9 +117,9 @@ def test_under_the_extent_order_the_prefetcher_reads_each_extent_once_and_stops_
     with sc.Cache.for_store(name, store, capacity_bytes=cap, policy="importance",
                             attach=False) as cache, OrderBoard.create(name, N):
         ssd = sc.SSDTier(tmp_path / "ssd", capacity_bytes=ssd_bytes, cache=cache)
-        ds = sc.CachedDataset(store, cache, ssd=ssd)
-        sampler, loader = _extent_loader(ds, cache)
-        pf = sc.Prefetcher(cache, ssd=ssd, store=store, lookahead_samples=1024, batch=64).start()
+        ds = _extent_node(store, cache, ssd).dataset()
+        sampler, loader = _extent_loader(ds)
+        pf = ds.node.prefetcher(lookahead_samples=1024, batch=64).start()
         try:
             data_ids = _train(sampler, loader, log, pf.pid, epochs=3)
         finally:
@@ -139,12 +145,12 @@ def test_a_warm_ssd_tier_does_not_stop_the_prefetcher_filling_an_empty_cache(
     cache is not full, and the prefetcher goes on reading the store's extents ahead (a restarted
     job: the SSD tier's journal is warm, the cache empty). Taking those values for refusals
     stopped it after its first such read, and the loader read the epoch's misses itself."""
-    from shadecache.sampling.extents import ExtentLayout
+    from shadecache.read_plan import ReadPlan
 
     name = f"t-pfssd-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     log = tmp_path / "reads.log"
     store = LoggedStore(cloud_store.path, log, device=_cloud_device())
-    layout = ExtentLayout.of_store(store, 64 << 10)
+    layout = ReadPlan.of_extents(store, 64 << 10).layout
     warm = np.concatenate([layout.by_extent[layout.first[e]:layout.first[e + 1]]
                            for e in range(0, layout.extents, 4)])       # every 4th extent whole
     cap = sc.Cache.capacity_for(2 * N, store.lengths)                     # never full
@@ -155,9 +161,9 @@ def test_a_warm_ssd_tier_does_not_stop_the_prefetcher_filling_an_empty_cache(
         ssd.put_many(warm, store.read_many(warm))
         ssd.flush()
         start = os.path.getsize(log)
-        ds = sc.CachedDataset(store, cache, ssd=ssd)
-        sampler, loader = _extent_loader(ds, cache)
-        pf = sc.Prefetcher(cache, ssd=ssd, store=store, lookahead_samples=1024, batch=64).start()
+        ds = _extent_node(store, cache, ssd).dataset()
+        sampler, loader = _extent_loader(ds)
+        pf = ds.node.prefetcher(lookahead_samples=1024, batch=64).start()
         try:
             sampler.set_epoch(0)
             for _ in loader:
@@ -190,9 +196,9 @@ def test_without_an_ssd_tier_the_prefetcher_reads_nothing_ahead_once_the_cache_i
     cap = sc.Cache.capacity_for(N // 3, store.lengths)
     with sc.Cache.for_store(name, store, capacity_bytes=cap, policy="importance",
                             attach=False) as cache, OrderBoard.create(name, N):
-        ds = sc.CachedDataset(store, cache)
-        sampler, loader = _extent_loader(ds, cache)
-        pf = sc.Prefetcher(cache, store=store, lookahead_samples=1024, batch=64).start()
+        ds = _extent_node(store, cache).dataset()
+        sampler, loader = _extent_loader(ds)
+        pf = ds.node.prefetcher(lookahead_samples=1024, batch=64).start()
         try:
             rows = [(len(a), len(b)) for a, b in _train(sampler, loader, log, pf.pid, epochs=3)]
         finally:

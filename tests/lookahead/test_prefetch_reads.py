@@ -95,11 +95,11 @@ def store_reads_per_epoch(store_path, tmp_path, prefetch: bool, epochs: int = 4)
     with sc.Cache.for_store(name, store, capacity_bytes=cap, policy="importance", attach=False) as cache, \
             OrderBoard.create(name, N):
         ssd = sc.SSDTier(tmp_path / f"{name}-ssd", capacity_bytes=ssd_bytes, cache=cache)
-        ds = sc.CachedDataset(store, cache, ssd=ssd)
+        ds = sc.Node(store, cache, ssd=ssd, read_ahead=False).dataset()
         sampler = sc.ShadeSampler(ds, cache=cache, batch_size=BATCH, seed=0, pads=False,
                                   rep_factor=0.0)
         loader = sc.CachedLoader(ds, batch_size=BATCH, sampler=sampler, num_workers=0)
-        pf = (sc.Prefetcher(cache, store, ssd=ssd, lookahead_samples=512, batch=64).start()
+        pf = (sc.Node(store, cache, ssd=ssd).prefetcher(lookahead_samples=512, batch=64).start()
               if prefetch else None)
         start = 0
         try:
@@ -173,7 +173,7 @@ def prefetched_epochs(path, tmp_path, policy, cache_items, epochs=3):
         sampler = sc.ShadeSampler(ds, cache=cache, batch_size=BATCH, seed=0, pads=False,
                                   rep_factor=0.0, stalls=False)
         loader = sc.CachedLoader(ds, batch_size=BATCH, sampler=sampler, num_workers=0)
-        with sc.Prefetcher(cache, store, batch=64) as pf:
+        with sc.Node(store, cache).prefetcher(batch=64) as pf:
             start = 0
             for epoch in range(epochs):
                 sampler.set_epoch(epoch)

@@ -71,7 +71,7 @@ def test_same_bytes_in_the_same_order_with_and_without_prefetch(store_path, name
         off, off_stats = _train(store, c, 2, workers)
     with sc.Cache.create(name, num_samples=N, capacity_bytes=cap, sizes=store.lengths) as c, \
             OrderBoard.create(name, N):
-        with sc.Prefetcher(c, store, lookahead_samples=128, batch=32) as pf:
+        with sc.Node(store, c).prefetcher(lookahead_samples=128, batch=32) as pf:
             on, on_stats = _train(store, c, 2, workers, step_s=0.01)
             assert pf.alive()
         c.check()
@@ -114,7 +114,7 @@ def test_a_prefetcher_sigkilled_mid_batch_leaves_the_cache_consistent(store_path
         kills = 0
         for e in range(3):
             sampler.set_epoch(e)
-            pf = sc.Prefetcher(c, store, lookahead_samples=200, batch=16).start()
+            pf = sc.Node(store, c).prefetcher(lookahead_samples=200, batch=16).start()
             kill_at = rng.uniform(0.02, 0.12)
             t0 = time.monotonic()
             for items in DataLoader(ds, batch_size=32, sampler=sampler, collate_fn=lambda x: x):
@@ -127,7 +127,7 @@ def test_a_prefetcher_sigkilled_mid_batch_leaves_the_cache_consistent(store_path
                     kills += 1
                     c.check()
                     assert board.prefetcher_pid != 0          # the dead one is still registered
-                    pf = sc.Prefetcher(c, store, lookahead_samples=200, batch=16).start()
+                    pf = sc.Node(store, c).prefetcher(lookahead_samples=200, batch=16).start()
                     t0, kill_at = time.monotonic(), rng.uniform(0.02, 0.12)
                 time.sleep(0.01)
             assert pf.stop() == 0
@@ -167,7 +167,7 @@ def test_four_processes_with_a_prefetcher(store_path, name):
     ctx = mp.get_context("spawn")
     with sc.Cache.create(name, num_samples=N, capacity_bytes=1 << 20) as c, \
             OrderBoard.create(name, N, streams=4) as board:
-        with sc.Prefetcher(c, store, lookahead_samples=60, batch=16) as pf:
+        with sc.Node(store, c).prefetcher(lookahead_samples=60, batch=16) as pf:
             out = ctx.Queue()
             procs = [ctx.Process(target=_rank, args=(name, str(store_path), r, 2, out))
                      for r in range(4)]
@@ -211,7 +211,7 @@ def test_writers_killed_next_to_a_running_prefetcher(store_path, name):
             OrderBoard.create(name, N) as board:
         sampler = sc.ShadeSampler(N, cache=c, batch_size=32, importance=False, pads=False,
                                   rep_factor=0.0)
-        with sc.Prefetcher(c, store, lookahead_samples=200, batch=16) as pf:
+        with sc.Node(store, c).prefetcher(lookahead_samples=200, batch=16) as pf:
             sampler.set_epoch(0)
             it = iter(sampler)
             for k in range(12):
@@ -234,17 +234,17 @@ def test_one_prefetcher_per_node_and_a_clean_stop(store_path, name):
     store = sc.PackedStore(store_path)
     with sc.Cache.create(name, num_samples=N, capacity_bytes=1 << 20) as c, \
             OrderBoard.create(name, N) as board:
-        pf = sc.Prefetcher(c, store).start()
+        pf = sc.Node(store, c).prefetcher().start()
         with pytest.raises(RuntimeError, match="already has a prefetcher"):
-            sc.Prefetcher(c, store).start()
+            sc.Node(store, c).prefetcher().start()
         assert pf.stop() == 0 and board.prefetcher_pid == 0
         with pytest.raises(TypeError, match="unknown options"):
-            sc.Prefetcher(c, store, lookahead=3)
+            sc.Node(store, c).prefetcher(lookahead=3)
         with pytest.raises(ValueError):
-            sc.Prefetcher(c, store, batch=0)
+            sc.Node(store, c).prefetcher(batch=0)
     with sc.Cache.create(name, num_samples=N, capacity_bytes=1 << 20) as c:
         with pytest.raises(FileNotFoundError):
-            sc.Prefetcher(c, store)                 # no order board for this cache
+            sc.Node(store, c, read_ahead=False).prefetcher()   # no order board for this cache
 
 
 @pytest.mark.parametrize("with_ssd", [False, True])
@@ -259,7 +259,7 @@ def test_a_readers_late_wanted_flag_is_cleared_with_or_without_an_ssd_tier(store
     ssd = sc.SSDTier(tmp_path / "ssd", capacity_bytes=4 << 20) if with_ssd else None
     with sc.Cache.create(name, num_samples=N, capacity_bytes=1 << 20) as c, \
             OrderBoard.create(name, N) as board:
-        pf = sc.Prefetcher(c, store, ssd=ssd).start()
+        pf = sc.Node(store, c, ssd=ssd).prefetcher().start()
         try:
             ids = np.array([5, 7])
             board.mark_on_way(ids)           # on its way, then offered: the reader's store lands late
@@ -287,7 +287,7 @@ def test_the_prefetcher_reads_the_ssd_tier_before_the_store(store_path, name, tm
     with sc.Cache.create(name, num_samples=N, capacity_bytes=4 << 20, sizes=store.lengths) as c, \
             OrderBoard.create(name, N) as board:
         board.publish(0, 0, order)
-        with sc.Prefetcher(c, store, ssd=ssd, lookahead_samples=200, batch=32):
+        with sc.Node(store, c, ssd=ssd).prefetcher(lookahead_samples=200, batch=32):
             # with an SSD tier it holds what it read until a reader asks, and offers it all to
             # the cache when it stops
             wait_for_reads(board, order.size)
@@ -308,7 +308,7 @@ def test_the_prefetcher_dies_with_its_parent(store_path, name, tmp_path):
         store = sc.PackedStore({str(store_path)!r})
         c = sc.Cache.create({name!r}, num_samples={N}, capacity_bytes=1 << 20)
         b = sc.OrderBoard.create({name!r}, {N})
-        pf = sc.Prefetcher(c, store).start()
+        pf = sc.Node(store, c).prefetcher().start()
         print(pf.pid, flush=True)
         time.sleep(60)
     """))
@@ -340,7 +340,7 @@ def test_shadecache_stats_shows_the_prefetch_counters(store_path, name):
         sampler.set_epoch(0)
         it = iter(sampler)
         next(it)                                      # published; the cursor stays at 0
-        with sc.Prefetcher(c, store, lookahead_samples=100, batch=25):
+        with sc.Node(store, c).prefetcher(lookahead_samples=100, batch=25):
             deadline = time.monotonic() + 30
             while board.totals()["reads_issued"] < 100 and time.monotonic() < deadline:
                 time.sleep(0.02)
@@ -365,7 +365,7 @@ def test_the_prefetcher_reads_an_epoch_before_its_first_batch_is_asked_for(store
                          sizes=store.lengths) as c, OrderBoard.create(name, N) as board:
         sampler = sc.ShadeSampler(N, cache=c, batch_size=32, importance=False, pads=False,
                                   rep_factor=0.0, seed=3)
-        with sc.Prefetcher(c, store, batch=16):
+        with sc.Node(store, c).prefetcher(batch=16):
             sampler.set_epoch(0)
             first = sampler.order()[:32]
             deadline = time.monotonic() + 30
@@ -392,7 +392,7 @@ def test_the_prefetcher_reads_the_next_epochs_first_misses_before_the_epoch_ends
                                   rep_factor=0.0, seed=3)
         sampler.set_epoch(0)
         head = sampler.next_epoch_order()[:32]
-        with sc.Prefetcher(c, store, batch=16):
+        with sc.Node(store, c).prefetcher(batch=16):
             assert list(iter(sampler)) == sampler.order().tolist()   # the whole epoch taken
             deadline = time.monotonic() + 30
             while not c.cached_mask()[head].all() and time.monotonic() < deadline:
@@ -408,7 +408,7 @@ def test_the_prefetcher_reads_the_next_epochs_first_misses_before_the_epoch_ends
 
 
 def test_the_automatic_lookahead_follows_the_pace():
-    from shadecache.lookahead.prefetcher import _Pace
+    from shadecache.lookahead.pace import Pace as _Pace
     p = _Pace(batch=16, max_batches=4, cache_items=2000)
     assert p.window(10_000) == 64                  # nothing measured: max_batches batches
     p.saw_window(100, 25)                          # a quarter of the window is to read
@@ -426,7 +426,7 @@ def test_the_automatic_lookahead_follows_the_pace():
 def test_the_automatic_lookahead_never_exceeds_half_a_small_cache():
     # a cache of fewer items than two prefetch batches: the window (and so each batch read into
     # it) stays within half the cache, never a batch larger than the cache itself
-    from shadecache.lookahead.prefetcher import _Pace
+    from shadecache.lookahead.pace import Pace as _Pace
     for items in (1, 2, 7, 100, 511):
         p = _Pace(batch=256, max_batches=4, cache_items=items)
         assert 1 <= p.window(10_000) <= max(1, items // 2)
@@ -473,7 +473,7 @@ def test_the_prefetcher_imports_nothing_from_the_working_directory(store_path, n
         store = sc.PackedStore({str(store_path)!r})
         with sc.Cache.create({name!r}, num_samples={N}, capacity_bytes=1 << 20) as c, \\
                 sc.OrderBoard.create({name!r}, {N}):
-            pf = sc.Prefetcher(c, store).start()
+            pf = sc.Node(store, c).prefetcher().start()
             print("stopped", pf.stop(), flush=True)
     """)
     assert not ran, ran

@@ -39,7 +39,7 @@ def main(store_path, outdir, job, epochs):
         cache = sc.Cache.attach(name)
     cluster = sc.Cluster.from_torch(cache, store=store, timeout=1.0)   # the secret: $SHADECACHE_SECRET
     decode = functools.partial(synthetic.decode, size=SIZE)
-    ds = sc.CachedDataset(store, cache, cluster=cluster, decode=decode)
+    ds = sc.Node(store, cache, cluster=cluster, read_ahead=False).dataset(decode=decode)
     sampler = sc.ShadeSampler(ds, cache=cache, batch_size=16, seed=1)
     # persistent_workers: the worker is forked once, before any DataLoader thread exists. Forking
     # a new worker every epoch while the last epoch's queue feeder thread is still exiting can

@@ -31,7 +31,7 @@ def main(node, num_nodes, store_path, workdir, epochs, capacity, host="127.0.0.1
     store = sc.PackedStore(store_path)
     n = len(store)
     cache = sc.Cache.create(f"peer-node-{os.getpid()}-{node}", n, capacity, policy="lru", max_item_bytes=4096)
-    server = sc.serve(cache, host=host, store=store)
+    server = sc.Node(store, cache, read_ahead=False).serve(host=host)
     with open(os.path.join(workdir, f"addr.{node}.tmp"), "w") as f:
         f.write(f"{server.address} {server.pid}")
     os.rename(os.path.join(workdir, f"addr.{node}.tmp"), os.path.join(workdir, f"addr.{node}"))
@@ -42,7 +42,7 @@ def main(node, num_nodes, store_path, workdir, epochs, capacity, host="127.0.0.1
             time.sleep(0.02)
         addresses.append(open(p).read().split()[0])
     cluster = sc.Cluster(addresses, node, timeout=0.5, backoff=(0.2, 1.0))
-    ds = sc.CachedDataset(store, cache, cluster=cluster)
+    ds = sc.Node(store, cache, cluster=cluster, read_ahead=False).dataset()
     truth = sc.PackedStore(store_path)
     mine = np.arange(node, n, num_nodes)
     rng = np.random.default_rng(node)

@@ -59,7 +59,7 @@ def _node_cache(cache_factory, store, ids):
 
 def test_cross_node_hits_return_exact_bytes(cache_factory, store):
     remote = _node_cache(cache_factory, store, range(0, N, 2))
-    with sc.serve(remote, secret=SECRET, read_through=False) as server:
+    with sc.Node(None, remote, read_ahead=False).serve(secret=SECRET) as server:
         client = PeerClient(server.address, SECRET, store)
         ids = list(range(0, N, 3))
         got = client.get_many(ids, timeout=5)
@@ -75,7 +75,7 @@ def test_cross_node_hits_return_exact_bytes(cache_factory, store):
 
 def test_read_through_server_reads_the_store_once_and_caches(cache_factory, store):
     home = cache_factory(N, 8 << 20, "lru", max_item_bytes=4096)
-    with sc.serve(home, store=store) as server:
+    with sc.Node(store, home, read_ahead=False).serve() as server:
         client = PeerClient(server.address, dataset=store)
         ids = list(range(100, 200))
         assert client.get_many(ids, timeout=5) == store.read_many(ids)
@@ -88,7 +88,7 @@ def test_read_through_server_reads_the_store_once_and_caches(cache_factory, stor
 
 def test_wrong_secret_is_refused_before_any_sample(cache_factory, store):
     remote = _node_cache(cache_factory, store, range(N))
-    with sc.serve(remote, read_through=False) as server:
+    with sc.Node(None, remote, read_ahead=False).serve() as server:
         with pytest.raises(AuthenticationError):
             PeerClient(server.address, new_secret(), store).get_many([1, 2, 3], timeout=2)
         # skipping the handshake: a GET first gets no sample, only the HELLO and an ERROR in clear
@@ -114,22 +114,22 @@ def test_a_strong_secret_is_required_everywhere_loopback_included(cache_factory,
     monkeypatch.delenv("SHADECACHE_SECRET")
     for host in ("127.0.0.1", "0.0.0.0"):
         with pytest.raises(SecretError, match="shadecache secret"):
-            sc.serve(c, host=host, read_through=False)
+            sc.Node(None, c, read_ahead=False).serve(host=host)
     for weak in ("s3cret", "passwordpassword", "correct horse battery staple", "ab" * 32, b"\x00" * 16):
         with pytest.raises(SecretError, match="shadecache secret"):
-            sc.serve(c, secret=weak, read_through=False)
+            sc.Node(None, c, read_ahead=False).serve(secret=weak)
         with pytest.raises(SecretError):
             sc.Cluster(["127.0.0.1:1", "127.0.0.1:2"], node=0, secret=weak)
     with pytest.raises(TypeError):
-        sc.serve(c, secret=12, read_through=False)
+        sc.Node(None, c, read_ahead=False).serve(secret=12)
     path = tmp_path / "secret"
     path.write_text(SECRET + "\n")
     path.chmod(0o644)
     monkeypatch.setenv("SHADECACHE_SECRET_FILE", str(path))
     with pytest.raises(SecretError, match="mode 0644"):
-        sc.serve(c, read_through=False)
+        sc.Node(None, c, read_ahead=False).serve()
     path.chmod(0o600)
-    with sc.serve(c, read_through=False) as server:   # the 0600 file's secret
+    with sc.Node(None, c, read_ahead=False).serve() as server:   # the 0600 file's secret
         assert PeerClient(server.address, SECRET, store).get_many([1], timeout=5) == [store.read(1)]
     with pytest.raises(ValueError, match="host:port"):
         sc.Cluster(["127.0.0.1:1", "nohostport"], node=0)
@@ -145,7 +145,7 @@ def _three_servers(cache_factory, store, secret):
     for k in (1, 2):
         c = _node_cache(cache_factory, store, np.flatnonzero(home == k).tolist())
         caches.append(c)
-        servers.append(sc.serve(c, secret=secret, read_through=False))
+        servers.append(sc.Node(None, c, read_ahead=False).serve(secret=secret))
     return home, caches, servers
 
 
@@ -155,7 +155,7 @@ def test_sigstopped_peer_costs_at_most_the_timeout_per_batch_then_rejoins(cache_
         cluster = sc.Cluster([None] + [s.address for s in servers], node=0, secret=SECRET,
                              timeout=0.3, backoff=(0.4, 0.4))
         local = cache_factory(N, 8 << 20, "lru", max_item_bytes=4096)
-        ds = sc.CachedDataset(store, local, cluster=cluster, admit=False)
+        ds = sc.Node(store, local, cluster=cluster, admission=sc.ReadThrough(), read_ahead=False).dataset()
         batches = [np.arange(b, b + 40) for b in range(0, N, 40)]
         assert all(ds.fetch_bytes(b) == store.read_many(b.tolist()) for b in batches)
         assert ds.stats()["tiers"]["peer"]["hits"] == int((home != 0).sum())
@@ -241,7 +241,7 @@ def test_three_node_processes_one_sigkilled_mid_epoch(store_path, tmp_path, wher
                 p.wait()
     assert procs[0].returncode == 0 and procs[1].returncode == 0
     # the killed node's server could not remove its tier status file: gc's sweep does
-    from shadecache.peer import status as tier_status
+    from shadecache import status as tier_status
     from shadecache import shm
     shm.sweep(sc.cache.list_caches())
     names = [p[len(shm.STATUS_PREFIX):-len(".json")] for p in os.listdir(shm.SHM_DIR)
@@ -278,14 +278,14 @@ def test_stats_and_ls_show_the_tiers(cache_factory, store, tmp_path):
     the SSD tier and the peers it was told of; the file goes when the server stops."""
     import json
 
-    from shadecache.peer import status as tier_status
+    from shadecache import status as tier_status
 
     c = _node_cache(cache_factory, store, range(10))
     ssd = sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20, fingerprint=store.fingerprint)
     ssd.put_many([20, 21], store.read_many([20, 21]))
     ssd.flush()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
-    with sc.serve(c, ssd=ssd, store=store) as server:
+    with sc.Node(store, c, ssd=ssd, read_ahead=False).serve() as server:
         server.set_peers([server.address, "127.0.0.1:9"])
         cl = PeerClient(server.address, dataset=store)
         assert cl.get_many([1, 20, 30], timeout=5) == store.read_many([1, 20, 30])
@@ -333,7 +333,7 @@ def test_value_damaged_in_the_servers_memory_is_refused(cache_factory, store):
     want = store.read_many(ids)
     victim = max(ids, key=lambda i: len(want[i]))      # a long value: unique in the segment
     _flip_in_shm(remote, want[victim])
-    with sc.serve(remote, secret=SECRET, read_through=False) as server:
+    with sc.Node(None, remote, read_ahead=False).serve(secret=SECRET) as server:
         client = PeerClient(server.address, SECRET, store)
         with pytest.warns(RuntimeWarning, match="failed their crc32c"):
             got = client.get_many(ids, timeout=5)
@@ -343,7 +343,7 @@ def test_value_damaged_in_the_servers_memory_is_refused(cache_factory, store):
         client.close()
         cluster = sc.Cluster([None, server.address], node=0, secret=SECRET, timeout=2.0)
         cluster.home_of = lambda a: np.ones(len(a), dtype=np.int64)   # every id lives on node 1
-        ds = sc.CachedDataset(store, None, cluster=cluster, admit=False)
+        ds = sc.Node(store, None, cluster=cluster, admission=sc.ReadThrough(), read_ahead=False).dataset()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             assert ds.fetch_bytes(np.array(ids)) == want
@@ -362,7 +362,7 @@ def test_a_reply_cut_at_any_boundary_arrives_whole(cache_factory):
     values = [rng.integers(0, 256, s, dtype=np.uint8).tobytes() for s in sizes]
     c = cache_factory(len(values), 96 << 20, "static", max_item_bytes=4 << 20)
     assert c.put_many(np.arange(len(values)), values).all()
-    with sc.serve(c, read_through=False) as server:
+    with sc.Node(None, c, read_ahead=False).serve() as server:
         client = PeerClient(server.address, dataset=c)
         assert client.get_many(list(range(len(values))), timeout=30) == values
         order = rng.permutation(len(values)).tolist()
@@ -399,7 +399,7 @@ def test_values_rewritten_while_served_arrive_whole_and_every_pin_ends(cache_fac
 
     c = cache_factory(n, 16 << 20, "static", max_item_bytes=8192)
     assert c.put_many(np.arange(n), [min(versions(i)) for i in range(n)]).all()
-    with sc.serve(c, read_through=False) as server:
+    with sc.Node(None, c, read_ahead=False).serve() as server:
         writer = subprocess.Popen([sys.executable, "-c", _REWRITER, c.name, str(n), "2.0"],
                                   stdout=subprocess.PIPE, text=True)
         client = PeerClient(server.address, dataset=c)
@@ -428,6 +428,7 @@ def test_a_reply_refused_for_want_of_pin_entries_holds_nothing_after(cache_facto
     raises CapacityError, and the copy made before the small values were claimed goes too, so
     that once the views end and the cache is closed its segment is unmapped from this process."""
     from shadecache import _core
+    from shadecache.peer.server import seal_reply
     c = cache_factory(64, 8 << 20)
     chunk = c.stats()["chunk_size"]
     assert c.put_many(np.arange(21), [b"L" * (3 * chunk)] + [bytes([i]) * 100 for i in range(1, 21)]).all()
@@ -436,8 +437,8 @@ def test_a_reply_refused_for_want_of_pin_entries_holds_nothing_after(cache_facto
     server_side, client_side = socket.socketpair()
     with server_side, client_side:
         with pytest.raises(sc.CapacityError, match="views of cache"):
-            c.seal_reply(_core.PeerSession(a, b), server_side.fileno(), np.arange(21, dtype=np.uint64), {}, 1,
-                         False, 1 << 20, 1.0)
+            seal_reply(c, _core.PeerSession(a, b), server_side.fileno(), np.arange(21, dtype=np.uint64),
+                       {}, 1, False, 1 << 20, 1.0)
     del views
     assert c.stats()["pinned"] == 0
     segment = f"shadecache.{c.name}"

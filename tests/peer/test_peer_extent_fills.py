@@ -1,7 +1,7 @@
-"""A peer server whose store reads whole extents (the sampler's extent order set it before serve())
-fills the misses of all its connections through one tier chain and one stage of extent mates
-(shadecache/tiers.py MateStage), from as many threads as it has connections: every value served
-must be the store's, and the stage's byte count must stay the bytes it holds."""
+"""A peer server of a node under the extent plan fills the misses of all its connections through
+one tier chain and one stage of extent mates (shadecache/extent_reads.py MateStage), from as many
+threads as it has connections: every value served must be the store's, and the stage's byte
+count must stay the bytes it holds."""
 import os
 import sys
 import threading
@@ -12,7 +12,7 @@ import numpy as np
 import shadecache as sc
 from shadecache.peer import PeerClient, new_secret
 from shadecache.peer.server import PeerService
-from shadecache.sampling.extents import ExtentLayout
+from shadecache.read_plan import ReadPlan
 
 N = 3000
 SECRET = new_secret()
@@ -26,11 +26,11 @@ def test_concurrent_fills_keep_the_servers_stage_whole(tmp_path):
             w.add(rng.integers(0, 256, 1500 + (i * 37) % 900, dtype=np.uint8).tobytes(), i % 10)
     store = sc.PackedStore(path)
     truth = store.read_many(list(range(N)))
-    store.read_whole_extents(ExtentLayout.of_store(store, 64 << 10))
     name = f"t-pxf-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     cache = sc.Cache.create(name, N, sc.Cache.capacity_for(200, store.lengths), policy="importance",
                             sizes=store.lengths, fingerprint=store.fingerprint)
-    service = PeerService(cache, "127.0.0.1", 0, SECRET, None, store)
+    node = sc.Node(store, cache, read_plan=ReadPlan.of_extents(store, 64 << 10), read_ahead=False)
+    service = PeerService(node, "127.0.0.1", 0, SECRET)
     service.start()
     wrong, errors = [], []
     switch = sys.getswitchinterval()
@@ -56,7 +56,7 @@ def test_concurrent_fills_keep_the_servers_stage_whole(tmp_path):
     finally:
         sys.setswitchinterval(switch)
         service.close()
-    stage = service.chain.stage()
+    stage = service.misses.chain.extents().stage
     counted = sum(len(v) for v, _ in stage._d.values())
     try:
         assert not errors and not wrong, (errors[:3], wrong[:5])

@@ -164,7 +164,7 @@ def fuzz(messages: int, seed: int, progress: bool = False) -> dict:
     cached = list(range(0, N, 2))
     cache.put_many(np.asarray(cached), [values[i] for i in cached])
     truth = {i: values[i] for i in cached if cache.contains(i)}
-    server = sc.serve(cache, secret=SECRET, read_through=False)
+    server = sc.Node(None, cache, read_ahead=False).serve(secret=SECRET)
     identity = identity_of(cache)
     good = PeerClient(server.address, SECRET, cache)
     counts = {"messages": 0, "checks": 0}

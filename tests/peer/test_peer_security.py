@@ -90,7 +90,7 @@ def test_headers_before_authentication_make_the_server_allocate_nothing(cache_fa
     """An unauthenticated endpoint sends headers that claim 512 MiB bodies, in every opcode; the
     server process's peak RSS does not move, and it goes on serving."""
     c = _full_cache(cache_factory, store)
-    with sc.serve(c, read_through=False) as srv:
+    with sc.Node(None, c, read_ahead=False).serve() as srv:
         client = PeerClient(srv.address, dataset=store)
         assert client.get_many([1], timeout=5) == [store.read(1)]
         before = _memory_kib(srv.pid)
@@ -112,7 +112,7 @@ def test_slow_handshakes_from_one_address_cannot_lock_out_the_others(cache_facto
     MAX_HANDSHAKES_PER_ADDRESS of them, each at most HANDSHAKE_TIMEOUT, and a client from
     127.0.0.1 is served within its 1-second deadline all along."""
     c = _full_cache(cache_factory, store)
-    with sc.serve(c, read_through=False) as srv:
+    with sc.Node(None, c, read_ahead=False).serve() as srv:
         stop = threading.Event()
         held, closed_after = [], []
 
@@ -164,7 +164,7 @@ def test_a_dribbling_handshake_is_dropped_at_its_deadline(cache_factory, store):
     """One byte every 0.5 s keeps any per-recv timeout happy; the handshake's one deadline
     (HANDSHAKE_TIMEOUT) ends it anyway."""
     c = _full_cache(cache_factory, store)
-    with sc.serve(c, read_through=False) as srv:
+    with sc.Node(None, c, read_ahead=False).serve() as srv:
         s = socket.create_connection(_address(srv), timeout=5)
         t0 = time.monotonic()
         hello = wire.pack_header(wire.HELLO, 0, wire.HELLO_BYTES, N) + bytes(wire.HELLO_BYTES)
@@ -227,7 +227,7 @@ def test_an_accept_error_backs_off_and_serving_goes_on(cache_factory, store):
     accept() fails with EMFILE; the server counts it, backs off, and serves the waiting client
     as soon as a descriptor is free again."""
     c = _full_cache(cache_factory, store)
-    with sc.serve(c, read_through=False) as srv:
+    with sc.Node(None, c, read_ahead=False).serve() as srv:
         soft, hard = resource.prlimit(srv.pid, resource.RLIMIT_NOFILE)
         fds = len(os.listdir(f"/proc/{srv.pid}/fd"))
         resource.prlimit(srv.pid, resource.RLIMIT_NOFILE, (fds, hard))
@@ -257,7 +257,7 @@ def test_a_connection_whose_thread_cannot_start_does_not_end_serving(cache_facto
     it maps now) while four connections are open: the threads of those it cannot start for are
     closed and counted, and it serves again as soon as memory is there."""
     c = _full_cache(cache_factory, store)
-    with sc.serve(c, read_through=False) as srv:
+    with sc.Node(None, c, read_ahead=False).serve() as srv:
         first = PeerClient(srv.address, dataset=store)   # serving: its own threads are up
         assert first.get_many([0], timeout=10) == [store.read(0)]
         first.close()
@@ -341,7 +341,7 @@ HANDSHAKE_FROM_SERVER = 2 * wire.HEADER_BYTES + wire.HELLO_BYTES + wire.DIGEST_B
 
 def test_a_middleman_that_relays_the_handshake_reads_no_sample(cache_factory, store):
     c = _full_cache(cache_factory, store)
-    with sc.serve(c, read_through=False) as srv:
+    with sc.Node(None, c, read_ahead=False).serve() as srv:
         relay = Relay(_address(srv))
         client = PeerClient(relay.address, dataset=store)
         want = store.read_many(list(range(N)))
@@ -363,7 +363,7 @@ def test_a_middleman_cannot_make_the_client_accept_an_altered_sample(cache_facto
     c = _full_cache(cache_factory, store)
     offset = {"header": 14, "table": wire.HEADER_BYTES + 12,
               "value": wire.HEADER_BYTES + N * wire.ENTRY_BYTES + wire.TAG_BYTES + 100}[where]
-    with sc.serve(c, read_through=False) as srv:
+    with sc.Node(None, c, read_ahead=False).serve() as srv:
         relay = Relay(_address(srv), flip_at=HANDSHAKE_FROM_SERVER + offset)
         client = PeerClient(relay.address, dataset=store)
         with pytest.raises((ForgedFrameError, wire.ProtocolError)):
@@ -372,7 +372,7 @@ def test_a_middleman_cannot_make_the_client_accept_an_altered_sample(cache_facto
         relay.close()
         relay = Relay(_address(srv), flip_at=HANDSHAKE_FROM_SERVER + offset)
         cluster = sc.Cluster([None, relay.address], node=0, timeout=5.0)
-        ds = sc.CachedDataset(store, None, cluster=cluster, admit=False)
+        ds = sc.Node(store, None, cluster=cluster, admission=sc.ReadThrough(), read_ahead=False).dataset()
         with warnings.catch_warnings():
             warnings.simplefilter("error")   # not even a value refused for its crc32c: the tag caught it
             got = ds.fetch_bytes(np.arange(N))
@@ -386,7 +386,7 @@ def test_one_slow_reader_does_not_stall_the_others(cache_factory, store):
     """Three authenticated clients pipeline GETs and never read their replies; the server's pins
     are never held while it waits for them, so a good client's 1-second GETs all succeed."""
     c = _full_cache(cache_factory, store)
-    with sc.serve(c, read_through=False) as srv:
+    with sc.Node(None, c, read_ahead=False).serve() as srv:
         from shadecache.peer import auth
         from shadecache.peer.identity import identity_of
 
@@ -418,7 +418,7 @@ def test_every_reply_chunk_stays_within_its_bound_filled_values_included(cache_f
     reads and sends them a chunk at a time; its peak RSS grows by a few chunks, not the reply."""
     big = _store(tmp_path / "big.shc", n=40, size=2_200_000)
     c = cache_factory(40, 1 << 20, "lru", max_item_bytes=4096, fingerprint=big.fingerprint)
-    with sc.serve(c, store=big) as srv:
+    with sc.Node(big, c, read_ahead=False).serve() as srv:
         client = PeerClient(srv.address, dataset=big)
         assert client.get_many([0], timeout=10) == [big.read(0)]
         before = _memory_kib(srv.pid)
@@ -436,12 +436,12 @@ def test_a_node_of_another_data_set_is_refused(cache_factory, store, tmp_path):
     other = _store(tmp_path / "b.shc", seed=6)
     assert other.fingerprint != store.fingerprint and len(other) == len(store)
     c = _full_cache(cache_factory, other)
-    with sc.serve(c, store=other) as srv:
+    with sc.Node(other, c, read_ahead=False).serve() as srv:
         with pytest.raises(sc.FingerprintError) as e:
             PeerClient(srv.address, dataset=store).get_many([1], timeout=5)
         assert store.fingerprint in str(e.value) and other.fingerprint in str(e.value)
         cluster = sc.Cluster([None, srv.address], node=0, timeout=2.0)
-        ds = sc.CachedDataset(store, None, cluster=cluster, admit=False)
+        ds = sc.Node(store, None, cluster=cluster, admission=sc.ReadThrough(), read_ahead=False).dataset()
         with pytest.raises(sc.FingerprintError):
             ds.fetch_bytes(np.arange(N))
         cluster.close()
@@ -462,8 +462,8 @@ def test_another_user_of_the_node_cannot_read_samples_over_loopback(cache_factor
     os.chmod(tmp_path, 0o755)
     c = _full_cache(cache_factory, store)
     with pytest.raises(SecretError):
-        sc.serve(c, read_through=False, secret="")
-    with sc.serve(c, read_through=False) as srv:
+        sc.Node(None, c, read_ahead=False).serve(secret="")
+    with sc.Node(None, c, read_ahead=False).serve() as srv:
         # the other user: a child of this process that drops to uid 65534 (the interpreter
         # lives under /root, which that user may not enter: what the child runs is imported here)
         import encodings.idna  # noqa: F401  (socket.create_connection encodes the host name with it)
@@ -503,7 +503,7 @@ def test_weak_secrets_are_refused_at_every_entry_point(cache_factory, store, mon
     to make a good one."""
     c = _full_cache(cache_factory, store)
     for weak in ("s3cret", "hunter2hunter2hunter2", "0123456789abcdef0123456789abcdef"):
-        for make in (lambda: sc.serve(c, read_through=False, secret=weak),
+        for make in (lambda: sc.Node(None, c, read_ahead=False).serve(secret=weak),
                      lambda: sc.Cluster(["127.0.0.1:1", "127.0.0.1:2"], node=0, secret=weak),
                      lambda: PeerClient("127.0.0.1:1", weak, store)):
             with pytest.raises(SecretError, match="shadecache secret"):
@@ -527,7 +527,7 @@ PASSWORDS = ["hunter2hunter2hunter2h", "CorrectHorseBatteryStaple1", "Passwort-f
 @pytest.mark.parametrize("weak", PASSWORDS, ids=repr)
 def test_passwords_written_as_base64_or_beyond_ascii_are_refused(cache_factory, store, tmp_path, weak):
     c = _full_cache(cache_factory, store)
-    for make in (lambda: sc.serve(c, read_through=False, secret=weak),
+    for make in (lambda: sc.Node(None, c, read_ahead=False).serve(secret=weak),
                  lambda: sc.Cluster(["127.0.0.1:1", "127.0.0.1:2"], node=0, secret=weak),
                  lambda: PeerClient("127.0.0.1:1", weak, store)):
         with pytest.raises(SecretError, match="shadecache secret"):
@@ -567,7 +567,7 @@ def test_the_server_imports_nothing_from_the_working_directory(cache_factory, st
         from shadecache.peer import PeerClient
         store = sc.PackedStore({store.path!r})
         cache = sc.Cache.attach({c.name!r})
-        with sc.serve(cache, read_through=False) as srv:
+        with sc.Node(None, cache, read_ahead=False).serve() as srv:
             ok = PeerClient(srv.address, dataset=store).get_many([4], timeout=10) == [store.read(4)]
         print("served" if ok else "wrong bytes")
     """)
@@ -587,7 +587,7 @@ def test_serve_fetch_close_cycles_never_abort(cache_factory, store):
         cache = sc.Cache.attach({c.name!r})
         codes = []
         for cycle in range(12):
-            srv = sc.serve(cache, store=store)
+            srv = sc.Node(store, cache, read_ahead=False).serve()
             clients = [PeerClient(srv.address, dataset=store) for _ in range(3)]
             for k, cl in enumerate(clients):
                 assert cl.get_many(list(range(k, {N})), timeout=10) == store.read_many(list(range(k, {N})))
@@ -607,7 +607,7 @@ def test_serve_fetch_close_cycles_never_abort(cache_factory, store):
 def test_serve_without_a_store_says_what_to_pass(cache_factory, store):
     c = _full_cache(cache_factory, store)
     with pytest.raises(ValueError, match="store=.*read_through=False"):
-        sc.serve(c)
+        sc.Node(None, c, read_ahead=False).serve()
 
 
 def test_a_three_node_cluster_reads_each_uncached_sample_once_per_epoch(cache_factory, tmp_path):
@@ -618,10 +618,10 @@ def test_a_three_node_cluster_reads_each_uncached_sample_once_per_epoch(cache_fa
     st = _store(tmp_path / "c.shc", n=n, size=2000, seed=7)
     caches = [cache_factory(n, 400 << 10, "importance", max_item_bytes=4096, fingerprint=st.fingerprint)
               for _ in range(3)]
-    servers = [sc.serve(c, store=st) for c in caches]
+    servers = [sc.Node(st, c, read_ahead=False).serve() for c in caches]
     try:
         addrs = [s.address for s in servers]
-        dss = [sc.CachedDataset(st, caches[k], cluster=sc.Cluster(addrs, k, timeout=5.0)) for k in range(3)]
+        dss = [sc.Node(st, caches[k], cluster=sc.Cluster(addrs, k, timeout=5.0), read_ahead=False).dataset() for k in range(3)]
         clients = [PeerClient(a, dataset=st) for a in addrs]
 
         def reads():

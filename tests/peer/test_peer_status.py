@@ -5,7 +5,7 @@ import threading
 import uuid
 
 from shadecache import shm
-from shadecache.peer import status as tier_status
+from shadecache import status as tier_status
 
 
 def test_two_threads_of_one_process_write_the_status_at_once():

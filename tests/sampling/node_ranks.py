@@ -43,7 +43,9 @@ def arrange_on_rank(rank, world, init_file, path, out_dir):
         # for "auto" it is not IOPS-bound at all
         for case, bandwidth in (("extent size", 200 + 150 * rank), ("auto", 200 if rank == 0 else 3)):
             with sc.PackedStore(path, device={"iops": 3000, "bandwidth": bandwidth << 20}) as store:
-                s = sc.ShadeSampler(store, order="extents" if case == "extent size" else "auto", seed=5)
+                node = sc.Node(store, None, read_plan="extents" if case == "extent size" else "auto",
+                               read_ahead=False)
+                s = sc.ShadeSampler(node.dataset(), seed=5)
                 np.save(os.path.join(out_dir, f"{case}-{rank}.npy"), np.fromiter(iter(s), np.int64))
     finally:
         dist.destroy_process_group()

@@ -18,6 +18,7 @@ import torch.multiprocessing as tmp_mp
 from torch.utils.data import DataLoader
 
 import shadecache as sc
+from shadecache.lookahead.board import READS_ADMITTED, READS_EVERY_MISS
 from shadecache.sampling import stalls
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -118,7 +119,7 @@ def test_deferral_never_loses_a_sample_from_an_epoch(store_path, cache_factory, 
                         stall_budget=0.0, stall_speeds=(0.008, 0.001))
     drawn = []
     with sc.OrderBoard.create(cache.name, N) as board, \
-            sc.Prefetcher(cache, store, lookahead_samples=40, batch=16):
+            sc.Node(store, cache).prefetcher(lookahead_samples=40, batch=16):
         loader = make_loader("CachedLoader", ds, s)
         batches = []
         for e in range(3):
@@ -307,9 +308,10 @@ def test_under_the_extent_order_the_stall_budget_repeats_nothing(tmp_path, cache
     store = slow(path, 0.0)
     cache = cache_factory(n, capacity=sc.Cache.capacity_for(128, store.lengths),
                           policy="importance", sizes=store.lengths)
-    ds = sc.CachedDataset(store, cache)
-    s = sc.ShadeSampler(ds, cache=cache, batch_size=B, seed=2, stall_speeds=SLOW, order=order,
-                        extent_bytes=64 << 10, store=sc.PackedStore(path))
+    from shadecache.read_plan import ReadPlan
+    plan = ReadPlan.of_extents(sc.PackedStore(path), 64 << 10) if order == "extents" else "samples"
+    ds = sc.Node(store, cache, read_plan=plan, read_ahead=False).dataset()
+    s = sc.ShadeSampler(ds, batch_size=B, seed=2, stall_speeds=SLOW)
     batches = run_epochs(make_loader("CachedLoader", ds, s), s, 3)
     repeats = sum(h["stall_repeats"] for h in s.repeats_history)
     if order == "extents":
@@ -336,7 +338,7 @@ def test_samples_the_ssd_tier_holds_are_not_stalls(store_path, cache_factory, tm
         room = 2 * sum(sc.SSDTier.slot_bytes(int(v)) for v in store.lengths)
         ssd = sc.SSDTier(str(tmp_path / "ssd"), capacity_bytes=room, cache=cache)
     try:
-        ds = sc.CachedDataset(store, cache, ssd=ssd)
+        ds = sc.Node(store, cache, ssd=ssd, read_ahead=False).dataset()
         s = sc.ShadeSampler(ds, cache=cache, batch_size=B, seed=4, stall_speeds=SLOW)
         loader = make_loader("CachedLoader", ds, s)
         for first in range(0, N, B):     # every sample read once: the node is warm
@@ -376,7 +378,7 @@ def test_a_sample_on_its_way_is_not_held_though_the_ssd_tier_holds_it(store_path
         ssd.put_many(ids.tolist(), store.read_many(ids.tolist()))
         ssd.flush()
         cache.put_many([0, 1], store.read_many([0, 1]))
-        ds = sc.CachedDataset(store, cache, ssd=ssd)
+        ds = sc.Node(store, cache, ssd=ssd, read_ahead=False).dataset()
         s = sc.ShadeSampler(ds, cache=cache, batch_size=B, seed=4, stall_speeds=SLOW)
         with sc.OrderBoard.create(cache.name, N) as board:
             view = stalls.StallView(s, ds)
@@ -476,12 +478,17 @@ def warm_node(path, cache_factory, budget, kind="CachedLoader", cached=120, ssd_
     if ssd_dir is not None:
         room = 30 * sc.SSDTier.slot_bytes(int(np.max(store.lengths)))
         tier = sc.SSDTier(ssd_dir, capacity_bytes=room, cache=cache)
-    ds = sc.CachedDataset(store, cache, ssd=tier)
-    s = sc.ShadeSampler(ds, cache=cache, batch_size=B, seed=7, stall_speeds=SLOW,
-                        stall_budget=budget, coverage_epochs=0, order="uniform")
     board = sc.OrderBoard.create(cache.name, n)
+    ds = sc.Node(store, cache, ssd=tier, read_plan="samples", read_ahead=False).dataset()
+    s = sc.ShadeSampler(ds, batch_size=B, seed=7, stall_speeds=SLOW,
+                        stall_budget=budget, coverage_epochs=0)
     try:
         board.set_prefetcher(os.getpid())
+        # what the node's prefetcher says of itself: its rule (with an SSD tier it reads only what
+        # a full cache would admit) and its reach (half the samples the cache holds)
+        mean = float(np.mean(store.lengths))
+        board.set_read_rule(READS_ADMITTED if tier is not None else READS_EVERY_MISS,
+                            max(1, int(cache.capacity_bytes // mean) // 2))
         loader = make_loader(kind, ds, s)
         run_epochs(loader, s, 1)
         if refill:
@@ -700,7 +707,7 @@ def test_without_an_ssd_tier_repeats_are_decided_within_twice_the_prefetchers_re
         it = iter(loader)
         next(it)
         view = stalls.StallView(s, ds)
-        window = 2 * max(B, view.cache_items() // 2)
+        window = 2 * max(B, view.prefetcher_reach())
         assert B + window < n // 2                   # the window is well short of the epoch
         placed = np.flatnonzero(s._planner.ahead.placed)
         assert placed.size > 0

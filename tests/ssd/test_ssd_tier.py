@@ -196,7 +196,7 @@ def test_dataset_reads_the_ssd_tier_before_the_store(tmp_path, cache_factory):
             w.add(v, 0)
     store = sc.PackedStore(path)
     ssd = sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20)
-    ds = sc.CachedDataset(store, None, ssd=ssd)
+    ds = sc.Node(store, None, ssd=ssd, read_ahead=False).dataset()
     assert ds.fetch_bytes(np.arange(200)) == vals
     ssd.flush()
     assert ds.stats()["store_reads"] == 200
@@ -218,19 +218,19 @@ def test_a_tier_of_another_data_set_is_refused(tmp_path):
     a = _pack(tmp_path / "a.shc", _values(50, seed=3))
     b_vals = _values(50, seed=4)
     b = _pack(tmp_path / "b.shc", b_vals)
-    ds_a = sc.CachedDataset(a, None, ssd=sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20))
+    ds_a = sc.Node(a, None, ssd=sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20), read_ahead=False).dataset()
     ds_a.fetch_bytes(np.arange(50))
-    ds_a.ssd.flush()
-    assert ds_a.ssd.stats()["items"] == 50
+    ds_a.node.ssd.flush()
+    assert ds_a.node.ssd.stats()["items"] == 50
     with pytest.raises(sc.FingerprintError, match="another directory"):
-        sc.CachedDataset(b, None, ssd=sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20))
+        sc.Node(b, None, ssd=sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20), read_ahead=False).dataset()
     with pytest.raises(sc.FingerprintError):   # explicitly, and through the constructor
         sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20, fingerprint=b.fingerprint)
     # the refusal removed nothing: job A's next run finds its tier warm
-    again = sc.CachedDataset(a, None, ssd=sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20))
-    assert again.ssd.stats()["items"] == 50 and again.ssd.fingerprint == a.fingerprint
+    again = sc.Node(a, None, ssd=sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20), read_ahead=False).dataset()
+    assert again.node.ssd.stats()["items"] == 50 and again.node.ssd.fingerprint == a.fingerprint
     # B in its own directory reads its own bytes
-    ds_b = sc.CachedDataset(b, None, ssd=sc.SSDTier(tmp_path / "ssd-b", capacity_bytes=1 << 20))
+    ds_b = sc.Node(b, None, ssd=sc.SSDTier(tmp_path / "ssd-b", capacity_bytes=1 << 20), read_ahead=False).dataset()
     assert ds_b.fetch_bytes(np.arange(50)) == b_vals
 
 
@@ -242,7 +242,7 @@ def test_an_unrecorded_tier_with_samples_is_refused(tmp_path):
     t.flush()
     store = _pack(tmp_path / "s.shc", _values(5, seed=9))
     with pytest.raises(sc.FingerprintError, match="unrecorded"):
-        sc.CachedDataset(store, None, ssd=sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20))
+        sc.Node(store, None, ssd=sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20), read_ahead=False).dataset()
     with pytest.raises(ValueError, match="fingerprint"):
         t.bind("")
 

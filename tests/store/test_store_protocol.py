@@ -140,7 +140,7 @@ def test_prefetcher_reads_it_ahead(stores, cache_factory, tmp_path, importable):
     order = np.random.default_rng(3).permutation(N)[:200]
     with OrderBoard.create(cache.name, N) as board:
         board.publish(0, 0, order)
-        with sc.Prefetcher(cache, py, ssd=ssd, lookahead_samples=200, batch=32):
+        with sc.Node(py, cache, ssd=ssd).prefetcher(lookahead_samples=200, batch=32):
             # with an SSD tier it holds what it read until a reader asks, and offers it all to
             # the cache when it stops
             wait_for_reads(board, order.size)
@@ -157,7 +157,7 @@ def test_peer_server_reads_it_through(stores, cache_factory, importable):
     cache = cache_factory(N, capacity=1 << 20, sizes=py.lengths)
     ids = list(range(0, N, 7))
     secret = new_secret()
-    with sc.serve(cache, store=py, secret=secret) as server:
+    with sc.Node(py, cache, read_ahead=False).serve(secret=secret) as server:
         client = PeerClient(server.address, secret=secret, dataset=py)
         assert client.get_many(ids, timeout=10) == packed.read_many(ids)   # read through the store
         assert client.get_many(ids, timeout=10) == packed.read_many(ids)   # now from the cache

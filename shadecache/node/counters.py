@@ -1,4 +1,4 @@
-"""Named counters that every process reading one data set adds to: CachedDataset's stats.
+"""Named counters that every process reading one node's data set adds to: the miss path's (node/miss_path.py).
 
 The counters are one row of int64 in a multiprocessing.RawArray, which travels to fork and spawn
 DataLoader workers alike when they are started (no lock object could be shared between a

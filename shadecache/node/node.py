@@ -1,0 +1,271 @@
+"""sc.Node: what one node has, composed once, and every reader of the node built from it.
+
+    node = sc.Node(store, cache, ssd=sc.SSDTier("/local/nvme/sc", capacity_bytes=200 << 30),
+                   cluster="torch")                    # every part optional but the store
+    ds = node.dataset()                                # items (bytes, label, id) through the node
+    sampler = node.sampler(batch_size=B, seed=0)       # ShadeSampler over the node's read plan
+    loader = node.loader(batch_size=B, sampler=sampler, num_workers=2)   # or a stock DataLoader
+
+The node is the one place where the tiers below its cache are given, in one order: the peer node
+that is home to a sample (cluster), the local SSD tier (ssd), the store. Every process of the node
+reads through that one composition: the training process and its DataLoader workers (the node
+travels with the data set), the prefetcher and the peer server (started by the node, from it), so
+they cannot disagree whatever order the parts were made in (node.tiers() says what a process
+reads through). With it the node fixes, once:
+
+  - the read plan (read_plan.py): samples or whole extents, chosen from the store's device or
+    given; the sampler draws its order under it, the chain reads by it;
+  - the admission rule (admission.py): what enters the cache, asked by every path;
+  - the order board (lookahead/board.py): where the samplers of the node publish their orders and
+    the prefetcher reads ahead; one per cache, made by the first node of the cache on this
+    machine and attached by the others;
+  - reading ahead: with read_ahead=True (the default) the node that made the board starts the
+    node's prefetcher when a sampler first publishes an order, and stops it when the node closes
+    or its process exits.
+
+A node is picklable: a DataLoader worker (fork or spawn) gets the same composition and attaches the
+cache, the board and the tiers by name in its own process.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import weakref
+
+from ..read_plan import choose as choose_plan
+from ..store.protocol import check_store
+from ..tiers import TierChain
+from .admission import Admission
+from .miss_path import MissPath
+
+CLUSTER_FROM_TORCH = "torch"
+
+
+class Node:
+    """One node's data path (see the module docstring).
+
+    store        where every sample is (shadecache/store/protocol.py: sc.PackedStore, ...); None
+                 only for a node that serves what its cache holds (node.serve())
+    cache        the node's sc.Cache (num_samples == len(store)), or None: every read goes below
+    ssd          an sc.SSDTier: read after the home peer, before the store; keeps what the cache
+                 refuses; bound to the store's data set
+    cluster      the job's nodes: "torch" (membership from torch.distributed; local rank 0 starts
+                 the node's peer server, from this node), or an sc.Cluster of explicit addresses
+                 (start the peer server with node.serve()); peer_options go to Cluster.from_torch
+    keep_remote  also keep samples whose home is another node in this node's cache and SSD tier
+    read_plan    "auto" (chosen from the store's device, printed, remembered on the node),
+                 "samples", "extents" or a ReadPlan
+    admission    an sc.Admission (default: the engine's policy alone)
+    read_ahead   True: an order board for the cache (made or attached) and the node's prefetcher
+                 once a sampler publishes; False: no prefetcher of this node (a board made by
+                 another node is attached, so its prefetcher's hand-over is followed)
+    streams      ranks on this node publishing orders (default $LOCAL_WORLD_SIZE, else 1)
+    prefetch     options of the prefetcher (lookahead/prefetcher.py: DEFAULTS)
+    """
+
+    def __init__(self, store, cache=None, ssd=None, cluster=None, keep_remote: bool = False,
+                 read_plan="auto", admission=None, read_ahead: bool = True, streams=None,
+                 prefetch=None, peer_options=None):
+        if store is None and cache is None:
+            raise ValueError("a node needs a store, or (to serve what it holds) a cache")
+        if store is not None:
+            check_store(store)
+        if store is not None and cache is not None and cache.num_samples != len(store):
+            raise ValueError(f"cache {cache.name!r} holds {cache.num_samples} sample ids but the "
+                             f"store has {len(store)} samples")
+        if admission is not None and not isinstance(admission, Admission):
+            raise TypeError(f"admission must be an sc.Admission, got {type(admission).__name__}")
+        if ssd is not None and store is not None:   # the tier holds this store's samples only
+            ssd.bind_store(store)
+        self.store, self.cache, self.ssd = store, cache, ssd
+        self.keep_remote = bool(keep_remote)
+        self.admission = admission if admission is not None else Admission()
+        self.read_plan = choose_plan(store, read_plan if store is not None else "samples")
+        if read_plan == "auto" and store is not None:
+            print(f"shadecache: {self.read_plan.describe()}", file=sys.stderr)
+        self.read_ahead = bool(read_ahead) and cache is not None
+        self.prefetch_options = dict(prefetch or {})
+        self._prefetcher = None
+        self._boards, made = _board_link(cache, streams, create=self.read_ahead)
+        # the process that made the board starts the node's prefetcher (one per node)
+        self._owner_pid = os.getpid() if made else None
+        self._notes = {}      # epoch -> a sampler's counts (note_epoch), without a board
+        self.cluster = None
+        self.misses = MissPath.counted(self._chain(peer=False), self._boards)
+        self.cluster = self._join(cluster, peer_options or {})
+        if self.cluster is not None:
+            self.misses.chain = self._chain(peer=True)
+        _LIVE.add(self)
+
+    # ---- composition --------------------------------------------------------------------------
+    def _join(self, cluster, options: dict):
+        """The node's Cluster: made from torch.distributed (this node's server started from this
+        node), or the one given, bound to the store's data set."""
+        if cluster is None:
+            return None
+        from ..peer.cluster import Cluster
+        if cluster == CLUSTER_FROM_TORCH:
+            if self.cache is None:
+                raise ValueError("cluster='torch' needs the node's cache: its peer server serves it")
+            return Cluster.from_torch(self, **options)
+        if not isinstance(cluster, Cluster):
+            raise TypeError(f"cluster must be 'torch' or an sc.Cluster, got {type(cluster).__name__}")
+        if options:
+            raise ValueError("peer_options are for cluster='torch'; a Cluster given was made with its own")
+        if getattr(cluster, "server", None) is not None:
+            raise ValueError("this Cluster started a peer server of its own, which may read through other "
+                             "tiers than this node's: compose the node with cluster='torch' (it starts the "
+                             "server from the node), or start the server with node.serve()")
+        cluster.bind(self.store)   # the peers must serve this store's samples (checked at each handshake)
+        return cluster
+
+    def _chain(self, peer: bool) -> TierChain:
+        """The node's tier chain: the home peer (unless peer=False: the peer server answers for
+        the ids it is home to), the SSD tier, the store."""
+        home = None
+        if peer and self.cluster is not None:
+            from ..peer.tier import HomePeerTier
+            home = HomePeerTier(self.cluster)
+        return TierChain.for_node(self.store, self.cache, peer=home, ssd=self.ssd,
+                                  keep_remote=self.keep_remote, plan=self.read_plan,
+                                  admission=self.admission)
+
+    @property
+    def board(self):
+        """The cache's order board (lookahead/board.py), or None while it has none."""
+        return None if self._boards is None else self._boards.get()
+
+    @property
+    def chain(self) -> TierChain:
+        return self.misses.chain
+
+    def server_misses(self) -> MissPath:
+        """The miss path of the node's peer server: the node's chain less the home peer (it
+        answers for the ids it is home to), no shared counters (it publishes its own)."""
+        return MissPath(self._chain(peer=False))
+
+    def tiers(self) -> list:
+        """[(name, what)] of the tiers this process reads a miss through, in order."""
+        return self.chain.describe()
+
+    def for_process(self) -> "Node":
+        """A copy for a process the node starts (prefetcher, peer server): no shared counters
+        (they travel only to processes a DataLoader starts; those processes publish their own)."""
+        clone = object.__new__(Node)
+        clone.__dict__.update(self.__getstate__())
+        clone.misses = MissPath(self.misses.chain, self._boards)
+        return clone
+
+    # ---- what is built from the node ----------------------------------------------------------
+    def dataset(self, decode=None, transform=None):
+        """A CachedDataset over the node: items (decode(bytes) -> transform, label, id)."""
+        from ..loader.dataset import CachedDataset
+        if self.store is None:
+            raise ValueError("a node without a store has no data set (it only serves its cache)")
+        return CachedDataset(self, decode=decode, transform=transform)
+
+    def sampler(self, dataset=None, **options):
+        """A ShadeSampler over the node's data set (or `dataset`, one of this node's), under its
+        read plan and board; options: ShadeSampler's."""
+        from ..sampling.sampler import ShadeSampler
+        return ShadeSampler(self.dataset() if dataset is None else dataset, **options)
+
+    def loader(self, batch_size: int, sampler=None, dataset=None, **options):
+        """A CachedLoader over the node's data set (or `dataset`); options: CachedLoader's."""
+        from ..loader.loader import CachedLoader
+        return CachedLoader(self.dataset() if dataset is None else dataset, batch_size=batch_size,
+                            sampler=sampler, **options)
+
+    def prefetcher(self, **options):
+        """The node's Prefetcher, not started (lookahead/prefetcher.py; options: its DEFAULTS)."""
+        from ..lookahead.prefetcher import Prefetcher
+        return Prefetcher(self, **{**self.prefetch_options, **options})
+
+    def serve(self, host: str = "127.0.0.1", port: int = 0, secret=None):
+        """Starts the node's peer server (another process), reading through the node's SSD tier
+        and store; returns its handle (.address, .close())."""
+        from ..peer.launch import serve
+        if self.cache is None:
+            raise ValueError("a node without a cache has nothing to serve")
+        return serve(self, host=host, port=port, secret=secret)
+
+    def start_reading_ahead(self) -> None:
+        """Starts the node's prefetcher if this node reads ahead, made the board, and none runs
+        (the samplers call it when they publish an order)."""
+        if not self.read_ahead or self._owner_pid != os.getpid():
+            return
+        if self._prefetcher is not None and self._prefetcher.alive():
+            return
+        if self.board is None or self.board.prefetcher_alive():
+            return
+        self._prefetcher = self.prefetcher().start()
+
+    @property
+    def prefetching(self) -> bool:
+        """Whether the node's prefetcher runs (whoever started it)."""
+        return self.board is not None and self.board.prefetcher_alive()
+
+    # ---- counters and lifetime ----------------------------------------------------------------
+    def stats(self) -> dict:
+        """Counts over every process that read through this node (MissPath.stats), with the
+        board's per-epoch rows, or the samplers' counts noted in this process without one."""
+        return self.misses.stats(self._notes)
+
+    def note_epoch(self, epoch: int, **counts) -> None:
+        """Adds a sampler's per-epoch counts (accuracy_repeats, stall_deferrals, stall_repeats)
+        to this process's record, which stats()["per_epoch"] shows when there is no board (the
+        board's rows hold them, node-wide, when there is one)."""
+        row = self._notes.setdefault(int(epoch), {})
+        for k, v in counts.items():
+            row[k] = row.get(k, 0) + int(v)
+
+    def close(self) -> None:
+        """Stops the prefetcher this node started; the parts given to it stay their owners'."""
+        p, self._prefetcher = self._prefetcher, None
+        if p is not None:
+            p.stop()
+        _LIVE.discard(self)
+
+    def __enter__(self) -> "Node":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_prefetcher"] = None     # the process that started it stops it
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{name}={what}" for name, what in self.tiers())
+        return f"<shadecache.Node {parts}; {self.read_plan.describe()}>"
+
+
+_LIVE = weakref.WeakSet()   # nodes of this process whose prefetchers stop at its exit
+
+
+@atexit.register
+def _stop_prefetchers() -> None:
+    for node in list(_LIVE):
+        node.close()
+
+
+def _board_link(cache, streams, create: bool):
+    """(the link to the cache's order board, whether this process made the board): None without
+    a cache; with `create` the board is made now when there is none (streams: the ranks of this
+    node; removed when this process exits), else only looked for when first used."""
+    if cache is None:
+        return None, False
+    from ..lookahead.board import BoardLink
+    link = BoardLink(cache.name)
+    if not create or link.get() is not None:
+        return link, False
+    if streams is None:
+        local = os.environ.get("LOCAL_WORLD_SIZE", "1")
+        streams = int(local) if local.isdigit() and int(local) >= 1 else 1
+    return link, link.create(cache.num_samples, streams).created_here
