@@ -10,20 +10,19 @@ every read reaches the device (no page cache between the job and its storage). W
 from shared storage is the device's own count (/sys/block/loopN/stat, sectors read).
 
 The node: a cache of 20% of the samples (importance policy, Cache.for_store) and an SSD tier of 30%
-of the data on the machine's own disk, both fresh for each run. The job is the README's: a
-CachedDataset over the store, the cache and the SSD tier, ShadeSampler at its defaults, a
-CachedLoader (batch 256, 2 threads), a training step of --step-ms per batch that releases the GIL
-(time.sleep), per-sample losses (a fixed function of the id) reported with sampler.update. Each
-sample size runs three ways, epoch 0 cold and --warm warm epochs each:
-  none           no prefetcher
-  chain          OrderBoard.create + Prefetcher(cache, store, ssd=ssd, lookahead_samples=4096,
-                 lookahead_bytes=64 MiB): the prefetcher reads through the node's tier chain
-  store only     the same prefetcher given no ssd=: it reads the store past the SSD tier, as it did
-                 before the chain (the row is there to show what the chain changes)
+of the data on the machine's own disk, both fresh for each run. The job is the README's: an
+sc.Node of the store, the cache and the SSD tier, ShadeSampler at its defaults, a CachedLoader
+(batch 256, 2 threads), a training step of --step-ms per batch that releases the GIL (time.sleep),
+per-sample losses (a fixed function of the id) reported with sampler.update. Each sample size runs
+these ways, epoch 0 cold and --warm warm epochs each:
+  none           sc.Node(..., read_ahead=False): no prefetcher
+  default        sc.Node(...): the node reads ahead with its defaults (automatic lookahead)
+  chain          a node without a prefetcher of its own and node.prefetcher(lookahead_samples=4096,
+                 lookahead_bytes=64 MiB) started by hand (the README's lookahead before the node)
 Printed per warm epoch: samples/s and the data read from shared storage as a multiple of the data
 set's size; with --detail, per epoch, the loaders' reads from the store and the SSD tier, the
-prefetcher's reads and insertions, and the cache's evictions. The target: with the prefetcher
-(chain) every warm epoch reads no more than without one and is at least as fast.
+prefetcher's reads and insertions, and the cache's evictions. The target: reading ahead, every
+warm epoch reads no more than without it and is at least as fast.
 """
 from __future__ import annotations
 
@@ -48,7 +47,7 @@ import shadecache as sc  # noqa: E402
 import throttled_disk  # noqa: E402
 from cluster import process_cpu_s  # noqa: E402
 
-MODES = ("none", "chain", "store only")
+MODES = ("none", "default", "chain")
 
 
 def pack(path: str, n: int, size: int) -> None:
@@ -115,11 +114,13 @@ def run_mode(mode, store_path, disk, ssd_dir, args):
         ssd_bytes = int(0.30 * sum(sc.SSDTier.slot_bytes(int(v)) for v in store.lengths))
         cap = sc.Cache.capacity_for(round(0.20 * n), store.lengths)
         out = []
-        with sc.Cache.for_store(name, store, capacity_bytes=cap, policy="importance", attach=False) as cache, \
-                sc.OrderBoard.create(name, n) as board:
+        with sc.Cache.for_store(name, store, capacity_bytes=cap, policy="importance", attach=False) as cache:
             ssd = sc.SSDTier(ssd_dir, capacity_bytes=ssd_bytes, cache=cache)
-            ds = sc.Node(store, cache, ssd=ssd, read_ahead=False).dataset()
-            sampler = sc.ShadeSampler(ds, cache=cache, batch_size=args.batch, seed=0, **args.sampler)
+            # every mode has a board (counters); only "default" starts its prefetcher by itself
+            node = sc.Node(store, cache, ssd=ssd, read_ahead=mode == "default")
+            board = node.board or sc.OrderBoard.create(name, n)
+            ds = node.dataset()
+            sampler = sc.ShadeSampler(ds, batch_size=args.batch, seed=0, **args.sampler)
             loader = sc.CachedLoader(ds, batch_size=args.batch, sampler=sampler,
                                      **{"num_workers": 2, **args.loader})
             if args.detail:   # what the store measured at open decides the order "auto" draws
@@ -129,11 +130,13 @@ def run_mode(mode, store_path, disk, ssd_dir, args):
                                                  f", extents of {sampler.extents.extent_bytes:,} B"),
                       flush=True)
             pf = None
-            if mode != "none":
-                pf = sc.Node(store, cache, ssd=ssd if mode == "chain" else None).prefetcher(lookahead_samples=4096, lookahead_bytes=64 << 20).start()
+            if mode == "chain":
+                pf = node.prefetcher(lookahead_samples=4096, lookahead_bytes=64 << 20).start()
             try:
                 for epoch in range(1 + args.warm):
                     sampler.set_epoch(epoch)
+                    if mode == "default":
+                        pf = node.started_prefetcher
                     layout = sampler.extents if args.detail else None
                     before = _detail(ds, cache, board, layout, ssd, pf)
                     r0, t0 = disk.counters().bytes, time.perf_counter()
@@ -168,8 +171,9 @@ def run_mode(mode, store_path, disk, ssd_dir, args):
                         delta["stall_repeats"] = sampler.repeats_history[epoch]["stall_repeats"]
                     out.append((seen / dt, nbytes, delta))
             finally:
-                if pf is not None:
+                if mode == "chain" and pf is not None:
                     pf.stop()
+                node.close()
                 ssd.close()
             board.unlink()
             cache.check()

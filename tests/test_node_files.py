@@ -14,7 +14,6 @@ from shadecache import _core
 from shadecache import shm
 from shadecache.cache import node as cache_mod
 from shadecache.lookahead import board as order
-from shadecache.lookahead import publish
 from shadecache import status as tier_status
 from shadecache.ssd.layout import slot_bytes
 
@@ -252,7 +251,8 @@ def test_gc_skips_a_name_that_changes_owner_mid_sweep_and_goes_on(name, monkeypa
 @needs_root
 def test_order_board_made_first_by_another_user_is_refused(name):
     """A board another user made first for the victim's cache (with an order of its choosing) is
-    never attached: not by the sampler's hook, not by attach, and create says whose it is."""
+    never attached: not by a node's (or a sampler's) link, not by attach, and create says whose
+    it is."""
     def attacker():
         b = order.OrderBoard.create(name, 16)
         b.publish(0, 0, list(range(15, -1, -1)))
@@ -263,7 +263,7 @@ def test_order_board_made_first_by_another_user_is_refused(name):
     c = sc.Cache.create(name, 16, 1 << 20, policy="clairvoyant")
     try:
         with pytest.raises(PermissionError, match=OWNER):
-            publish.board_for(c)
+            order.BoardLink(c.name).get()            # what a node or a sampler of the cache looks for
         with pytest.raises(PermissionError, match=OWNER):
             order.OrderBoard.attach(name)
         with pytest.raises(FileExistsError, match=OWNER):

@@ -480,6 +480,11 @@ class OrderBoard:
         best[best == np.iinfo(np.int64).max] = -1
         return best
 
+    def marks(self) -> bytes:
+        """What changes whenever a stream publishes, rewrites or moves its cursor: the streams'
+        (seq, epoch, cursor) words, as bytes (one copy). Equal marks: no stream moved since."""
+        return self._srec[:self.streams, [_S_SEQ, _S_EPOCH, _S_CURSOR]].tobytes()
+
     def stream_state(self, stream: int) -> dict:
         rec = self._srec[self._check_stream(stream)]
         return {"seq": int(rec[_S_SEQ]), "epoch": int(rec[_S_EPOCH]), "length": int(rec[_S_LENGTH]),

@@ -160,10 +160,23 @@ class ReadAhead:
         if self.inflight and (not submitted or len(self.inflight) >= self.limits.max_batches):
             self._take()
         elif not submitted:
-            # under the extent plan a full cache is read ahead no more (it only shrinks by
-            # removals): look less often, and leave the loader this machine's cores
-            resting = self.full and self.rule == READS_UNTIL_FULL
-            time.sleep(IDLE_S if resting and not self.held.batches else self.options["poll_s"])
+            self._rest()
+
+    def _rest(self) -> None:
+        """Nothing to read now: waits until a stream moves (a cursor, a publish, a rewrite) or
+        IDLE_S passes (a sample evicted from the window is a candidate again), looking every
+        poll_s at the streams' words only. A pass over the window costs far more than that look,
+        and on a small machine every pass is taken from the loaders' cores. Under the extent plan
+        a full cache is read ahead no more (it only shrinks by removals): IDLE_S, whatever moves."""
+        deadline = time.monotonic() + IDLE_S
+        if self.full and self.rule == READS_UNTIL_FULL and not self.held.batches:
+            time.sleep(IDLE_S)
+            return
+        seen = self.board.marks()
+        while time.monotonic() < deadline and not self.stopping:
+            time.sleep(self.options["poll_s"])
+            if self.board.marks() != seen or self.board.stop_requested:
+                return
 
     def _observe(self, window: Window, cached: np.ndarray) -> None:
         """What changed since the last pass (mu held): the loaders' pace, a new epoch (nothing is
@@ -329,10 +342,19 @@ class ReadAhead:
 
     # ---- the process ---------------------------------------------------------------------------
     def _hand_over_loop(self) -> None:
+        """Every poll_s while something is held or in flight (else IDLE_S): hands over what is
+        due, when something that decides it moved (a stream, a reader's WANTED flag, a read that
+        landed since: a pass over every held batch costs the loaders' cores for nothing
+        otherwise)."""
+        seen = None
         while not self.done.wait(self.options["poll_s"] if self.held.batches or self.inflight
                                  else IDLE_S):
+            marks = (self.board.marks(), self.board.wanted().tobytes(), len(self.held.batches))
+            if marks == seen:
+                continue
             with self.mu:
                 self.hand_over()
+            seen = (self.board.marks(), self.board.wanted().tobytes(), len(self.held.batches))
 
     def run(self, parent_pid: int) -> None:
         """Runs passes until the board's stop word, SIGTERM or the parent's exit; then finishes

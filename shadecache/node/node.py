@@ -202,6 +202,11 @@ class Node:
         self._prefetcher = self.prefetcher().start()
 
     @property
+    def started_prefetcher(self):
+        """The Prefetcher this node started (start_reading_ahead), or None."""
+        return self._prefetcher
+
+    @property
     def prefetching(self) -> bool:
         """Whether the node's prefetcher runs (whoever started it)."""
         return self.board is not None and self.board.prefetcher_alive()

@@ -168,3 +168,38 @@ def test_one_admission_rule_is_followed_by_every_path(store, cache_factory, path
             server.close()
     assert _odd_cached(cache) == 0
     assert _even_cached(cache) == N // 2
+
+
+def test_a_seed_reproduces_the_order_in_separate_processes(tmp_path):
+    """Same seed, pack file and code, three separate processes (a DataLoader with 0 and with 2
+    workers; stalls off and the defaults; a store the device keeps up with): the same ids in the
+    same order every epoch, and with 0 workers the same losses. The store is large enough that
+    each process measures its device: the read plan it chooses is remembered on the node, so all
+    three draw under the same plan."""
+    import json
+    import subprocess
+    import sys
+
+    rng = np.random.default_rng(11)
+    path = tmp_path / "repro.shc"
+    with sc.PackWriter(path) as w:   # 18 MiB: over the size below which a store is not probed
+        for i in range(4000):
+            w.add(rng.integers(0, 256, 4700, dtype=np.uint8).tobytes(), int(i % 10))
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "xdg"),
+               PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(here)),
+                                           os.environ.get("PYTHONPATH", "")]))
+    runs = []
+    for workers, stalls in ((0, "off"), (2, "on"), (0, "on")):
+        done = subprocess.run([sys.executable, os.path.join(here, "train_once.py"), str(path), "7",
+                               str(workers), stalls], env=env, capture_output=True, text=True,
+                              timeout=240)
+        assert done.returncode == 0, done.stderr[-2000:]
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    first = runs[0]
+    for run in runs[1:]:
+        assert run["read_plan"] == first["read_plan"]
+        assert run["epochs"] == first["epochs"]
+    assert sorted(first["epochs"][0]) == list(range(4000))
+    assert first["epochs"][0] != first["epochs"][1]
+    assert runs[2]["losses"] == first["losses"]

@@ -11,7 +11,6 @@ import json
 import os
 import sys
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -37,9 +36,12 @@ def main(store_path, outdir, job, epochs):
     dist.barrier()
     if local_rank != 0:
         cache = sc.Cache.attach(name)
-    cluster = sc.Cluster.from_torch(cache, store=store, timeout=1.0)   # the secret: $SHADECACHE_SECRET
+    # the secret: $SHADECACHE_SECRET; local rank 0 starts the node's peer server from the node
+    shadecache_node = sc.Node(store, cache, cluster="torch", read_ahead=False,
+                              peer_options=dict(timeout=1.0))
+    cluster = shadecache_node.cluster
     decode = functools.partial(synthetic.decode, size=SIZE)
-    ds = sc.Node(store, cache, cluster=cluster, read_ahead=False).dataset(decode=decode)
+    ds = shadecache_node.dataset(decode=decode)
     sampler = sc.ShadeSampler(ds, cache=cache, batch_size=16, seed=1)
     # persistent_workers: the worker is forked once, before any DataLoader thread exists. Forking
     # a new worker every epoch while the last epoch's queue feeder thread is still exiting can

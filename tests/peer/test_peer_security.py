@@ -604,10 +604,14 @@ def test_serve_fetch_close_cycles_never_abort(cache_factory, store):
 
 # ---- the read-through default -------------------------------------------------------------------
 
-def test_serve_without_a_store_says_what_to_pass(cache_factory, store):
-    c = _full_cache(cache_factory, store)
-    with pytest.raises(ValueError, match="store=.*read_through=False"):
-        sc.Node(None, c, read_ahead=False).serve()
+def test_a_node_without_a_store_serves_its_cache_and_has_no_data_set(cache_factory, store):
+    """A node given no store only serves what its cache holds (filled some other way): it has no
+    data set to read, and a node of nothing at all is refused, saying what to give."""
+    node = sc.Node(None, _full_cache(cache_factory, store), read_ahead=False)
+    with pytest.raises(ValueError, match="no data set"):
+        node.dataset()
+    with pytest.raises(ValueError, match="a node needs a store"):
+        sc.Node(None, None)
 
 
 def test_a_three_node_cluster_reads_each_uncached_sample_once_per_epoch(cache_factory, tmp_path):
@@ -643,7 +647,7 @@ def test_a_three_node_cluster_reads_each_uncached_sample_once_per_epoch(cache_fa
         for cl in clients:
             cl.close()
         for d in dss:
-            d.cluster.close()
+            d.node.cluster.close()
     finally:
         for s in servers:
             s.close()
