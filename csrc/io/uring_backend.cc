@@ -46,8 +46,8 @@ class UringBackend final : public IoBackend {
  public:
   UringBackend(unsigned queue_depth, bool bind_to_thread) : qd_(queue_depth), limit_(queue_depth) {
     // COOP_TASKRUN: no interrupt of this thread to post each completion. SINGLE_ISSUER +
-    // DEFER_TASKRUN: completions are posted only when this thread waits for them; measured here
-    // (A/B in one process, 128 KB O_DIRECT reads at QD 32) 20-30 % more bandwidth than without.
+    // DEFER_TASKRUN: completions are posted only when this thread waits for them, which gave
+    // large O_DIRECT reads clearly more bandwidth than without (docs/store_format.md, "io_uring").
     // They bind the ring to the creating thread; BackendSlot sends other threads to a ring
     // without them. Older kernels reject the flags with EINVAL: retry without, as fio does.
     const unsigned bound = IORING_SETUP_COOP_TASKRUN | IORING_SETUP_SINGLE_ISSUER |
@@ -102,6 +102,21 @@ class UringBackend final : public IoBackend {
       std::fprintf(stderr, "shadecache: io_uring_submit_and_wait failed: %s\n", std::strerror(-r));
       std::abort();
     }
+  }
+  // Submits, waits for at least one completion, calls on_cqe(user data, result) for every
+  // completion there is, then advances the CQ; returns how many were reaped. on_cqe must not
+  // throw: completions of the batch are still arriving into its buffers.
+  template <class F>
+  unsigned wait_and_reap(F&& on_cqe) {
+    submit_and_wait();
+    unsigned head, seen = 0;
+    io_uring_cqe* cqe;
+    io_uring_for_each_cqe(&ring_, head, cqe) {
+      ++seen;
+      on_cqe(io_uring_cqe_get_data64(cqe), cqe->res);
+    }
+    io_uring_cq_advance(&ring_, seen);
+    return seen;
   }
   io_uring_sqe* sqe() {
     io_uring_sqe* s = io_uring_get_sqe(&ring_);
@@ -302,17 +317,11 @@ void UringBackend::read_feed(int fd, bool direct, RangeFeed& feed) {
 
   fill();
   while (inflight > 0) {
-    submit_and_wait();
     // 1. Reap: classify every completion, but copy nothing yet.
-    unsigned head, seen = 0;
-    io_uring_cqe* cqe;
-    io_uring_for_each_cqe(&ring_, head, cqe) {
-      ++seen;
-      --inflight;
-      unsigned e = static_cast<unsigned>(io_uring_cqe_get_data64(cqe));
+    inflight -= wait_and_reap([&](uint64_t data, int res) {
+      unsigned e = static_cast<unsigned>(data);
       Entry& x = entries[e];
       const RangeRead& op = x.op;
-      int res = cqe->res;
       if (res == -EAGAIN || res == -EINTR) {
         retry.push_back(e);
       } else if (res < 0) {
@@ -339,8 +348,7 @@ void UringBackend::read_feed(int fd, bool direct, RangeFeed& feed) {
         else
           retry.push_back(e);  // short read: ask for the rest
       }
-    }
-    io_uring_cq_advance(&ring_, seen);
+    });
     // 2. Refill and submit at once: the device gets its next reads before we spend CPU on the
     //    finished ones (completions arrive in bursts here; copying and checksumming a burst first
     //    would leave the device idle for that long).
@@ -402,45 +410,38 @@ void UringBackend::read_files(FileRead* ops, size_t n) {
       ++inflight;
     }
     if (inflight == 0) break;
-    submit_and_wait();
-    unsigned head, seen = 0;
-    io_uring_cqe* cqe;
-    io_uring_for_each_cqe(&ring_, head, cqe) {
-      ++seen;
-      --inflight;
-      uint64_t ud = io_uring_cqe_get_data64(cqe);
+    inflight -= wait_and_reap([&](uint64_t ud, int res) {
       size_t i = static_cast<size_t>(ud >> 2);
       Step step = static_cast<Step>(ud & 3);
-      int res = cqe->res;
       if (res == -EAGAIN || res == -EINTR) {
         ready.emplace_back(i, step);
-        continue;
+        return;
       }
       FileRead& op = ops[i];
       if (step == kOpen) {
         if (res < 0) {
           fail(i, "open", -res);
           --active;
-          continue;
+          return;
         }
         fds[i] = res;
         struct stat st;
         if (::fstat(res, &st) != 0) {
           fail(i, "fstat", errno);
           ready.emplace_back(i, kClose);
-          continue;
+          return;
         }
         // Opened O_NONBLOCK so that a FIFO fails here instead of waiting for a writer (regular
         // files ignore the flag): anything but a regular file is refused.
         if (!S_ISREG(st.st_mode)) {
           fail(i, "fstat", S_ISDIR(st.st_mode) ? EISDIR : EINVAL);
           ready.emplace_back(i, kClose);
-          continue;
+          return;
         }
         op.size = static_cast<size_t>(st.st_size);
         if (op.size == 0) {
           ready.emplace_back(i, kClose);
-          continue;
+          return;
         }
         // Never throw in here: completions of this batch are still arriving into its buffers
         // and the CQ must be advanced. A file too large to hold fails alone, and is closed.
@@ -448,7 +449,7 @@ void UringBackend::read_files(FileRead* ops, size_t n) {
         if (!op.data) {
           fail(i, "read", ENOMEM);
           ready.emplace_back(i, kClose);
-          continue;
+          return;
         }
         ready.emplace_back(i, kRead);
       } else if (step == kRead) {
@@ -466,8 +467,7 @@ void UringBackend::read_files(FileRead* ops, size_t n) {
         if (res < 0) fail(i, "close", -res);
         --active;
       }
-    }
-    io_uring_cq_advance(&ring_, seen);
+    });
   }
 }
 
