@@ -2,11 +2,12 @@
 store readers, the peer client's replies).
 
 glibc returns the memory of a freed batch to the kernel (heap trim; mmap for blocks >= 128 KB),
-so the next batch's bytes objects fault in and zero fresh pages: on this project's VMs that cut
-128 KB read_many from ~1.2 GB/s to ~0.4 GB/s (docs/store_format.md), and 64 x 100 KB peer replies
-from 1.7 to 6.4 ms. Keeping up to 64 MiB of freed heap, and serving blocks below 16 MiB from the
-heap, removes it. Once per process; skipped when the user tunes malloc through its own environment
-variables or sets SHADECACHE_NO_MALLOC_TUNING.
+so the next batch's bytes objects fault in and zero fresh pages: a page-fault storm on every
+batch, which cost large store reads and peer replies most of their speed (docs/store_format.md,
+"Memory: glibc trimming"; the peer replies: docs/benchmark_history.md, "Peer layer and SSD tier:
+store reads per epoch and peer throughput"). Keeping up to 64 MiB of freed heap, and serving
+blocks below 16 MiB from the heap, removes it. Once per process; skipped when the user tunes
+malloc through its own environment variables or sets SHADECACHE_NO_MALLOC_TUNING.
 """
 import os
 

@@ -51,11 +51,11 @@ std::vector<uint64_t> checked_ids(Cache& c, py::handle ids) {
 //   ahead, in steps of `step` ids: values up to kSmallValue bytes in chunks of kSmallChunk, one
 //   chunk ahead; larger ones 4 ids ahead, one at a time (their copies are long enough to hide a
 //   miss).
-// Measured by CPU time, 256 ids per call over 256 MiB (bench/bench_gather_cpu.py): 256 B
-// went from 0.65-0.70x of np.take's rate (index 2 chunks ahead, slots 1 chunk ahead) to
-// 1.0-1.1x with the whole batch's index entries requested first; 3 KB stayed at 0.95-1.05x.
-// Chunks of 16 instead of 32 (256 B, groups of 8192 ids, alternating runs of 7 rounds each):
-// the gather was faster in 4 of 5 pairs (by 0.10-0.23x of np.take's rate) and level in the fifth.
+// Requesting the whole batch's index entries first, not a few chunks ahead, is what brought small
+// values level with np.take by CPU time (3 KB values, whose copies hide more, were level either
+// way); slot chunks of 16 ids, not 32, were faster again for small values
+// (bench/bench_gather_cpu.py; docs/benchmark_history.md, "CachedLoader vs `np.take`: the batch
+// path" and "CachedLoader vs `np.take`: the Python around the call").
 // The hits, misses and retries are counted once per call (Cache::count_reads).
 constexpr uint32_t kSmallValue = 512;
 constexpr size_t kSmallChunk = 16;

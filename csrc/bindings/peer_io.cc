@@ -16,8 +16,9 @@
 // the GIL, seals the table and the values straight from shared memory into the connection's
 // buffer, releases the message's pins together once it is sealed, and hands the kernel the whole
 // message (never waiting for it). Whole messages, not pieces as they are sealed: on loopback each
-// send wakes the client and contends with its receive for the socket, and a reply of 256 x 3 KB
-// handed over in 128 KiB pieces took 12-13% longer (64 x 100 KB: 12-18%). Only a message longer
+// send wakes the client and contends with its receive for the socket: replies handed over in
+// 128 KiB pieces took longer, of small and of 100 KB values (docs/benchmark_history.md, "The
+// sealed frames alone: the bound of a 3 KB peer GET"). Only a message longer
 // than the client's window (a large value) goes a window at a time (kHandOver). Only when every
 // pin is released does flush() wait for the client to take the rest, under the send deadline: a
 // slow client holds its own buffer, nothing another client needs.
@@ -81,8 +82,9 @@ constexpr size_t kPiece = 128 << 10;
 constexpr size_t kWindow = 1 << 20;
 // A message longer than this (a large value) is handed to the kernel in pieces of this size as
 // they are sealed, a window at a time, so that the client opens one while the next is sealed
-// (16 MiB values took 11-20% longer when each went only once sealed whole); shorter messages go
-// whole.
+// (16 MiB values took longer when each went only once sealed whole: the two ends did not
+// overlap; docs/benchmark_history.md, "The sealed frames alone: the bound of a 3 KB peer GET");
+// shorter messages go whole.
 constexpr size_t kHandOver = kWindow;
 // The largest body send_message seals (GET ids, STATS and ERROR texts): requests are small.
 constexpr size_t kMaxMessage = 1 << 20;

@@ -71,7 +71,8 @@ class IndexedHeap {
   }
   // A prefetch the compiler keeps: GCC drops a __builtin_prefetch whose address needs the page
   // table load and the reciprocal multiply of at() (update_scores lost every heap prefetch and ran
-  // ~30% slower), while an asm statement stays.
+  // slower: docs/benchmark_history.md, "Speed, main vs the allocator (layout 6)"), while an asm
+  // statement stays.
   static void touch(const void* p) {
 #if defined(__x86_64__) || defined(__i386__)
     asm volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(p)));

@@ -53,8 +53,10 @@ __attribute__((target("sse4.2"))) uint32_t crc_hw(const uint8_t* p, size_t n, ui
 // by K = x^(8k - 33) mod P, reduced by one crc32 instruction, does that (the instruction's
 // reduction multiplies by x^32 more, and the reflected product is one bit off: 33); K comes from
 // the precomputed x^(8 * 2^j - 33) of the bits of k/8, a multiply each, and is kept for the
-// next value of the same length. One join per value (the rounds of fixed lanes this replaces
-// joined every 192 bytes, through tables, on the chain's critical path): 3000 bytes 17 -> 25 GB/s.
+// next value of the same length. One join per value: the rounds of fixed lanes this replaces
+// joined every 192 bytes, through tables, on the chain's critical path, which held values of a few
+// KB back (docs/benchmark_history.md, "Batched pins, a faster crc32c, and the parts of a sealed
+// GET").
 constexpr size_t kMinLanes = 192;  // below this one chain (the join would cost more than it saves)
 constexpr uint32_t kOne = 1u << 31;  // the polynomial 1 (reflected: bit 31 is x^0)
 

@@ -17,7 +17,8 @@ namespace shadecache {
 namespace {
 
 // seconds of each kind of read: several of the cgroup throttle's 100 ms slices, whose budget a
-// short probe sees as a burst (0.15 s measured 312-369 MB/s on a disk throttled to 200 MiB/s)
+// short probe sees as a burst (shorter phases measured far more than the throttle allows:
+// docs/store_format.md, "Reads shaped for the device: extents")
 constexpr double kPhaseS = 0.4;
 constexpr unsigned kMaxBatches = 64;  // a fast device is measured in fewer seconds
 
@@ -70,8 +71,9 @@ DeviceProbe probe_device(const std::string& path, int buffered_fd, uint64_t lo, 
     timed_reads(backend, use, out.direct, ops);
     // At least two batches; the rate is the median of the batches that started after the
     // phase's first third (or the last batch's when none did): one batch held up by the
-    // throttle's debt for the other phase's burst (it measured 10 MB/s on a disk throttled to
-    // 200 MiB/s) or by a loaded CPU does not make the phase's rate.
+    // throttle's debt for the other phase's burst (a whole-phase average once measured a small
+    // fraction of the throttle's rate: docs/store_format.md, "Reads shaped for the device:
+    // extents") or by a loaded CPU does not make the phase's rate.
     auto phase = [&](unsigned count, uint32_t bytes) {
       double elapsed = 0, last = 0;
       std::vector<double> steady;

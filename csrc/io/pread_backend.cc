@@ -205,8 +205,9 @@ class ThreadPool {
 };
 
 // Sized to the machine, not to the queue depth: blocking preads want several threads per core to
-// keep a device's queue busy (measured here, O_DIRECT 4 KB at queue depth 64: 8 threads ~52k
-// reads/s, 16-64 threads ~65-75k), and 64 per store (the old rule) made 200 stores hold 12,600.
+// keep a device's queue busy (fewer read measurably less), and 64 per store (the old rule) made a
+// process with many stores hold thousands of threads (docs/store_format.md, "The fallback: pread
+// thread pool").
 // SHADECACHE_PREAD_THREADS (1-256) overrides it, for devices that want a deeper queue.
 unsigned machine_pool_size() {
   if (const char* env = std::getenv("SHADECACHE_PREAD_THREADS")) {

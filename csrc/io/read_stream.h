@@ -2,12 +2,13 @@
 // order the batches went in, and the device never sees the end of a batch.
 //
 // Why: a backend call (io_backend.h) drains its queue before it returns, so the last reads of
-// every batch run at a falling queue depth (measured: read_many(256) of 4 KB O_DIRECT reads at
-// 0.78x of fio's IOPS, read_many(4096) at fio). The stream keeps `lanes` threads, each with its
-// own backend (its own io_uring ring, or pread pool where io_uring is refused) made in that thread,
-// each taking the next queued batch as soon as its last one has drained: while one lane runs the
-// tail of batch k, the others run batches k+1, ... at full depth. Each lane keeps at most
-// ceil(queue_depth / lanes) reads in flight, so the stream as a whole never has more than
+// every batch run at a falling queue depth (measured: a read_many of a few hundred 4 KB O_DIRECT
+// reads falls short of fio's IOPS, one of thousands reaches it; docs/benchmark_history.md,
+// "Packed sample store: rerun while the disk was faster"). The stream keeps `lanes` threads, each
+// with its own backend (its own io_uring ring, or pread pool where io_uring is refused) made in
+// that thread, each taking the next queued batch as soon as its last one has drained: while one
+// lane runs the tail of batch k, the others run batches k+1, ... at full depth. Each lane keeps
+// at most ceil(queue_depth / lanes) reads in flight, so the stream as a whole never has more than
 // queue_depth in flight, as one read_many(queue_depth) would.
 //
 // Submission modes (io_uring only; the pread pool always spreads):
@@ -18,21 +19,19 @@
 //   batch queued while its reads run into the same backend call (IoBackend::read_feed), so the
 //   ring does not drain at the end of a batch either.
 // - auto: measures which of the two is faster and runs it.
-// single is the default. On this project's VM disk (4 KB O_DIRECT reads at QD 32), whose pace
-// flips between two states, single's median ratio to fio in three runs of 5-7 rounds was 0.96x,
-// 1.12x and 1.21x, spread's 0.87x, 1.06x and 1.09x in the same rounds; at 128 KB, 2.54x and
-// 1.53x of fio's bandwidth (docs/benchmark_history.md, "The single mode feeds queued batches
-// into one call"). Before lane 0
-// fed batches into one call,
-// single drained its ring at each batch's end and lost to spread by 0.55-0.76x in the disk's slow
-// state: that is why auto exists. It runs a mode for an epoch (at least kEpochBatches batches and
+// single is the default: on this project's VM disk, whose pace flips between two states, it was
+// the fastest of the three modes in every run, at 4 KB and at 128 KB (docs/benchmark_history.md,
+// "The single mode feeds queued batches into one call"). Before lane 0 fed batches into one
+// call, single drained its ring at each batch's end and lost to spread in the disk's slow state
+// (docs/benchmark_history.md, "The stream submits each read alone when that is faster"): that is
+// why auto exists. It runs a mode for an epoch (at least kEpochBatches batches and
 // kEpochSeconds of time while a batch runs: a stream nobody feeds is not slow), keeps a moving
 // average of each mode's samples per second, runs the faster one and tries the other for one
 // epoch in every kExploreEvery. Each batch counts for the mode it started in. (Epochs by time
-// too: 16 batches of 128 KB samples took 0.4 s, so a one-second stream spent half its time trying
-// the slower mode.) On a switch to single, lane 0 waits for the other lanes' batches to finish,
-// and on a switch to spread the lanes wait for lane 0's single batches, so the stream never has
-// more than queue_depth reads in flight.
+// too: counted in batches alone, an epoch of large samples lasted so long that a short stream
+// spent much of its time trying the slower mode.) On a switch to single, lane 0 waits for the
+// other lanes' batches to finish, and on a switch to spread the lanes wait for lane 0's single
+// batches, so the stream never has more than queue_depth reads in flight.
 //
 // Contract:
 // - submit() and take() may be called from one thread at a time (the caller serialises them);

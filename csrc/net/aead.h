@@ -4,9 +4,10 @@
 //
 // Two implementations of the same standard cipher, chosen once per process (implementation()):
 // Intel's intel-ipsec-mb (libIPSec_MB, when the build found it and it passes a known-answer check
-// against libcrypto at start: on CPUs with VAES/VPCLMULQDQ it seals 2-2.5x as fast as OpenSSL
-// 3.0's AES-NI code), otherwise OpenSSL's libcrypto (EVP). Records of either open with the
-// other; SHADECACHE_AEAD=openssl forces libcrypto.
+// against libcrypto at start: on CPUs with VAES/VPCLMULQDQ its GCM works on several blocks per
+// instruction and seals much faster than OpenSSL 3.0's AES-NI code; docs/peer.md, "Not done
+// (yet)"), otherwise OpenSSL's libcrypto (EVP). Records of either open with the other;
+// SHADECACHE_AEAD=openssl forces libcrypto.
 //
 // A record is sealed (or opened) in one pass that may be split over many update() calls, so a
 // large value is encrypted or decrypted piece by piece as it goes to or comes from the socket.

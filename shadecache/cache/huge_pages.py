@@ -3,9 +3,10 @@
 Why it matters: a cache larger than the CPU caches is read at random, so nearly every value a
 `get` or a batch gather reads lies on a page whose address translation is not in the TLB; with
 4 KiB pages that is a page walk per value, with 2 MiB pages the TLB covers 512 times as much.
-Measured here (BENCHMARKS.md, "Huge pages"): 3 KB `get`s over a 2 GiB working set 1.18M -> 1.46M/s,
-3 KB batches of `CachedLoader` about +10%, and `np.take` itself loses 16% when its array is denied
-the huge pages numpy asks for.
+`get`s and `CachedLoader` batches over such a cache are faster on them, and the numpy arrays they
+are compared with already have them (numpy asks for huge pages for its large arrays):
+docs/shared_memory.md, "Huge pages"; the runs in docs/benchmark_history.md, "Huge pages for the
+segment".
 
 The segment is a file on /dev/shm (tmpfs), and tmpfs gives huge pages only when the mount says so
 (`huge=within_size` or `huge=always`) or when the node forces them on every tmpfs

@@ -67,9 +67,10 @@ class BufferPool:
     in this process, and a batch the caller keeps (in a list, across steps) is never overwritten:
     the pool hands out another buffer, or a fresh one when its `keep` buffers are all in use
     (that one is not kept). Reusing saves the page faults and the kernel's zeroing of a fresh
-    buffer per call (a fresh 64 KiB-2 MiB buffer cost about 2.5 us per 256-sample batch at 256 B,
-    a third of the copy), and the lowest idle buffer is taken first, so the same one or two are
-    written again while they are still in the CPU caches. The pool keeps at most `keep` buffers
+    buffer per call (for small samples a sizeable share of the copy itself:
+    docs/benchmark_history.md, "CachedLoader vs `np.take`: the Python around the call"), and the
+    lowest idle buffer is taken first, so the same one or two are written again while they are
+    still in the CPU caches. The pool keeps at most `keep` buffers
     of `rows` rows for the loader's life (keep x rows x S <= _POOL_BYTES). Under a lock:
     the assembly threads share it (a reference is taken inside it, so a buffer found idle cannot
     be handed out twice). Relies on CPython's reference counts (this package's interpreter).

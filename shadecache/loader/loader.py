@@ -55,7 +55,9 @@ from .workers import IdBatches
 
 _warned_pin = False
 _GROUP_SAMPLES = 8192        # see CachedLoader._group_batches
-_GROUP_BYTES = 2 << 20       # 3 KB: 2 batches of 256 per call (4 MiB groups: slower in 3 of 3 runs)
+_GROUP_BYTES = 2 << 20       # 3 KB: 2 batches of 256 per call (4 MiB groups measured slower:
+#                              docs/benchmark_history.md, "CachedLoader vs `np.take`: the Python
+#                              around the call")
 _POOL_BYTES = 32 << 20       # output buffers a loader keeps for reuse (BufferPool), at most
 _STATELESS_SAMPLERS = (RandomSampler, SequentialSampler, DistributedSampler)
 _SEQUENCES = (list, tuple, range, np.ndarray, torch.Tensor)   # see _as_id_array
@@ -304,7 +306,8 @@ class CachedLoader:
         """Batches assembled by one native call. Fixed-size raw batches of small samples are
         gathered several at a time (up to _GROUP_SAMPLES samples, _GROUP_BYTES bytes) and handed out
         as views, so that the per-call costs (sampler slice, tensor, label gather, counters) are
-        paid once per group: at 256 B a batch of 256 takes ~8 us to copy, less than those costs."""
+        paid once per group: a batch of small samples takes less time to copy than those costs
+        (docs/benchmark_history.md, "CachedLoader vs `np.take`: the batch path")."""
         if not self._raw or self._row_bytes is None:
             return 1
         # Only samplers whose order cannot depend on the training steps are read ahead on the

@@ -452,16 +452,18 @@ class ShadeSampler(Sampler):
         plan = None
         # Not under the extent order: a miss there is read with its whole extent, which the
         # pass's other samples of that extent share, so a repeat in place of one sample does not
-        # save its read (docs/importance.md: with the budget, first warm epochs of 3 KB samples
-        # read 0.63x and 1.04x the data at half the speed; without it 0.71x).
+        # save its read: measured, epochs with the budget there ran slower than without it and
+        # did not reliably read less (docs/importance.md, "The stall budget", "Not under the
+        # extent order").
         if (self._planner is not None and self.cache is not None and self._source is not None
                 and self.extents is None):
             # Once per order drawn (set_epoch to another epoch and end_epoch drop the order and
             # the planner's claim to it): a second pass over the same order (a pass stopped
             # early and started over) takes it as planned, repeats written in included;
             # restarting the planner there counted its budget from zero again over an order that
-            # already held that epoch's repeats (every miss left out of an epoch whose budget
-            # allowed 150 of 243)
+            # already held that epoch's repeats, and left out every miss of the epoch, far past
+            # its budget (tests/sampling/test_stalls.py,
+            # test_a_second_pass_over_the_same_epoch_takes_its_order_as_planned)
             if self._planner_epoch != self.epoch:
                 self._planner.start_epoch(self._rng(2 + self.num_replicas + self.rank))
                 self._planner_epoch = self.epoch
@@ -532,8 +534,8 @@ class ShadeSampler(Sampler):
             # the whole epoch: a partly trained extent's mean moves as its samples are, and live
             # means evicted extents whose samples were still due (each read again), while the
             # cold epoch's ties (every mean at the prior) keep a full cache from admitting
-            # anything new. Measured on bench/prefetch_tiers.py with the prefetcher: the cold
-            # epoch read 6.5x the data with live means, 1.26x with these.
+            # anything new. With the prefetcher, live means made the cold epoch read the data
+            # several times over (docs/benchmark_history.md, "The tiers keep whole extents").
             self._push_scores(touched, scores)
         self._consumed += int(ids.size)
         self._loss_sum += float(lo.sum())

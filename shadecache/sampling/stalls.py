@@ -48,10 +48,9 @@ What the planner does with the batch's misses when the store is too slow:
   pace, so an epoch on a store slower than training takes its misses / the store's rate
   whatever the order, and only a read that never happens saves time; a miss the prefetcher has
   read is no longer one the planner may leave out. Measured on a throttled disk (bench/fidelity.py
-  slow, tabular, seed 0, a 10% budget): repeats made only at the batch being assembled replaced
-  misses the prefetcher was already reading (1,419 repeats, 35,323 device reads against
-  uniform's 34,941, 1.02x its wall time); with repeats ahead, 3,252 repeats, 33,028 reads
-  against 34,995 (0.96x).
+  slow): repeats made only at the batch being assembled replaced misses the prefetcher was
+  already reading, and saved neither reads nor time against uniform sampling; repeats decided
+  ahead saved both (docs/importance.md, "The stall budget").
 
 Not under the extent order (ShadeSampler does not plan there): a miss is read with its whole
 extent, which the pass's other samples of that extent share, so a repeat in place of one sample
@@ -78,15 +77,16 @@ DEFER_HORIZON_BATCHES = 64   # a miss is deferred at most this many batches
 # The planner acts when the store delivers less than this fraction of a batch during one step. A
 # store within twice of training is left to the overlap of reads and compute (a prefetcher,
 # workers); and on a machine whose CPUs are shared, both speeds swing with the processes that run
-# meanwhile (a page-cache read measured 20 us to 2 ms a sample under a load of 13 on 2 cores), so
-# a store that keeps up can look as slow as training for a few batches, never twice as slow.
+# meanwhile (under a loaded CPU a page-cache read can take as long as a disk's:
+# docs/benchmark_history.md, "The stall planner's thresholds"), so a store that keeps up can look
+# as slow as training for a few batches, never twice as slow.
 SLOW = 0.5
 # ... and only a store that takes at least this long a sample is storage the loop can stall on. A
 # store in memory, in the page cache or on a local NVMe drive serves a sample in microseconds to
 # tens of them: its reads cost the loop CPU, which more readers (workers, a prefetcher) take off
-# it, not waiting. Measured on this project's shared 2-vCPU machines: a store in tmpfs read by a
-# tiny model's loop, 3-86 us a sample (a read of 58 samples outlasted a 0.8 ms step); the
-# throttled disk of bench/fidelity.py, 0.3-2 ms a sample in most windows.
+# it, not waiting. The line lies between the two measured on this project's shared machines: a
+# store in tmpfs read by a tiny model's loop, and the throttled disk of bench/fidelity.py
+# (docs/benchmark_history.md, "The stall planner's thresholds").
 STORAGE_S = 200e-6
 
 
@@ -128,17 +128,19 @@ class StallPace:
     the prefetcher is reading (node/miss_path.py, MissPath.fetch). A batch whose loader read
     fewer than MIN_MISSES samples but waited at least as long as it computed, for at least MIN_MISSES
     samples that were not cached when it asked, measures the store by that wait instead: those
-    samples took (step_i + wait_i) to come, miss_i = (step_i + wait_i) / missed. (Measured on a
-    throttled disk with the prefetcher: the loader read nothing itself in the whole first epoch
-    and waited a third of it, so the first epoch went unplanned.) The median keeps one slow batch
-    from moving anything. step_s and miss_s:
-    the medians of each, for reports. restart() forgets the last boundary (an epoch's end: the
+    samples took (step_i + wait_i) to come, miss_i = (step_i + wait_i) / missed. (Before this rule,
+    on a throttled disk with the prefetcher, the loader read nothing itself in the whole first epoch
+    and waited for much of it, so the first epoch went unplanned: docs/importance.md, "The stall
+    budget".) The median keeps one slow batch from moving anything. step_s and miss_s: the
+    medians of each, for reports. restart() forgets the last boundary (an epoch's end: the
     time until the next one is evaluation, not a step). fixed=(step_s, miss_s): these speeds,
     nothing measured."""
 
     WINDOW = 9
-    MIN_SAMPLES = 9     # a full window: with 3, the first batches of a run under a loaded CPU
-    #                     made a page-cache store look too slow (3 of 47 fidelity runs, epoch 0)
+    # A full window: with 3, the first batches of a run under a loaded CPU made a page-cache store
+    # look too slow in some fidelity runs (docs/benchmark_history.md, "The stall planner's
+    # thresholds").
+    MIN_SAMPLES = 9
     MIN_MISSES = 8
 
     def __init__(self, fixed=None):
@@ -161,21 +163,21 @@ class StallPace:
         sample costs the store's device at its sustained rate (StallView.read_floor_s: its bytes
         at the device's bandwidth), below which no batch's measure is taken.
 
-        A device that lets reads burst measures faster than it can go on: a disk throttled to
-        3,000 reads/s and 200 MiB/s served 119-176 samples of 100 KB in 4-22 ms after idle time
-        (its throttle's unused budget), while the prefetcher read the rest; the median of such
-        batches said the store keeps up, the planner stopped acting, and those epochs read up to
-        0.53x the data against 0.26-0.33x (docs/benchmark_history.md, "The store's sustained rate
-        bounds the stall budget's pace").
+        A device that lets reads burst measures faster than it can go on: a throttled disk served
+        the loader's batches after idle time (its throttle's unused budget) far faster than its
+        sustained rate, while the prefetcher read the rest; the median of such batches said the
+        store keeps up, the planner stopped acting, and those epochs read far more of the data
+        (docs/benchmark_history.md, "The store's sustained rate bounds the stall budget's
+        pace").
 
         What the CPUs' contention explains is not the store's. Only the time the thread slept in
         a batch (its wall time less what it ran and what it waited for a CPU) can be the store's,
         less what the process's other threads waited for a CPU meanwhile: a read from memory is
         handed to other threads (io_uring's worker, a pread pool) that wait for a CPU while this
-        one sleeps. Measured in the fidelity sweep under a load of 13-18 on 2 vCPUs: without the
-        bound a store in tmpfs looked slow in 9 of 16 runs (up to 4,748 stall repeats in one);
-        the loop thread slept 14 ms of a 52 ms wait for 16 samples from tmpfs and waited for a
-        CPU most of the rest, while io_uring's worker thread waited for one."""
+        one sleeps. Without the bound, in the fidelity sweep under a loaded CPU, a store in tmpfs
+        looked slow and drew stall repeats: the loop thread slept a small part of its wait for
+        samples from tmpfs and waited for a CPU most of the rest, while io_uring's worker thread
+        waited for one (docs/benchmark_history.md, "The stall planner's thresholds")."""
         if self.fixed:
             return
         if self._last is not None:
@@ -351,11 +353,11 @@ class StallPlanner:
         past the loader, and what it has read is no longer a miss the planner may replace: with
         the repeats paced by the positions the loader had reached, the epochs that had to leave
         out every miss they could (under the floor, each warm epoch in turn) lost the last
-        batches' share to the prefetcher's reads (953-979 stall repeats against 1,012-1,024
-        without a prefetcher, warm 100 KB epochs read 0.271-0.278x the data against
-        0.259-0.273x; bench/prefetch_tiers.py, docs/benchmark_history.md "The stall budget decides
-        ahead of the prefetcher"). The repeats placed ahead are kept cached by their use (the board's next
-        uses), and one whose sample left the cache anyway is refilled at its batch (_refill)."""
+        batches' share to the prefetcher's reads: fewer stall repeats than without a prefetcher,
+        and more of the data read (bench/prefetch_tiers.py; docs/benchmark_history.md, "The stall
+        budget decides ahead of the prefetcher"). The repeats placed ahead are kept cached by
+        their use (the board's next uses), and one whose sample left the cache anyway is
+        refilled at its batch (_refill)."""
         a = self.ahead
         win = np.arange(end, stop)
         ids = order[win]
@@ -396,9 +398,10 @@ class StallPlanner:
         the epoch: budget x the positions planned), and within the epoch's room under the
         coverage floor (_room, paced the same way). A miss left out of one epoch is due in the
         next (with the floor at two epochs), so an epoch that left out more than its share left
-        the next fewer to leave out, and epochs alternated: with a prefetcher, whose look-ahead
-        offered many misses at once, warm 100 KB epochs read 0.259x, 0.339x, 0.309x of the data by
-        epoch index (means of four rounds; 0.294x, 0.297x, 0.302x with the room). With a
+        the next fewer to leave out, and epochs alternated between reading less and more (with a
+        prefetcher, whose look-ahead offered many misses at once); with the room they read alike
+        (docs/benchmark_history.md, "The stall budget holds every epoch to the share of misses
+        the floor allows"). With a
         prefetcher most repeats are decided ahead (_decide_ahead) and count against the same
         credit. Returns the positions changed."""
         room = self.room * self.planned / max(order.size, 1)
@@ -532,8 +535,9 @@ class StallView:
         """The least a sample costs the store's device at its sustained rate: its mean bytes over
         the bandwidth of the device profile the store was given or measured at open. Not one
         request (1 / iops) a sample: the store merges neighbours within gap_bytes into one
-        request, in any batch (a 16 MiB store of 8 KB samples read 256 of them in 72 requests,
-        130 us a sample against 333 us for one request each). Only where every read reaches the
+        request, in any batch, so a floor of one request a sample made the planner act where the
+        store kept up (docs/benchmark_history.md, "The store's sustained rate bounds the stall
+        budget's pace"). Only where every read reaches the
         device (O_DIRECT) and the loader reads from nothing else below the cache (no home peer
         tier, whose reads are faster); 0 otherwise (a store in the page cache reads in
         microseconds, and the pace must see that)."""
@@ -564,7 +568,9 @@ class StallView:
         SSD tier holds saves no read of the store, and it spent the budget that a store miss
         needed (docs/importance.md). One snapshot, so that a plan's steps agree (a flag that
         changed between two looks moved a deferral's target into the repeats), taken over the
-        plan's ids only (the SSD tier's index over a million samples took ~10 ms a batch).
+        plan's ids only (asked of the whole data set, the SSD tier's index cost every planned
+        batch time in proportion to the data set: docs/benchmark_history.md, "The stall budget
+        counts the SSD tier's samples as held").
         The ON_WAY flags are read first and the cache after them: a read that lands in between is
         seen cached, never as neither cached nor on its way (a miss the planner would replace,
         its read thrown away)."""

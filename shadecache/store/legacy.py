@@ -1,7 +1,9 @@
 """Reading a store of format version 1, to convert it (`shadecache pack OLD.shc NEW.shc`).
 
 Version 1 started every sample on a 4 KiB boundary and kept a 24-byte directory entry per sample
-(offset, length, crc32c, label): a 3 KB data set took 1.34x its size, 256-byte samples 16x.
+(offset, length, crc32c, label): a sample smaller than 4 KiB took a whole block on disk, so small
+samples took many times their own size (docs/benchmark_history.md, "The dense store (format
+version 2)").
 PackedStore refuses it with a message naming this conversion; this module reads it once, checking
 every checksum, so that pack() can write it again in the current format. Nothing else reads it.
 
