@@ -94,6 +94,7 @@ class Node:
         self.cluster = None
         self.misses = MissPath.counted(self._chain(peer=False), self._boards)
         self.cluster = self._join(cluster, peer_options or {})
+        self._owns_cluster = cluster == CLUSTER_FROM_TORCH   # its server was started by this node
         if self.cluster is not None:
             self.misses.chain = self._chain(peer=True)
         _LIVE.add(self)
@@ -226,10 +227,13 @@ class Node:
             row[k] = row.get(k, 0) + int(v)
 
     def close(self) -> None:
-        """Stops the prefetcher this node started; the parts given to it stay their owners'."""
+        """Stops the prefetcher this node started, and the cluster (with its peer server) it
+        made from torch.distributed; the parts given to it stay their owners'."""
         p, self._prefetcher = self._prefetcher, None
         if p is not None:
             p.stop()
+        if self._owns_cluster and self.cluster is not None:
+            self.cluster.close()
         _LIVE.discard(self)
 
     def __enter__(self) -> "Node":
@@ -241,6 +245,7 @@ class Node:
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_prefetcher"] = None     # the process that started it stops it
+        state["_owns_cluster"] = False  # ... and the cluster it made
         return state
 
     def __setstate__(self, state):
