@@ -69,26 +69,27 @@ DeviceProbe probe_device(const std::string& path, int buffered_fd, uint64_t lo, 
     std::vector<RangeRead> ops{RangeRead{place(large_bytes), large_bytes, buf.get()},
                                RangeRead{place(kSmall), kSmall, buf.get() + large_bytes}};
     timed_reads(backend, use, out.direct, ops);
-    // At least two batches; the rate is the median of the batches that started after the
-    // phase's first third (or the last batch's when none did): one batch held up by the
-    // throttle's debt for the other phase's burst (a whole-phase average once measured a small
-    // fraction of the throttle's rate: docs/store_format.md, "Reads shaped for the device:
-    // extents") or by a loaded CPU does not make the phase's rate.
+    // At least two batches; the rate is that of all the batches that started after the phase's
+    // first third taken together (their reads over their time; the last batch's when none
+    // started then). Not a median of per-batch rates: under the cgroup throttle a slice's budget
+    // lets several batches through at the device's full speed and then holds one for the rest
+    // of the slice, so most batches look fast and the median was the burst's rate, tens of times
+    // the throttle's (docs/store_format.md, "Reads shaped for the device: extents").
     auto phase = [&](unsigned count, uint32_t bytes) {
-      double elapsed = 0, last = 0;
-      std::vector<double> steady;
+      double elapsed = 0, last = 0, steady_s = 0, steady_reads = 0;
       for (unsigned b = 0; b < kMaxBatches && (elapsed < kPhaseS || b < 2); ++b) {
         ops.clear();
         for (unsigned i = 0; i < count; ++i)
           ops.push_back(RangeRead{place(bytes), bytes, buf.get() + size_t{i} * bytes});
         double t = timed_reads(backend, use, out.direct, ops);
         last = count / std::max(t, 1e-9);
-        if (elapsed >= kPhaseS / 3) steady.push_back(last);
+        if (elapsed >= kPhaseS / 3) {
+          steady_s += t;
+          steady_reads += count;
+        }
         elapsed += t;
       }
-      if (steady.empty()) return last;
-      std::nth_element(steady.begin(), steady.begin() + steady.size() / 2, steady.end());
-      return steady[steady.size() / 2];
+      return steady_s > 0 ? steady_reads / steady_s : last;
     };
     out.iops = phase(small, kSmall);
     out.bandwidth = phase(large, large_bytes) * large_bytes;
