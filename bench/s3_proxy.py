@@ -19,7 +19,9 @@ What it does to each request (HTTP/1.1, keep-alive, one upstream connection per 
   whole object (the request is signed again, with the credentials in this process's
   AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY: the Range header is part of the signature);
 - expired_tokens: answers 400 ExpiredToken to a request whose x-amz-security-token names a time
-  ("expires-<unix seconds>-...") that has passed: a credential source's expiry enforced.
+  ("expires-<unix seconds>-...") that has passed: a credential source's expiry enforced; a
+  request whose token is still valid goes on without it, signed again (as whole_object: the
+  server, SeaweedFS, knows its static identity, not session tokens).
 Counted: requests (by method), GET bytes out, connections open now and at most, requests in
 flight now and at most, and each fault injected. Control requests are not counted.
 Random choices come from one seeded generator (--seed), so a run can be repeated.
@@ -130,8 +132,13 @@ class Proxy:
                         self.st["injected_503"] += 1
                         await _error(writer, 503, "SlowDown", "Please reduce your request rate.")
                         continue
+                    drop = ()
                     if self.cfg["whole_object"] and "range" in headers:
-                        raw = _signed_again(method, target, headers, drop="range")
+                        drop += ("range",)
+                    if self.cfg["expired_tokens"] and "x-amz-security-token" in headers:
+                        drop += ("x-amz-security-token",)   # the server knows no session tokens
+                    if drop:
+                        raw = _signed_again(method, target, headers, drop)
                     if up is None:
                         up = await asyncio.open_connection(*self.upstream)
                     up[1].write(raw + body)
@@ -264,15 +271,15 @@ async def _read_body(reader, headers) -> bytes:
     return await reader.readexactly(n) if n else b""
 
 
-def _signed_again(method: str, target: str, headers: dict, drop: str) -> bytes:
-    """The request head without header `drop`, signed again (SigV4) with this process's
+def _signed_again(method: str, target: str, headers: dict, drop: tuple) -> bytes:
+    """The request head without the headers in `drop`, signed again (SigV4) with this process's
     credentials, for the same Host (the server checks the signature against it)."""
     from botocore.auth import S3SigV4Auth
     from botocore.awsrequest import AWSRequest
     from botocore.credentials import Credentials
 
     keep = {k: v for k, v in headers.items()
-            if k not in (drop, "authorization", "x-amz-date", "amz-sdk-invocation-id", "amz-sdk-request")}
+            if k not in drop and k not in ("authorization", "x-amz-date", "amz-sdk-invocation-id", "amz-sdk-request")}
     req = AWSRequest(method=method, url=f"http://{headers['host']}{target}", headers=keep)
     region = re.search(r"Credential=[^/]+/\d+/([^/]+)/", headers.get("authorization", ""))
     S3SigV4Auth(Credentials(os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"]),
