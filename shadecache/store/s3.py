@@ -21,10 +21,19 @@ apart in one range, at most max_extent_bytes: csrc/io/fetched_batch.h), fetched 
 the client's threads (object_client.py: retries, the node-wide bound), and each range's samples
 are checked as it lands; a range whose samples do not match is fetched once more before its
 samples are reported as corrupt. stream() keeps ranges in flight across batches (the prefetcher's
-pipeline). gap_bytes comes from what a request costs: `device` ({"iops", "bandwidth"}: requests a
-second and bytes a second of one connection), by default S3's published figures (about 20 ms to
-the first byte, about 93 MB/s a connection): a gap of 1 MiB (the cap), so the sampler's extent
-order reads extents of 8 MiB, the size AWS recommends for ranged GETs.
+pipeline).
+
+Two gaps. `gap_bytes` is what one request costs in bytes of one connection: `device` ({"iops",
+"bandwidth"}: requests a second and bytes a second of one connection), by default S3's published
+figures (about 20 ms to the first byte, about 93 MB/s a connection): 1 MiB (the cap). It sizes
+the sampler's extent order (16 x gap_bytes, at most 8 MiB: the size AWS recommends for ranged
+GETs) and says whether the store is IOPS-bound, as a file's does. The gap a batch's ranges merge
+across is smaller, MERGE_GAP (64 KiB), unless gap_bytes is given: requests to an object store run
+in parallel, so another request costs latency, not the node's bandwidth, while every gap byte
+read does cost bandwidth (with a 1 MiB merge gap, a batch of 256 random 3 KB samples of a 117 MiB
+store read the whole store). Under the extent order a batch's ids are whole extents, which
+touch, and merge at any gap. max_extent_bytes: 8 MiB plus the largest sample by default (an
+extent of the sampler's layout is 8 MiB plus at most one sample, and is then one GET).
 """
 from __future__ import annotations
 
@@ -48,6 +57,7 @@ __all__ = ["S3Store", "S3Stream", "OBJECT_STORE_DEVICE"]
 OBJECT_STORE_DEVICE = {"iops": 50.0, "bandwidth": 93e6,
                        "source": "S3's published figures: 20 ms to first byte, 93 MB/s a connection"}
 _HEAD_BYTES = 4096          # the header block
+MERGE_GAP = 64 << 10        # see the module docstring: "Two gaps"
 
 
 class S3Store(PackedViews):
@@ -63,7 +73,7 @@ class S3Store(PackedViews):
     credentials, connections and slot_dir (object_client.ObjectClient)."""
 
     def __init__(self, url: str, *, verify: bool = True, gap_bytes: int | None = None,
-                 max_extent_bytes: int = DEFAULT_MAX_EXTENT, device: dict | None = None,
+                 max_extent_bytes: int | None = None, device: dict | None = None,
                  extent_layout=None, cache_dir: str | None = None, client: ObjectClient | None = None,
                  endpoint_url: str | None = None, region: str | None = None, credentials=None,
                  connections: int | None = None, slot_dir: str | None = None, etag: str | None = None):
@@ -74,22 +84,27 @@ class S3Store(PackedViews):
                                   connections=connections, slot_dir=slot_dir)
         self.client = client
         self.verify_samples = bool(verify)
-        if not isinstance(max_extent_bytes, (int, np.integer)) or not 4096 <= max_extent_bytes <= 1 << 31:
+        if max_extent_bytes is not None and (not isinstance(max_extent_bytes, (int, np.integer))
+                                             or not 4096 <= max_extent_bytes <= 1 << 31):
             raise ValueError(f"max_extent_bytes must be in [4096, 2 GiB], not {max_extent_bytes!r}")
-        self.max_extent_bytes = int(max_extent_bytes)
+        self.max_extent_bytes = int(max_extent_bytes or DEFAULT_MAX_EXTENT)   # the open's pieces
         self.cache_dir = cache_dir
         self._closed = False
         self._open(etag)
         self.device = _device_profile(self, OBJECT_STORE_DEVICE if device is None else device)
         if gap_bytes is None:
-            gap_bytes = self.device["gap_bytes"]
+            self._gap, self.merge_gap_bytes = int(self.device["gap_bytes"]), min(MERGE_GAP, self.device["gap_bytes"])
         elif not isinstance(gap_bytes, (int, np.integer)) or gap_bytes < 0:
             raise ValueError(f"gap_bytes must be None or an integer >= 0, not {gap_bytes!r}")
-        self._gap = int(gap_bytes)
+        else:
+            self._gap = self.merge_gap_bytes = int(gap_bytes)
+        self._given_gap = gap_bytes
         self.extent_layout = extent_layout
         self._labels = self._r.labels()
         self._labels.flags.writeable = False
         self._lengths = None
+        if max_extent_bytes is None:
+            self.max_extent_bytes = DEFAULT_MAX_EXTENT + (int(self.lengths.max()) if len(self) else 0)
         self._fingerprint = None
         self._counts = {"samples": 0, "requests": 0, "bytes": 0, "refetched": 0}
         self._mu = threading.Lock()
@@ -170,7 +185,7 @@ class S3Store(PackedViews):
 
     def _batch(self, ids):
         self._check_open()
-        return self._r.batch(ids, self._gap, self.max_extent_bytes, self.verify_samples)
+        return self._r.batch(ids, self.merge_gap_bytes, self.max_extent_bytes, self.verify_samples)
 
     def _fetch_range(self, batch, x: int, offset: int) -> None:
         """Range x of `batch` fetched and landed; fetched once more when its samples do not
@@ -272,6 +287,8 @@ class S3Store(PackedViews):
 
     @property
     def gap_bytes(self) -> int:
+        """What one request costs in bytes of one connection (module docstring, "Two gaps"):
+        what the sampler's extent order is sized by."""
         return self._gap
 
     def io_counters(self) -> dict:
@@ -293,7 +310,7 @@ class S3Store(PackedViews):
 
     def __reduce__(self):
         return (_reopen, (self.url, self.client, dict(
-            verify=self.verify_samples, gap_bytes=self._gap, max_extent_bytes=self.max_extent_bytes,
+            verify=self.verify_samples, gap_bytes=self._given_gap, max_extent_bytes=self.max_extent_bytes,
             device=self.device, extent_layout=self.extent_layout, cache_dir=self.cache_dir,
             etag=self.etag)))
 
