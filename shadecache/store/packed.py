@@ -67,7 +67,7 @@ class PackedStore(PackedViews, NativeStore):
                                    bool(verify))
         tune_malloc_once()
         warn_fallback(self._r.fallback_reason)
-        self.device = _device_profile(self, device)
+        self.device = device_profile(self, device)
         if gap_bytes is None:
             gap_bytes = self.device["gap_bytes"]
         elif not isinstance(gap_bytes, (int, np.integer)) or gap_bytes < 0:
@@ -162,7 +162,7 @@ _PROBE_MIN_BYTES = 16 << 20
 _GAP_CAP = 1 << 20
 
 
-def _device_profile(store: "PackedStore", given: dict | None) -> dict:
+def device_profile(store: "PackedStore", given: dict | None) -> dict:
     """What a read request costs on the store's device: {iops, bandwidth, gap_bytes, source}.
     gap_bytes = bandwidth / iops, the bytes the device transfers in the time of one request, so
     reading a gap up to it never costs more than one more request would (capped at 1 MiB)."""
@@ -261,7 +261,7 @@ def _fingerprint_of(path: str, identity: tuple, store: "PackedStore") -> str:
         (dir_crc,) = struct.unpack_from("<I", header, 64)
         meta_offset, meta_bytes, file_bytes = struct.unpack_from("<QQQ", header, 72)
         changed = (num_samples != len(store) or file_bytes != store.file_bytes
-                   or dir_crc != store._r.dir_crc or header[96:112] != store._placement_bytes)
+                   or dir_crc != store._r.dir_crc or header[96:112] != store.placement_bytes)
         parts = {}
         for part, start, size in (("dir", dir_offset, dir_bytes), ("meta", meta_offset, meta_bytes)):
             if changed:

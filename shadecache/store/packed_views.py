@@ -70,7 +70,9 @@ class PackedViews:
         return self._r.placement_seed
 
     @property
-    def _placement_bytes(self) -> bytes:
+    def placement_bytes(self) -> bytes:
+        """The header's placement fields (bytes 96-112): what the fingerprint's check of a
+        reopened file compares."""
         return struct.pack("<IIQ", 1 if self.placement == "shuffled" else 0, 0, self.placement_seed)
 
     def disk_order(self) -> np.ndarray:

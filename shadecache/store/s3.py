@@ -48,7 +48,7 @@ import numpy as np
 from .. import _io, node_files
 from ..errors import ClosedError, ObjectChangedError
 from .object_client import ObjectClient, parse_url
-from .packed import DEFAULT_MAX_EXTENT, _device_profile
+from .packed import DEFAULT_MAX_EXTENT, device_profile
 from .packed_views import PackedViews
 
 __all__ = ["S3Store", "S3Stream", "OBJECT_STORE_DEVICE"]
@@ -91,7 +91,7 @@ class S3Store(PackedViews):
         self.cache_dir = cache_dir
         self._closed = False
         self._open(etag)
-        self.device = _device_profile(self, OBJECT_STORE_DEVICE if device is None else device)
+        self.device = device_profile(self, OBJECT_STORE_DEVICE if device is None else device)
         if gap_bytes is None:
             self._gap, self.merge_gap_bytes = int(self.device["gap_bytes"]), min(MERGE_GAP, self.device["gap_bytes"])
         elif not isinstance(gap_bytes, (int, np.integer)) or gap_bytes < 0:
