@@ -313,6 +313,14 @@ def run_litdata(cfg, epochs, report):
     # its cache must hold what every worker pre-downloads (workers x max_pre_download chunks) and
     # the chunk being read, or the workers wait for room forever
     budget = max(budget, (2 * WORKERS + 1) * SHARD_BYTES)
+    allow_http = None
+    if cfg.get("endpoint", "").startswith("http://"):
+        # its obstore client options drop allow_http, and every chunk GET of a plain-http
+        # endpoint fails (BASELINES.md): added here, before the workers fork
+        import litdata.streaming.downloader as downloader
+        opts = getattr(downloader, "_OBSTORE_CLIENT_OPTIONS", None)
+        if isinstance(opts, dict):
+            downloader._OBSTORE_CLIENT_OPTIONS = allow_http = {**opts, "allow_http": True}
     if cfg.get("endpoint"):
         storage = {"endpoint_url": cfg["endpoint"], "aws_access_key_id": os.environ["AWS_ACCESS_KEY_ID"],
                    "aws_secret_access_key": os.environ["AWS_SECRET_ACCESS_KEY"],
@@ -327,6 +335,7 @@ def run_litdata(cfg, epochs, report):
     report({"config": {
         "version": litdata.__version__, "input_dir": f"{url} cached at {cfg['local_dir']}",
         "storage_options": {k: v for k, v in storage.items() if "secret" not in k},
+        "obstore_client_options": allow_http,
         "chunks": f"{SHARD_BYTES >> 20} MiB", "max_cache_size": budget, "shuffle": True,
         "loader": f"StreamingDataLoader, batch {BATCH}, {WORKERS} workers, samples as bytes"}})
     _Epochs(cfg["device"], cfg.get("proxy")).run(epochs, lambda e: _count(loader), report)
