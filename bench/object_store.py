@@ -16,6 +16,12 @@ Sections (each prints a table; each row says the command that reproduces it):
            requests in flight at the proxy at most, connections open at most
   first    time to the first batch of a store of 10 million samples: open (header, directory)
            plus one batch of 256 random ids, cold and with the directory kept on local disk
+  faults   epochs through CachedLoader (cache 20%, SSD tier 30%, extent order) with 2% of GETs
+           answered 503 and 1% of responses reset or truncated: every sample's bytes against
+           the file's, the retries stats() counted
+  credentials  (not in the default list) --minutes of reads with credentials that expire every
+           --expiry seconds (a credential source of this script's, enforced by the proxy): failed
+           requests, refreshes
 Writes bench/out/object_store.json.
 """
 from __future__ import annotations
@@ -284,7 +290,120 @@ def section_first(s3, work, quick):
     return rows
 
 
-SECTIONS = {"clients": section_clients, "cold": section_cold, "bound": section_bound, "first": section_first}
+# ---- faults ----------------------------------------------------------------------------------
+
+def section_faults(s3, work, quick):
+    import uuid
+
+    import shadecache as sc
+    n, size = (6_000, 3_000) if quick else (40_000, 3_000)
+    path = os.path.join(work, "faults.shc")
+    pack_random(path, n, size)
+    url = upload(s3, path, "faults.shc")
+    local = sc.PackedStore(path)
+    rows = []
+    with shaped_proxy(s3) as px:
+        px.configure(p503=0.02, preset=0.005, ptruncate=0.005)
+        store = sc.S3Store(url, endpoint_url=px.endpoint)
+        data = store.data_bytes
+        cache = sc.Cache.create(f"objbench-{os.getpid()}-{uuid.uuid4().hex[:6]}", num_samples=n,
+                                capacity_bytes=int(0.2 * data), policy="importance")
+        ssd = sc.SSDTier(os.path.join(work, "faults-ssd"), capacity_bytes=int(0.3 * data), cache=cache)
+        try:
+            ds = sc.CachedDataset(store, cache, ssd=ssd, decode=bytes)
+            sampler = sc.ShadeSampler(ds, cache=cache, batch_size=256, rep_factor=0, seed=0)
+            loader = sc.CachedLoader(ds, batch_size=256, sampler=sampler, num_workers=2,
+                                     collate=lambda items: items)
+            for epoch in range(3):
+                sampler.set_epoch(epoch)
+                px.reset()
+                t = time.perf_counter()
+                seen = wrong = 0
+                for batch in loader:
+                    for x, y, i in batch:
+                        seen += 1
+                        wrong += x != local.read(int(i))
+                sampler.end_epoch()
+                dt = time.perf_counter() - t
+                st, c = px.stats(), store.stats()["client"]
+                rows.append({"epoch": epoch, "samples": seen, "wrong": wrong, "seconds": dt,
+                             "gets": st["gets"], "injected_503": st["injected_503"],
+                             "injected_reset": st["injected_reset"], "injected_truncate": st["injected_truncate"],
+                             "retries_total": c["retries"], "throttled_total": c["throttled"],
+                             "broken_total": c["broken"]})
+        finally:
+            ssd.close()
+            cache.close()
+            cache.unlink()
+    print(f"\nfaults: {n:,} x {size:,} B through CachedLoader (cache 20%, SSD tier 30%, extent order), "
+          "the proxy answering 2% of GETs 503 SlowDown, resetting 0.5% and truncating 0.5% of responses")
+    print("| epoch | samples | wrong bytes | GETs | 503 / resets / truncations injected | retries counted (so far) | s |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['epoch']} | {r['samples']:,} | {r['wrong']} | {r['gets']} | {r['injected_503']} / "
+              f"{r['injected_reset']} / {r['injected_truncate']} | {r['retries_total']} (503: "
+              f"{r['throttled_total']}, broken: {r['broken_total']}) | {r['seconds']:.1f} |")
+    print(f"(`{cmd('faults', quick)}`)")
+    return rows
+
+
+# ---- credentials -------------------------------------------------------------------------------
+
+class _ExpiringCredentials:
+    """This script's credential source: the server's identity with a session token that the proxy
+    refuses `life` seconds after it was handed out (bench/s3_proxy.py, expired_tokens)."""
+
+    def __init__(self, life: float):
+        self.life = life
+
+    def __call__(self):
+        import datetime
+
+        from seaweed import ACCESS_KEY, SECRET_KEY
+        exp = int(time.time() + self.life)
+        return {"access_key": ACCESS_KEY, "secret_key": SECRET_KEY, "token": f"expires-{exp}-bench",
+                "expiry_time": datetime.datetime.fromtimestamp(exp, datetime.timezone.utc)}
+
+
+def section_credentials(s3, work, quick, minutes: float = 6.0, expiry: float = 120.0):
+    import shadecache as sc
+    if quick:
+        minutes, expiry = 0.5, 10.0
+    path = os.path.join(work, "creds.shc")
+    pack_random(path, 20_000, 3_000)
+    url = upload(s3, path, "creds.shc")
+    local = sc.PackedStore(path)
+    with shaped_proxy(s3) as px:
+        px.configure(expired_tokens=True)
+        store = sc.S3Store(url, endpoint_url=px.endpoint, credentials=_ExpiringCredentials(expiry),
+                           gap_bytes=0)
+        rng = np.random.default_rng(0)
+        t0 = time.monotonic()
+        batches = failed = wrong = 0
+        while time.monotonic() - t0 < minutes * 60:
+            ids = rng.integers(0, len(local), 64)
+            try:
+                wrong += store.read_many(ids) != local.read_many(ids)
+            except Exception as e:   # what would reach the loader
+                failed += 1
+                print(f"  failed: {type(e).__name__}: {e}")
+            batches += 1
+            time.sleep(0.05)
+        st, c = px.stats(), store.stats()["client"]
+    row = {"minutes": minutes, "expiry_s": expiry, "batches": batches, "failed": failed, "wrong": wrong,
+           "expired_refused": st["expired_refused"], "refreshed_on_refusal": c["credential_refreshes"],
+           "gets": st["gets"]}
+    print(f"\ncredentials that expire every {expiry:.0f} s, {minutes:g} minutes of batches of 64 random ids")
+    print("| batches | GETs | failed batches | wrong bytes | refused as expired at the proxy | refreshed after a refusal |")
+    print("|---|---|---|---|---|---|")
+    print(f"| {batches:,} | {row['gets']:,} | {failed} | {wrong} | {row['expired_refused']} | {row['refreshed_on_refusal']} |")
+    print(f"(`{cmd('credentials', quick)}`)")
+    return [row]
+
+
+SECTIONS = {"clients": section_clients, "cold": section_cold, "bound": section_bound, "first": section_first,
+            "faults": section_faults}
+EXTRA = {"credentials": section_credentials}
 
 
 def main(argv=None) -> int:
@@ -301,7 +420,7 @@ def main(argv=None) -> int:
             os.environ.update(s3.env)
             os.environ.setdefault("SHADECACHE_SLOT_DIR", os.path.join(work, "slots"))
             for name in [s for s in args.sections.split(",") if s]:
-                results[name] = SECTIONS[name](s3, work, args.quick)
+                results[name] = {**SECTIONS, **EXTRA}[name](s3, work, args.quick)
     finally:
         import shutil
         shutil.rmtree(work, ignore_errors=True)
