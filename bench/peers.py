@@ -216,6 +216,11 @@ def run_shadecache(cfg, epochs, report):
            if ssd_share else None)
     ds = sc.CachedDataset(store, cache, ssd=ssd, decode=bytes)
     sampler = sc.ShadeSampler(ds, cache=cache, batch_size=BATCH, rep_factor=0, seed=0)
+    board = pf = None
+    if cfg.get("prefetch"):   # the node's prefetcher reads the board's upcoming misses ahead
+        board = sc.OrderBoard.create(name, len(store))
+        pf = sc.Prefetcher(cache, store, ssd=ssd, lookahead_samples=4096,
+                           lookahead_bytes=64 << 20).start()
     if cfg.get("loader") == "dataloader":
         loader = torch.utils.data.DataLoader(ds, batch_size=BATCH, sampler=sampler,
                                              num_workers=WORKERS, collate_fn=_collate,
@@ -237,7 +242,8 @@ def run_shadecache(cfg, epochs, report):
         "sampler": {"order": sampler.order_kind, "extent_window": sampler.extent_window,
                     "extent_bytes": None if sampler.extents is None else sampler.extents.extent_bytes,
                     "rep_factor": 0, "pads": True, "temper": sampler.temper},
-        "loader": described + ", samples as bytes"}})
+        "loader": described + ", samples as bytes",
+        "prefetcher": "sc.Prefetcher (its own process), 4096 samples / 64 MiB ahead" if pf else "none"}})
 
     def tier_counts():
         t = ds.stats()["tiers"]
@@ -260,6 +266,9 @@ def run_shadecache(cfg, epochs, report):
         report({"tiers": {k: v for k, v in ds.stats().items() if isinstance(v, (int, float))}})
     finally:
         del loader
+        if pf is not None:
+            pf.stop()
+            board.close()
         if ssd is not None:
             ssd.close()
         cache.close()
@@ -454,6 +463,7 @@ def main(argv=None) -> int:
                     help="shadecache measures the device at open instead of being given the throttle's rates")
     ap.add_argument("--ssd-share", type=float, default=SSD_SHARE,
                     help="shadecache's SSD tier, a share of the data (0: none)")
+    ap.add_argument("--prefetch", action="store_true", help="shadecache: with the node's prefetcher")
     ap.add_argument("--storage", choices=("disk", "s3"), default="disk",
                     help="s3: the data on SeaweedFS behind the S3-shaped proxy (module docstring)")
     args = ap.parse_args(argv)
@@ -566,7 +576,7 @@ def main_s3(args) -> int:
                     local = os.path.join(work, name, system + "-local")
                     cfg.update(device=None, proxy=proxy.endpoint, endpoint=proxy.endpoint,
                                data_bytes=data_bytes, loader=args.loader, ssd_share=args.ssd_share,
-                               probe=False, local_dir=os.path.join(local, "cache"),
+                               probe=False, prefetch=args.prefetch, local_dir=os.path.join(local, "cache"),
                                ssd_dir=os.path.join(local, "ssd"))
                     size_b, alloc_b = _on_disk(root)
                     shutil.rmtree(root, ignore_errors=True)
