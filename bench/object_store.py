@@ -304,7 +304,8 @@ def section_faults(s3, work, quick):
     rows = []
     with shaped_proxy(s3) as px:
         px.configure(p503=0.02, preset=0.005, ptruncate=0.005)
-        store = sc.S3Store(url, endpoint_url=px.endpoint)
+        # extents of 1 MiB (gap 64 KiB): GETs enough for faults at these rates to happen
+        store = sc.S3Store(url, endpoint_url=px.endpoint, gap_bytes=64 << 10)
         data = store.data_bytes
         cache = sc.Cache.create(f"objbench-{os.getpid()}-{uuid.uuid4().hex[:6]}", num_samples=n,
                                 capacity_bytes=int(0.2 * data), policy="importance")
@@ -314,7 +315,7 @@ def section_faults(s3, work, quick):
             sampler = sc.ShadeSampler(ds, cache=cache, batch_size=256, rep_factor=0, seed=0)
             loader = sc.CachedLoader(ds, batch_size=256, sampler=sampler, num_workers=2,
                                      collate=lambda items: items)
-            for epoch in range(3):
+            for epoch in range(6):
                 sampler.set_epoch(epoch)
                 px.reset()
                 t = time.perf_counter()
@@ -335,8 +336,8 @@ def section_faults(s3, work, quick):
             ssd.close()
             cache.close()
             cache.unlink()
-    print(f"\nfaults: {n:,} x {size:,} B through CachedLoader (cache 20%, SSD tier 30%, extent order), "
-          "the proxy answering 2% of GETs 503 SlowDown, resetting 0.5% and truncating 0.5% of responses")
+    print(f"\nfaults: {n:,} x {size:,} B through CachedLoader (cache 20%, SSD tier 30%, extent order, "
+          "extents of 1 MiB), the proxy answering 2% of GETs 503 SlowDown, resetting 0.5% and truncating 0.5% of responses")
     print("| epoch | samples | wrong bytes | GETs | 503 / resets / truncations injected | retries counted (so far) | s |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
