@@ -1,12 +1,13 @@
-"""An S3 server for the object-store tests: SeaweedFS (bench/seaweed.py), one per test session,
-skipped with the reason where it cannot start; and the fault proxy (bench/s3_proxy.py) in front
-of it, one per test that asks."""
+"""Fixtures of the object-store tests (a pytest plugin: tests/conftest.py names it, so that one
+server serves the whole session and no second conftest module shadows `from conftest import`):
+an S3 server, SeaweedFS (bench/seaweed.py), one per test session, skipped with the reason where it
+cannot start; and the fault proxy (bench/s3_proxy.py) in front of it, one per test that asks."""
 import os
 import sys
 
 import pytest
 
-BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench")
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
 
 
 def _bench(name):
