@@ -89,7 +89,8 @@ else:
 io = Pybind11Extension(
     "shadecache._io",
     common + sources("csrc/io/*.cc", "csrc/bindings/io_module.cc",
-                     "csrc/bindings/read_stream_bindings.cc", "csrc/bindings/tier_io.cc"),
+                     "csrc/bindings/read_stream_bindings.cc", "csrc/bindings/tier_io.cc",
+                     "csrc/bindings/store_directory_bindings.cc"),
     depends=headers,
     include_dirs=["csrc"],
     cxx_std=17,

@@ -31,6 +31,21 @@ image data sets are not used here, so this script puts an empty `streaming.visio
 first (`_import_streaming`).
 
 Writes bench/out/peers.json; prints the table and the acceptance checks.
+
+On object storage (`--storage s3`, no root needed): the three systems read their own formats from
+the same SeaweedFS (bench/seaweed.py) behind the same proxy (bench/s3_proxy.py: 20 ms before each
+response, 50 MB/s a connection, 100 MB/s in all), bytes and GETs counted at the proxy; RAM 20% +
+local disk 30% of the data as above.
+- shadecache: the store as an object (sc.S3Store through the proxy, its directory kept in the
+  SSD tier's directory), the same cache, SSD tier, sampler (extent order: the store is
+  IOPS-bound at S3's cost of a request) and loader.
+- Streaming: `remote` = s3://bucket/.../mds with S3_ENDPOINT_URL the proxy (its docs' way to an
+  S3-compatible endpoint), the same cache_limit and shuffle; its downloader's pooled client is
+  dropped before the workers fork (BASELINES.md: forked workers sharing it hung).
+- LitData: input_dir s3://bucket/.../litdata, storage_options endpoint_url the proxy, the same
+  max_cache_size; with a plain-http endpoint its obstore client needs allow_http (BASELINES.md).
+
+    python bench/peers.py --storage s3 [--quick]
 """
 from __future__ import annotations
 
@@ -137,19 +152,30 @@ def _collate(batch):
 
 
 class _Epochs:
-    """Runs epochs and reports each: seconds, samples, what the device served."""
+    """Runs epochs and reports each: seconds, samples, what the device (or, on object storage,
+    the proxy) served."""
 
-    def __init__(self, device):
+    def __init__(self, device, proxy=None):
         self.device = device
+        self.proxy = proxy
 
     def counters(self):
+        if self.proxy:   # bytes of GET bodies and GETs that passed the proxy
+            import urllib.request
+            with urllib.request.urlopen(self.proxy + "/__proxy/stats", timeout=10) as r:
+                st = json.loads(r.read())
+            return st["get_bytes"], st["gets"]
         with open(f"/sys/block/{self.device}/stat") as f:
             fields = f.read().split()
         return int(fields[2]) * 512, int(fields[0])
 
     def run(self, epochs, one_epoch, report):
         for e in range(epochs):
-            throttled_disk.drop_caches()
+            try:
+                throttled_disk.drop_caches()
+            except OSError:   # not root: the local caches' pages stay (object storage only)
+                if not self.proxy:
+                    raise
             b0, r0 = self.counters()
             t0 = time.perf_counter()
             count = one_epoch(e)
@@ -175,7 +201,10 @@ def run_shadecache(cfg, epochs, report):
     # measured on a disk throttled to 3,000 and 200 MiB/s); --probe measures them instead.
     given = None if cfg.get("probe") else {"iops": READ_IOPS, "bandwidth": READ_BPS,
                                            "source": "given: the throttle's rates"}
-    store = sc.PackedStore(cfg["path"], device=given)
+    if cfg.get("url"):   # on object storage: its cost of a request is S3's (store/s3.py)
+        store = sc.S3Store(cfg["url"], endpoint_url=cfg["endpoint"], cache_dir=cfg["ssd_dir"] + "-directory")
+    else:
+        store = sc.PackedStore(cfg["path"], device=given)
     data_bytes = store.data_bytes
     name = f"peers-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     cache = sc.Cache.create(name, num_samples=len(store), capacity_bytes=int(RAM_SHARE * data_bytes),
@@ -185,8 +214,12 @@ def run_shadecache(cfg, epochs, report):
     # one it evicts in id order and admits every newcomer, rewriting itself each epoch)
     ssd = (sc.SSDTier(cfg["ssd_dir"], capacity_bytes=int(ssd_share * data_bytes), cache=cache)
            if ssd_share else None)
-    ds = sc.Node(store, cache, ssd=ssd, read_ahead=False).dataset(decode=bytes)
-    sampler = sc.ShadeSampler(ds, cache=cache, batch_size=BATCH, rep_factor=0, seed=0)
+    # --prefetch: the node reads ahead (its prefetcher starts when the sampler publishes)
+    prefetch = bool(cfg.get("prefetch"))
+    node = sc.Node(store, cache, ssd=ssd, read_ahead=prefetch,
+                   prefetch=dict(lookahead_samples=4096, lookahead_bytes=64 << 20))
+    ds = node.dataset(decode=bytes)
+    sampler = sc.ShadeSampler(ds, batch_size=BATCH, rep_factor=0, seed=0)
     if cfg.get("loader") == "dataloader":
         loader = torch.utils.data.DataLoader(ds, batch_size=BATCH, sampler=sampler,
                                              num_workers=WORKERS, collate_fn=_collate,
@@ -197,7 +230,7 @@ def run_shadecache(cfg, epochs, report):
                                  collate=_collate)
         described = f"sc.CachedLoader, batch {BATCH}, {WORKERS} assembly threads"
     report({"config": {
-        "store": f"{cfg['path']} (format {store.version}, placement {store.placement})",
+        "store": f"{cfg.get('url') or cfg['path']} (format {store.version}, placement {store.placement})",
         "device": {k: (round(v) if isinstance(v, float) else v) for k, v in store.device.items()},
         "gap_bytes": store.gap_bytes, "iops_bound": store.iops_bound,
         "cache": f"{cache.capacity_bytes} bytes in /dev/shm (RAM {RAM_SHARE:.0%}), policy importance",
@@ -208,7 +241,9 @@ def run_shadecache(cfg, epochs, report):
         "sampler": {"order": sampler.order_kind, "extent_window": sampler.extent_window,
                     "extent_bytes": None if sampler.extents is None else sampler.extents.extent_bytes,
                     "rep_factor": 0, "pads": True, "temper": sampler.temper},
-        "loader": described + ", samples as bytes"}})
+        "loader": described + ", samples as bytes",
+        "prefetcher": ("the node's (its own process), 4096 samples / 64 MiB ahead" if prefetch
+                       else "none"), "read_plan": node.read_plan.describe()}})
 
     def tier_counts():
         t = ds.stats()["tiers"]
@@ -227,10 +262,11 @@ def run_shadecache(cfg, epochs, report):
                                      for k in after}})
         return n
     try:
-        _Epochs(cfg["device"]).run(epochs, one_epoch, report)
+        _Epochs(cfg["device"], cfg.get("proxy")).run(epochs, one_epoch, report)
         report({"tiers": {k: v for k, v in ds.stats().items() if isinstance(v, (int, float))}})
     finally:
         del loader
+        node.close()
         if ssd is not None:
             ssd.close()
         cache.close()
@@ -243,22 +279,37 @@ def run_streaming(cfg, epochs, report):
     from streaming.base.util import clean_stale_shared_memory
 
     clean_stale_shared_memory()
+    if cfg.get("endpoint"):
+        os.environ["S3_ENDPOINT_URL"] = cfg["endpoint"]
     block = 4 * cfg["samples_per_shard"]
     budget = int((RAM_SHARE + SSD_SHARE) * cfg["data_bytes"])
     budget = max(budget, 4 * SHARD_BYTES + (1 << 20))   # its docs: at least a few shards
     ds = streaming.StreamingDataset(remote=cfg["remote"], local=cfg["local_dir"], shuffle=True,
                                     shuffle_seed=0, shuffle_algo="py1e", shuffle_block_size=block,
                                     cache_limit=budget, batch_size=BATCH, num_canonical_nodes=1)
+    _drop_streaming_client(ds)
     loader = torch.utils.data.DataLoader(ds, batch_size=BATCH, num_workers=WORKERS,
                                          collate_fn=_collate, persistent_workers=True)
     report({"config": {
+        "endpoint": cfg.get("endpoint", "local"),
         "version": streaming.__version__, "remote": cfg["remote"], "local": cfg["local_dir"],
         "shards": f"MDS, {SHARD_BYTES >> 20} MiB, no compression, no hashes",
         "cache_limit": budget, "shuffle": "py1e", "shuffle_block_size": block,
         "num_canonical_nodes": 1, "predownload": "default (8 x batch)",
         "loader": f"torch DataLoader, batch {BATCH}, {WORKERS} workers (persistent), samples as bytes"}})
-    _Epochs(cfg["device"]).run(epochs, lambda e: _count(loader), report)
+    _Epochs(cfg["device"], cfg.get("proxy")).run(epochs, lambda e: _count(loader), report)
     del loader
+
+
+def _drop_streaming_client(ds):
+    """Streaming's downloaders keep a pooled boto3 client; made in this process before the
+    DataLoader forks its workers, it is shared by them (BASELINES.md: hangs and a corrupt shard).
+    Drop it here so that each worker makes its own."""
+    for stream in getattr(ds, "streams", []):
+        for name in ("_downloader", "downloader"):
+            d = getattr(stream, name, None)
+            if d is not None and hasattr(d, "clean_up"):
+                d.clean_up()
 
 
 def run_litdata(cfg, epochs, report):
@@ -269,15 +320,32 @@ def run_litdata(cfg, epochs, report):
     # its cache must hold what every worker pre-downloads (workers x max_pre_download chunks) and
     # the chunk being read, or the workers wait for room forever
     budget = max(budget, (2 * WORKERS + 1) * SHARD_BYTES)
-    ds = litdata.StreamingDataset(input_dir=Dir(path=cfg["local_dir"], url="local:" + cfg["remote"]),
-                                  shuffle=True, seed=0, max_cache_size=budget)
+    allow_http = None
+    if cfg.get("endpoint", "").startswith("http://"):
+        # its obstore client options drop allow_http, and every chunk GET of a plain-http
+        # endpoint fails (BASELINES.md): added here, before the workers fork
+        import litdata.streaming.downloader as downloader
+        opts = getattr(downloader, "_OBSTORE_CLIENT_OPTIONS", None)
+        if isinstance(opts, dict):
+            downloader._OBSTORE_CLIENT_OPTIONS = allow_http = {**opts, "allow_http": True}
+    if cfg.get("endpoint"):
+        storage = {"endpoint_url": cfg["endpoint"], "aws_access_key_id": os.environ["AWS_ACCESS_KEY_ID"],
+                   "aws_secret_access_key": os.environ["AWS_SECRET_ACCESS_KEY"],
+                   "region_name": os.environ.get("AWS_REGION", "us-east-1")}
+        url = cfg["remote"]
+    else:
+        storage, url = {}, "local:" + cfg["remote"]
+    ds = litdata.StreamingDataset(input_dir=Dir(path=cfg["local_dir"], url=url), shuffle=True, seed=0,
+                                  max_cache_size=budget, storage_options=storage)
     loader = litdata.StreamingDataLoader(ds, batch_size=BATCH, num_workers=WORKERS,
                                          collate_fn=_collate)
     report({"config": {
-        "version": litdata.__version__, "input_dir": f"local:{cfg['remote']} cached at {cfg['local_dir']}",
+        "version": litdata.__version__, "input_dir": f"{url} cached at {cfg['local_dir']}",
+        "storage_options": {k: v for k, v in storage.items() if "secret" not in k},
+        "obstore_client_options": allow_http,
         "chunks": f"{SHARD_BYTES >> 20} MiB", "max_cache_size": budget, "shuffle": True,
         "loader": f"StreamingDataLoader, batch {BATCH}, {WORKERS} workers, samples as bytes"}})
-    _Epochs(cfg["device"]).run(epochs, lambda e: _count(loader), report)
+    _Epochs(cfg["device"], cfg.get("proxy")).run(epochs, lambda e: _count(loader), report)
     del loader
 
 
@@ -308,7 +376,7 @@ def available(system) -> str | None:
     return None
 
 
-def run_system(disk, system, cfg, epochs, timeout, data_bytes):
+def run_system(disk, system, cfg, epochs, timeout, data_bytes, cap_bps=None):
     """The child's report lines, printed as they come; a child past `timeout` is killed and what
     it reported is kept (with a "failed" row)."""
     import threading
@@ -316,7 +384,7 @@ def run_system(disk, system, cfg, epochs, timeout, data_bytes):
     err = tempfile.TemporaryFile(mode="w+")
     proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "_child", system,
                              json.dumps(cfg), str(epochs)], stdout=subprocess.PIPE, stderr=err,
-                            text=True, preexec_fn=disk.enter_in_child,
+                            text=True, preexec_fn=disk.enter_in_child if disk is not None else None,
                             env=dict(os.environ, PYTHONPATH=os.pathsep.join(
                                 [REPO, os.environ.get("PYTHONPATH", "")])))
     timer = threading.Timer(timeout, proc.kill)
@@ -332,7 +400,8 @@ def run_system(disk, system, cfg, epochs, timeout, data_bytes):
                 print(f"  {system} configuration: {json.dumps(row['config'])}", flush=True)
             if "epoch" in row:
                 # what the throttle allows for these bytes and requests: the epoch's ceiling
-                floor_s = max(row["bytes"] / READ_BPS, row["requests"] / READ_IOPS)
+                floor_s = (row["bytes"] / cap_bps if cap_bps else
+                           max(row["bytes"] / READ_BPS, row["requests"] / READ_IOPS))
                 ceiling = row["samples"] / floor_s if floor_s else float("inf")
                 print(f"    epoch {row['epoch']}: {row['samples'] / row['seconds']:9,.0f} samples/s, "
                       f"read {row['bytes'] / data_bytes:5.2f}x the data in "
@@ -392,7 +461,12 @@ def main(argv=None) -> int:
                     help="shadecache measures the device at open instead of being given the throttle's rates")
     ap.add_argument("--ssd-share", type=float, default=SSD_SHARE,
                     help="shadecache's SSD tier, a share of the data (0: none)")
+    ap.add_argument("--prefetch", action="store_true", help="shadecache: with the node's prefetcher")
+    ap.add_argument("--storage", choices=("disk", "s3"), default="disk",
+                    help="s3: the data on SeaweedFS behind the S3-shaped proxy (module docstring)")
     args = ap.parse_args(argv)
+    if args.storage == "s3":
+        return main_s3(args)
     why = throttled_disk.unavailable()
     if why:
         raise SystemExit(f"cannot run: {why}")
@@ -446,6 +520,80 @@ def main(argv=None) -> int:
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
     print(f"\nwrote {args.out}")
+    return 0
+
+
+S3_LATENCY, S3_CONN_BPS, S3_TOTAL_BPS = 0.020, 50e6, 100e6
+
+
+def main_s3(args) -> int:
+    """The three systems on object storage (module docstring)."""
+    from s3_proxy import ProxyProcess
+    from seaweed import SeaweedServer
+
+    sizes = QUICK if args.quick else DATASETS
+    names = [d for d in args.datasets.split(",") if d]
+    systems = [s for s in args.systems.split(",") if s]
+    skipped = {s: available(s) for s in systems}
+    for s, why in skipped.items():
+        if why:
+            print(f"{s}: left out ({why})", flush=True)
+    systems = [s for s in systems if not skipped[s]]
+    results = {"machine": os.uname().release, "quick": args.quick, "storage": "s3", "datasets": {}}
+    work = tempfile.mkdtemp(prefix="shadecache-peers-s3-", dir=args.workdir)
+    try:
+        with SeaweedServer(work) as s3, ProxyProcess(s3.port, latency=S3_LATENCY, conn_bps=S3_CONN_BPS,
+                                                     total_bps=S3_TOTAL_BPS) as proxy:
+            os.environ.update(s3.env)
+            os.environ.setdefault("SHADECACHE_SLOT_DIR", os.path.join(work, "slots"))
+            shape = (f"SeaweedFS at {s3.endpoint} behind the proxy at {proxy.endpoint}: "
+                     f"{S3_LATENCY * 1e3:.0f} ms before each response, {S3_CONN_BPS / 1e6:.0f} MB/s a "
+                     f"connection, {S3_TOTAL_BPS / 1e6:.0f} MB/s in all")
+            from shadecache.store.object_client import ObjectClient
+            client = ObjectClient(endpoint_url=s3.endpoint)   # multipart uploads, straight to the server
+            for name in names:
+                n, size = sizes[name]
+                data_bytes = n * size
+                row = {"samples": n, "sample_bytes": size, "data_bytes": data_bytes, "systems": {},
+                       "storage": shape}
+                print(f"\n== {name}: {n:,} samples x {size:,} B = {data_bytes / 2**20:.0f} MiB; {shape}; "
+                      f"RAM {RAM_SHARE:.0%} + local disk {SSD_SHARE:.0%} of the data", flush=True)
+                for system in systems:
+                    root = os.path.join(work, name, system)
+                    os.makedirs(root)
+                    t = time.perf_counter()
+                    cfg = WRITERS[system](root, n, size)
+                    prefix = f"{name}/{system}"
+                    for folder, _, files in os.walk(root):
+                        for f in files:
+                            full = os.path.join(folder, f)
+                            client.upload_file(full, s3.bucket, f"{prefix}/{os.path.relpath(full, root)}")
+                    remote = {"shadecache": "url", "streaming": "remote", "litdata": "remote"}[system]
+                    rel = os.path.relpath(cfg.get("path") or cfg["remote"], root)
+                    cfg[remote] = f"s3://{s3.bucket}/{prefix}/{rel}"
+                    local = os.path.join(work, name, system + "-local")
+                    cfg.update(device=None, proxy=proxy.endpoint, endpoint=proxy.endpoint,
+                               data_bytes=data_bytes, loader=args.loader, ssd_share=args.ssd_share,
+                               probe=False, prefetch=args.prefetch, local_dir=os.path.join(local, "cache"),
+                               ssd_dir=os.path.join(local, "ssd"))
+                    size_b, alloc_b = _on_disk(root)
+                    shutil.rmtree(root, ignore_errors=True)
+                    print(f"  {system}: written and uploaded in {time.perf_counter() - t:.0f} s "
+                          f"({size_b / data_bytes:.3f}x the raw data)", flush=True)
+                    rows = run_system(None, system, cfg, args.epochs, args.timeout, data_bytes,
+                                      cap_bps=S3_TOTAL_BPS)
+                    row["systems"][system] = summarize(rows, data_bytes)
+                    row["systems"][system].update(file_x=size_b / data_bytes)
+                    shutil.rmtree(local, ignore_errors=True)
+                results["datasets"][name] = row
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print_table(results)
+    out = args.out.replace(".json", "-s3.json") if args.out.endswith("peers.json") else args.out
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(results, f, indent=1)
+    print(f"\nwrote {out}")
     return 0
 
 

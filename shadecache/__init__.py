@@ -13,6 +13,8 @@ from .errors import (  # noqa: F401
     CorruptSampleError,
     FingerprintError,
     LayoutVersionError,
+    ObjectChangedError,
+    ObjectStoreError,
     ShadecacheError,
     StoreFormatError,
     ValueTooLargeError,
@@ -25,6 +27,7 @@ _LAZY = {
     "PackWriter": ".store.writer",
     "PackedStore": ".store.packed",
     "FolderStore": ".store.folder",
+    "S3Store": ".store.s3",
     "pack": ".store.writer",
     "rank_weights": ".sampling.importance",
     "ImportanceTable": ".sampling.importance",
@@ -48,7 +51,8 @@ _LAZY = {
 _ROOMS = ("cache", "cli", "demo", "loader", "lookahead", "node", "peer", "sampling", "ssd", "store")
 
 __all__ = sorted(list(_LAZY) + ["__version__", "CapacityError", "ClosedError", "CorruptionError", "FingerprintError",
-                                "CorruptSampleError", "LayoutVersionError", "ShadecacheError",
+                                "CorruptSampleError", "LayoutVersionError", "ObjectChangedError",
+                                "ObjectStoreError", "ShadecacheError",
                                 "StoreFormatError", "ValueTooLargeError"])
 
 

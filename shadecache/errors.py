@@ -47,3 +47,13 @@ class CorruptSampleError(CorruptionError):
         super().__init__(message)
         self.sample_id = sample_id
         self.offset = offset
+
+
+class ObjectChangedError(StoreFormatError):
+    """The object a store was opened on was replaced since (its ETag or version differs): a store
+    never mixes the bytes of two versions of an object; reopen it to read the new one."""
+
+
+class ObjectStoreError(ShadecacheError, OSError):
+    """A request to the object store failed for good: refused (access denied, a bad request) or
+    still failing after every retry. The message names the object, the request and the cause."""

@@ -5,6 +5,8 @@ import pytest
 
 from shadecache import _core
 
+pytest_plugins = ["s3_fixtures"]   # the S3 server and the fault proxy (tests/s3_fixtures.py)
+
 
 def _creator(name):
     info = _core.CacheCore.read_creator(name)

@@ -16,6 +16,7 @@
 #include <memory>
 #include <vector>
 
+#include "bindings/directory_columns.h"
 #include "bindings/errors.h"
 #include "bindings/ids.h"
 #include "common/crc32c.h"
@@ -32,6 +33,9 @@ namespace shadecache {
 void register_tier_reader(py::module_& m);  // bindings/tier_io.cc
 }
 void register_read_stream(py::module_& m);  // read_stream_bindings.cc
+namespace shadecache {
+void register_store_directory(py::module_& m);  // store_directory_bindings.cc
+}
 
 namespace {
 
@@ -71,15 +75,6 @@ py::bytes packed_read(PackedReader& r, py::handle id_obj) {
   return obj;
 }
 
-template <typename T>
-py::array_t<T> column(const PackedReader& r, T store::Entry::*field) {
-  const auto& d = r.directory();
-  py::array_t<T> a(static_cast<py::ssize_t>(d.size()));
-  T* out = a.mutable_data();
-  for (size_t i = 0; i < d.size(); ++i) out[i] = d[i].*field;
-  return a;
-}
-
 py::list folder_read_many(FolderReader& r, const py::handle& ids_obj) {
   IdArray ids = integer_ids(ids_obj);
   const int64_t* p = ids.data();
@@ -111,12 +106,7 @@ PYBIND11_MODULE(_io, m) {
   m.attr("ALIGN") = store::kAlign;
   m.def(
       "placement_order",
-      [](uint64_t n, uint64_t seed) {
-        std::vector<uint64_t> order = store::placement_order(n, seed);
-        py::array_t<int64_t> a(static_cast<py::ssize_t>(order.size()));
-        std::memcpy(a.mutable_data(), order.data(), order.size() * sizeof(uint64_t));
-        return a;
-      },
+      [](uint64_t n, uint64_t seed) { return id_order_array(store::placement_order(n, seed)); },
       py::arg("n"), py::arg("seed"),
       "The ids in the order a store packed with shuffle=True, seed=`seed` lays out n samples.");
   m.def("built_with_uring", &built_with_uring, "True when this build links liburing.");
@@ -207,9 +197,9 @@ PYBIND11_MODULE(_io, m) {
       .def(
           "offset", [](const PackedReader& r, py::handle id) { return r.entry(as_id(id)).offset; },
           py::arg("id"))
-      .def("labels", [](const PackedReader& r) { return column(r, &store::Entry::label); })
-      .def("lengths", [](const PackedReader& r) { return column(r, &store::Entry::length); })
-      .def("offsets", [](const PackedReader& r) { return column(r, &store::Entry::offset); })
+      .def("labels", [](const PackedReader& r) { return directory_column(r.directory(), &store::Entry::label); })
+      .def("lengths", [](const PackedReader& r) { return directory_column(r.directory(), &store::Entry::length); })
+      .def("offsets", [](const PackedReader& r) { return directory_column(r.directory(), &store::Entry::offset); })
       .def(
           "find_corrupt",
           [](PackedReader& r, int64_t first, int64_t count) {
@@ -220,12 +210,7 @@ PYBIND11_MODULE(_io, m) {
       .def_property_readonly("meta",
                              [](const PackedReader& r) { return py::bytes(r.meta()); })
       .def("disk_order",
-           [](const PackedReader& r) {
-             std::vector<uint64_t> order = r.disk_order();
-             py::array_t<int64_t> a(static_cast<py::ssize_t>(order.size()));
-             std::memcpy(a.mutable_data(), order.data(), order.size() * sizeof(uint64_t));
-             return a;
-           },
+           [](const PackedReader& r) { return id_order_array(r.disk_order()); },
            "The ids in the order their bytes lie in the file.")
       .def(
           "set_shape",
@@ -293,6 +278,7 @@ PYBIND11_MODULE(_io, m) {
       .def("close", &PackedReader::close, py::call_guard<py::gil_scoped_release>());
 
   register_read_stream(m);
+  register_store_directory(m);
 
   py::class_<FolderReader>(m, "FolderReader")
       .def(py::init([](std::vector<std::string> paths, const std::string& backend,

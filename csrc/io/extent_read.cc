@@ -4,6 +4,7 @@
 #include <cstring>
 #include <memory>
 
+#include "common/crc32c.h"
 #include "common/error.h"
 #include "io/scratch.h"
 
@@ -89,6 +90,20 @@ void ExtentBatch::land(size_t x) {
     if (scratch_at_[x] != SIZE_MAX) std::memcpy(dests[k], ops_[x].dest + (s.offset - e.offset), s.length);
     batch_.check(k);
   }
+}
+
+bool ExtentBatch::intact(size_t x) const {
+  if (!batch_.verify()) return true;
+  const Extent& e = plan_.extents[x];
+  const store::Entry* dir = batch_.dir();
+  const int64_t* ids = batch_.ids();
+  for (size_t j = e.first; j < e.last; ++j) {
+    const store::Entry& s = dir[ids[plan_.order[j]]];
+    const char* at = scratch_at_[x] != SIZE_MAX ? ops_[x].dest + (s.offset - e.offset)
+                                                 : batch_.dests()[plan_.order[j]];
+    if (crc32c(at, s.length) != s.crc) return false;
+  }
+  return true;
 }
 
 void read_samples(IoBackend& backend, int fd, bool direct, CheckedBatch& batch, const ReadShape& shape,

@@ -65,6 +65,10 @@ class ExtentBatch {
   // Extent x is in: its samples are copied to their destinations (when read into scratch) and
   // checked. Thread-safe for distinct x (the pread pool lands extents from its threads).
   void land(size_t x);
+  // Whether every sample of extent x, where its bytes lie now (before land), matches its
+  // checksum (true without verify): a fetch that may have brought wrong bytes (an object store's
+  // range) is fetched again before anything is landed or recorded as corrupt.
+  bool intact(size_t x) const;
   // The largest direct_span of the ranges (0 when not direct).
   uint64_t max_span() const { return max_span_; }
   // Adds the batch to `counters` (samples handed out, requests, bytes asked): called once, after

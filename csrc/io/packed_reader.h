@@ -1,6 +1,6 @@
-// Reads a packed sample store (store_format.h). The open validates the header and loads the
-// whole sample directory into memory (24 bytes per sample, offsets derived from the placement);
-// reads are issued in batches through the process's backend (io_backend.h).
+// Reads a packed sample store file (store_format.h). The open validates the header and loads the
+// whole sample directory into memory (store_directory.h: 24 bytes per sample, offsets derived from
+// the placement); reads are issued in batches through the process's backend (io_backend.h).
 //
 // Contract: methods that do I/O (read_into, find_corrupt) must be called WITHOUT the GIL and touch
 // no Python object; they are safe to call from several threads (the backend serialises them) and
@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <shared_mutex>
 #include <string>
@@ -15,6 +16,7 @@
 
 #include "io/extent_read.h"
 #include "io/io_backend.h"
+#include "io/store_directory.h"
 #include "io/store_format.h"
 
 namespace shadecache {
@@ -28,14 +30,14 @@ class PackedReader {
   PackedReader(const PackedReader&) = delete;
   PackedReader& operator=(const PackedReader&) = delete;
 
-  uint64_t size() const { return dir_.size(); }
+  uint64_t size() const { return dir_->size(); }
   // The directory entry of `id`; throws kOutOfRange naming the id and the store's size.
-  const store::Entry& entry(int64_t id) const;
-  const std::vector<store::Entry>& directory() const { return dir_; }
-  const store::Header& header() const { return header_; }
-  const std::string& meta() const { return meta_; }
+  const store::Entry& entry(int64_t id) const { return dir_->entry(id); }
+  const std::vector<store::Entry>& directory() const { return dir_->entries(); }
+  const store::Header& header() const { return dir_->header(); }
+  const std::string& meta() const { return dir_->meta(); }
   // The ids in the order their bytes lie in the file (store::placement_order, or 0..n-1).
-  std::vector<uint64_t> disk_order() const;
+  std::vector<uint64_t> disk_order() const { return dir_->disk_order(); }
   const std::string& path() const { return path_; }
   bool direct() const { return direct_; }
   bool verify() const { return verify_; }
@@ -62,25 +64,13 @@ class PackedReader {
   int buffered_fd() const { return fd_; }
 
  private:
-  void load(int fd);  // validates header, directory and metadata
-  // Pass over the directory / metadata region in pieces (into dest when given): *error is the
-  // first reason the region is not valid, "" when it is.
-  void scan_directory(int fd, store::Entry* dest, std::string* error) const;
-  void scan_metadata(int fd, char* dest, std::string* error) const;
-  template <typename Each>
-  uint32_t scan(int fd, uint64_t off, uint64_t bytes, char* dest, const char* what,
-                Each each, uint32_t crc) const;
-  void place_samples();  // dir_[id].offset from the lengths in placement order
-  [[noreturn]] void format_error(const std::string& why) const;
   void check_open() const;
 
   std::string path_;
   int fd_ = -1;         // buffered reads
   int direct_fd_ = -1;  // O_DIRECT reads (when direct_)
   bool direct_, verify_;
-  store::Header header_{};
-  std::vector<store::Entry> dir_;
-  std::string meta_;
+  std::unique_ptr<StoreDirectory> dir_;  // validated at open, never changed
   BackendSlot slot_;
   ReadShape shape_;
   ReadCounters counters_;

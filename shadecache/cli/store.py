@@ -8,9 +8,13 @@ import sys
 def _pack(args) -> int:
     from ..store.writer import pack
 
+    from ..store.object_client import ObjectClient, is_object_url, parse_url
+
+    client = ObjectClient() if is_object_url(args.dst) or is_object_url(args.src) else None
     n = pack(args.src, args.dst, progress=not args.quiet, backend=args.backend,
-             shuffle=not args.no_shuffle, seed=args.seed)
-    size = os.path.getsize(args.dst)
+             shuffle=not args.no_shuffle, seed=args.seed, client=client)
+    size = (client.head(*parse_url(args.dst))["size"] if is_object_url(args.dst)
+            else os.path.getsize(args.dst))
     print(f"packed {n} samples into {args.dst} ({size / 2**20:.1f} MiB)")
     return 0
 
@@ -46,6 +50,8 @@ def _info(args) -> int:
         store = PackedStore(args.path, backend=args.backend)
         lengths = store.lengths.astype(np.int64)
         print(f"store          {args.path}")
+        if getattr(store, "etag", None):
+            print(f"object         ETag {store.etag} at {store.client.endpoint}")
         print(f"format version {store.version}")
         print(f"placement      {store.placement}" +
               (f" (seed {store.placement_seed})" if store.placement == "shuffled" else ""))
@@ -74,7 +80,8 @@ def register(subparsers) -> None:
                                            "into one store file")
     p.add_argument("src", help="folder in ImageFolder layout (SRC/<class>/<file>), or a store "
                                "file to convert (format version 1) or repack")
-    p.add_argument("dst", help="store file to write (replaced atomically)")
+    p.add_argument("dst", help="store file to write (replaced atomically), or an object URL "
+                               "s3://bucket/key (one multipart upload: all or nothing)")
     p.add_argument("--backend", choices=backends, default="auto")
     p.add_argument("--no-shuffle", action="store_true",
                    help="lay samples out in id order (default: a seeded shuffle, so that "
@@ -84,12 +91,12 @@ def register(subparsers) -> None:
     p.set_defaults(func=_pack)
 
     p = subparsers.add_parser("verify", help="check every sample's checksum in a store")
-    p.add_argument("path")
+    p.add_argument("path", help="a store file, or an object URL s3://bucket/key")
     p.add_argument("--backend", choices=backends, default="auto")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_verify)
 
     p = subparsers.add_parser("info", help="describe a store (or folder) and the I/O backend")
-    p.add_argument("path")
+    p.add_argument("path", help="a store file, a folder, or an object URL s3://bucket/key")
     p.add_argument("--backend", choices=backends, default="auto")
     p.set_defaults(func=_info)

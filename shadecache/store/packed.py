@@ -9,7 +9,6 @@ sample, store/folder.py.
 """
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
@@ -17,16 +16,17 @@ import numpy as np
 from .. import _io
 from ..errors import StoreFormatError
 from ..memory import tune_malloc_once
+from .object_client import is_object_url
+from .packed_views import PackedViews
 from .reader import NativeStore, check_backend_args, native_path, warn_fallback
 
 __all__ = ["PackedStore", "PackedStream", "FORMAT_VERSION"]
 
 FORMAT_VERSION = _io.FORMAT_VERSION
 DEFAULT_MAX_EXTENT = 8 << 20   # bytes of one read request at most (unless one sample is larger)
-IOPS_BOUND_FACTOR = 4          # see PackedStore.iops_bound
 
 
-class PackedStore(NativeStore):
+class PackedStore(PackedViews, NativeStore):
     """A packed sample store opened for reading.
 
     backend: "auto" (io_uring, or the pread pool with a one-time warning when io_uring is
@@ -42,7 +42,17 @@ class PackedStore(NativeStore):
 
     Fork-safe: a forked DataLoader worker builds its own ring on first use; spawned workers get
     the store by pickling, which reopens it by path with the same options.
+
+    An object URL (``PackedStore("s3://bucket/key.shc", ...)``) opens the same format in an
+    object store: an S3Store (store/s3.py), given the arguments that apply to it (verify,
+    gap_bytes, max_extent_bytes, device, and S3Store's own keywords).
     """
+
+    def __new__(cls, path, *args, **kwargs):
+        if is_object_url(path):
+            from .s3 import S3Store
+            return S3Store.from_packed_arguments(path, *args, **kwargs)
+        return super().__new__(cls)
 
     def __init__(self, path: str | os.PathLike, backend: str = "auto", direct: bool = False,
                  queue_depth: int = 64, verify: bool = True, *, gap_bytes: int | None = None,
@@ -56,7 +66,7 @@ class PackedStore(NativeStore):
                                    bool(verify))
         tune_malloc_once()
         warn_fallback(self._r.fallback_reason)
-        self.device = _device_profile(self, device)
+        self.device = device_profile(self, device)
         if gap_bytes is None:
             gap_bytes = self.device["gap_bytes"]
         elif not isinstance(gap_bytes, (int, np.integer)) or gap_bytes < 0:
@@ -72,75 +82,8 @@ class PackedStore(NativeStore):
         self._identity = (st.st_dev, st.st_ino)   # the fingerprint is read from this file only
 
     @property
-    def lengths(self) -> np.ndarray:
-        """Byte length of every sample (uint32)."""
-        if self._lengths is None:
-            self._lengths = self._r.lengths()
-            self._lengths.flags.writeable = False
-        return self._lengths
-
-    @property
-    def version(self) -> int:
-        return self._r.version
-
-    @property
-    def placement(self) -> str:
-        """How samples lie in the file: "shuffled" (a seeded shuffle of the ids, pack's default)
-        or "as written" (id order)."""
-        return self._r.placement
-
-    @property
-    def placement_seed(self) -> int:
-        return self._r.placement_seed
-
-    @property
-    def _placement_bytes(self) -> bytes:
-        import struct
-        return struct.pack("<IIQ", 1 if self.placement == "shuffled" else 0, 0, self.placement_seed)
-
-    def disk_order(self) -> np.ndarray:
-        """The ids in the order their bytes lie in the file (int64): neighbours in this array are
-        neighbours on disk, which a read of one extent gets together."""
-        return self._r.disk_order()
-
-    @property
-    def data_bytes(self) -> int:
-        """Bytes of sample data (the sum of all lengths)."""
-        return self._r.data_bytes
-
-    @property
-    def file_bytes(self) -> int:
-        return self._r.file_bytes
-
-    @property
     def direct(self) -> bool:
         return self._r.direct
-
-    @property
-    def meta(self) -> dict:
-        """Metadata stored at pack time (class names, source, creator). StoreFormatError when it
-        is not a JSON object, or nests too deeply to parse (its checksum only proves it is what
-        the writer stored)."""
-        raw = self._r.meta
-        if not raw:
-            return {}
-        try:
-            meta = json.loads(raw)
-        except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-            raise StoreFormatError(f"{self.path}: metadata is not JSON ({exc})") from None
-        except RecursionError:  # a checksum does not stop `[[[[...` nested past the parser's limit
-            raise StoreFormatError(f"{self.path}: metadata is not JSON the reader accepts "
-                                   "(nested too deeply)") from None
-        if not isinstance(meta, dict):
-            raise StoreFormatError(f"{self.path}: metadata is a JSON {type(meta).__name__}, not an object")
-        return meta
-
-    @property
-    def classes(self) -> list | None:
-        classes = self.meta.get("classes")
-        if classes is not None and not (isinstance(classes, list) and all(isinstance(c, str) for c in classes)):
-            raise StoreFormatError(f"{self.path}: metadata 'classes' is not a list of names")
-        return classes
 
     @property
     def fingerprint(self) -> str:
@@ -154,10 +97,6 @@ class PackedStore(NativeStore):
         if self._fingerprint is None:
             self._fingerprint = _fingerprint_of(self.path, self._identity, self)
         return self._fingerprint
-
-    def offset(self, i: int) -> int:
-        """File offset of sample ``i`` (what CorruptSampleError reports)."""
-        return self._r.offset(i)
 
     def stream(self, queue_depth: int = 32, lanes: int = 2,
                submission: str = "single") -> "PackedStream":
@@ -194,18 +133,6 @@ class PackedStore(NativeStore):
         extent). From the device's measured cost of a request unless given at open."""
         return self._r.shape[0]
 
-    @property
-    def iops_bound(self) -> bool:
-        """Whether a read of one sample costs the device at least IOPS_BOUND_FACTOR (4) times
-        more in its request than in its bytes (the mean sample is under a quarter of what the
-        device transfers in the time of one request): then reads of whole extents, and the order
-        that reads them (ShadeSampler's extent order), pay off. Below that factor they do not:
-        an extent's read also carries the samples the cache holds inside it (measured:
-        docs/benchmark_history.md, "bench/peers.py: shadecache, Mosaic Streaming 0.13.0, LitData
-        0.2.76", 100 KB samples)."""
-        n = len(self)
-        return bool(n) and IOPS_BOUND_FACTOR * self.data_bytes / n < self.device["gap_bytes"]
-
     def io_counters(self) -> dict:
         """What this process's reads of the store asked of the device: samples handed out, read
         requests issued (extents) and bytes requested (gaps and O_DIRECT widening included)."""
@@ -232,7 +159,7 @@ _PROBE_MIN_BYTES = 16 << 20
 _GAP_CAP = 1 << 20
 
 
-def _device_profile(store: "PackedStore", given: dict | None) -> dict:
+def device_profile(store: "PackedStore", given: dict | None) -> dict:
     """What a read request costs on the store's device: {iops, bandwidth, gap_bytes, source}.
     gap_bytes = bandwidth / iops, the bytes the device transfers in the time of one request, so
     reading a gap up to it never costs more than one more request would (capped at 1 MiB)."""
@@ -331,7 +258,7 @@ def _fingerprint_of(path: str, identity: tuple, store: "PackedStore") -> str:
         (dir_crc,) = struct.unpack_from("<I", header, 64)
         meta_offset, meta_bytes, file_bytes = struct.unpack_from("<QQQ", header, 72)
         changed = (num_samples != len(store) or file_bytes != store.file_bytes
-                   or dir_crc != store._r.dir_crc or header[96:112] != store._placement_bytes)
+                   or dir_crc != store._r.dir_crc or header[96:112] != store.placement_bytes)
         parts = {}
         for part, start, size in (("dir", dir_offset, dir_bytes), ("meta", meta_offset, meta_bytes)):
             if changed:

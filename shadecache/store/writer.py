@@ -124,8 +124,16 @@ def _is_path(x) -> bool:
 
 
 def pack(src, dst: str | os.PathLike, *, progress: bool = True, meta: dict | None = None,
-         batch: int = 256, backend: str = "auto", shuffle: bool = True, seed: int = 0) -> int:
+         batch: int = 256, backend: str = "auto", shuffle: bool = True, seed: int = 0,
+         client=None) -> int:
     """Packs ``src`` into the store file ``dst`` atomically; returns the number of samples.
+
+    dst may be an object URL (s3://bucket/key.shc): the store is packed into a temporary file
+    (in $SHADECACHE_PACK_TMPDIR, else the system's temporary directory: the store's size once
+    more, twice with the shuffled placement), then uploaded in one multipart upload that either
+    completes or is aborted (no object appears; an older object stays). src may be one too (a
+    store in an object, read with ranged GETs). client: the ObjectClient for both (default: one
+    from the AWS configuration, store/object_client.py).
 
     src may be:
     - a folder in ImageFolder layout (``src/<class>/<file>``): labels are class indices and the
@@ -140,8 +148,12 @@ def pack(src, dst: str | os.PathLike, *, progress: bool = True, meta: dict | Non
     from tqdm import tqdm
 
     from .legacy import VersionOneStore, format_version
+    from .object_client import is_object_url
     from .packed import PackedStore
 
+    if is_object_url(dst):
+        return _pack_to_object(src, dst, client, progress=progress, meta=meta, batch=batch,
+                               backend=backend, shuffle=shuffle, seed=seed)
     dst = os.fspath(dst)
     meta = dict(meta or {})
     folder = None
@@ -158,6 +170,14 @@ def pack(src, dst: str | os.PathLike, *, progress: bool = True, meta: dict | Non
         for k, v in opened.meta.items():
             meta.setdefault(k, v)
         meta["converted_from"] = {"path": os.path.abspath(os.fspath(src)), "format_version": version}
+        meta.pop("created_by", None)
+        src = opened
+    elif is_object_url(src):
+        from .s3 import S3Store
+        opened = S3Store(src, client=client)
+        for k, v in opened.meta.items():
+            meta.setdefault(k, v)
+        meta["converted_from"] = {"path": src, "format_version": opened.version}
         meta.pop("created_by", None)
         src = opened
     elif _is_path(src):
@@ -180,6 +200,25 @@ def pack(src, dst: str | os.PathLike, *, progress: bool = True, meta: dict | Non
     finally:
         if opened is not None:
             opened.close()
+    return n
+
+
+def _pack_to_object(src, url: str, client, **kw) -> int:
+    """pack() into a temporary file, then its upload to `url` (pack's docstring)."""
+    import shutil
+    import tempfile
+
+    from .object_client import ObjectClient, parse_url
+
+    bucket, key = parse_url(url)
+    client = client or ObjectClient()
+    tmp = tempfile.mkdtemp(prefix="shadecache-pack-", dir=os.environ.get("SHADECACHE_PACK_TMPDIR"))
+    try:
+        path = os.path.join(tmp, os.path.basename(key) or "store.shc")
+        n = pack(src, path, client=client, **kw)
+        client.upload_file(path, bucket, key)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return n
 
 
