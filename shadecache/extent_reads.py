@@ -110,10 +110,12 @@ class ExtentReads:
         ids = np.asarray(ids, dtype=np.int64)
         return np.ones(ids.size, dtype=bool) if self._due is None else self._due[ids]
 
-    def mates(self, ids, cached, keeps) -> np.ndarray:
+    def mates(self, ids, cached, keeps, on_way=None) -> np.ndarray:
         """The mates to read with `ids`: those this node would keep (keeps(ids) -> mask) and its
-        cache does not hold (cached: bool per id, or None), not staged, still due in this pass,
-        and no more than the stage has room for. A stage that overflows drops mates still due,
+        cache does not hold (cached: bool per id, or None), not on their way from the node's
+        prefetcher (on_way(ids) -> mask, or None: a reader asks for those when their turn comes,
+        and a read of them here would be a second), not staged, still due in this pass, and no
+        more than the stage has room for. A stage that overflows drops mates still due,
         whose reads bring more mates, which push out more; the rest of an extent cut off here is
         read when its samples are asked for. (The mates' lengths only: a cast of the whole array
         is a copy of the data set's.)"""
@@ -122,6 +124,8 @@ class ExtentReads:
             mates = mates[~cached[mates]]
         if mates.size:
             mates = mates[keeps(mates)]
+        if mates.size and on_way is not None:
+            mates = mates[~np.asarray(on_way(mates), dtype=bool)]
         if mates.size and len(self.stage):
             mates = mates[~self.stage.mask(mates)]
         if mates.size:

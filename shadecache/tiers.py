@@ -240,28 +240,30 @@ class TierChain:
         return np.asarray(self.cache.cached_mask(), dtype=bool)
 
     # ---- one batch --------------------------------------------------------------------------
-    def read(self, ids) -> Read:
+    def read(self, ids, on_way=None) -> Read:
         """Reads distinct ids through the tiers, then the store (no admission); under the extent
-        plan their extents' other samples come along as mates (Read)."""
+        plan their extents' other samples come along as mates (Read), but none on its way from
+        the node's prefetcher (on_way(ids) -> mask: the board's flags)."""
         r = self.read_tiers(ids)
         rest = r.missing()
         ext = self.extents()
         if ext is not None:
             ext.asked(r.ids[:r.asked])
         if rest.size and self.store is not None:
-            mates = self.extent_mates(r.ids[rest])
+            mates = self.extent_mates(r.ids[rest], on_way)
             t0 = time.perf_counter_ns()
             got = self.store.read_many(np.concatenate([r.ids[rest], mates]) if mates.size else r.ids[rest])
             self.took_from_store(r, rest, got, time.perf_counter_ns() - t0, mates)
         return r
 
-    def extent_mates(self, ids: np.ndarray) -> np.ndarray:
+    def extent_mates(self, ids: np.ndarray, on_way=None) -> np.ndarray:
         """The samples a read of `ids`' extents brings besides them that this node would keep
-        and does not hold (extent_reads.py: ExtentReads.mates); empty under the samples plan."""
+        and does not hold nor has on its way (extent_reads.py: ExtentReads.mates); empty under
+        the samples plan."""
         ext = self.extents()
         if ext is None:
             return np.empty(0, np.int64)
-        return ext.mates(ids, self._cached(), self.keeps)
+        return ext.mates(ids, self._cached(), self.keeps, on_way)
 
     def admit(self, r: Read, make_room=None, staged_again: bool = False) -> np.ndarray:
         """Offers the values of the ids this node keeps to the cache through the node's
@@ -444,13 +446,13 @@ class ChainReader:
             self._pool = ThreadPoolExecutor(max_workers=batches, thread_name_prefix="sc-tier")
         self._inflight = deque()     # (Read, store positions, ns at submit, future or None)
 
-    def submit(self, ids) -> np.ndarray:
+    def submit(self, ids, on_way=None) -> np.ndarray:
         """Starts the read of `ids`; returns the extent mates the store reads with them (empty
         unless the store reads whole extents): a caller that reads ahead must not ask for those
         again while this read is in flight."""
         r = self.chain.read_tiers(ids)
         rest = r.missing() if self.chain.store is not None else np.empty(0, np.int64)
-        mates = self.chain.extent_mates(r.ids[rest]) if rest.size else np.empty(0, np.int64)
+        mates = self.chain.extent_mates(r.ids[rest], on_way) if rest.size else np.empty(0, np.int64)
         wanted = np.concatenate([r.ids[rest], mates]) if mates.size else r.ids[rest]
         fut = None
         if rest.size:

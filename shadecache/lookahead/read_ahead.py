@@ -244,7 +244,7 @@ class ReadAhead:
             batch, places, nbytes = batch[~taken], places[~taken], nbytes[~taken]
         if not batch.size:
             return False
-        mates = self.tier.submit(batch)
+        mates = self.tier.submit(batch, board.on_way)   # no mate that an earlier batch reads
         if mates.size:
             # the extent mates read with the batch are on their way too: not candidates of the
             # next batches (each would read the same extents again), and a loader waits for them

@@ -124,7 +124,10 @@ class MissPath:
                 if found:
                     ids = [i for i in ids if i not in found]
             if ids:
-                r = self.chain.read(ids)
+                board = self.board
+                # under the extent plan, a mate the prefetcher is reading is not read again here
+                on_way = board.on_way if board is not None and board.prefetcher_pid else None
+                r = self.chain.read(ids, on_way)
                 if admit:
                     self.chain.admit(r)
         if found:

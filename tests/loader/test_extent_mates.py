@@ -461,3 +461,30 @@ def test_a_read_under_the_extent_order_costs_its_extents_not_the_data_set(tmp_pa
             tracemalloc.stop()
         assert got == [(12345).to_bytes(4, "little") * 4]
         assert peak < 2 * n, peak             # 8 x n bytes with the copy
+
+
+def test_a_mate_on_its_way_from_the_prefetcher_is_not_read_again(store, cache_factory):
+    """A loader's extent read brings the extent's other samples, but not those the node's
+    prefetcher is reading (ON_WAY on the board): a loader waits for those when their turn
+    comes, and reading them here read an extent twice (the prefetcher's read and this one)."""
+    import os
+
+    from shadecache.lookahead.board import OrderBoard
+
+    cache = cache_factory(len(store), capacity=32 << 20)
+    with OrderBoard.create(cache.name, len(store)) as board:
+        board.set_prefetcher(os.getpid())            # a live process registered as prefetcher
+        try:
+            ds = dataset(store, cache)
+            layout = ds.node.read_plan.layout
+            first = int(store.disk_order()[0])
+            mates = layout.mates([first])
+            coming = mates[:3]
+            board.mark_on_way(coming)
+            assert ds.node.misses.fetch_now([first]) == [store.read(first)]
+            cached = np.asarray(cache.cached_mask(), dtype=bool)
+            assert not cached[coming].any()
+            assert cached[mates[3:]].all()
+        finally:
+            board.set_prefetcher(0)
+            board.unlink()
