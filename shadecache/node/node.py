@@ -78,6 +78,9 @@ class Node:
             raise TypeError(f"admission must be an sc.Admission, got {type(admission).__name__}")
         if ssd is not None and store is not None:   # the tier holds this store's samples only
             ssd.bind_store(store)
+            keep = getattr(store, "keep_directory", None)   # an object store's directory: on the SSD
+            if callable(keep):
+                keep(ssd.path)
         self.store, self.cache, self.ssd = store, cache, ssd
         self.keep_remote = bool(keep_remote)
         self.admission = admission if admission is not None else Admission()

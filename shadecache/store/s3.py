@@ -177,6 +177,15 @@ class S3Store(PackedViews):
         finally:
             os.close(dfd)
 
+    def keep_directory(self, directory: str) -> None:
+        """Keeps the header and directory in `directory` (this user's own) from now on, when no
+        cache_dir was given: the node passes its SSD tier's directory, so that the next job on
+        this node opens the object without fetching its directory again."""
+        if self.cache_dir is not None:
+            return
+        self.cache_dir = directory
+        self._keep_tail(self._image[1])
+
     # ---- reads ------------------------------------------------------------------------------
     def _check_open(self):
         if self._closed:

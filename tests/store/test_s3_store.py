@@ -164,3 +164,18 @@ def test_cli_pack_info_verify_with_object_urls(s3, tmp_path):
     assert r.returncode == 0 and "samples        200" in r.stdout and "ETag" in r.stdout, r.stderr
     r = run("verify", "-q", url)
     assert r.returncode == 0 and "every checksum matches" in r.stdout, r.stderr
+
+
+def test_a_node_keeps_the_directory_on_its_ssd_tier(pair, proxy, tmp_path):
+    """Composed with an SSD tier, a node keeps the object's header and directory on the tier's
+    disk: the next job on the node opens the object with one small GET."""
+    local, url = pair
+    store = sc.S3Store(url, endpoint_url=proxy.endpoint)
+    ssd = sc.SSDTier(tmp_path / "ssd", capacity_bytes=1 << 20)
+    sc.Node(store, None, ssd=ssd, read_ahead=False)
+    ssd.close()
+    proxy.reset()
+    again = sc.S3Store(url, endpoint_url=proxy.endpoint, cache_dir=str(tmp_path / "ssd"))
+    st = proxy.stats()
+    assert st["gets"] == 1 and st["get_bytes"] <= 4096
+    assert again.fingerprint == local.fingerprint
