@@ -42,8 +42,8 @@ _LAZY = {
     "belady_hits": ".lookahead.belady",
     "Prefetcher": ".lookahead.prefetcher",
     "Node": ".node",
-    "Admission": ".node",
-    "ReadThrough": ".node",
+    "Admission": ".admission",
+    "ReadThrough": ".admission",
     "ReadPlan": ".read_plan",
 }
 

@@ -179,10 +179,11 @@ def extent_bytes_for(store) -> int:
 
 
 def choose(store, given="auto", window: int = DEFAULT_WINDOW, remember: bool = True) -> ReadPlan:
-    """The node's plan: a ReadPlan as it is; "samples"; "extents" (of the store's default extent
-    size); or for "auto" the plan this node chose for the store before (within PLAN_TTL_S), else
-    one chosen now from the store's device profile (remembered when measured). Under
-    torch.distributed every rank takes rank 0's kind and extent size (the ranks' shares are
+    """The node's plan: a ReadPlan as it is; "samples"; "extents" or "auto" as this node chose
+    them for the store before (within PLAN_TTL_S), else as chosen now from the store's device
+    profile ("auto": extents where the store is IOPS-bound; "extents": the extent size of the
+    device), and then remembered when measured. Under torch.distributed rank 0 chooses (and
+    alone remembers) and every rank takes its kind and extent size (the ranks' shares are
     positions of one arranged sequence)."""
     if isinstance(given, ReadPlan):
         return given
@@ -191,32 +192,30 @@ def choose(store, given="auto", window: int = DEFAULT_WINDOW, remember: bool = T
                          f"not {given!r}")
     if given == SAMPLES:
         return ReadPlan.samples()
-    if given == EXTENTS:
-        if not hasattr(store, "disk_order"):
+    if not hasattr(store, "disk_order") or not hasattr(store, "iops_bound"):
+        if given == EXTENTS:
             return ReadPlan.of_extents(store)   # raises, naming what the store lacks
-        kind, size, reason = EXTENTS, extent_bytes_for(store), "given"
-    elif not hasattr(store, "disk_order") or not hasattr(store, "iops_bound"):
         return ReadPlan.samples("auto: the store has no disk order")
-    else:
-        kind, size, reason = _auto(store, remember)
-    kind, size, reason = _agreed(kind, size, reason)
+    kind, size, reason = _agreed(lambda: _measured_choice(store, given, remember))
     if kind == SAMPLES:
         return ReadPlan.samples(reason)
     return ReadPlan.of_extents(store, size, window, reason)
 
 
-def _auto(store, remember: bool):
-    """(kind, extent_bytes, reason) of "auto" for a store with a disk order."""
+def _measured_choice(store, given: str, remember: bool):
+    """(kind, extent_bytes, reason) of "auto" or "extents" for a store with a disk order: the
+    remembered one, else chosen from the device profile (and remembered when measured)."""
     # what a process measured varies, what was given does not: only a measured choice is kept
     measured = str((getattr(store, "device", None) or {}).get("source", "")).startswith("measured")
     remember = remember and measured
     kind, size, reason = _remembered(store) if remember else (None, None, None)
-    if kind is None:
-        kind = EXTENTS if store.iops_bound else SAMPLES
-        size = extent_bytes_for(store) if kind == EXTENTS else 0
-        reason = f"auto: {_device_words(store)}"
-        if remember:
-            _remember(store, kind, size)
+    if kind is not None and (given == "auto" or kind == EXTENTS):
+        return kind, size, reason
+    kind = EXTENTS if given == EXTENTS or store.iops_bound else SAMPLES
+    size = extent_bytes_for(store) if kind == EXTENTS else 0
+    reason = f"{given}: {_device_words(store)}"
+    if remember:
+        _remember(store, kind, size)
     return kind, size, reason
 
 
@@ -268,6 +267,9 @@ def _remembered(store):
         return None, None, None
     if kind not in (SAMPLES, EXTENTS) or not 0 <= time.time() - at < PLAN_TTL_S:
         return None, None, None
+    if kind == EXTENTS and not (MIN_EXTENT_BYTES <= size <= MAX_EXTENT_BYTES
+                                and size & (size - 1) == 0):
+        return None, None, None   # not a size this module writes: measured again
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(at))
     return kind, size, (f"auto: chosen on this node at {when} ({got.get('why', '')}); "
                         f"read_plan='{SAMPLES}' or '{EXTENTS}' overrides it")
@@ -289,15 +291,15 @@ def _remember(store, kind: str, size: int) -> None:
         pass   # an unwritable home: the plan is chosen again by the next process
 
 
-def _agreed(kind: str, size: int, reason: str):
-    """Rank 0's (kind, extent_bytes, reason) on every rank of the process group (the ranks'
-    shares are positions of one arranged sequence); as given without torch.distributed."""
+def _agreed(choose_here):
+    """choose_here()'s (kind, extent_bytes, reason) in this process, or under torch.distributed
+    rank 0's on every rank (the others do not choose: one measurement, one remembered plan)."""
     try:
         import torch.distributed as dist
     except ImportError:
-        return kind, size, reason
+        return choose_here()
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return kind, size, reason
-    box = [(kind, size, reason)]
+        return choose_here()
+    box = [choose_here() if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(box, src=0)
     return tuple(box[0])

@@ -32,7 +32,7 @@ reader() runs the same read for a pipeline of batches (the prefetcher): the tier
 at submit, the store's share in flight until take().
 
 Admission: what is offered to the cache, and the put itself, are the node's Admission
-(node/admission.py), the one rule every reader follows.
+(admission.py), the one rule every reader follows.
 
 Counts: each Read carries, per tier asked, a TierCount of its batch; the miss path adds them to its
 counters (node/miss_path.py), the peer server to its published status.
@@ -50,6 +50,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
+from .admission import Admission
 
 STORE = "store"   # the store's name in a Read's counts
 
@@ -119,14 +120,13 @@ class TierChain:
     keep_remote  also keep the ids that a partitioning tier serves (another node is their home)
     plan         the node's ReadPlan (read_plan.py; None: samples): under the extent plan the
                  store's misses are read as whole extents (extent_reads.py)
-    admission    the node's Admission (node/admission.py; None: the engine's policy alone)
+    admission    the node's Admission (admission.py; None: the engine's policy alone)
 
     Picklable when its tiers are (a DataLoader worker, the prefetcher's process).
     """
 
     def __init__(self, tiers: Sequence = (), store=None, cache=None, keep_remote: bool = False,
                  plan=None, admission=None):
-        from .node.admission import Admission
         self.tiers = [(str(name), tier) for name, tier in tiers]
         self.store = store
         self.cache = cache
@@ -240,17 +240,18 @@ class TierChain:
         return np.asarray(self.cache.cached_mask(), dtype=bool)
 
     # ---- one batch --------------------------------------------------------------------------
-    def read(self, ids, on_way=None) -> Read:
+    def read(self, ids, on_way=None, mates: bool = True) -> Read:
         """Reads distinct ids through the tiers, then the store (no admission); under the extent
         plan their extents' other samples come along as mates (Read), but none on its way from
-        the node's prefetcher (on_way(ids) -> mask: the board's flags)."""
+        the node's prefetcher (on_way(ids) -> mask: the board's flags), and none at all with
+        mates=False (a read whose values are not offered: nothing would keep them)."""
         r = self.read_tiers(ids)
         rest = r.missing()
         ext = self.extents()
         if ext is not None:
             ext.asked(r.ids[:r.asked])
         if rest.size and self.store is not None:
-            mates = self.extent_mates(r.ids[rest], on_way)
+            mates = self.extent_mates(r.ids[rest], on_way) if mates else np.empty(0, np.int64)
             t0 = time.perf_counter_ns()
             got = self.store.read_many(np.concatenate([r.ids[rest], mates]) if mates.size else r.ids[rest])
             self.took_from_store(r, rest, got, time.perf_counter_ns() - t0, mates)

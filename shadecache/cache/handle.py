@@ -268,9 +268,11 @@ class Cache:
     def admits(self, ids, displaced=0) -> np.ndarray:
         """Bool mask: whether this cache, full, would admit each id by the time `displaced` (an
         int, or one per id) of its cached values have given way to others. The engine answers
-        with the policy that decides puts (csrc/cache/admission.cc): importance, a score above
-        the lowest cached score left then; static, none; lru, fifo and clairvoyant, every id. A
-        prediction for readers ahead (the prefetcher); put decides."""
+        with the policy that decides puts (csrc/cache/admission.cc): the key the id would enter
+        with must pass the policy's admits() against the lowest key left then. importance: a
+        score above the lowest cached score left; clairvoyant: a key (next use, blended with the
+        score) above the lowest left; static: none; lru and fifo: every id. A prediction for
+        readers ahead (the prefetcher); put decides."""
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         k = np.ascontiguousarray(np.broadcast_to(np.asarray(displaced, dtype=np.int64), ids.shape))
         return np.asarray(self._core.would_admit(ids, k), dtype=bool)

@@ -72,6 +72,8 @@ Concurrency contract (single writer per stream; any number of readers; no lock):
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import mmap
 import os
@@ -116,6 +118,10 @@ _H_CREATOR, _H_CREATOR_START = shm.BOARD_CREATOR_AT, shm.BOARD_CREATOR_START_AT 
 _H_PREFETCHER, _H_STOP = 48, 56
 _H_PREFETCHER_START = 72   # the prefetcher's start time: with its pid, one process (pids are reused)
 _H_READ_RULE, _H_REACH = 80, 88   # what the prefetcher reads ahead, and how far (its own words)
+# Counts every WANTED a reader sets (atomic add): the prefetcher's hand-over looks at it (and the
+# streams' words) to tell whether anything that decides a hand-over moved, without a scan of N
+# flags each poll.
+_H_WANTED_SEQ = 96
 # The prefetcher's read rule, written by it when it starts (0 in a board no prefetcher ran on):
 # READS_EVERY_MISS  every miss of its window, making room in a full cache (no copying tier);
 # READS_ADMITTED    once the cache is full, only what it would admit when due (an SSD tier keeps
@@ -481,9 +487,32 @@ class OrderBoard:
         return best
 
     def marks(self) -> bytes:
-        """What changes whenever a stream publishes, rewrites or moves its cursor: the streams'
-        (seq, epoch, cursor) words, as bytes (one copy). Equal marks: no stream moved since."""
-        return self._srec[:self.streams, [_S_SEQ, _S_EPOCH, _S_CURSOR]].tobytes()
+        """What changes whenever a stream publishes, rewrites or moves its cursor, or a reader
+        asks for a sample on its way (WANTED): the streams' (seq, epoch, cursor) words and the
+        WANTED count, as bytes (one copy). Equal marks: none of that happened since."""
+        return (self._srec[:self.streams, [_S_SEQ, _S_EPOCH, _S_CURSOR]].tobytes()
+                + self._header[_H_WANTED_SEQ // 8].tobytes())
+
+    def creator_gone(self) -> bool:
+        """Whether the process that made this board is gone (its pid and start time)."""
+        pid = int(self._header[_H_CREATOR // 8])
+        return pid > 0 and not alive(pid, int(self._header[_H_CREATOR_START // 8]))
+
+    @contextlib.contextmanager
+    def starting(self):
+        """Yields True in the one process that may start the node's prefetcher now (an exclusive
+        flock on the board file, not waited for: the kernel drops it when the holder dies), False
+        in any other that asks meanwhile."""
+        fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            yield True
+        finally:
+            os.close(fd)
 
     def stream_state(self, stream: int) -> dict:
         rec = self._srec[self._check_stream(stream)]
@@ -547,6 +576,8 @@ class OrderBoard:
             return coming
         wait = ids[coming]
         self._flags[wait] = WANTED
+        from .. import _io
+        _io.atomic_add(self._header, _H_WANTED_SEQ // 8, 1)   # after the flags: the prefetcher looks
         deadline = time.monotonic() + timeout
         if not self.prefetcher_alive():
             return coming
@@ -579,8 +610,9 @@ class OrderBoard:
         return bool(pid) and alive(pid, self._prefetcher_start())
 
     def set_read_rule(self, rule: int, reach: int) -> None:
-        """The prefetcher's rule (READS_*) and reach (samples ahead of the cursors it reads at
-        most), for the samplers' stall budget, which bends the order around what it reads."""
+        """The prefetcher's rule (READS_*) and reach (half the samples the cache holds: how far
+        ahead of the cursors its automatic lookahead reads at most), for the samplers' stall
+        budget, which bends the order around what it reads."""
         self._header[_H_REACH // 8] = int(reach)
         self._header[_H_READ_RULE // 8] = int(rule)
 
@@ -705,15 +737,33 @@ class BoardLink:
             self._board = None
         return self._board
 
-    def create(self, num_samples: int, streams: int) -> OrderBoard:
-        """Makes the board (this process removes it at its exit), or attaches the one another
-        process made first."""
-        try:
-            self._board = OrderBoard.create(self.cache_name, num_samples, streams=streams)
-        except FileExistsError:
-            self._board = OrderBoard.attach(self.cache_name)
-        self._looked = time.monotonic()
-        return self._board
+    def create(self, num_samples: int, streams: int, wait: float = 5.0) -> OrderBoard:
+        """The board: made (this process removes it at its exit), or the one another process
+        made, once it is whole (its magic is written last: a board being made is waited for up
+        to `wait` seconds), or made anew in place of one whose creator is gone (a killed job's:
+        its orders, flags and stream count are nobody's any more)."""
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                self._board = OrderBoard.create(self.cache_name, num_samples, streams=streams)
+                return self._board
+            except FileExistsError:
+                pass
+            try:
+                board = OrderBoard.attach(self.cache_name)
+            except FileNotFoundError:
+                continue                      # removed since: make it
+            except ValueError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.005)             # being made by another process
+                continue
+            if board.creator_gone():
+                board.unlink()
+                board.close()
+                continue
+            self._board = board
+            return board
 
     def __getstate__(self):
         return {"cache_name": self.cache_name}

@@ -41,6 +41,25 @@ DEFAULTS = dict(lookahead_samples=None, lookahead_bytes=256 << 20, batch=256, qu
                 lanes=2, max_batches=4, poll_s=0.002)
 
 
+def check_options(options: dict) -> dict:
+    """DEFAULTS with `options` over them; TypeError naming an unknown option, ValueError one out
+    of its range."""
+    unknown = set(options) - set(DEFAULTS)
+    if unknown:
+        raise TypeError(f"Prefetcher got unknown options {sorted(unknown)}; it takes "
+                        f"{sorted(DEFAULTS)}")
+    opts = dict(DEFAULTS, **options)
+    for k, v in opts.items():
+        if k == "poll_s":
+            if not isinstance(v, (int, float)) or not 0 < v <= 1:
+                raise ValueError(f"poll_s must be in (0, 1] seconds, got {v!r}")
+        elif k == "lookahead_samples" and v is None:
+            pass   # automatic: pace.py
+        elif isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"{k} must be an int >= 1, got {v!r}")
+    return opts
+
+
 class Prefetcher:
     """Starts and stops the prefetcher process of a node (sc.Node: node.prefetcher(**options)),
     which reads through the node's tier chain, as the node's loaders do, into its cache. The node
@@ -48,19 +67,7 @@ class Prefetcher:
     and the module docstring."""
 
     def __init__(self, node, **options):
-        unknown = set(options) - set(DEFAULTS)
-        if unknown:
-            raise TypeError(f"Prefetcher got unknown options {sorted(unknown)}; it takes "
-                            f"{sorted(DEFAULTS)}")
-        opts = dict(DEFAULTS, **options)
-        for k, v in opts.items():
-            if k == "poll_s":
-                if not isinstance(v, (int, float)) or not 0 < v <= 1:
-                    raise ValueError(f"poll_s must be in (0, 1] seconds, got {v!r}")
-            elif k == "lookahead_samples" and v is None:
-                pass   # automatic: see _Pace
-            elif isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise ValueError(f"{k} must be an int >= 1, got {v!r}")
+        opts = check_options(options)
         if getattr(node, "cache", None) is None:
             raise ValueError("the prefetcher reads into the node's cache: the node has none")
         if node.board is None:
@@ -126,10 +133,10 @@ def run(node, options: dict, parent_pid: int) -> None:
     """The process's body: registers on the board, publishes its rule, runs the loop
     (read_ahead.py), and leaves nothing behind that a reader would wait for."""
     cache, board = node.cache, node.board
+    loop = ReadAhead(node, options)
+    board.set_read_rule(loop.rule, loop.reach)   # before registering: a sampler sees both at once
     board.set_prefetcher(os.getpid())
     board.clear_on_way()          # a killed predecessor's
-    loop = ReadAhead(node, options)
-    board.set_read_rule(loop.rule, loop.reach)
     _publish_status(cache.name, node.chain, loop.rule, loop.reach)
     try:
         loop.run(parent_pid)

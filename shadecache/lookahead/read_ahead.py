@@ -343,18 +343,19 @@ class ReadAhead:
     # ---- the process ---------------------------------------------------------------------------
     def _hand_over_loop(self) -> None:
         """Every poll_s while something is held or in flight (else IDLE_S): hands over what is
-        due, when something that decides it moved (a stream, a reader's WANTED flag, a read that
-        landed since: a pass over every held batch costs the loaders' cores for nothing
-        otherwise)."""
+        due, when something that decides it moved since the last hand-over began (a stream's
+        cursor or order, a reader's WANTED: board.marks; a read held since). The marks are taken
+        before the hand-over, so what moves while it runs is seen at the next poll."""
         seen = None
         while not self.done.wait(self.options["poll_s"] if self.held.batches or self.inflight
                                  else IDLE_S):
-            marks = (self.board.marks(), self.board.wanted().tobytes(), len(self.held.batches))
+            marks = (self.board.marks(), len(self.held.batches))
             if marks == seen:
                 continue
+            seen = marks
             with self.mu:
                 self.hand_over()
-            seen = (self.board.marks(), self.board.wanted().tobytes(), len(self.held.batches))
+            seen = (seen[0], len(self.held.batches))   # what it took is no news
 
     def run(self, parent_pid: int) -> None:
         """Runs passes until the board's stop word, SIGTERM or the parent's exit; then finishes

@@ -13,7 +13,7 @@ the chain each in its own way:
     is read by one thread at a time, and a caller that waited looks in the cache again first, so
     that it does not read again what another's extent read admitted;
   - the counters (hits, misses, the wait on the tiers, and per tier its calls, hits, bytes and
-    time), shared by every process that reads the node's data set (loader/counters.py), and the
+    time), shared by every process that reads the node's data set (node/counters.py), and the
     board's per-epoch rows.
 
 Lock order: the miss path's lock, then the cache's (inside put_many / get_many), then the SSD tier's
@@ -127,7 +127,7 @@ class MissPath:
                 board = self.board
                 # under the extent plan, a mate the prefetcher is reading is not read again here
                 on_way = board.on_way if board is not None and board.prefetcher_pid else None
-                r = self.chain.read(ids, on_way)
+                r = self.chain.read(ids, on_way, mates=admit)
                 if admit:
                     self.chain.admit(r)
         if found:

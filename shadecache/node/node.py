@@ -19,9 +19,9 @@ reads through). With it the node fixes, once:
   - the order board (lookahead/board.py): where the samplers of the node publish their orders and
     the prefetcher reads ahead; one per cache, made by the first node of the cache on this
     machine and attached by the others;
-  - reading ahead: with read_ahead=True (the default) the node that made the board starts the
-    node's prefetcher when a sampler first publishes an order, and stops it when the node closes
-    or its process exits.
+  - reading ahead: with read_ahead=True (the default) the node's prefetcher starts when a sampler
+    first publishes an order (one process of the node starts it, whichever rank claims the board
+    first), and stops when the node that started it closes or its process exits.
 
 A node is picklable: a DataLoader worker (fork or spawn) gets the same composition and attaches the
 cache, the board and the tiers by name in its own process.
@@ -31,12 +31,15 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+import warnings
 import weakref
+
+import numpy as np
 
 from ..read_plan import choose as choose_plan
 from ..store.protocol import check_store
 from ..tiers import TierChain
-from .admission import Admission
+from ..admission import Admission
 from .miss_path import MissPath
 
 CLUSTER_FROM_TORCH = "torch"
@@ -85,14 +88,15 @@ class Node:
         self.keep_remote = bool(keep_remote)
         self.admission = admission if admission is not None else Admission()
         self.read_plan = choose_plan(store, read_plan if store is not None else "samples")
+        _check_plan(self.read_plan, store)
         if read_plan == "auto" and store is not None:
             print(f"shadecache: {self.read_plan.describe()}", file=sys.stderr)
         self.read_ahead = bool(read_ahead) and cache is not None
+        from ..lookahead.prefetcher import check_options
+        check_options(dict(prefetch or {}))   # refused now, not at the first publish
         self.prefetch_options = dict(prefetch or {})
         self._prefetcher = None
-        self._boards, made = _board_link(cache, streams, create=self.read_ahead)
-        # the process that made the board starts the node's prefetcher (one per node)
-        self._owner_pid = os.getpid() if made else None
+        self._boards = _board_link(cache, streams, create=self.read_ahead)
         self._notes = {}      # epoch -> a sampler's counts (note_epoch), without a board
         self.cluster = None
         self.misses = MissPath.counted(self._chain(peer=False), self._boards)
@@ -195,15 +199,30 @@ class Node:
         return serve(self, host=host, port=port, secret=secret)
 
     def start_reading_ahead(self) -> None:
-        """Starts the node's prefetcher if this node reads ahead, made the board, and none runs
-        (the samplers call it when they publish an order)."""
-        if not self.read_ahead or self._owner_pid != os.getpid():
+        """Starts the node's prefetcher when this node reads ahead and none runs (the samplers
+        call it when they publish an order). One process of the node starts it (an exclusive
+        claim on the board: board.starting), whichever rank gets there first; one that cannot
+        start (a class of the node's parts that the prefetcher's interpreter cannot import: one
+        defined in the training script) warns, and training goes on without reading ahead."""
+        if not self.read_ahead or (self._prefetcher is not None and self._prefetcher.alive()):
             return
-        if self._prefetcher is not None and self._prefetcher.alive():
+        board = self.board
+        if board is None or board.prefetcher_alive():
             return
-        if self.board is None or self.board.prefetcher_alive():
-            return
-        self._prefetcher = self.prefetcher().start()
+        with board.starting() as mine:
+            if not mine or board.prefetcher_alive():
+                return
+            try:
+                self._prefetcher = self.prefetcher().start()
+            except RuntimeError as e:
+                self.read_ahead = False          # not tried again at every publish
+                warnings.warn(f"shadecache: the node's prefetcher did not start ({e}); training "
+                              "goes on without reading ahead. Its process unpickles the node: "
+                              "define the store and the admission rule in an importable module, "
+                              "or compose the node with read_ahead=False", RuntimeWarning,
+                              stacklevel=3)
+                return
+        _STARTED.append(self._prefetcher)
 
     @property
     def started_prefetcher(self):
@@ -235,6 +254,8 @@ class Node:
         p, self._prefetcher = self._prefetcher, None
         if p is not None:
             p.stop()
+            if p in _STARTED:
+                _STARTED.remove(p)
         if self._owns_cluster and self.cluster is not None:
             self.cluster.close()
         _LIVE.discard(self)
@@ -259,26 +280,45 @@ class Node:
         return f"<shadecache.Node {parts}; {self.read_plan.describe()}>"
 
 
-_LIVE = weakref.WeakSet()   # nodes of this process whose prefetchers stop at its exit
+_LIVE = weakref.WeakSet()   # nodes of this process: closed at its exit
+_STARTED = []               # the prefetchers nodes of this process started: stopped at its exit,
+#                             also those of a node dropped without close()
 
 
 @atexit.register
 def _stop_prefetchers() -> None:
     for node in list(_LIVE):
         node.close()
+    while _STARTED:
+        _STARTED.pop().stop()
+
+
+def _check_plan(plan, store) -> None:
+    """ValueError when an extent plan was made for another store (its layout must be of this
+    store's samples, in this store's disk order)."""
+    if not plan.extents:
+        return
+    disk_order = getattr(store, "disk_order", None)   # a store wrapped in one of yours may lack it
+    same = len(plan.layout) == len(store)
+    if same and callable(disk_order):
+        same = np.array_equal(plan.layout.by_extent, np.asarray(disk_order(), dtype=np.int64))
+    if not same:
+        raise ValueError(f"the read plan was made for another store ({len(plan.layout)} samples in "
+                         f"another disk order); this one has {len(store)}: make it with "
+                         "sc.ReadPlan.of_extents(store, ...) of this store")
 
 
 def _board_link(cache, streams, create: bool):
-    """(the link to the cache's order board, whether this process made the board): None without
-    a cache; with `create` the board is made now when there is none (streams: the ranks of this
-    node; removed when this process exits), else only looked for when first used."""
+    """The link to the cache's order board (None without a cache); with `create` the board is
+    made now when there is none, or made anew in place of a killed job's (streams: the ranks of
+    this node; removed when the process that made it exits), else only looked for when used."""
     if cache is None:
-        return None, False
+        return None
     from ..lookahead.board import BoardLink
     link = BoardLink(cache.name)
-    if not create or link.get() is not None:
-        return link, False
-    if streams is None:
-        local = os.environ.get("LOCAL_WORLD_SIZE", "1")
-        streams = int(local) if local.isdigit() and int(local) >= 1 else 1
-    return link, link.create(cache.num_samples, streams).created_here
+    if create:
+        if streams is None:
+            local = os.environ.get("LOCAL_WORLD_SIZE", "1")
+            streams = int(local) if local.isdigit() and int(local) >= 1 else 1
+        link.create(cache.num_samples, streams)
+    return link

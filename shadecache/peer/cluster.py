@@ -245,10 +245,16 @@ class Cluster:
                 master = os.environ.get("MASTER_ADDR", "127.0.0.1")
                 host = "127.0.0.1" if is_loopback(master) else socket.gethostname()
             server = node.serve(host=host, port=port, secret=secret)
-            kv.set(f"{prefix}/{index}", server.address)
-        addresses = [kv.get(f"{prefix}/{k}").decode() for k in range(num_nodes)]
-        if server is not None:
-            server.set_peers(addresses)
+        try:
+            if server is not None:
+                kv.set(f"{prefix}/{index}", server.address)
+            addresses = [kv.get(f"{prefix}/{k}").decode() for k in range(num_nodes)]
+            if server is not None:
+                server.set_peers(addresses)
+        except BaseException:
+            if server is not None:   # a join that failed leaves no server behind
+                server.close()
+            raise
 
         def lookup(k, kv=kv):
             try:

@@ -646,9 +646,12 @@ class ShadeSampler(Sampler):
                              f"this is rank {self.rank} of {self.num_replicas}")
         saved = state.get("read_plan")
         if saved is not None and self.read_plan is not None and not self.read_plan.same_as(saved):
+            how = ('read_plan="samples"' if saved.get("kind") != "extents" else
+                   f"read_plan=sc.ReadPlan.of_extents(store, extent_bytes={saved.get('extent_bytes')}, "
+                   f"window={saved.get('window')})")
             raise ValueError(f"the sampler state was drawn under the read plan {saved}, this node reads "
-                             f"by {self.read_plan.state()}: compose the node with that plan (sc.Node("
-                             f"read_plan=...)) to resume the same order")
+                             f"by {self.read_plan.state()}: compose the node with {how} to resume the "
+                             "same order")
         self.seed = int(state["seed"])
         self.epoch = int(state["epoch"])
         self.table.load_state_dict(state["table"])

@@ -478,3 +478,59 @@ def test_the_prefetcher_imports_nothing_from_the_working_directory(store_path, n
     """)
     assert not ran, ran
     assert out.stdout.strip() == "stopped 0", out.stdout + out.stderr
+
+
+def test_a_reader_that_asks_during_a_hand_over_is_not_left_waiting(name):
+    """The hand-over thread hands over only when something moved (a stream, a reader's WANTED):
+    a reader that asks for a held sample while a hand-over runs (the SSD tier's flush of the one
+    before it, say) is seen at the next poll, not left to wait ON_WAY_WAIT_S and read the sample
+    itself."""
+    import collections
+    import threading
+
+    from shadecache.lookahead.read_ahead import Held, ReadAhead
+    from shadecache.tiers import Read
+
+    board = OrderBoard.create(name, 100, streams=1)
+    try:
+        board.publish(0, 0, np.arange(100))
+        board.set_prefetcher(os.getpid())       # this process stands for the live prefetcher
+        loop = ReadAhead.__new__(ReadAhead)      # the hand-over thread's state, no process
+        loop.board, loop.held, loop.mu, loop.done = board, Held(), threading.Lock(), threading.Event()
+        loop.options, loop.inflight = {"poll_s": 0.002}, collections.deque()
+        landed, readers = {}, []
+
+        def held_read(i):
+            r = Read(np.array([i], np.int64), np.ones(1, bool))
+            r.values = [b"x"]
+            return r
+
+        def ask(i):          # a reader's wait for a sample on its way (it sets WANTED)
+            board.wait_for(np.array([i]), 3.0)
+
+        def land(read, epoch):   # stands for the admission (put_many, the SSD tier's flush)
+            i = int(read.ids[0])
+            landed[i] = time.monotonic()
+            board.unmark(read.ids)
+            if i == 50:          # a second reader asks for 60 while 50 is being offered
+                readers.append(threading.Thread(target=ask, args=(60,)))
+                readers[-1].start()
+                time.sleep(0.05)
+        loop._land = land
+        for i in (50, 60):     # ahead of the cursor: due only when asked for
+            loop.held.add(held_read(i), 0, np.array([i]), np.array([1]))
+        board.mark_on_way(np.array([50, 60]))
+        helper = threading.Thread(target=loop._hand_over_loop, daemon=True)
+        helper.start()
+        time.sleep(0.05)
+        t0 = time.monotonic()
+        ask(50)
+        for t in readers:
+            t.join(5)
+        loop.done.set()
+        helper.join(2)
+        assert 60 in landed and landed[60] - t0 < 1.0, landed
+    finally:
+        board.set_prefetcher(0)
+        board.close()
+        board.unlink()

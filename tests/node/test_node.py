@@ -203,3 +203,155 @@ def test_a_seed_reproduces_the_order_in_separate_processes(tmp_path):
     assert sorted(first["epochs"][0]) == list(range(4000))
     assert first["epochs"][0] != first["epochs"][1]
     assert runs[2]["losses"] == first["losses"]
+
+
+def test_ranks_that_compose_their_nodes_at_once_share_one_board(store, tmp_path):
+    """Four processes compose a node of one cache at the same moment: one makes the board, the
+    others wait until it is whole and attach it (none fails on a board half made)."""
+    import multiprocessing as mp
+
+    from node_ranks import compose_at_once
+
+    ctx = mp.get_context("fork")
+    for trial in range(3):
+        name = f"t-{os.getpid()}-race{trial}"
+        cache = sc.Cache.create(name, num_samples=N, capacity_bytes=1 << 20)
+        barrier, results = ctx.Barrier(4), ctx.Queue()
+        procs = [ctx.Process(target=compose_at_once, args=(store.path, name, barrier, results))
+                 for _ in range(4)]
+        for p in procs:
+            p.start()
+        got = [results.get(timeout=60) for _ in procs]
+        for p in procs:
+            p.join(30)
+        cache.close()
+        sc.Cache.remove(name)
+        assert got == [("ok", True)] * 4, got
+
+
+def test_a_later_node_reads_ahead_when_none_runs(store, cache_factory):
+    """Whoever made the board, a node that reads ahead starts the prefetcher when none runs: a
+    second node of the cache in this process (the first closed), and the next job's node over a
+    board a job killed with SIGKILL left behind (made anew: its stream count was the old job's)."""
+    import subprocess
+    import sys
+
+    cache = cache_factory(N, 4 << 20, "lru")
+
+    def one_epoch(node):
+        sampler = node.sampler(batch_size=50, seed=0)
+        sampler.set_epoch(0)
+        for _ in node.loader(50, sampler=sampler, num_workers=0):
+            pass
+        return node.started_prefetcher is not None and node.prefetching
+
+    first = sc.Node(store, cache, read_plan="samples")
+    assert one_epoch(first)
+    first.close()
+    second = sc.Node(store, cache, read_plan="samples")
+    assert one_epoch(second)
+    second.close()
+
+    name = f"t-{os.getpid()}-killedjob"
+    left = sc.Cache.create(name, num_samples=N, capacity_bytes=1 << 20, persist=True)
+    code = (f"import os, signal, shadecache as sc\n"
+            f"n = sc.Node(sc.PackedStore({store.path!r}), sc.Cache.attach({name!r}), "
+            f"read_plan='samples', streams=2)\n"
+            f"os.kill(os.getpid(), signal.SIGKILL)\n")
+    subprocess.run([sys.executable, "-c", code], timeout=60)
+    assert os.path.exists(f"/dev/shm/shadecache-order.{name}")
+    try:
+        node = sc.Node(store, left, read_plan="samples", streams=1)
+        assert node.board.streams == 1 and not node.board.creator_gone()
+        assert one_epoch(node)
+        node.close()
+    finally:
+        left.close()
+        sc.Cache.remove(name)
+
+
+def test_a_prefetcher_that_cannot_start_leaves_training_going(store, tmp_path):
+    """An admission rule defined in the training script (its __main__) cannot be unpickled by
+    the prefetcher's interpreter: the node warns once, and every epoch delivers every sample
+    without reading ahead."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(f"""
+import numpy as np, shadecache as sc
+class EvenOnly(sc.Admission):
+    def allows(self, ids):
+        return np.asarray(ids) % 2 == 0
+store = sc.PackedStore({store.path!r})
+cache = sc.Cache.for_store("t-{os.getpid()}-mainrule", store, capacity_bytes=1 << 20, attach=False)
+node = sc.Node(store, cache, admission=EvenOnly(), read_plan="samples")
+sampler = node.sampler(batch_size=50, seed=0)
+for epoch in range(2):
+    sampler.set_epoch(epoch)
+    got = {{}}
+    for x, y, idx in node.loader(50, sampler=sampler, num_workers=0):
+        for k, i in enumerate(idx.tolist()):
+            got[i] = x.row(k) if hasattr(x, "row") else bytes(x[k].numpy())
+    assert sorted(got) == list(range(len(store)))
+print("epochs done; reading ahead:", node.prefetching)
+cache.close()
+""")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "epochs done; reading ahead: False" in done.stdout
+    assert done.stderr.count("the node's prefetcher did not start") == 1
+
+
+def test_only_rank_0s_choice_is_taken_and_remembered(tmp_path):
+    """Ranks that measured their devices differently draw under rank 0's plan, and the plan the
+    next run finds on the node is that one, not the choice of whichever rank wrote last."""
+    import json
+
+    import torch.multiprocessing as tmp_mp
+    from node_ranks import choose_on_rank
+
+    xdg = str(tmp_path / "xdg")
+    for run in range(2):
+        out = tmp_mp.Manager().dict()
+        tmp_mp.spawn(choose_on_rank, args=(2, str(tmp_path / f"rdzv{run}"), xdg, out), nprocs=2)
+        assert dict(out) == {0: "extents", 1: "extents"}
+        plans = os.path.join(xdg, "shadecache", "read_plans")
+        (name,) = os.listdir(plans)
+        with open(os.path.join(plans, name)) as f:
+            assert json.load(f)["kind"] == "extents"
+
+
+def test_a_remembered_plan_out_of_range_is_measured_again(store, tmp_path, monkeypatch):
+    """A remembered extent size this module never writes (0, negative, not a power of two, not a
+    number) is no plan: the node measures again rather than fail for a week."""
+    import json
+
+    from node_ranks import MeasuredStore
+    from shadecache import read_plan
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    fake = MeasuredStore(0)
+    first = read_plan.choose(fake, "auto")
+    plans = tmp_path / "xdg" / "shadecache" / "read_plans"
+    (path,) = list(plans.iterdir())
+    for bad in (0, -4096, 1, 3 << 10, True, "64k"):
+        data = json.loads(path.read_text())
+        data["extent_bytes"] = bad
+        path.write_text(json.dumps(data))
+        got = read_plan.choose(fake, "auto")
+        assert got.extent_bytes == first.extent_bytes and "chosen on this node" not in got.reason
+
+
+def test_a_read_plan_of_another_store_and_bad_prefetch_options_are_refused(store, tmp_path):
+    rng = np.random.default_rng(5)
+    with sc.PackWriter(tmp_path / "other.shc", seed=3) as w:
+        for i in range(N):
+            w.add(rng.integers(0, 256, 900, dtype=np.uint8).tobytes(), 0)
+    other = sc.PackedStore(tmp_path / "other.shc")
+    with pytest.raises(ValueError, match="made for another store"):
+        sc.Node(store, None, read_plan=sc.ReadPlan.of_extents(other, 64 << 10))
+    with pytest.raises(TypeError, match="unknown options"):
+        sc.Node(store, None, prefetch={"bogus": 1})
+    with pytest.raises(ValueError, match="poll_s"):
+        sc.Node(store, None, prefetch={"poll_s": 0})

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ValueTooLargeError
+from .errors import ValueTooLargeError
 
 
 class Admission:
