@@ -556,6 +556,129 @@ def test_random_secrets_pass_in_every_form_they_are_written_in():
                 check(form)
 
 
+# Encodings of passwords and patterned bytes that passed the check before it judged the decoded
+# bytes: hex and base64 of ASCII passwords, counting patterns, a password behind one byte that is
+# not UTF-8 (so that it read as raw bytes). One sniffed handshake allows offline guessing: the
+# hex-encoded password was found that way.
+ENCODED = {
+    "hex of a password": b"CorrectHorseBatteryStaple1".hex(),
+    "hex of a password beyond ASCII": "Passwort-für-Müller-2024".encode().hex(),
+    "base64 of a password": __import__("base64").b64encode(b"Tr0ub4dor&3-horse-Staple!").decode(),
+    "base64 of a password beyond ASCII": __import__("base64").b64encode("Passwort-für-Müller-2024".encode()).decode(),
+    "counting bytes as hex": bytes(range(16)).hex(),
+    "counting bytes as base64": __import__("base64").b64encode(bytes(range(24))).decode(),
+    "every other byte as hex": bytes(range(0, 64, 2)).hex(),
+    "a password behind one byte that is not UTF-8": b"\xff" + b"CorrectHorseBatteryStaple1",
+    "a lowercase password behind one such byte": b"\xfe" + b"quickbrownfoxjumps",
+}
+
+
+@pytest.mark.parametrize("weak", list(ENCODED))
+def test_encoded_and_patterned_secrets_are_refused_by_their_decoded_bytes(cache_factory, store, weak):
+    """Each of them is refused at every entry point with a message that names `shadecache
+    secret`, by what its decoded bytes are (text, steps), not only by how many there are."""
+    secret = ENCODED[weak]
+    c = _full_cache(cache_factory, store)
+    for make in (lambda: sc.serve(c, read_through=False, secret=secret),
+                 lambda: sc.Cluster(["127.0.0.1:1", "127.0.0.1:2"], node=0, secret=secret),
+                 lambda: PeerClient("127.0.0.1:1", secret, store)):
+        with pytest.raises(SecretError, match="shadecache secret") as e:
+            make()
+        assert "read as" in str(e.value), e.value
+
+
+def test_a_pickled_cluster_carries_no_secret_but_a_spawned_worker_gets_it(tmp_path, monkeypatch):
+    """A Cluster pickled as a checkpoint would be (pickle.dumps, torch.save) holds no secret: the
+    secret's bytes are nowhere in it, and unpickled where no secret is configured it says so
+    (SecretError naming `shadecache secret`) when first used. Unpickled where the job's secret is
+    configured ($SHADECACHE_SECRET), it works. A process of the job started by multiprocessing's
+    spawn (a DataLoader worker, torch.multiprocessing.spawn) gets it with the cluster."""
+    import multiprocessing as mp
+    import pickle
+
+    import torch
+
+    key = new_secret()
+    cluster = sc.Cluster(["127.0.0.1:1", "127.0.0.1:2"], node=0, secret=key, dataset=(None, N))
+    for blob in (pickle.dumps(cluster), _torch_saved(torch, cluster, tmp_path)):
+        assert key.encode() not in blob and bytes.fromhex(key) not in blob
+    monkeypatch.delenv("SHADECACHE_SECRET")
+    restored = pickle.loads(pickle.dumps(cluster))
+    with pytest.raises(SecretError, match="shadecache secret"):
+        restored.fetch([1, 2, 3], home=np.ones(3, dtype=np.int64))
+    monkeypatch.setenv("SHADECACHE_SECRET", key)
+    assert pickle.loads(pickle.dumps(cluster)).fetch([1], home=np.ones(1, dtype=np.int64)) == [None]
+    monkeypatch.delenv("SHADECACHE_SECRET")
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_report_key, args=(cluster, q))
+    p.start()
+    got = q.get(timeout=120)
+    p.join(60)
+    assert got == key.encode(), got
+
+
+def _torch_saved(torch, obj, tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    torch.save({"dataset_cluster": obj}, str(path))
+    return path.read_bytes()
+
+
+def _report_key(cluster, q):
+    q.put(cluster._key)
+
+
+def test_the_interpreters_import_path_leaves_out_directories_another_user_can_replace():
+    """A directory of this user's on the import path (mode 0755) inside a parent that any user may
+    write to (0777, no sticky bit): another user (uid 65534) renames it away and puts one of
+    their own, with a planted module, in its place. The interpreters the package starts leave
+    such a directory out of their import path (its parents are checked, not only itself), so the
+    planted module never runs."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to act as uid 65534")
+    import shutil
+    import tempfile
+
+    from shadecache import process
+
+    base = tempfile.mkdtemp(prefix="shadecache-import-path-")   # in /tmp: the other user can reach it
+    try:
+        os.chmod(base, 0o755)
+        shared = os.path.join(base, "shared")
+        os.mkdir(shared)
+        os.chmod(shared, 0o777)
+        mine = os.path.join(shared, "lib")
+        os.mkdir(mine, 0o755)
+        marker = os.path.join(base, "planted-ran")
+        saved = list(sys.path)
+        sys.path.insert(0, mine)
+        try:
+            cmd = process.isolated_python("json.tool")
+        finally:
+            sys.path[:] = saved
+        pid = os.fork()
+        if pid == 0:   # the other user replaces the directory
+            code = 1
+            try:
+                os.setgroups([])
+                os.setgid(65534)
+                os.setuid(65534)
+                os.rename(mine, os.path.join(shared, "lib.old"))
+                os.mkdir(mine)
+                with open(os.path.join(mine, "json.py"), "w") as f:
+                    f.write(f"open({marker!r}, 'w').write('ran')\nraise ImportError('planted')\n")
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert status == 0, "the other user could not replace the directory: the test shows nothing"
+        out = subprocess.run(cmd, input=b"{}", capture_output=True, timeout=60)
+        assert not os.path.exists(marker), "a module planted by another user ran in the package's interpreter"
+        assert out.returncode == 0 and out.stdout.strip() == b"{}", out
+    finally:
+        shutil.rmtree(base)
+
+
 def test_the_server_imports_nothing_from_the_working_directory(cache_factory, store, tmp_path):
     """A world-writable working directory holds planted modules named like the ones the server
     imports; the server process (started from a script elsewhere, in that directory) runs none
