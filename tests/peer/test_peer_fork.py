@@ -9,15 +9,14 @@ clients send, and checks: the child's call does what it says on a connection of 
 parent's connection still works after it; no two records of any connection share a key stream;
 the server saw no forged record."""
 import os
-import socket
-import threading
 import time
 
 import numpy as np
 import pytest
 
 import shadecache as sc
-from shadecache.peer import PeerClient, new_secret, wire
+from recorder import Recorder
+from shadecache.peer import PeerClient, new_secret
 
 SECRET = new_secret()
 N = 64
@@ -27,70 +26,6 @@ N = 64
 def _secret_in_env(monkeypatch):
     monkeypatch.setenv("SHADECACHE_SECRET", SECRET)
     monkeypatch.delenv("SHADECACHE_SECRET_FILE", raising=False)
-
-
-class Recorder:
-    """A middleman that relays every connection to `target` and keeps what each client sent."""
-
-    def __init__(self, target):
-        self.target = target
-        self.sent = []            # one bytearray per connection, client -> server
-        self.srv = socket.socket()
-        self.srv.bind(("127.0.0.1", 0))
-        self.srv.listen(16)
-        self.address = "127.0.0.1:%d" % self.srv.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                a, _ = self.srv.accept()
-            except OSError:
-                return
-            b = socket.create_connection(self.target)
-            log = bytearray()
-            self.sent.append(log)
-            threading.Thread(target=self._pump, args=(a, b, log), daemon=True).start()
-            threading.Thread(target=self._pump, args=(b, a, None), daemon=True).start()
-
-    @staticmethod
-    def _pump(src, dst, log):
-        while True:
-            try:
-                data = src.recv(1 << 16)
-            except OSError:
-                data = b""
-            if not data:
-                for s in (src, dst):
-                    try:
-                        s.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
-                return
-            if log is not None:
-                log += data
-            try:
-                dst.sendall(data)
-            except OSError:
-                return
-
-    def get_records(self):
-        """Per connection, the GET bodies (ciphertexts) the client sent, in order."""
-        out = []
-        for log in self.sent:
-            at = 2 * wire.HEADER_BYTES + wire.HELLO_BYTES + wire.DIGEST_BYTES   # the handshake
-            bodies = []
-            while at + wire.HEADER_BYTES <= len(log):
-                op, _, _, body_len, _ = wire.unpack_header(bytes(log[at:at + wire.HEADER_BYTES]))
-                body = bytes(log[at + wire.HEADER_BYTES:at + wire.HEADER_BYTES + body_len])
-                if op == wire.GET:
-                    bodies.append(body)
-                at += wire.HEADER_BYTES + body_len + wire.TAG_BYTES
-            out.append(bodies)
-        return out
-
-    def close(self):
-        self.srv.close()
 
 
 def _key_streams_repeat(records, plaintexts) -> bool:
