@@ -65,6 +65,14 @@ def _proof(proof: bytes) -> bytes:
     return wire.pack_header(wire.PROOF, 0, wire.DIGEST_BYTES) + proof
 
 
+def _check(head: tuple, opcode: int, size: int) -> None:
+    """ProtocolError unless the header fields `head` are those of `opcode` with a `size`-byte body."""
+    op, _, _, body_len, _ = head
+    if op != opcode or body_len != size:
+        raise wire.ProtocolError(f"handshake: expected {wire.OPCODE_NAMES[opcode]} of {size} bytes, got "
+                                 f"{wire.OPCODE_NAMES.get(op, op)} of {body_len}", wire.E_BAD_OPCODE)
+
+
 def _expect(sock, opcode: int, size: int, deadline: float) -> tuple:
     """(header fields, body) of the next message, which must be `opcode` with a body of exactly
     `size` bytes. An ERROR in clear text (at most MAX_ERROR bytes) is read and raised as
@@ -76,9 +84,7 @@ def _expect(sock, opcode: int, size: int, deadline: float) -> tuple:
         e = wire.RemoteError(text)
         e.status = status
         raise e
-    if op != opcode or body_len != size:
-        raise wire.ProtocolError(f"handshake: expected {wire.OPCODE_NAMES[opcode]} of {size} bytes, got "
-                                 f"{wire.OPCODE_NAMES.get(op, op)} of {body_len}", wire.E_BAD_OPCODE)
+    _check(head, opcode, size)
     return head, wire.recv_exact(sock, size, deadline)
 
 
@@ -111,20 +117,23 @@ class ServerHandshake:
         self.hello = _hello(self.nonce, identity)
         self.reply = b""
 
-    def flight_size(self, head: bytes) -> int:
-        """The size of the client's first flight, from its first header: its HELLO and PROOF
-        (CLIENT_FLIGHT), or a clear ERROR (at most MAX_ERROR bytes of text)."""
+    def _header(self, head: bytes, opcode: int, size: int) -> tuple:
+        """The fields of `head`, a header of `opcode` with a `size`-byte body (or, for the first,
+        a clear ERROR). A ProtocolError leaves its clear ERROR as the reply."""
         try:
-            op, _, _, body_len, _ = wire.unpack_header(head)
-            if op == wire.ERROR and body_len <= wire.MAX_ERROR:
-                return wire.HEADER_BYTES + body_len
-            if op != wire.HELLO or body_len != wire.HELLO_BYTES:
-                raise wire.ProtocolError(f"handshake: expected HELLO of {wire.HELLO_BYTES} bytes, got "
-                                         f"{wire.OPCODE_NAMES.get(op, op)} of {body_len}", wire.E_BAD_OPCODE)
+            fields = wire.unpack_header(head)
+            if not (fields[0] == wire.ERROR and fields[3] <= wire.MAX_ERROR and opcode == wire.HELLO):
+                _check(fields, opcode, size)
         except wire.ProtocolError as e:
             self.reply = wire.error_message(e.code, str(e))
             raise
-        return CLIENT_FLIGHT
+        return fields
+
+    def flight_size(self, head: bytes) -> int:
+        """The size of the client's first flight, from its first header: its HELLO and PROOF
+        (CLIENT_FLIGHT), or a clear ERROR (at most MAX_ERROR bytes of text)."""
+        op, _, _, body_len, _ = self._header(head, wire.HELLO, wire.HELLO_BYTES)
+        return wire.HEADER_BYTES + body_len if op == wire.ERROR else CLIENT_FLIGHT
 
     def conclude(self, flight: bytes):
         """The session, from the client's whole first flight (flight_size bytes)."""
@@ -134,14 +143,7 @@ class ServerHandshake:
             text = flight[wire.HEADER_BYTES:].decode("utf-8", "replace")
             raise AuthenticationError(f"the client refused the handshake (error {status}: {text})")
         hello_end = wire.HEADER_BYTES + wire.HELLO_BYTES
-        try:
-            op2, _, _, body_len, _ = wire.unpack_header(flight[hello_end:hello_end + wire.HEADER_BYTES])
-            if op2 != wire.PROOF or body_len != wire.DIGEST_BYTES:
-                raise wire.ProtocolError(f"handshake: expected PROOF of {wire.DIGEST_BYTES} bytes after the HELLO, "
-                                         f"got {wire.OPCODE_NAMES.get(op2, op2)} of {body_len}", wire.E_BAD_OPCODE)
-        except wire.ProtocolError as e:
-            self.reply = wire.error_message(e.code, str(e))
-            raise
+        self._header(flight[hello_end:hello_end + wire.HEADER_BYTES], wire.PROOF, wire.DIGEST_BYTES)
         head = wire.unpack_header(flight[:wire.HEADER_BYTES])
         body = flight[wire.HEADER_BYTES:hello_end]
         theirs = (body[wire.NONCE_BYTES:], head[4])

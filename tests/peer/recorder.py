@@ -1,7 +1,7 @@
-"""A middleman on loopback that relays every connection to a server and records both directions,
-then reads the records back as the wire carries them: the clear header of each message, its sealed
-body. For tests of what someone on the path sees (tests/peer/test_peer_fork.py,
-test_peer_threat_model.py)."""
+"""A middleman on loopback that relays every connection to a server, records both directions (and
+may alter a byte), then reads the records back as the wire carries them: the clear header of each
+message, its sealed body. For tests of what someone on the path sees and does
+(test_peer_security.py, test_peer_fork.py, test_peer_threat_model.py)."""
 import socket
 import threading
 
@@ -10,10 +10,11 @@ from shadecache.peer import auth, wire
 
 class Recorder:
     """Relays every connection to `target` ((host, port)); `sent[k]` and `received[k]` are what the
-    client of connection k sent and received, in order."""
+    client of connection k sent and received, in order. With `flip_at`, the byte at that offset of
+    what the server sends on each connection is changed on the way (a bit flipped)."""
 
-    def __init__(self, target):
-        self.target = target
+    def __init__(self, target, flip_at=None):
+        self.target, self.flip_at = target, flip_at
         self.sent, self.received = [], []
         self.srv = socket.socket()
         self.srv.bind(("127.0.0.1", 0))
@@ -31,14 +32,14 @@ class Recorder:
             up, down = bytearray(), bytearray()
             self.sent.append(up)
             self.received.append(down)
-            threading.Thread(target=self._pump, args=(a, b, up), daemon=True).start()
-            threading.Thread(target=self._pump, args=(b, a, down), daemon=True).start()
+            threading.Thread(target=self._pump, args=(a, b, up, None), daemon=True).start()
+            threading.Thread(target=self._pump, args=(b, a, down, self.flip_at), daemon=True).start()
 
     @staticmethod
-    def _pump(src, dst, log):
+    def _pump(src, dst, log, flip_at):
         while True:
             try:
-                data = src.recv(1 << 16)
+                data = bytearray(src.recv(1 << 16))
             except OSError:
                 data = b""
             if not data:
@@ -48,7 +49,10 @@ class Recorder:
                     except OSError:
                         pass
                 return
+            start = len(log)
             log += data
+            if flip_at is not None and start <= flip_at < start + len(data):
+                data[flip_at - start] ^= 0x20
             try:
                 dst.sendall(data)
             except OSError:

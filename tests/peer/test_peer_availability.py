@@ -19,7 +19,7 @@ import pytest
 
 import shadecache as sc
 from shadecache.peer import AuthenticationError, PeerClient, new_secret, wire
-from shadecache.peer.identity import identity_of
+from peer_helpers import full_cache, pack_store, secret_in_env
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -27,32 +27,14 @@ SECRET = new_secret()
 N = 64
 
 
-@pytest.fixture(autouse=True)
-def _secret_in_env(monkeypatch):
-    monkeypatch.setenv("SHADECACHE_SECRET", SECRET)
-    monkeypatch.delenv("SHADECACHE_SECRET_FILE", raising=False)
-
-
-def _store(path, n=N, size=(1, 3000), seed=5):
-    rng = np.random.default_rng(seed)
-    with sc.PackWriter(str(path)) as w:
-        for i in range(n):
-            k = size if isinstance(size, int) else int(rng.integers(*size))
-            w.add(rng.integers(0, 256, k, dtype=np.uint8).tobytes(), i % 3)
-    return sc.PackedStore(str(path))
+_secret_in_env = secret_in_env(SECRET)
 
 
 @pytest.fixture
 def store(tmp_path):
-    s = _store(tmp_path / "a.shc")
+    s = pack_store(tmp_path / "a.shc", labels=3)
     yield s
     s.close()
-
-
-def _full_cache(cache_factory, store):
-    c = cache_factory(len(store), 8 << 20, "lru", max_item_bytes=4096, fingerprint=store.fingerprint)
-    c.put_many(np.arange(len(store)), store.read_many(list(range(len(store)))))
-    return c
 
 
 def _other_hello(n=N):
@@ -140,8 +122,8 @@ def test_a_peer_that_proves_the_secret_and_serves_another_data_set_raises(cache_
     """The one case that is a mistake in the job, not an attack: a server that proves it holds the
     secret and serves another data set. FingerprintError names both, on the client and through the
     cluster; the server counts it; no sample of the other data set is returned."""
-    other = _store(tmp_path / "b.shc", seed=6)
-    c = _full_cache(cache_factory, other)
+    other = pack_store(tmp_path / "b.shc", seed=6)
+    c = full_cache(cache_factory, other)
     with sc.serve(c, store=other) as srv:
         with pytest.raises(sc.FingerprintError) as e:
             PeerClient(srv.address, dataset=store).get_many([1], timeout=5)
@@ -161,7 +143,7 @@ def test_a_client_that_names_another_data_set_without_the_secret_is_refused_as_u
         cache_factory, store):
     """The server's side of the same rule: a stranger that names another data set is refused as
     any stranger is (refused_auth), not counted as a job's node of another data set."""
-    c = _full_cache(cache_factory, store)
+    c = full_cache(cache_factory, store)
     with sc.serve(c, read_through=False) as srv:
         with pytest.raises(AuthenticationError):
             PeerClient(srv.address, new_secret(), (None, N)).get_many([1], timeout=5)
@@ -176,7 +158,7 @@ def test_an_outsider_who_rewrites_the_rendezvous_store_only_causes_peer_failures
     is the real server's again, the node rejoins."""
     from torch.distributed import TCPStore
 
-    c = _full_cache(cache_factory, store)
+    c = full_cache(cache_factory, store)
     kv = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=__import__("datetime").timedelta(10))
     outsider = TCPStore("127.0.0.1", kv.port, is_master=False, timeout=__import__("datetime").timedelta(10))
     impostor = Impostor(_other_hello)
@@ -264,36 +246,38 @@ class SlotFlood:
         self._thread.join(10)
 
 
-def _new_connections(address, store, seconds, timeout=1.0):
-    """(served within the timeout, tried): one GET on a new connection each time."""
-    ok = tried = 0
-    t_end = time.monotonic() + seconds
-    while time.monotonic() < t_end:
-        client = PeerClient(address, dataset=store)
-        t0 = time.monotonic()
-        tried += 1
-        try:
-            if client.get_many([tried % N], timeout=timeout) == [store.read(tried % N)] \
-                    and time.monotonic() - t0 <= timeout:
-                ok += 1
-        except OSError:
-            pass
-        client.close()
-    return ok, tried
+def _flooded(cache_factory, store, per_address, seconds):
+    """A server under SlotFlood from 9 loopback addresses (127.0.0.2-10), `per_address` silent
+    connections each; once the flood is up, a client with the secret makes one GET on a new
+    connection at a time for `seconds`. (served within its 1 s timeout, tried, connections the
+    flood opened, the server's counters, whether the server is still up)."""
+    with sc.serve(full_cache(cache_factory, store), read_through=False) as srv:
+        host, port = srv.address.rsplit(":", 1)
+        with SlotFlood((host, int(port)), [f"127.0.0.{k}" for k in range(2, 11)], per_address) as flood:
+            time.sleep(1.5)
+            ok = tried = 0
+            t_end = time.monotonic() + seconds
+            while time.monotonic() < t_end:
+                client = PeerClient(srv.address, dataset=store)
+                t0 = time.monotonic()
+                tried += 1
+                try:
+                    if client.get_many([tried % N], timeout=1.0) == [store.read(tried % N)] \
+                            and time.monotonic() - t0 <= 1.0:
+                        ok += 1
+                except OSError:
+                    pass
+                client.close()
+        return ok, tried, flood.opened, PeerClient(srv.address, dataset=store).server_stats(5), srv.alive
 
 
 def test_silent_handshakes_from_a_few_loopback_addresses_do_not_lock_the_job_out(cache_factory, store):
     """The reproduction: 9 loopback addresses x 16 silent connections, each reopened at once (the
     caps were 16 per address and 128 in all: every new connection of the job got E_BUSY). A
     client with the secret, on a new connection each time, is served within its timeout."""
-    c = _full_cache(cache_factory, store)
-    with sc.serve(c, read_through=False) as srv:
-        host, port = srv.address.rsplit(":", 1)
-        with SlotFlood((host, int(port)), [f"127.0.0.{k}" for k in range(2, 11)], 16) as flood:
-            time.sleep(1.0)
-            ok, tried = _new_connections(srv.address, store, 4.0)
-        assert flood.opened >= 144
-        assert tried >= 4 and ok >= 0.95 * tried, (ok, tried)
+    ok, tried, opened, _, _ = _flooded(cache_factory, store, 16, 4.0)
+    assert opened >= 144
+    assert tried >= 4 and ok >= 0.95 * tried, (ok, tried)
 
 
 def test_a_flood_beyond_the_handshake_slots_leaves_the_job_room_soak(cache_factory, store):
@@ -304,17 +288,9 @@ def test_a_flood_beyond_the_handshake_slots_leaves_the_job_room_soak(cache_facto
     from shadecache.peer import server
 
     assert 9 * 160 > server.MAX_PENDING
-    c = _full_cache(cache_factory, store)
-    with sc.serve(c, read_through=False) as srv:
-        host, port = srv.address.rsplit(":", 1)
-        with SlotFlood((host, int(port)), [f"127.0.0.{k}" for k in range(2, 11)], 160) as flood:
-            time.sleep(1.5)
-            ok, tried = _new_connections(srv.address, store, 6.0)
-        assert srv.alive
-        assert flood.opened > server.MAX_PENDING
-        assert tried >= 6 and ok >= 0.95 * tried, (ok, tried)
-        stats = PeerClient(srv.address, dataset=store).server_stats(5)
-        assert stats["evicted"] > 0
+    ok, tried, opened, stats, alive = _flooded(cache_factory, store, 160, 6.0)
+    assert alive and opened > server.MAX_PENDING and stats["evicted"] > 0
+    assert tried >= 6 and ok >= 0.95 * tried, (ok, tried)
 
 
 def test_a_full_set_of_handshake_slots_makes_room_from_its_largest_source_group():
@@ -360,7 +336,7 @@ def test_a_training_epoch_finishes_with_right_bytes_when_an_impostor_takes_a_dea
     import torch
 
     n = 256
-    st = _store(tmp_path / "t.shc", n=n, size=1500, seed=3)
+    st = pack_store(tmp_path / "t.shc", n=n, size=1500, seed=3)
     truth = st.read_many(list(range(n)))
     # node 0's cache holds about a third of the samples: every epoch misses, and asks again
     c0 = cache_factory(n, 128 << 10, "lru", max_item_bytes=4096, fingerprint=st.fingerprint)

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import shadecache as sc
+from peer_helpers import full_cache, pack_store, secret_in_env
 from recorder import Recorder
 from shadecache.peer import PeerClient, new_secret
 
@@ -22,10 +23,7 @@ SECRET = new_secret()
 N = 64
 
 
-@pytest.fixture(autouse=True)
-def _secret_in_env(monkeypatch):
-    monkeypatch.setenv("SHADECACHE_SECRET", SECRET)
-    monkeypatch.delenv("SHADECACHE_SECRET_FILE", raising=False)
+_secret_in_env = secret_in_env(SECRET)
 
 
 def _key_streams_repeat(records, plaintexts) -> bool:
@@ -102,13 +100,8 @@ def _in_child(fn) -> str:
 
 @pytest.mark.parametrize("call", list(CALLS))
 def test_a_forked_child_never_uses_its_parents_connection(cache_factory, tmp_path, call):
-    rng = np.random.default_rng(4)
-    with sc.PackWriter(str(tmp_path / "s.shc")) as w:
-        for _ in range(N):
-            w.add(rng.integers(0, 256, int(rng.integers(1, 2000)), dtype=np.uint8).tobytes(), 0)
-    store = sc.PackedStore(str(tmp_path / "s.shc"))
-    c = cache_factory(N, 8 << 20, "lru", max_item_bytes=4096, fingerprint=store.fingerprint)
-    c.put_many(np.arange(N), store.read_many(list(range(N))))
+    store = pack_store(tmp_path / "s.shc", N, (1, 2000), seed=4)
+    c = full_cache(cache_factory, store)
     with sc.serve(c, read_through=False) as srv:
         rec = Recorder(tuple((lambda h, p: (h, int(p)))(*srv.address.rsplit(":", 1))))
         client = PeerClient(rec.address, dataset=store)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import shadecache as sc
+from peer_helpers import full_cache, pack_store, secret_in_env
 from recorder import Recorder
 from shadecache import _core
 from shadecache._io import crc32c
@@ -19,28 +20,19 @@ SECRET = new_secret()
 N = 64
 
 
-@pytest.fixture(autouse=True)
-def _secret_in_env(monkeypatch):
-    monkeypatch.setenv("SHADECACHE_SECRET", SECRET)
-    monkeypatch.delenv("SHADECACHE_SECRET_FILE", raising=False)
+_secret_in_env = secret_in_env(SECRET)
 
 
 @pytest.fixture
 def store(tmp_path):
-    rng = np.random.default_rng(8)
-    with sc.PackWriter(str(tmp_path / "s.shc")) as w:
-        for _ in range(N):
-            w.add(rng.integers(0, 256, int(rng.integers(16, 2000)), dtype=np.uint8).tobytes(), 0)
-    s = sc.PackedStore(str(tmp_path / "s.shc"))
+    s = pack_store(tmp_path / "s.shc", N, (16, 2000), seed=8)
     yield s
     s.close()
 
 
 @pytest.fixture
 def served(cache_factory, store):
-    c = cache_factory(N, 8 << 20, "lru", max_item_bytes=4096, fingerprint=store.fingerprint)
-    c.put_many(np.arange(N), store.read_many(list(range(N))))
-    with sc.serve(c, read_through=False) as srv:
+    with sc.serve(full_cache(cache_factory, store), read_through=False) as srv:
         host, port = srv.address.rsplit(":", 1)
         rec = Recorder((host, int(port)))
         yield srv, rec
