@@ -179,16 +179,20 @@ class Admission:
         if not group:
             del self._groups[p.group]
 
-    def overdue(self, now: float):
-        """The slots past their deadline, taken out, oldest first; then the seconds until the
-        next deadline (None: no slot taken) as the generator's return value."""
+    def overdue(self, now: float) -> list:
+        """The slots past their deadline at `now`, taken out, oldest first."""
+        out = []
         while self._all:
             p = next(iter(self._all.values()))
             if p.deadline > now:
-                return p.deadline - now
+                break
             self.remove(p)
-            yield p
-        return None
+            out.append(p)
+        return out
+
+    def next_deadline(self):
+        """The earliest deadline of the slots taken (None: none is)."""
+        return next(iter(self._all.values())).deadline if self._all else None
 
 
 class PeerService:
@@ -396,16 +400,13 @@ class PeerService:
     def _expire(self, sel, now: float):
         """Closes the pending connections past their deadline; returns the seconds until the next
         deadline (None: none pending)."""
-        overdue = self._pending.overdue(now)
-        while True:
-            try:
-                p = next(overdue)
-            except StopIteration as done:
-                return done.value
+        for p in self._pending.overdue(now):
             if not p.draining:
                 self.counters["refused_auth"] += 1   # too slow, or silent
             sel.unregister(p.conn)
             p.conn.close()
+        deadline = self._pending.next_deadline()
+        return None if deadline is None else deadline - now
 
     def _step(self, sel, p: _Pending) -> bool:
         """What a pending connection sent: the next part of its first flight, or (once refused)
@@ -488,7 +489,8 @@ class PeerService:
             except OSError:
                 conn.close()
                 return True
-            p.draining, p.got = True, 0
+            # its slot again, at the back: a fresh deadline keeps arrival order the deadline order
+            p.draining, p.got, p.deadline = True, 0, time.monotonic() + auth.HANDSHAKE_TIMEOUT
             self._hold(sel, p)
             return True
         try:

@@ -20,6 +20,7 @@ import pytest
 import shadecache as sc
 from shadecache.peer import AuthenticationError, PeerClient, new_secret, wire
 from peer_helpers import full_cache, pack_store, secret_in_env
+from shadecache.peer.identity import identity_of
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -293,6 +294,34 @@ def test_a_flood_beyond_the_handshake_slots_leaves_the_job_room_soak(cache_facto
     assert tried >= 6 and ok >= 0.95 * tried, (ok, tried)
 
 
+def test_past_the_authenticated_connections_cap_a_proven_client_is_told_busy(cache_factory, store):
+    """MAX_CONNECTIONS clients hold authenticated connections: the next one proves itself and is
+    told E_BUSY (sealed), counted in refused_busy; once one of them leaves, a new one is served."""
+    from shadecache.peer import auth, server
+
+    with sc.serve(full_cache(cache_factory, store), read_through=False) as srv:
+        host, port = srv.address.rsplit(":", 1)
+        held = []
+        for _ in range(server.MAX_CONNECTIONS):
+            s = socket.create_connection((host, int(port)), timeout=5)
+            auth.client_handshake(s, SECRET.encode(), identity_of(store), time.monotonic() + 5)
+            held.append(s)
+        with pytest.raises(wire.RemoteError, match="more than"):
+            PeerClient(srv.address, dataset=store).get_many([1], timeout=5)
+        held.pop().close()
+        deadline = time.monotonic() + 10
+        while True:   # the server notices the close when its thread for that connection reads EOF
+            try:
+                assert PeerClient(srv.address, dataset=store).get_many([1], timeout=5) == [store.read(1)]
+                break
+            except wire.RemoteError:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        for s in held:
+            s.close()
+        assert PeerClient(srv.address, dataset=store).server_stats(5)["refused_busy"] >= 1
+
+
 def test_a_full_set_of_handshake_slots_makes_room_from_its_largest_source_group():
     """The admission rule alone (server.Admission: bookkeeping, no sockets): with every slot
     taken, a newcomer gets the slot of the oldest connection of the largest source group, so a
@@ -308,8 +337,8 @@ def test_a_full_set_of_handshake_slots_makes_room_from_its_largest_source_group(
     assert slots.add(newcomers[0]) is flood[0]
     assert slots.add(newcomers[1]) is flood[1]
     assert node in slots and flood[2] in slots and len(slots) == 4
-    overdue = slots.overdue(4.5)
-    assert list(overdue) == [flood[2], node] and len(slots) == 2
+    assert slots.overdue(4.5) == [flood[2], node] and len(slots) == 2
+    assert slots.next_deadline() == 5.0
 
 
 def test_source_groups_hold_all_of_loopback_and_one_hosts_ipv6_prefix():
