@@ -12,12 +12,18 @@ Started: every interpreter the package starts (the peer server, the prefetcher) 
 as `python -m` would, but isolated (`python -I`: no working directory or script directory on its
 import path, no PYTHON* variables, no user site), with an import path it is given: this package's
 folder, then the parent's own path (its working directory for "") minus every entry another user
-or group could write to. `python -m` puts the working directory first: a module planted in a
-world-writable working directory would run inside the child (the peer server holds the secret;
-the prefetcher writes the cache). So a class the child unpickles (a store of the user's own) must
-come from a directory only its owner may write to.
+or group could write to or replace. `python -m` puts the working directory first: a module planted
+in a world-writable working directory would run inside the child (the peer server holds the
+secret; the prefetcher writes the cache). So a class the child unpickles (a store of the user's
+own) must come from a directory only its owner may write to. "Replace" covers the entry's parents:
+a directory of this user's inside one that others may write to (without the sticky bit, which
+keeps them from renaming what is not theirs) can be renamed away and another put in its place,
+at any time in the child's life (modules are imported lazily too). Each entry is resolved to its
+real path first, and that path is what the child gets: no symbolic link that someone could point
+elsewhere later.
 """
 import os
+import stat
 import sys
 
 from . import _core
@@ -38,19 +44,32 @@ def isolated_python(module: str) -> list:
     """The command that runs `module` as `python -m module` does (as __main__, its package's
     __main__ for a package) in an isolated interpreter with a safe import path (module docstring)."""
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    path = [here] + [p for p in (q or os.getcwd() for q in sys.path) if trusted_dir(p)]
+    path = [here] + [os.path.realpath(p) for p in (q or os.getcwd() for q in sys.path) if trusted_dir(p)]
     code = (f"import sys; sys.path[:0] = {list(dict.fromkeys(path))!r}; "
             f"import runpy; runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
     return [sys.executable, "-I", "-c", code]
 
 
 def trusted_dir(path: str) -> bool:
-    """An import path entry no other user could have planted a module in: absolute, owned by
-    this user or root, writable by no group and nobody else."""
+    """An import path entry no other user could have planted a module in, nor replace: absolute;
+    its real path owned by this user or root and writable by no group and nobody else; each of
+    its parents owned by this user or root and writable by no group and nobody else, unless it
+    has the sticky bit (as /tmp: others may add entries there, not rename or remove ours)."""
     if not os.path.isabs(path):
         return False
+    real = os.path.realpath(path)
+    mine = (0, os.geteuid())
     try:
-        st = os.stat(path)
+        st = os.stat(real)
+        if st.st_uid not in mine or st.st_mode & 0o022:
+            return False
+        parent = os.path.dirname(real)
+        while True:
+            st = os.stat(parent)
+            if st.st_uid not in mine or (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
+                return False
+            if parent == os.path.dirname(parent):
+                return True
+            parent = os.path.dirname(parent)
     except OSError:
         return False
-    return st.st_uid in (0, os.geteuid()) and not st.st_mode & 0o022

@@ -40,6 +40,10 @@
 // every later call in that direction returns 4 without touching the socket (the other direction
 // still works: a server answers a malformed request with a sealed ERROR); the caller closes the
 // connection.
+// A session is used only by the process that made it: every call in another process (a forked
+// child holding a copy) raises before it touches a key, a sequence number or the socket. Two
+// processes sealing under one session would put two records under one key and nonce (the XOR of
+// their ciphertexts is the XOR of their plaintexts); the child connects again instead.
 #include "bindings/peer_io.h"
 
 #include <pybind11/numpy.h>
@@ -219,7 +223,7 @@ class ChunkPins {
 class PeerSession {
  public:
   PeerSession(const py::bytes& send_key, const py::bytes& recv_key)
-      : tx_(key_of(send_key), true), rx_(key_of(recv_key), false) {}
+      : tx_(key_of(send_key), true), rx_(key_of(recv_key), false), pid_(getpid()) {}
 
   bool broken() const { return rx_broken_ || tx_broken_; }
   uint64_t send_seq() const { return tx_.seq(); }
@@ -597,10 +601,15 @@ class PeerSession {
   }
 
  private:
-  // One call at a time: the sequence numbers and the buffer are the connection's.
+  // One call at a time, in the process that made the session: the sequence numbers and the
+  // buffer are the connection's. The pid first: a child forked while a parent's thread held the
+  // turn has a copy of the mutex locked for good.
   class Turn {
    public:
     explicit Turn(PeerSession* s) : s_(s) {
+      if (getpid() != s_->pid_)
+        throw Error(ErrorKind::kInvalidArgument,
+                    "a PeerSession is used only by the process that made it (this one is a fork of it): connect again");
       if (!s_->turn_.try_lock()) throw Error(ErrorKind::kInvalidArgument, "a PeerSession used by two threads at once");
     }
     ~Turn() { s_->turn_.unlock(); }
@@ -710,6 +719,7 @@ class PeerSession {
   Buffer out_;
   std::pair<size_t, size_t> pending_{0, 0};  // out_[first, second): sealed, not yet sent
   bool rx_broken_ = false, tx_broken_ = false;
+  const pid_t pid_;  // the process that made the session (Turn)
   std::mutex turn_;
 };
 

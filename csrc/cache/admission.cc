@@ -26,6 +26,14 @@ void Cache::would_admit(const int64_t* ids, const int64_t* displaced, size_t n, 
     keys.reserve(heap_.size());
     for (uint64_t k = 0; k < heap_.size(); ++k) keys.push_back(heap_.key_at(k));
   }
+  // Only the lowest max(displaced) + 1 keys are asked for: those in order, the rest left as they
+  // are (a sort of every key of a large cache per call cost far more than the copy).
+  uint64_t want = 0;
+  for (size_t i = 0; i < n; ++i) want = std::max<uint64_t>(want, static_cast<uint64_t>(displaced[i]) + 1);
+  if (want < keys.size()) {
+    std::nth_element(keys.begin(), keys.begin() + want, keys.end());
+    keys.resize(want);
+  }
   std::sort(keys.begin(), keys.end());
   constexpr double kNoneLeft = std::numeric_limits<double>::infinity();
   for (size_t i = 0; i < n; ++i) {

@@ -8,7 +8,7 @@
 
 namespace shadecache::net {
 
-constexpr uint8_t kVersion = 2;
+constexpr uint8_t kVersion = 3;
 // opcodes
 constexpr uint8_t kHello = 1, kProof = 2, kGet = 3, kGetReply = 4, kPing = 5, kPong = 6, kError = 7, kStats = 8,
                   kStatsReply = 9;

@@ -85,7 +85,7 @@ class Prefetcher:
             raise RuntimeError(f"cache {self.cache_name!r} already has a prefetcher (pid {other}); "
                                "one per node")
         self.board.request_stop(False)
-        payload = pickle.dumps((self.node.for_process(), self.options, os.getpid()))
+        payload = pickle.dumps((self.node.pickled_for_process(), self.options, os.getpid()))
         self.proc = subprocess.Popen(isolated_python("shadecache.lookahead.prefetcher"), stdin=subprocess.PIPE)
         self.proc.stdin.write(payload)
         self.proc.stdin.close()
@@ -166,7 +166,8 @@ def _main():
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
-    node, options, parent_pid = pickle.loads(sys.stdin.buffer.read())
+    pickled, options, parent_pid = pickle.loads(sys.stdin.buffer.read())
+    node = pickle.loads(pickled)   # attaches the cache and the board, reopens the tiers
     if os.getppid() != parent_pid:
         return 0
     run(node, options, parent_pid)

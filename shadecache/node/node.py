@@ -157,6 +157,15 @@ class Node:
         """[(name, what)] of the tiers this process reads a miss through, in order."""
         return self.chain.describe()
 
+    def pickled_for_process(self) -> bytes:
+        """This node pickled for a process it starts (the prefetcher, the peer server: over a
+        pipe), the cluster's secret included (peer/cluster.py carrying_secret)."""
+        import pickle
+
+        from ..peer.cluster import carrying_secret
+        with carrying_secret():
+            return pickle.dumps(self.for_process())
+
     def for_process(self) -> "Node":
         """A copy for a process the node starts (prefetcher, peer server): no shared counters
         (they travel only to processes a DataLoader starts; those processes publish their own)."""

@@ -12,13 +12,26 @@ A peer that fails (refused, reset, timed out, malformed or corrupt reply) is mar
 come back None (the caller reads them from the next tier), and it is retried after a backoff that
 doubles from `backoff[0]` to `backoff[1]` seconds; the first call after that reconnects (the
 address looked up again under torchrun, so a restarted server on a new port rejoins). While a peer
-is down its ids' homes move to the live nodes (only its share moves). A peer that serves another
-data set is not a failure but a mistake in the job: fetch raises FingerprintError naming both.
+is down its ids' homes move to the live nodes (only its share moves). A peer that proves it holds
+the job's secret and serves another data set is not a failure but a mistake in the job: fetch
+raises FingerprintError naming both. A mismatch that no one proved (a HELLO or a clear ERROR from
+whoever answers at the address: an address alone, from a store anyone can write, decides
+nothing) is an ordinary failure.
 
-Picklable: DataLoader workers get the addresses and the secret, and open their own connections.
+Picklable: DataLoader workers get the addresses and open their own connections (a connection is
+used only by the process that opened it: a forked child opens its own at its first call). The
+secret travels with the pickle only to a process of this job that multiprocessing starts (spawn
+or forkserver: a DataLoader worker, torch.multiprocessing.spawn), the way multiprocessing's own
+locks do, and to the node's own processes (the prefetcher, the peer server: their configuration
+is pickled under carrying_secret() and handed over a pipe); any other pickle (a data set saved in a checkpoint, torch.save) leaves it out, and the
+cluster unpickled from it takes the secret of the process it is in (secret.py) or, without one,
+raises SecretError when first used.
 """
+import contextlib
+import multiprocessing.context
 import os
 import socket
+import threading
 import time
 
 import numpy as np
@@ -39,12 +52,32 @@ class _Peer:
         self.retry_at = 0.0
 
 
+_CARRYING = threading.local()
+
+
+@contextlib.contextmanager
+def carrying_secret():
+    """While it is held, in this thread, a pickled Cluster carries its secret: for the node's own
+    processes (the prefetcher, the peer server), whose configuration goes over a pipe to a child
+    this process starts, never to a file or the network."""
+    before = getattr(_CARRYING, "on", False)
+    _CARRYING.on = True
+    try:
+        yield
+    finally:
+        _CARRYING.on = before
+
+
 class Cluster:
     def __init__(self, addresses, node: int, secret=None, timeout: float = 1.0,
                  backoff=(0.5, 8.0), lookup=None, dataset=None):
         """secret: see secret.py (default: $SHADECACHE_SECRET, or the file $SHADECACHE_SECRET_FILE
         names). dataset: the data set the nodes serve (a store, a Cache, or (fingerprint,
         num_samples)); CachedDataset binds its store when not given here."""
+        self._setup(addresses, node, secrets_.resolve(secret), timeout, backoff, lookup, dataset)
+
+    def _setup(self, addresses, node, key, timeout, backoff, lookup, dataset):
+        """key: the resolved secret, or the SecretError to raise when the cluster is first used."""
         if isinstance(addresses, (str, bytes)) or not len(addresses):
             raise ValueError("addresses must be a non-empty list of 'host:port' (one per node)")
         addresses = [None if a is None else str(a) for a in addresses]
@@ -60,7 +93,7 @@ class Cluster:
         self.num_nodes = len(addresses)
         self.timeout = float(timeout)
         self.backoff = (float(backoff[0]), float(backoff[1]))
-        self._key = secrets_.resolve(secret)
+        self._key = key
         self._identity = None if dataset is None else identity.identity_of(dataset)
         self._lookup = lookup      # node -> address, or None (under torchrun: the job's store)
         self.server = None         # the PeerServer this process started, if any
@@ -73,16 +106,34 @@ class Cluster:
                          "failures": 0, "skipped": 0}
 
     def __getstate__(self):
+        # The secret only to a process multiprocessing is starting for this job, or to one of the
+        # node's own processes (carrying_secret; module docstring).
+        spawning = (multiprocessing.context.get_spawning_popen() is not None
+                    or getattr(_CARRYING, "on", False))
         return {"addresses": [p.address for p in self._peers] if hasattr(self, "_peers") else self.addresses,
-                "node": self.node, "timeout": self.timeout, "backoff": self.backoff, "key": self._key,
+                "node": self.node, "timeout": self.timeout, "backoff": self.backoff,
+                "key": self._key if spawning and isinstance(self._key, bytes) else None,
                 "identity": self._identity}
 
     def __setstate__(self, s):
-        self.__init__(s["addresses"], s["node"], s["key"], s["timeout"], s["backoff"], dataset=s["identity"])
+        key = s["key"]
+        if key is None:
+            try:
+                key = secrets_.resolve()
+            except secrets_.SecretError as e:   # raised at first use: a checkpoint may be read for other parts
+                key = secrets_.SecretError(f"this Cluster was unpickled without its secret (a pickle carries it "
+                                           f"only to a process multiprocessing spawns for the job): {e}")
+        self._setup(s["addresses"], s["node"], key, s["timeout"], s["backoff"], None, s["identity"])
+
+    def _secret(self) -> bytes:
+        if not isinstance(self._key, bytes):
+            raise self._key
+        return self._key
 
     def bind(self, dataset) -> None:
         """Makes `dataset` (a store, a Cache, or (fingerprint, num_samples)) the data set this
         cluster fetches; FingerprintError when it is bound to another one already."""
+        self._check_pid()
         mine = identity.identity_of(dataset)
         if self._identity is not None and self._identity != mine:
             raise FingerprintError(f"the cluster fetches {identity.describe(self._identity)}, not "
@@ -96,6 +147,7 @@ class Cluster:
     # ---- membership --------------------------------------------------------------------------
     def alive(self) -> np.ndarray:
         """Which nodes this process currently sends requests to (itself always)."""
+        self._check_pid()
         now = time.monotonic()
         return np.array([k == self.node or (p.address is not None and p.retry_at <= now)
                          for k, p in enumerate(self._peers)])
@@ -106,7 +158,14 @@ class Cluster:
         return homes.home_of(ids, range(self.num_nodes), self.alive())
 
     def _check_pid(self):
-        if self._pid != os.getpid():   # forked: the parent's sockets are not ours to use
+        """Every entry point first: in a forked child, the parent's connections (and its server)
+        are not this process's to use. The copies of the sockets are closed (the parent's stay
+        open) and the peers start afresh; each opens its own connection when first asked."""
+        if self._pid != os.getpid():
+            for p in self._peers:
+                if p.client is not None:
+                    p.client.close()
+            self.server = None
             self._reset()
 
     def _failed(self, peer: _Peer) -> None:
@@ -126,14 +185,17 @@ class Cluster:
                     peer.address = address
                     peer.client = None
             if peer.client is None:
-                peer.client = PeerClient(peer.address, self._key, self._identity)
+                peer.client = PeerClient(peer.address, self._secret(), self._identity)
         return peer.client
 
     # ---- the batched fetch -------------------------------------------------------------------
     def fetch(self, ids, home=None) -> list:
         """bytes or None for every id: the ids whose home is a live peer are asked of it; the
-        others (this node's own, and those of peers that fail) are None."""
+        others (this node's own, and those of peers that fail) are None. FingerprintError only
+        when a peer proves it holds the job's secret and serves another data set; a mismatch no one
+        proved (an impostor's HELLO, a clear ERROR) is a failure like any other."""
         self._check_pid()
+        self._secret()
         ids = np.asarray(ids, dtype=np.int64)
         out = [None] * ids.size
         if self.num_nodes == 1 or ids.size == 0:
@@ -189,6 +251,8 @@ class Cluster:
 
     def ping(self) -> dict:
         """Round-trip seconds (or the error) of every peer."""
+        self._check_pid()
+        self._secret()
         out = {}
         for k in range(self.num_nodes):
             if k == self.node:
@@ -200,6 +264,8 @@ class Cluster:
         return out
 
     def stats(self) -> dict:
+        """This process's counters (a forked child starts its own)."""
+        self._check_pid()
         d = dict(self.counters)
         d["nodes"] = self.num_nodes
         d["node"] = self.node
@@ -207,6 +273,8 @@ class Cluster:
         return d
 
     def close(self) -> None:
+        """Closes this process's connections, and the server if this process started it."""
+        self._check_pid()
         for p in self._peers:
             if p.client is not None:
                 p.client.close()

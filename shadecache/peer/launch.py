@@ -75,7 +75,7 @@ def serve(node, host: str = "127.0.0.1", port: int = 0, secret=None) -> PeerServ
     if not isinstance(port, int) or not 0 <= port <= 65535:
         raise ValueError(f"port must be an int in 0..65535, got {port!r}")
     identity.of_server(node.cache, node.store)   # a store of another data set than the cache's
-    cfg = pickle.dumps({"node": node.for_process(), "host": host, "port": port, "secret": key})
+    cfg = pickle.dumps({"node": node.pickled_for_process(), "host": host, "port": port, "secret": key})
     proc = subprocess.Popen(isolated_python("shadecache.peer"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             start_new_session=True)
     proc.stdin.write(struct.pack("<I", len(cfg)) + cfg)

@@ -4,11 +4,19 @@ The peer layer always needs one, loopback included (another user of the same nod
 127.0.0.1 too). It is at least 16 random bytes, given as the bytes themselves or as their hex or
 base64 text (`shadecache secret` prints 32 fresh ones as hex). A password is refused: one sniffed
 handshake lets anyone test guesses offline, as fast as they can compute HKDF, so only a secret
-too large to guess keeps the traffic safe. Refused: printable text (in any script) that is
-neither hex nor base64 as an encoder writes random bytes (canonical, with as many distinct
-characters as random text shows), and bytes that repeat themselves. A password is found by these
-marks; randomness cannot be proven (a long passphrase of varied letters and digits can pass as
-base64): make the secret with `shadecache secret`.
+too large to guess keeps the traffic safe.
+
+What is refused, judged first by the text given, then by the bytes it decodes to:
+  - printable text (in any script) that is neither hex nor base64 as an encoder writes random
+    bytes (canonical, with as many distinct characters as random text shows);
+  - fewer than 16 decoded bytes, or bytes that repeat themselves (few distinct values);
+  - decoded bytes that one of the descriptions below writes in SAVED_BITS (24) fewer bits than
+    the 8 per byte random bytes take: they are text (a password behind hex, base64 or a stray
+    byte), steps (counting, a constant, a constant stride) or repeats. Each description is a
+    code, so random bytes are written that much shorter with odds of at most 2^-24 by any of
+    them, and under 1e-8 for all of them together in fact (see SAVED_BITS).
+A password is found by these marks; randomness cannot be proven (a long passphrase of varied
+letters and digits can pass as base64): make the secret with `shadecache secret`.
 
 Where it comes from, in order: `secret=` (a Python argument: never a command line, where `ps`
 shows it to every user), then $SHADECACHE_SECRET, then the file named by $SHADECACHE_SECRET_FILE,
@@ -20,6 +28,7 @@ import math
 import os
 import secrets
 import stat
+import zlib
 
 ENV = "SHADECACHE_SECRET"
 ENV_FILE = "SHADECACHE_SECRET_FILE"
@@ -102,6 +111,10 @@ def check(secret) -> bytes:
     if len(set(raw)) < _min_distinct(len(raw)):
         raise SecretError(f"the secret repeats itself ({len(set(raw))} distinct byte values in {len(raw)}): "
                           f"not random bytes; {HOW}")
+    name, bits = _shortest_description(raw)
+    if bits <= 8 * len(raw) - SAVED_BITS:
+        raise SecretError(f"the secret's {len(raw)} bytes read as {name}: written as such in {bits:.0f} bits, not "
+                          f"the {8 * len(raw)} of random bytes (an estimate of how few guesses find it); {HOW}")
     return key
 
 
@@ -154,3 +167,70 @@ def _min_distinct(n: int, symbols: int = 256, share: float = 0.6) -> int:
     the number expected (symbols (1 - (1 - 1/symbols)^n)). Random input falls below it with odds
     under 1e-8: 60% for bytes (from 16 on), 50% for base64 characters (from 22 on)."""
     return math.ceil(share * symbols * (1 - (1 - 1 / symbols) ** n))
+
+
+# ---- the entropy of the decoded bytes -------------------------------------------------------------
+#
+# Each description below is a prefix code over byte strings: the bits it needs to write `raw`. A code
+# writes at most 2^(8n - k) of the 2^(8n) strings of n bytes in 8n - k bits or fewer, so random bytes
+# are written SAVED_BITS shorter with odds of at most 2^-24 (6e-8) per description. The actual odds
+# are lower, computed exactly over the lengths of random bytes (each description's costs summed
+# byte by byte): text at most 4.3e-9 (the worst lengths, 20-24 bytes; 1e-10 from 48), steps at most
+# 2.7e-9 (17 bytes); repeats need a run of bytes seen before, which random bytes of these lengths
+# almost never hold (deflate stores them). Together under 1e-8 for any random secret.
+SAVED_BITS = 24
+
+# Text as people type it: each character's class, then the character within its class. Multi-byte
+# UTF-8 characters are one symbol; a byte that is neither printable ASCII nor part of a valid UTF-8
+# character is "other". The class probabilities sum to one.
+_TEXT_CLASSES = (   # (probability of the class, number of symbols in it)
+    ("lower", 0.45, 26), ("upper", 0.12, 26), ("digit", 0.16, 10), ("punct", 0.12, 33),
+    ("utf8-2", 0.04, 1920), ("utf8-3", 0.025, 61440), ("utf8-4", 0.005, 1048576), ("other", 0.08, 161))
+_TEXT_BITS = {name: math.log2(n / p) for name, p, n in _TEXT_CLASSES}
+
+
+def _ascii_class(b: int) -> str:
+    if 0x61 <= b <= 0x7A:
+        return "lower"
+    if 0x41 <= b <= 0x5A:
+        return "upper"
+    if 0x30 <= b <= 0x39:
+        return "digit"
+    return "punct" if 0x20 <= b <= 0x7E else "other"
+
+
+def _text_bits(raw: bytes) -> float:
+    bits, k = 0.0, 0
+    while k < len(raw):
+        b = raw[k]
+        width = 2 if 0xC2 <= b <= 0xDF else 3 if 0xE0 <= b <= 0xEF else 4 if 0xF0 <= b <= 0xF4 else 1
+        if width > 1:
+            try:
+                raw[k:k + width].decode("utf-8")
+            except UnicodeDecodeError:
+                width = 1
+        if width > 1:
+            bits += _TEXT_BITS[f"utf8-{width}"]
+        else:
+            bits += _TEXT_BITS[_ascii_class(b)]
+        k += width
+    return bits
+
+
+def _step_bits(raw: bytes) -> float:
+    """The first byte and the first step (8 bits each), then per byte one bit that says "the same
+    step as before", or that bit and the new step (9 bits): counting, constants and strides."""
+    steps = [(raw[k + 1] - raw[k]) & 0xFF for k in range(len(raw) - 1)]
+    return 16 + sum(1 if s == p else 9 for p, s in zip(steps, steps[1:]))
+
+
+def _repeat_bits(raw: bytes) -> float:
+    """Raw deflate at level 9: repeated runs of bytes."""
+    c = zlib.compressobj(9, zlib.DEFLATED, -15)
+    return 8 * len(c.compress(raw) + c.flush())
+
+
+def _shortest_description(raw: bytes) -> tuple:
+    """(name, bits) of the description that writes `raw` in the fewest bits."""
+    return min((("text", _text_bits(raw)), ("steps", _step_bits(raw)), ("repeats", _repeat_bits(raw))),
+               key=lambda d: d[1])

@@ -5,11 +5,20 @@ It runs in its own process (`serve()` starts it and hands it its configuration o
 serving peers never takes the training process's GIL. Inside that process: one accept loop, one
 thread per connection, requests on a connection answered in order.
 
-A connection is first a handshake (auth.py): at most MAX_HANDSHAKES of them at once, at most
-MAX_HANDSHAKES_PER_ADDRESS from one address, each given HANDSHAKE_TIMEOUT seconds in all, and
-nothing allocated for them but their fixed-size messages; a connection over those caps is told
-E_BUSY and closed at once. Authenticated connections (at most MAX_CONNECTIONS) exchange sealed
-frames only (csrc/bindings/peer_io.cc), and only requests: GET, PING, STATS.
+A connection is first a handshake (auth.py), run with every other pending one by the accept loop
+(one event loop over non-blocking sockets, serve_forever): a connection gets a thread of its own
+only once it has proven it holds the secret. An unproven connection holds a descriptor and a few
+hundred bytes (its fixed-size messages, or a clear ERROR of at most 1 KiB), for at most
+HANDSHAKE_TIMEOUT seconds; the server holds up to MAX_PENDING of them (fewer under a low descriptor
+limit). A new connection that finds them all taken is never refused: the oldest pending connection
+of the largest source group is closed instead (told E_BUSY). A source group is one IPv4 address,
+one IPv6 /64 (what one host may hold), or all of loopback (every user of the node owns all of
+127.0.0.0/8 and ::1): a flood from a few addresses, or from one user of the node, churns its own
+connections first, and silent connections hold nothing for long. To close an honest handshake
+before it completes, a flood must make the server accept MAX_PENDING connections within that
+handshake's round trip. What this does not stop is written in docs/peer.md (the threat model).
+Authenticated connections (at most MAX_CONNECTIONS) exchange sealed frames only
+(csrc/bindings/peer_io.cc), and only requests: GET, PING, STATS.
 
 A GET is answered in chunks of at most CHUNK_ITEMS ids and CHUNK_BYTES of values (one value larger
 than that goes alone), one GET_REPLY message each, status MORE on all but the last. The misses of
@@ -23,14 +32,18 @@ client that reads slowly holds nothing another client needs. Every value carries
 A client that breaks the protocol gets an ERROR and a closed connection; the server goes on
 serving everyone else. An error from accept() (out of descriptors, say), or a connection whose
 thread cannot start (out of memory, or of the user's process limit: that connection is closed),
-is counted and retried after a backoff, never the end of serving. close() ends every connection
+is counted and accepting resumes after a backoff (the handshakes in progress go on), never the
+end of serving. close() ends every connection
 and joins every thread it started: a thread left inside a native call while the interpreter
 exits aborts the process.
 """
+import collections
 import ipaddress
 import json
 import os
 import pickle
+import resource
+import selectors
 import socket
 import struct
 import sys
@@ -46,8 +59,13 @@ from ..errors import FingerprintError
 from ..tiers import STORE
 
 MAX_CONNECTIONS = 256            # authenticated connections
-MAX_HANDSHAKES = 128             # connections not yet authenticated, all together
-MAX_HANDSHAKES_PER_ADDRESS = 16  # ... from one address (a node's DataLoader workers connect at once)
+MAX_PENDING = 1024               # connections in their handshake, all together (module docstring)
+# Connections the kernel queues before accept(): a flood of new connections must not overflow it,
+# since a dropped SYN costs an honest client a retransmission after a second, past its timeout.
+LISTEN_BACKLOG = 4096
+ACCEPT_BATCH = 64                # accepts per turn of the event loop, between handshake steps
+DRAIN_BYTES = 64 << 10           # what a refused connection may still send us before we close
+FD_HEADROOM = 128                # descriptors left to the rest of the process (store, cache, SSD files)
 CHUNK_ITEMS = 256         # ids per reply chunk (and pins one connection holds at once)
 CHUNK_BYTES = 2 << 20     # value bytes per reply chunk (a chunk holds at least one sample)
 PIN_WAIT = 1.0            # the longest a chunk waits for pins; then its cached values go as misses
@@ -55,6 +73,33 @@ IO_TIMEOUT = 10.0         # a partial message or a stalled reader is dropped aft
 IDLE_TIMEOUT = 300.0      # an idle connection is closed after this
 ACCEPT_BACKOFF = (0.01, 1.0)   # seconds between accept() attempts after an error: doubling
 REQUESTS = [wire.GET, wire.PING, wire.STATS]   # what an authenticated client may send
+
+
+def source_group(host: str) -> str:
+    """The group a connection from `host` counts in when a pending handshake has to be closed to
+    make room (the largest group loses its oldest): all of loopback is one group (every user of the
+    node owns all of 127.0.0.0/8 and ::1), an IPv6 address its /64, an IPv4 address itself (an
+    IPv4-mapped IPv6 address as that IPv4 address); anything else (a socketpair) by its name."""
+    try:
+        ip = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return host
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip.is_loopback:
+        return "loopback"
+    if ip.version == 6:
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
+
+
+def pending_limit() -> int:
+    """MAX_PENDING, or fewer when the process's descriptor limit leaves less room beside the
+    authenticated connections and FD_HEADROOM."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MAX_PENDING
+    return max(16, min(MAX_PENDING, soft - MAX_CONNECTIONS - FD_HEADROOM))
 
 
 def is_loopback(host: str) -> bool:
@@ -97,6 +142,70 @@ def seal_reply(cache, session, fd: int, ids, fills: dict, opaque: int, more: boo
                                   flush_timeout)
 
 
+class _Pending:
+    """A connection in its handshake: what it sent so far (`got` of the `need` bytes the next step
+    wants), or, once refused, being closed gracefully (`draining`: its input read and dropped)."""
+    __slots__ = ("conn", "group", "deadline", "hs", "buf", "got", "need", "draining")
+
+    def __init__(self, conn, group, deadline, hs=None):
+        self.conn, self.group, self.deadline, self.hs = conn, group, deadline, hs
+        self.buf = bytearray(auth.CLIENT_FLIGHT)
+        self.got, self.need, self.draining = 0, wire.HEADER_BYTES, False
+
+
+class HandshakeSlots:
+    """Which connections hold a handshake slot, with no I/O: in arrival order, which is deadline
+    order (each gets the same time from its arrival), and per source group, oldest first. Owned by
+    the event loop's thread."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._all = collections.OrderedDict()   # conn -> _Pending
+        self._groups = {}                       # source group -> OrderedDict(conn -> _Pending)
+
+    def __len__(self):
+        return len(self._all)
+
+    def __contains__(self, p) -> bool:
+        return self._all.get(p.conn) is p
+
+    def __iter__(self):
+        return iter(list(self._all.values()))
+
+    def add(self, p: _Pending):
+        """Gives `p` a slot. When all are taken, the oldest of the largest group makes room: it is
+        taken out and returned (the caller closes it); else None."""
+        victim = None
+        if len(self._all) >= self.limit:
+            victim = next(iter(max(self._groups.values(), key=len).values()))
+            self.remove(victim)
+        self._all[p.conn] = p
+        self._groups.setdefault(p.group, collections.OrderedDict())[p.conn] = p
+        return victim
+
+    def remove(self, p: _Pending) -> None:
+        del self._all[p.conn]
+        group = self._groups[p.group]
+        del group[p.conn]
+        if not group:
+            del self._groups[p.group]
+
+    def overdue(self, now: float) -> list:
+        """The slots past their deadline at `now`, taken out, oldest first."""
+        out = []
+        while self._all:
+            p = next(iter(self._all.values()))
+            if p.deadline > now:
+                break
+            self.remove(p)
+            out.append(p)
+        return out
+
+    def next_deadline(self):
+        """The earliest deadline of the slots taken (None: none is)."""
+        return next(iter(self._all.values())).deadline if self._all else None
+
+
 class PeerService:
     """The serving loop over one listening socket (in the process that serves)."""
 
@@ -118,18 +227,24 @@ class PeerService:
         self.sock = socket.socket(family, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, port))
-        self.sock.listen(128)
+        self.sock.listen(LISTEN_BACKLOG)
         self.address = "%s:%d" % self.sock.getsockname()[:2]
-        self._conns = set()
+        self._conns = set()       # authenticated connections (close() shuts them down)
         self._threads = set()
-        self._handshaking = 0
-        self._per_address = {}
         self._authenticated = 0
+        # Pending handshakes, owned by the event loop's thread: in arrival order, which is deadline
+        # order (every one gets HANDSHAKE_TIMEOUT from its accept), and per source group, oldest first.
+        self._pending = HandshakeSlots(pending_limit())
+        # Made here, before the address is published: a loop that made them when it starts could
+        # find the process out of descriptors (or memory) already, and end before serving anyone.
+        self._sel = selectors.DefaultSelector()
+        self._woken, self._wake = socket.socketpair()   # close() writes to _wake to end the loop
+        self._looping = False
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._closed = False
-        self.counters = {"connections": 0, "refused": 0, "refused_busy": 0, "refused_auth": 0,
-                         "refused_dataset": 0, "forged": 0, "accept_errors": 0, "thread_errors": 0,
+        self.counters = {"connections": 0, "evicted": 0, "refused_busy": 0, "refused_auth": 0,
+                         "refused_dataset": 0, "forged": 0, "accept_errors": 0, "thread_errors": 0, "memory_errors": 0,
                          "requests": 0, "ids": 0,
                          "cache_hits": 0, "ssd_hits": 0, "store_reads": 0, "misses": 0, "pin_waits": 0,
                          "bytes_sent": 0, "errors": 0, "get_ns": 0}
@@ -180,84 +295,254 @@ class PeerService:
                 self._threads.discard(t)   # never started: close() must not join it
             raise
 
-    # ---- accept loop -------------------------------------------------------------------------
+    # ---- the event loop: accept and handshakes -------------------------------------------------
     def serve_forever(self) -> None:
-        delay = 0.0
-        while not self._closed:
+        """Accepts connections and runs every handshake on this thread until close() (module
+        docstring); a proven connection goes on in a thread of its own."""
+        with self._lock:
+            if self._closed:
+                return
+            self._looping = True
+        sel = self._sel
+        self._woken.setblocking(False)
+        sel.register(self._woken, selectors.EVENT_READ, None)
+        self.sock.setblocking(False)
+        sel.register(self.sock, selectors.EVENT_READ, self)
+        delay, resume = 0.0, None    # accepting stops for a backoff after an accept or thread error
+        try:
+            while not self._closed:
+                now = time.monotonic()
+                if resume is not None and now >= resume:
+                    sel.register(self.sock, selectors.EVENT_READ, self)
+                    resume = None
+                timeout = self._expire(sel, now)
+                if resume is not None:
+                    timeout = resume - now if timeout is None else min(timeout, resume - now)
+                for key, _ in sel.select(timeout):
+                    if key.data is None:          # close() woke us
+                        continue
+                    if key.data is not self and key.data not in self._pending:
+                        continue                  # closed earlier in this turn
+                    try:
+                        ok = self._accept_some(sel) if key.data is self else self._step(sel, key.data)
+                    except MemoryError:           # what this connection needed was not there
+                        if key.data is not self and key.data in self._pending:
+                            self._drop(sel, key.data)
+                        self.counters["memory_errors"] += 1
+                        ok = False
+                    if ok:
+                        if key.data is self:
+                            delay = 0.0
+                    elif resume is None:          # out of something: accepting waits a while
+                        delay = min(max(2 * delay, ACCEPT_BACKOFF[0]), ACCEPT_BACKOFF[1])
+                        resume = time.monotonic() + delay
+                        sel.unregister(self.sock)
+        finally:
+            for p in self._pending:
+                self._drop(sel, p)
+            self._close_loop()
+
+    def _close_loop(self) -> None:
+        """The event loop's own objects: the listening socket, the selector, the wake-up pair."""
+        self._sel.close()
+        self._woken.close()
+        self._wake.close()
+        self.sock.close()
+
+    def _accept_some(self, sel) -> bool:
+        """Accepts up to ACCEPT_BATCH waiting connections and sends each its HELLO. False after an
+        accept() error (out of descriptors or memory, a connection aborted before it was taken):
+        the listening socket is fine; the loop stops accepting for a backoff."""
+        for _ in range(ACCEPT_BATCH):
             try:
                 conn, addr = self.sock.accept()
+            except BlockingIOError:
+                return True
             except OSError:
                 if self._closed:
-                    return
-                # Out of descriptors (EMFILE/ENFILE) or memory, a connection aborted before it was
-                # taken: the listening socket is fine; try again after a backoff.
+                    return True
                 self.counters["accept_errors"] += 1
-                delay = self._back_off(delay)
-                continue
-            host = addr[0]
-            if not self._take(conn, host):
-                continue
+                return False
+            self.counters["connections"] += 1
             try:
-                self._spawn(self._connection, conn, host, time.monotonic() + auth.HANDSHAKE_TIMEOUT)
-            except RuntimeError:
-                # No thread for it (out of memory, or of the user's process limit): this
-                # connection is closed, and the next waits for a backoff, as after an accept error.
-                with self._lock:
-                    self._handshake_ended(host)
-                    self._conns.discard(conn)
-                conn.close()
-                self.counters["thread_errors"] += 1
-                delay = self._back_off(delay)
-                continue
-            delay = 0.0
-
-    def _back_off(self, delay: float) -> float:
-        """Waits the next step of ACCEPT_BACKOFF after `delay` (or until close()); returns it."""
-        delay = min(max(2 * delay, ACCEPT_BACKOFF[0]), ACCEPT_BACKOFF[1])
-        self._stop.wait(delay)
-        return delay
-
-    def _take(self, conn, host: str) -> bool:
-        """Counts a new connection from `host` into the handshake caps; over them, tells it E_BUSY
-        and closes it (False)."""
-        with self._lock:
-            busy = (self._handshaking >= MAX_HANDSHAKES
-                    or self._per_address.get(host, 0) >= MAX_HANDSHAKES_PER_ADDRESS)
-            if not busy:
-                self._handshaking += 1
-                self._per_address[host] = self._per_address.get(host, 0) + 1
-                self._conns.add(conn)
-                self.counters["connections"] += 1
-        if busy:
-            self.counters["refused"] += 1
-            try:
+                hs = auth.ServerHandshake(self.key, self.identity)
                 conn.setblocking(False)
-                conn.send(wire.error_message(wire.E_BUSY, "too many connections in their handshake"))
+                if conn.family != socket.AF_UNIX:
+                    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if conn.send(hs.hello) != len(hs.hello):   # a fresh socket's buffer takes 88 bytes
+                    raise ConnectionError("the HELLO did not fit")
+            except (OSError, MemoryError):
+                conn.close()
+                self.counters["refused_auth"] += 1
+                continue
+            host = addr[0] if isinstance(addr, tuple) else str(addr)
+            self._hold(sel, _Pending(conn, source_group(host), time.monotonic() + auth.HANDSHAKE_TIMEOUT, hs))
+        return True
+
+    def _hold(self, sel, p: _Pending) -> None:
+        """Gives `p` a handshake slot and watches it; the connection that made room, if one had
+        to (HandshakeSlots.add), is told E_BUSY and closed."""
+        try:
+            sel.register(p.conn, selectors.EVENT_READ, p)
+        except OSError:                 # the kernel's own limit on watched descriptors
+            p.conn.close()
+            return
+        victim = self._pending.add(p)
+        if victim is not None:
+            try:
+                victim.conn.send(wire.error_message(wire.E_BUSY, "too many connections in their handshake"))
             except OSError:
                 pass
-            conn.close()
-        return not busy
+            sel.unregister(victim.conn)
+            victim.conn.close()
+            self.counters["evicted"] += 1
 
-    def _handshake_ended(self, host: str) -> None:
-        """Counts a connection from `host` out of the handshake caps (_take counted it in).
-        Caller holds self._lock."""
-        self._handshaking -= 1
-        left = self._per_address[host] - 1
-        if left:
-            self._per_address[host] = left
-        else:
-            del self._per_address[host]
+    def _release(self, sel, p: _Pending) -> None:
+        """Takes `p` out of the pending handshakes (the socket stays open)."""
+        sel.unregister(p.conn)
+        self._pending.remove(p)
+
+    def _drop(self, sel, p: _Pending) -> None:
+        self._release(sel, p)
+        p.conn.close()
+
+    def _expire(self, sel, now: float):
+        """Closes the pending connections past their deadline; returns the seconds until the next
+        deadline (None: none pending)."""
+        for p in self._pending.overdue(now):
+            if not p.draining:
+                self.counters["refused_auth"] += 1   # too slow, or silent
+            sel.unregister(p.conn)
+            p.conn.close()
+        deadline = self._pending.next_deadline()
+        return None if deadline is None else deadline - now
+
+    def _step(self, sel, p: _Pending) -> bool:
+        """What a pending connection sent: the next part of its first flight, or (once refused)
+        input to drop. Concludes the handshake when the flight is whole. False when a proven
+        connection could not get a thread (the loop backs off accepting)."""
+        if p.draining:
+            try:
+                k = len(p.conn.recv(4096))
+            except BlockingIOError:
+                return True
+            except OSError:
+                k = 0
+            p.got += k
+            if not k or p.got > DRAIN_BYTES:
+                self._drop(sel, p)
+            return True
+        try:
+            k = p.conn.recv_into(memoryview(p.buf)[p.got:p.need])
+        except BlockingIOError:
+            return True
+        except OSError:
+            k = 0
+        if not k:                                  # gone before proving anything
+            self.counters["refused_auth"] += 1
+            self._drop(sel, p)
+            return True
+        p.got += k
+        if p.got < p.need:
+            return True
+        try:
+            if p.need == wire.HEADER_BYTES:        # the first header says how long the flight is
+                p.need = p.hs.flight_size(bytes(p.buf[:wire.HEADER_BYTES]))
+                if len(p.buf) < p.need:
+                    p.buf.extend(bytes(p.need - len(p.buf)))   # a clear ERROR: MAX_ERROR at most
+                if p.got < p.need:
+                    return True
+            session = p.hs.conclude(bytes(p.buf[:p.need]))
+        except FingerprintError:
+            self.counters["refused_dataset"] += 1
+            self._refuse(sel, p)
+            return True
+        except (auth.AuthenticationError, wire.ProtocolError):
+            self.counters["refused_auth"] += 1
+            self._refuse(sel, p)
+            return True
+        try:
+            if p.conn.send(p.hs.reply) != len(p.hs.reply):   # our proof: 56 bytes into an idle socket
+                raise ConnectionError("the proof did not fit")
+        except OSError:
+            self.counters["refused_auth"] += 1
+            self._drop(sel, p)
+            return True
+        self._release(sel, p)
+        return self._proven(sel, p, session)
+
+    def _refuse(self, sel, p: _Pending) -> None:
+        """The handshake's reply to a refused connection (a clear ERROR, or our proof to a node of
+        another data set), then a graceful close: FIN now, the input read and dropped until the
+        other side closes, DRAIN_BYTES, or the handshake's deadline (closing with unread input
+        would send RST, which discards the reply on its way)."""
+        try:
+            if p.hs.reply:
+                p.conn.send(p.hs.reply)
+            p.conn.shutdown(socket.SHUT_WR)
+        except OSError:
+            self._drop(sel, p)
+            return
+        p.draining, p.got = True, 0
+
+    def _proven(self, sel, p: _Pending, session) -> bool:
+        """A connection that has proven itself: a thread of its own, or, past MAX_CONNECTIONS, a
+        sealed E_BUSY and a graceful close. False when no thread could start for it."""
+        conn = p.conn
+        if not self._take_slot(conn):
+            self.counters["refused_busy"] += 1
+            try:
+                session.send_message(conn.fileno(), wire.ERROR, 0, 0, wire.E_BUSY,
+                                     f"more than {MAX_CONNECTIONS} connections".encode(), 0.05)
+                conn.shutdown(socket.SHUT_WR)
+            except OSError:
+                conn.close()
+                return True
+            # its slot again, at the back: a fresh deadline keeps arrival order the deadline order
+            p.draining, p.got, p.deadline = True, 0, time.monotonic() + auth.HANDSHAKE_TIMEOUT
+            self._hold(sel, p)
+            return True
+        try:
+            conn.settimeout(IO_TIMEOUT)
+            self._spawn(self._serve, conn, session)
+        except RuntimeError:
+            # No thread for it (out of memory, or of the user's process limit): this connection
+            # is closed, and accepting waits for a backoff, as after an accept error.
+            self._end(conn)
+            self.counters["thread_errors"] += 1
+            return False
+        return True
+
+    def _take_slot(self, conn) -> bool:
+        """Counts an authenticated connection in (False past MAX_CONNECTIONS)."""
+        with self._lock:
+            if self._authenticated >= MAX_CONNECTIONS:
+                return False
+            self._authenticated += 1
+            self._conns.add(conn)
+        return True
+
+    def _end(self, conn) -> None:
+        """Counts an authenticated connection out and closes it."""
+        with self._lock:
+            self._authenticated -= 1
+            self._conns.discard(conn)
+        conn.close()
 
     def close(self, timeout: float = 5.0) -> bool:
         """Stops accepting, ends every connection and joins every thread this service started.
         True when they all ended within `timeout`."""
-        self._closed = True
+        with self._lock:
+            self._closed = True
+            looping = self._looping
         self._stop.set()
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
+        if looping:                    # the event loop closes the listening socket as it ends
+            try:
+                self._wake.send(b"x")
+            except OSError:
+                pass
+        else:
+            self._close_loop()
         with self._lock:
             for c in list(self._conns):
                 try:
@@ -272,40 +557,37 @@ class PeerService:
         return not any(t.is_alive() for t in threads if t is not threading.current_thread())
 
     # ---- one connection ----------------------------------------------------------------------
-    def _connection(self, conn, host: str, deadline: float) -> None:
-        """One connection, taken by _take, from its handshake (by `deadline`) to its end."""
-        c = self.counters
+    def _serve(self, conn, session) -> None:
+        """An authenticated connection (counted in by _take_slot), to its end."""
         try:
-            try:
-                if conn.family != socket.AF_UNIX:
-                    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                session = auth.server_handshake(conn, self.key, self.identity, deadline)
-            except FingerprintError:
-                c["refused_dataset"] += 1
-                return
-            except (auth.AuthenticationError, wire.ProtocolError, OSError, ValueError):
-                c["refused_auth"] += 1   # a wrong proof, another protocol, too slow, gone
-                return
-            finally:
-                with self._lock:
-                    self._handshake_ended(host)
-            with self._lock:
-                full = self._authenticated >= MAX_CONNECTIONS
-                if not full:
-                    self._authenticated += 1
-            if full:
-                c["refused_busy"] += 1
-                self._error(conn, session, wire.E_BUSY, f"more than {MAX_CONNECTIONS} connections")
-                return
-            try:
-                self._requests(conn, session)
-            finally:
-                with self._lock:
-                    self._authenticated -= 1
+            self._requests(conn, session)
         finally:
-            with self._lock:
-                self._conns.discard(conn)
+            self._end(conn)
+
+    def _connection(self, conn, host: str, deadline: float) -> None:
+        """One connection handed over already accepted (a socketpair: the fuzzers), from its
+        handshake (auth.server_handshake on this thread, by `deadline`: the same steps as the event
+        loop's) to its end, with the same counters and cap."""
+        c = self.counters
+        c["connections"] += 1
+        try:
+            if conn.family != socket.AF_UNIX:
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            session = auth.server_handshake(conn, self.key, self.identity, deadline)
+        except FingerprintError:
+            c["refused_dataset"] += 1
             conn.close()
+            return
+        except (auth.AuthenticationError, wire.ProtocolError, OSError, ValueError):
+            c["refused_auth"] += 1   # a wrong proof, another protocol, too slow, gone
+            conn.close()
+            return
+        if not self._take_slot(conn):
+            c["refused_busy"] += 1
+            self._error(conn, session, wire.E_BUSY, f"more than {MAX_CONNECTIONS} connections")
+            conn.close()
+            return
+        self._serve(conn, session)
 
     def _requests(self, conn, session) -> None:
         """Answers the requests of an authenticated connection, in order, until it ends."""
@@ -440,7 +722,13 @@ def main() -> None:
     stdin = sys.stdin.buffer
     (n,) = struct.unpack("<I", stdin.read(4))
     cfg = pickle.loads(stdin.read(n))
-    node = cfg["node"]   # attaches the cache, reopens the store and the SSD tier by name
+    # Room for every pending handshake and authenticated connection beside the process's files:
+    # the soft descriptor limit is often 1024, the hard one far above (pending_limit).
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = MAX_PENDING + MAX_CONNECTIONS + FD_HEADROOM
+    if soft != resource.RLIM_INFINITY and soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want if hard == resource.RLIM_INFINITY else min(want, hard), hard))
+    node = pickle.loads(cfg["node"])   # attaches the cache, reopens the store and the SSD tier
     cache = node.cache
     service = PeerService(node, cfg["host"], cfg["port"], cfg["secret"])
     sys.stdout.write(service.address + "\n")

@@ -13,10 +13,11 @@ The handshake (auth.py), in clear text, every message of a fixed size; nothing e
 before it completes, and the server gives it HANDSHAKE_TIMEOUT seconds in all:
 
     server -> client  HELLO   opaque = num_samples, body = nonce (32) || data set fingerprint (32)
-    client -> server  HELLO   the same, the client's
-    client -> server  PROOF   body = the client's proof (32)
+    client -> server  HELLO   the same, the client's            } sent together
+    client -> server  PROOF   body = the client's proof (32)    }
     server -> client  PROOF   body = the server's proof (32)
-    (either side instead: ERROR in clear text, E_AUTH / E_DATASET / E_BUSY, then it closes)
+    (the server instead: ERROR in clear text, E_AUTH / E_BUSY / a protocol error, then it closes;
+     a clear ERROR proves nothing and is never more than a failure to the client)
 
 After it, every message in either direction is sealed (csrc/bindings/peer_io.cc): the header in
 clear text, authenticated as the additional data of an AES-256-GCM record holding the body, then
@@ -45,7 +46,7 @@ import time
 import numpy as np
 
 MAGIC = b"SHCP"
-VERSION = 2
+VERSION = 3
 HEADER = struct.Struct("<4sBBHIIQ")
 HEADER_BYTES = HEADER.size  # 24
 

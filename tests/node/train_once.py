@@ -7,7 +7,6 @@ import os
 import sys
 import uuid
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
