@@ -355,3 +355,20 @@ def test_a_read_plan_of_another_store_and_bad_prefetch_options_are_refused(store
         sc.Node(store, None, prefetch={"bogus": 1})
     with pytest.raises(ValueError, match="poll_s"):
         sc.Node(store, None, prefetch={"poll_s": 0})
+
+
+def test_the_nodes_own_processes_get_the_clusters_secret_and_no_other_pickle_does(
+        store, cache_factory, monkeypatch):
+    """A cluster given its secret as an argument: the node's prefetcher and peer server (their
+    configuration pickled for a pipe) get it; a plain pickle of the node (a checkpoint) does not."""
+    import pickle
+
+    monkeypatch.delenv("SHADECACHE_SECRET", raising=False)
+    cache = cache_factory(N, 4 << 20, "lru", fingerprint=store.fingerprint)
+    cluster = sc.Cluster([None, "127.0.0.1:9"], node=0, secret=SECRET)
+    node = sc.Node(store, cache, cluster=cluster, read_ahead=False)
+    mine = pickle.loads(node.pickled_for_process())
+    assert mine.cluster._secret() == cluster._secret()
+    saved = pickle.loads(pickle.dumps(node.for_process()))   # the same node, another pickle
+    with pytest.raises(sc.peer.SecretError):
+        saved.cluster._secret()
