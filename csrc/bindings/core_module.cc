@@ -28,6 +28,7 @@
 #include "bindings/test_hooks.h"
 #include "cache/cache.h"
 #include "cache/segment.h"
+#include "net/aead.h"
 #include "net/peer_wire.h"
 
 namespace py = pybind11;
@@ -323,21 +324,30 @@ PYBIND11_MODULE(_core, m) {
   // Defined once here for Python: policy names by number, and the bytes a slot adds to a value.
   m.attr("POLICIES") = policy_names();
   m.attr("SLOT_HEADER_SIZE") = sizeof(SlotHeader);
-  // The peer protocol's constants as the native reply framing (net/peer_wire.h) has them, for the
-  // test that holds shadecache/peer/wire.py to the same values.
+  // The peer protocol's constants, defined once (net/peer_wire.h, net/aead.h): shadecache/peer/
+  // wire.py takes them from here.
   py::dict wire;
   wire["MAGIC"] = py::bytes("SHCP", 4);
   wire["VERSION"] = net::kVersion;
-  wire["GET_REPLY"] = net::kGetReply;
-  wire["ERROR"] = net::kError;
+  for (auto [name, op] : {std::pair{"HELLO", net::kHello}, {"PROOF", net::kProof}, {"GET", net::kGet},
+                          {"GET_REPLY", net::kGetReply}, {"PING", net::kPing}, {"PONG", net::kPong},
+                          {"ERROR", net::kError}, {"STATS", net::kStats}, {"STATS_REPLY", net::kStatsReply}})
+    wire[name] = op;
+  for (auto [name, code] : {std::pair{"E_BAD_MAGIC", net::kEBadMagic}, {"E_BAD_VERSION", net::kEBadVersion},
+                            {"E_BAD_OPCODE", net::kEBadOpcode}, {"E_TOO_LARGE", net::kETooLarge},
+                            {"E_BAD_LENGTH", net::kEBadLength}, {"E_AUTH", net::kEAuth}, {"E_BAD_ID", net::kEBadId},
+                            {"E_INTERNAL", net::kEInternal}, {"E_DATASET", net::kEDataSet}, {"E_BUSY", net::kEBusy}})
+    wire[name] = code;
   wire["MORE"] = net::kMore;
   wire["MAX_BATCH"] = net::kMaxBatch;
   wire["MAX_VALUE"] = net::kMaxValue;
   wire["MAX_REPLY"] = net::kMaxReply;
   wire["MAX_ERROR"] = net::kMaxError;
+  wire["MAX_STATS"] = net::kMaxStats;
   wire["MISS"] = net::kMiss;
   wire["HEADER_BYTES"] = sizeof(net::Header);
-  wire["ENTRY_BYTES"] = sizeof(net::Entry);
+  wire["ENTRY_BYTES"] = net::kEntryBytes;
+  wire["TAG_BYTES"] = net::Aead::kTagBytes;
   m.attr("WIRE") = wire;
   m.def("process_start_time", &process_start_time, py::arg("pid"),
         "Start time of process `pid` in clock ticks since boot, 0 if there is no such process.");

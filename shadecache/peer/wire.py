@@ -45,34 +45,42 @@ import time
 
 import numpy as np
 
-MAGIC = b"SHCP"
-VERSION = 3
-HEADER = struct.Struct("<4sBBHIIQ")
-HEADER_BYTES = HEADER.size  # 24
+from .. import _core
+
+# The constants are defined once, in the native framing (csrc/net/peer_wire.h, net/aead.h), and
+# taken from there: the two sides of a connection cannot disagree on them.
+_W = _core.WIRE
+MAGIC, VERSION = _W["MAGIC"], _W["VERSION"]
+HEADER = struct.Struct("<4sBBHIIQ")   # the native Header's fields, packed
+HEADER_BYTES = _W["HEADER_BYTES"]     # 24
+assert HEADER.size == HEADER_BYTES
 
 # opcodes
-HELLO, PROOF, GET, GET_REPLY, PING, PONG, ERROR, STATS, STATS_REPLY = 1, 2, 3, 4, 5, 6, 7, 8, 9
+HELLO, PROOF, GET, GET_REPLY, PING, PONG, ERROR, STATS, STATS_REPLY = (
+    _W[k] for k in ("HELLO", "PROOF", "GET", "GET_REPLY", "PING", "PONG", "ERROR", "STATS", "STATS_REPLY"))
 OPCODE_NAMES = {HELLO: "HELLO", PROOF: "PROOF", GET: "GET", GET_REPLY: "GET_REPLY",
                 PING: "PING", PONG: "PONG", ERROR: "ERROR", STATS: "STATS", STATS_REPLY: "STATS_REPLY"}
 
 # status codes of an ERROR reply
 (E_BAD_MAGIC, E_BAD_VERSION, E_BAD_OPCODE, E_TOO_LARGE, E_BAD_LENGTH, E_AUTH, E_BAD_ID, E_INTERNAL,
- E_DATASET, E_BUSY) = range(1, 11)
+ E_DATASET, E_BUSY) = (_W[k] for k in ("E_BAD_MAGIC", "E_BAD_VERSION", "E_BAD_OPCODE", "E_TOO_LARGE",
+                                       "E_BAD_LENGTH", "E_AUTH", "E_BAD_ID", "E_INTERNAL", "E_DATASET",
+                                       "E_BUSY"))
 
-# bounds (refused before anything is allocated for them)
+# bounds (refused before anything is allocated for them); the handshake's sizes are Python's alone
 NONCE_BYTES = 32
 FINGERPRINT_BYTES = 32
 HELLO_BYTES = NONCE_BYTES + FINGERPRINT_BYTES
 DIGEST_BYTES = 32                # a PROOF body
-TAG_BYTES = 16                   # the AEAD tag ending every sealed record
-MAX_BATCH = 4096                 # ids per GET
-MAX_VALUE = 64 << 20             # bytes of one sample
-ENTRY_BYTES = 16
-MAX_REPLY = MAX_VALUE + MAX_BATCH * ENTRY_BYTES   # body of one GET reply chunk
-MAX_ERROR = 1024                 # bytes of an ERROR message
-MAX_STATS = 4096                 # bytes of a STATS reply
-MISS = 0xFFFFFFFF                # entry length of a sample the peer does not hold
-MORE = 1                         # GET_REPLY status: more chunks of this request follow
+TAG_BYTES = _W["TAG_BYTES"]      # the AEAD tag ending every sealed record
+MAX_BATCH = _W["MAX_BATCH"]      # ids per GET
+MAX_VALUE = _W["MAX_VALUE"]      # bytes of one sample
+ENTRY_BYTES = _W["ENTRY_BYTES"]
+MAX_REPLY = _W["MAX_REPLY"]      # body of one GET reply chunk
+MAX_ERROR = _W["MAX_ERROR"]      # bytes of an ERROR message
+MAX_STATS = _W["MAX_STATS"]      # bytes of a STATS reply
+MISS = _W["MISS"]                # entry length of a sample the peer does not hold
+MORE = _W["MORE"]                # GET_REPLY status: more chunks of this request follow
 
 ENTRY = np.dtype([("id", "<u8"), ("length", "<u4"), ("crc", "<u4")])
 assert ENTRY.itemsize == ENTRY_BYTES

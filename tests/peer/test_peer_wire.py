@@ -1,15 +1,29 @@
-"""The peer protocol's constants are written twice, once per side of the reply path: in Python
-(shadecache/peer/wire.py: headers, GET requests, the handshake) and in C++ (csrc/net/peer_wire.h:
-replies sent and read without the GIL). The native module exports its own (_core.WIRE); they must
-be the same numbers."""
+"""The peer protocol's constants are defined once, in the native framing (csrc/net/peer_wire.h:
+replies sent and read without the GIL), and shadecache/peer/wire.py takes them from the engine
+(_core.WIRE): the two sides of the reply path cannot disagree, and a change is made in one place."""
+import ast
+import pathlib
+
 from shadecache import _core
 from shadecache.peer import wire
 
 
-def test_native_and_python_wire_constants_agree():
-    native = dict(_core.WIRE)
-    python = {"MAGIC": wire.MAGIC, "VERSION": wire.VERSION, "GET_REPLY": wire.GET_REPLY,
-              "ERROR": wire.ERROR, "MORE": wire.MORE, "MAX_BATCH": wire.MAX_BATCH, "MAX_VALUE": wire.MAX_VALUE,
-              "MAX_REPLY": wire.MAX_REPLY, "MAX_ERROR": wire.MAX_ERROR, "MISS": wire.MISS,
-              "HEADER_BYTES": wire.HEADER_BYTES, "ENTRY_BYTES": wire.ENTRY_BYTES}
-    assert native == python
+def test_every_native_wire_constant_is_wire_pys_value():
+    for name, value in _core.WIRE.items():
+        assert getattr(wire, name) == value, name
+
+
+def test_wire_py_writes_no_native_constant_itself():
+    """Each constant the engine exports is assigned in wire.py from _core.WIRE, never as a
+    number of its own (a copy would drift from the native side)."""
+    tree = ast.parse(pathlib.Path(wire.__file__).read_text())
+    own = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Assign):
+            continue
+        from_engine = any(isinstance(n, ast.Name) and n.id == "_W" for n in ast.walk(node.value))
+        for target in node.targets:
+            names = target.elts if isinstance(target, ast.Tuple) else [target]
+            if not from_engine:
+                own.update(n.id for n in names if isinstance(n, ast.Name))
+    assert not own & set(_core.WIRE), sorted(own & set(_core.WIRE))
