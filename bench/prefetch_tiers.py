@@ -84,7 +84,7 @@ def _detail(ds, cache, board, layout=None, ssd=None, prefetcher=None) -> dict:
     under the extent order (layout) also the extents the node holds whole now, in the cache
     and on the SSD tier together (a state, not a count)."""
     d = ds.stats()
-    t = board.totals()
+    t = board.counters.totals()
     out = {"loader_store": d["store_reads"], "loader_ssd": d["ssd_hits"],
            "prefetcher": t["reads_issued"], "prefetched": t["prefetched"],
            "evictions": cache.stats()["evictions"], "job_cpu_ms": _cpu_ms(),

@@ -255,7 +255,7 @@ def test_order_board_made_first_by_another_user_is_refused(name):
     it is."""
     def attacker():
         b = order.OrderBoard.create(name, 16)
-        b.publish(0, 0, list(range(15, -1, -1)))
+        b.orders.publish(0, 0, list(range(15, -1, -1)))
         os.chmod(b.path, 0o666)
         b.close()
 
@@ -277,7 +277,7 @@ def test_order_board_made_first_by_another_user_is_refused(name):
             b = order.OrderBoard.attach(name)
         except PermissionError as e:
             return ("refused", str(e))
-        return ("attached", b.snapshot(0))
+        return ("attached", b.orders.snapshot(0))
 
     outcome, detail = run_as(VICTIM, victim)
     assert outcome == "refused" and "uid 65534 (nobody)" in detail, detail

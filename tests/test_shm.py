@@ -91,10 +91,10 @@ def test_an_owner_that_exits_leaves_a_board_made_again_under_its_name(name):
     p = _owner(name, "board")
     OrderBoard.attach(name).unlink()   # its creator's board is gone, another job makes one
     with OrderBoard.create(name, 10) as mine:
-        mine.publish(0, 0, [1, 2, 3])
+        mine.orders.publish(0, 0, [1, 2, 3])
         _exit(p)
         assert os.path.exists(shm.board_path(name))
-        assert OrderBoard.attach(name).published(0).tolist() == [1, 2, 3]
+        assert OrderBoard.attach(name).orders.published(0).tolist() == [1, 2, 3]
     assert not os.path.exists(shm.board_path(name))
 
 

@@ -54,8 +54,8 @@ def cmd_stats(args) -> int:
         from ..lookahead.board import BoardLink   # the prefetcher's per-epoch counters, if any
         board = BoardLink(c.name).get()
         if board is not None:
-            d["prefetch"] = {"prefetcher_pid": board.prefetcher_pid, **board.totals(),
-                             "per_epoch": board.epoch_counters()}
+            d["prefetch"] = {"prefetcher_pid": board.control.prefetcher_pid, **board.counters.totals(),
+                             "per_epoch": board.counters.epoch_counters()}
         pf = tier_status.read(c.name, tier_status.PREFETCHER)
         if pf is not None:
             d.setdefault("prefetch", {})["status"] = pf

@@ -80,18 +80,18 @@ class Prefetcher:
         self.proc = None
 
     def start(self) -> "Prefetcher":
-        other = self.board.prefetcher_pid
-        if self.board.prefetcher_alive():   # pid and start time: a reused pid is not a prefetcher
+        other = self.board.control.prefetcher_pid
+        if self.board.control.prefetcher_alive():   # pid and start time: a reused pid is not a prefetcher
             raise RuntimeError(f"cache {self.cache_name!r} already has a prefetcher (pid {other}); "
                                "one per node")
-        self.board.request_stop(False)
+        self.board.control.request_stop(False)
         payload = pickle.dumps((self.node.pickled_for_process(), self.options, os.getpid()))
         self.proc = subprocess.Popen(isolated_python("shadecache.lookahead.prefetcher"), stdin=subprocess.PIPE)
         self.proc.stdin.write(payload)
         self.proc.stdin.close()
         # the child registers itself once running; wait for it so that stop() can find it
         deadline = time.monotonic() + 60
-        while self.board.prefetcher_pid != self.proc.pid:
+        while self.board.control.prefetcher_pid != self.proc.pid:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the prefetcher exited at start (status {self.proc.returncode})")
             if time.monotonic() > deadline:
@@ -112,7 +112,7 @@ class Prefetcher:
         exit status (0 after a clean stop)."""
         if self.proc is None:
             return 0
-        self.board.request_stop(True)
+        self.board.control.request_stop(True)
         try:
             rc = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -134,16 +134,16 @@ def run(node, options: dict, parent_pid: int) -> None:
     (read_ahead.py), and leaves nothing behind that a reader would wait for."""
     cache, board = node.cache, node.board
     loop = ReadAhead(node, options)
-    board.set_read_rule(loop.rule, loop.reach)   # before registering: a sampler sees both at once
-    board.set_prefetcher(os.getpid())
-    board.clear_on_way()          # a killed predecessor's
+    board.control.set_read_rule(loop.rule, loop.reach)   # before registering: a sampler sees both at once
+    board.control.set_prefetcher(os.getpid())
+    board.flags.clear_on_way()          # a killed predecessor's
     _publish_status(cache.name, node.chain, loop.rule, loop.reach)
     try:
         loop.run(parent_pid)
     finally:
-        if board.prefetcher_pid == os.getpid():
-            board.clear_on_way()      # batches dropped unread: nobody waits for them
-            board.set_prefetcher(0)
+        if board.control.prefetcher_pid == os.getpid():
+            board.flags.clear_on_way()      # batches dropped unread: nobody waits for them
+            board.control.set_prefetcher(0)
         status.remove(cache.name, os.getpid(), status.PREFETCHER)
         for _, t in node.chain.tiers:   # this process's copies: the SSD tier writes what it queued
             t.close()

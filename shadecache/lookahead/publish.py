@@ -51,7 +51,7 @@ _PUBLISHED: dict = {}
 def _up_already(board, s, sampler, order) -> bool:
     got = _PUBLISHED.get((os.getpid(), board.path, s))
     return (got is not None and got[0] == board.identity and got[1] == sampler.epoch
-            and got[2]() is order and got[3] == board.stream_state(s)["seq"])
+            and got[2]() is order and got[3] == board.orders.stream_state(s)["seq"])
 
 
 def _publish(sampler, board, s, order):
@@ -74,13 +74,13 @@ def _publish(sampler, board, s, order):
     # What the stream showed until now: ids that drop out of it (a head that was not the epoch
     # that came: set_epoch jumped, a checkpoint was loaded, another rank's share) must get their
     # next use again too, or the policy keeps the stale, sooner one and never evicts them.
-    before = board.published(s)
-    m = min(board.publish(s, sampler.epoch, full), order.size)
+    before = board.orders.published(s)
+    m = min(board.orders.publish(s, sampler.epoch, full), order.size)
     _push_next_use(sampler.cache, board, np.unique(np.concatenate([full[:board.capacity], before])))
     for k in [k for k, v in _PUBLISHED.items() if v[2]() is None]:
         del _PUBLISHED[k]         # orders freed since: their entries can never match again
     _PUBLISHED[(os.getpid(), board.path, s)] = (board.identity, sampler.epoch, weakref.ref(order),
-                                               board.stream_state(s)["seq"])
+                                               board.orders.stream_state(s)["seq"])
     return m
 
 
@@ -116,7 +116,7 @@ def published_iter(sampler, order: np.ndarray, start: int, plan=None):
             return iter(order[start:].tolist())
         return _planned(order, start, step, plan)
     s = stream_of(getattr(sampler, "rank", 0), board.streams)
-    if start == 0 and _up_already(board, s, sampler, order) and board.stream_state(s)["cursor"] == 0:
+    if start == 0 and _up_already(board, s, sampler, order) and board.orders.stream_state(s)["cursor"] == 0:
         _MY_STREAM[(os.getpid(), board.path)] = s
         m = min(order.size, board.capacity)
     else:
@@ -132,7 +132,7 @@ def rewrite_published(sampler, order: np.ndarray, positions: np.ndarray, lo: int
     board = board_of(sampler)
     if board is None or not len(positions):
         return
-    touched = board.rewrite(stream_of(getattr(sampler, "rank", 0), board.streams), positions,
+    touched = board.orders.rewrite(stream_of(getattr(sampler, "rank", 0), board.streams), positions,
                             order[positions], lo=lo)
     _push_next_use(sampler.cache, board, touched)
 
@@ -164,20 +164,20 @@ def _next_use_setter(cache):
 def _push_next_use(cache, board, ids):
     setter = _next_use_setter(cache)   # the clairvoyant policy's input
     if setter is not None and ids.size:
-        setter(ids, board.next_use(ids))
+        setter(ids, board.orders.next_use(ids))
 
 
 def _tracked(board, s, order, start, m, cache, step, plan=None):
     setter = _next_use_setter(cache)
     if start:
-        board.consumed(s, 0, min(start, m))
+        board.orders.consumed(s, 0, min(start, m))
     done = used = min(start, m)   # entries [0, done) taken by the loader; [0, used) consumed
-    board.set_cursor(s, done)
+    board.orders.set_cursor(s, done)
 
     def consume(upto):
         nonlocal used
         if upto > used:
-            taken = board.consumed(s, used, upto)
+            taken = board.orders.consumed(s, used, upto)
             if setter is not None:
                 _push_next_use(cache, board, taken)
             used = upto
@@ -195,9 +195,9 @@ def _tracked(board, s, order, start, m, cache, step, plan=None):
             # lets the policy refuse a demand miss that is not read again: Belady's bypass.)
             if k - done >= step and done < m:
                 last = min(k, m)
-                board.set_cursor(s, last)
-                consume(done if board.prefetcher_pid else last)
+                board.orders.set_cursor(s, last)
+                consume(done if board.control.prefetcher_pid else last)
                 done = last
             yield i
     consume(m)
-    board.set_cursor(s, m)
+    board.orders.set_cursor(s, m)

@@ -43,7 +43,7 @@ class Window:
     def __init__(self, board, lookahead: int):
         parts, dists, places, self.epoch, self.cursors = [], [], [], -1, {}
         for s in range(board.streams):
-            snap = board.snapshot(s, window=lookahead)
+            snap = board.orders.snapshot(s, window=lookahead)
             if snap is None:
                 continue
             e, ids, cursor = snap
@@ -67,7 +67,7 @@ def now_position(board) -> int:
     """The global position of the most advanced cursor (-1: none published)."""
     best = -1
     for s in range(board.streams):
-        st = board.stream_state(s)
+        st = board.orders.stream_state(s)
         if st["seq"]:
             best = max(best, st["epoch"] * board.capacity + st["cursor"])
     return best
@@ -172,10 +172,10 @@ class ReadAhead:
         if self.full and self.rule == READS_UNTIL_FULL and not self.held.batches:
             time.sleep(IDLE_S)
             return
-        seen = self.board.marks()
+        seen = self.board.orders.marks()
         while time.monotonic() < deadline and not self.stopping:
             time.sleep(self.options["poll_s"])
-            if self.board.marks() != seen or self.board.stop_requested:
+            if self.board.orders.marks() != seen or self.board.control.stop_requested:
                 return
 
     def _observe(self, window: Window, cached: np.ndarray) -> None:
@@ -197,11 +197,11 @@ class ReadAhead:
             self.full = self.full or self.engine_full or self.free <= 0.1 * st["capacity_bytes"]
         if self.flagged:   # flags cleared by readers: used prefetches; flagged and gone: wasted
             f = np.fromiter(self.flagged, dtype=np.int64, count=len(self.flagged))
-            used = ~self.board.prefetched(f)
+            used = ~self.board.flags.prefetched(f)
             wasted = f[~used & ~cached[f]]
             if wasted.size:
-                self.board.unmark(wasted)
-                self.board.count(max(window.epoch, 0), prefetch_wasted=int(wasted.size))
+                self.board.flags.unmark(wasted)
+                self.board.counters.count(max(window.epoch, 0), prefetch_wasted=int(wasted.size))
             self.flagged.difference_update(f[used].tolist())
             self.flagged.difference_update(wasted.tolist())
 
@@ -218,8 +218,8 @@ class ReadAhead:
         reads = plan.next_reads(ids, places, self.lengths, self.rule, ahead, self.limits,
                                 self.chain.held, self._would_admit)
         if reads.evict:
-            latest = int(self.board.next_use(reads.ids).max())
-            removed = self.admission.make_room(self.cache, self.board.next_use, reads.evict, latest)
+            latest = int(self.board.orders.next_use(reads.ids).max())
+            removed = self.admission.make_room(self.cache, self.board.orders.next_use, reads.evict, latest)
             k = reads.ids.size - reads.evict + removed
             reads = plan.Reads(reads.ids[:k], reads.places[:k], reads.nbytes[:k], 0)
         return reads
@@ -233,27 +233,27 @@ class ReadAhead:
             return False
         batch, places, nbytes = reads.ids, reads.places, reads.nbytes
         board = self.board
-        board.mark_on_way(batch)     # readers wait for these instead of reading them
+        board.flags.mark_on_way(batch)     # readers wait for these instead of reading them
         # A loader that took one of them since the window was read may have looked for the mark
         # before it was made, and reads it itself: leave it to it. (The loader moves the cursor
         # before it looks; the fence orders our mark before our look at the cursor.)
         _io.memory_fence()
         taken = places < now_position(board)
         if taken.any():
-            board.unmark(batch[taken])
+            board.flags.unmark(batch[taken])
             batch, places, nbytes = batch[~taken], places[~taken], nbytes[~taken]
         if not batch.size:
             return False
-        mates = self.tier.submit(batch, board.on_way)   # no mate that an earlier batch reads
+        mates = self.tier.submit(batch, board.flags.on_way)   # no mate that an earlier batch reads
         if mates.size:
             # the extent mates read with the batch are on their way too: not candidates of the
             # next batches (each would read the same extents again), and a loader waits for them
-            board.mark_on_way(mates)
+            board.flags.mark_on_way(mates)
             self.on_way.update(mates.tolist())
         epoch = max(self.last_epoch if self.last_epoch is not None else 0, 0)
         self.inflight.append((epoch, nbytes, time.monotonic(), places))
         self.on_way.update(batch.tolist())
-        board.count(epoch, reads_issued=int(batch.size))
+        board.counters.count(epoch, reads_issued=int(batch.size))
         return True
 
     def _take(self) -> None:
@@ -303,19 +303,19 @@ class ReadAhead:
                         flush(2.0)
         self.on_way.difference_update(ids.tolist())
         got = ids[admitted]
-        board.unmark(ids[~admitted])
-        board.mark_prefetched(got)
+        board.flags.unmark(ids[~admitted])
+        board.flags.mark_prefetched(got)
         self.flagged.update(got.tolist())
-        board.count(epoch, prefetched=int(got.size),
+        board.counters.count(epoch, prefetched=int(got.size),
                     prefetched_bytes=int(sum(len(d) for d, a in zip(read.values, admitted) if a)))
 
     def _room_for(self, ids) -> bool:
         """A full cache refused `ids` (no copying tier): room among the samples needed later than
         these (none when one of them is needed by nobody any more)."""
-        nu = self.board.next_use(ids)
+        nu = self.board.orders.next_use(ids)
         if (nu < 0).any():
             return False
-        return self.admission.make_room(self.cache, self.board.next_use, 2 * int(ids.size),
+        return self.admission.make_room(self.cache, self.board.orders.next_use, 2 * int(ids.size),
                                         int(nu.max())) > 0
 
     def hand_over(self, everything: bool = False) -> None:
@@ -327,29 +327,29 @@ class ReadAhead:
         def due(ids, positions):
             if everything:
                 return np.ones(ids.size, dtype=bool)
-            nu = board.next_use(ids)
-            return board.wanted(ids) | (nu < 0) | (positions < now_position(board))
+            nu = board.orders.next_use(ids)
+            return board.flags.wanted(ids) | (nu < 0) | (positions < now_position(board))
         for read, epoch in self.held.take(due):
             self._land(read, epoch)
 
     def _clear_stray_wanted(self) -> None:
         """A reader's WANTED that landed after the offer: cleared whether or not a copying tier
         is in the chain (left, every later reader of the sample would wait for it)."""
-        stray = self.board.wanted()
+        stray = self.board.flags.wanted()
         if stray.size:
             mine = np.fromiter(self.on_way, np.int64, len(self.on_way))   # held or in flight
-            self.board.unmark(stray[~np.isin(stray, mine)])
+            self.board.flags.unmark(stray[~np.isin(stray, mine)])
 
     # ---- the process ---------------------------------------------------------------------------
     def _hand_over_loop(self) -> None:
         """Every poll_s while something is held or in flight (else IDLE_S): hands over what is
         due, when something that decides it moved since the last hand-over began (a stream's
-        cursor or order, a reader's WANTED: board.marks; a read held since). The marks are taken
+        cursor or order, a reader's WANTED: board.orders.marks; a read held since). The marks are taken
         before the hand-over, so what moves while it runs is seen at the next poll."""
         seen = None
         while not self.done.wait(self.options["poll_s"] if self.held.batches or self.inflight
                                  else IDLE_S):
-            marks = (self.board.marks(), len(self.held.batches))
+            marks = (self.board.orders.marks(), len(self.held.batches))
             if marks == seen:
                 continue
             seen = marks
@@ -368,7 +368,7 @@ class ReadAhead:
             helper.start()
         signal.signal(signal.SIGTERM, self._on_term)
         try:
-            while not self.stopping and not self.board.stop_requested and os.getppid() == parent_pid:
+            while not self.stopping and not self.board.control.stop_requested and os.getppid() == parent_pid:
                 self.step()
             self.done.set()
             if helper is not None:

@@ -89,11 +89,11 @@ class MissPath:
         node's prefetcher is reading or holds is waited for and taken from the cache (read once);
         the rest through the tier chain, admitted by the node's rule."""
         board = self.board
-        if board is None or not board.prefetcher_pid:
+        if board is None or not board.control.prefetcher_pid:
             return self.fetch_now(ids)
         a = np.asarray(ids, dtype=np.int64)
-        waited = board.wait_for(a, ON_WAY_WAIT_S)   # flags them WANTED: the prefetcher offers them
-        coming = waited | board.prefetched(a)        # ... and what it put in the cache meanwhile
+        waited = board.flags.wait_for(a, ON_WAY_WAIT_S)   # flags them WANTED: the prefetcher offers them
+        coming = waited | board.flags.prefetched(a)        # ... and what it put in the cache meanwhile
         if not coming.any():
             return self.fetch_now(ids)
         look = a[coming].tolist()
@@ -126,7 +126,7 @@ class MissPath:
             if ids:
                 board = self.board
                 # under the extent plan, a mate the prefetcher is reading is not read again here
-                on_way = board.on_way if board is not None and board.prefetcher_pid else None
+                on_way = board.flags.on_way if board is not None and board.control.prefetcher_pid else None
                 r = self.chain.read(ids, on_way, mates=admit)
                 if admit:
                     self.chain.admit(r)
@@ -164,12 +164,12 @@ class MissPath:
         on the tiers below: hits, misses, samples, prefetch hits (claimed on the order board) and
         the wait. Every reader counts here: a data set per batch, sc.CachedLoader per native call."""
         board = self.board
-        pf = board.claim_prefetched(ids, hit) if board is not None and hits else 0
+        pf = board.flags.claim_prefetched(ids, hit) if board is not None and hits else 0
         if self.counters is not None:
             self.counters.add(hits=hits, misses=ids.size - hits, samples=ids.size,
                               prefetch_hits=pf, wait_ns=wait_ns)
         if board is not None:   # per epoch, for stats() and `shadecache stats`
-            board.count_reads(_reader_stream(board), ids.size, hits, pf, wait_ns)
+            board.counters.count_reads(_reader_stream(board), ids.size, hits, pf, wait_ns)
 
     def _claim_prefetched(self, ids: list) -> None:
         """The ids found in the cache on a second look that the prefetcher brought: used now."""
@@ -177,17 +177,17 @@ class MissPath:
         if board is None:
             return
         a = np.asarray(ids, dtype=np.int64)
-        flagged = a[board.prefetched(a)]
+        flagged = a[board.flags.prefetched(a)]
         if flagged.size:
             self._used_prefetched(board, flagged.tolist())
 
     def _used_prefetched(self, board, ids: list) -> None:
         """Samples the prefetcher brought that a reader took from the cache: their flags are
         cleared (neither unused nor wasted) and they count as prefetch hits."""
-        board.unmark(ids)
+        board.flags.unmark(ids)
         if self.counters is not None:
             self.counters.add(prefetch_hits=len(ids))
-        board.count_reads(_reader_stream(board), 0, 0, len(ids), 0)
+        board.counters.count_reads(_reader_stream(board), 0, 0, len(ids), 0)
 
     def _cached_now(self, ids: list) -> dict:
         """{id: value} of the ids the cache holds now. The look-up that finds them counts
@@ -250,7 +250,7 @@ class MissPath:
         d["wait_s"] = c["wait_ns"] / 1e9
         board = self.board
         if board is not None:
-            t, rows = board.totals(), board.epoch_counters()
+            t, rows = board.counters.totals(), board.counters.epoch_counters()
             d.update(prefetched=t["prefetched"], prefetch_wasted=t["prefetch_wasted"],
                      per_epoch=rows, prefetch_per_epoch=rows)
         elif notes:

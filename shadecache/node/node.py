@@ -210,16 +210,16 @@ class Node:
     def start_reading_ahead(self) -> None:
         """Starts the node's prefetcher when this node reads ahead and none runs (the samplers
         call it when they publish an order). One process of the node starts it (an exclusive
-        claim on the board: board.starting), whichever rank gets there first; one that cannot
+        claim on the board: board.control.starting), whichever rank gets there first; one that cannot
         start (a class of the node's parts that the prefetcher's interpreter cannot import: one
         defined in the training script) warns, and training goes on without reading ahead."""
         if not self.read_ahead or (self._prefetcher is not None and self._prefetcher.alive()):
             return
         board = self.board
-        if board is None or board.prefetcher_alive():
+        if board is None or board.control.prefetcher_alive():
             return
-        with board.starting() as mine:
-            if not mine or board.prefetcher_alive():
+        with board.control.starting() as mine:
+            if not mine or board.control.prefetcher_alive():
                 return
             try:
                 self._prefetcher = self.prefetcher().start()
@@ -241,7 +241,7 @@ class Node:
     @property
     def prefetching(self) -> bool:
         """Whether the node's prefetcher runs (whoever started it)."""
-        return self.board is not None and self.board.prefetcher_alive()
+        return self.board is not None and self.board.control.prefetcher_alive()
 
     # ---- counters and lifetime ----------------------------------------------------------------
     def stats(self) -> dict:

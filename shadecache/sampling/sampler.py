@@ -505,7 +505,7 @@ class ShadeSampler(Sampler):
         if any(counts.values()):
             board = board_of(self)
             if board is not None:
-                board.count_sampler(self.epoch, **counts)
+                board.counters.count_sampler(self.epoch, **counts)
 
     def has_scores(self) -> bool:
         """Whether scores exist: update() has given some (this rank's since the last end_epoch,

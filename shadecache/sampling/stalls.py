@@ -581,7 +581,7 @@ class StallView:
         else:
             self._way_buf[self._way_ids] = False
         if board is not None and ids.size:
-            self._way_buf[ids] = board.on_way(ids)
+            self._way_buf[ids] = board.flags.on_way(ids)
         self._way_ids = ids
         self._way, self._mask, self._pool = self._way_buf, None, None
         self._held = self._held_mask(ids)
@@ -619,7 +619,7 @@ class StallView:
         """The read rule the live prefetcher published on the board (lookahead/board.py:
         READS_*), 0 when none runs: what it reads ahead, from its own word."""
         board = board_of(self.sampler)
-        return 0 if board is None else board.read_rule
+        return 0 if board is None else board.control.read_rule
 
     def prefetching(self) -> bool:
         """Whether a live prefetcher reads the order's misses ahead (not under the extent plan,
@@ -630,7 +630,7 @@ class StallView:
     def prefetcher_reach(self) -> int:
         """How far ahead of the cursors the prefetcher reads at most (published by it)."""
         board = board_of(self.sampler)
-        return 0 if board is None else board.reach
+        return 0 if board is None else board.control.reach
 
     def on_way(self, ids) -> np.ndarray:
         """Which ids the prefetcher is reading (the board's ON_WAY flags): after hold, by this
@@ -639,7 +639,7 @@ class StallView:
         if self._way is not None:
             return self._way[ids]
         board = board_of(self.sampler)
-        return np.zeros(len(ids), dtype=bool) if board is None else board.on_way(ids)
+        return np.zeros(len(ids), dtype=bool) if board is None else board.flags.on_way(ids)
 
     def scored(self) -> bool:
         return self.sampler.has_scores()

@@ -189,9 +189,9 @@ def test_sampler_publishes_and_the_policy_keeps_what_is_read_soonest(cache_name)
         s.set_epoch(0)
         it = iter(s)
         first = [next(it) for _ in range(9)]     # batch 0 taken, batch boundary passed
-        order = board.snapshot(0)
+        order = board.orders.snapshot(0)
         assert order is not None
-        nu = board.next_use(np.arange(16))
+        nu = board.orders.next_use(np.arange(16))
         assert (nu[[i for i in range(16) if i in first[:8]]] == -1).all(), "taken: no next read"
         # the victim of a newcomer needed next: a cached id not read again (lowest score first),
         # else the one read farthest away

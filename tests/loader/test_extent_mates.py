@@ -259,10 +259,10 @@ def test_what_the_prefetcher_brought_while_a_thread_waited_counts_as_its_hit(sto
                 time.sleep(0.001)
             time.sleep(0.05)                         # ... waiting for the lock
             cache.put_many(ids, store.read_many(ids))     # the prefetcher's read lands
-            board.mark_prefetched(ids)
+            board.flags.mark_prefetched(ids)
         second.join(10)
         assert got[0] == store.read_many(ids)
-        assert not board.prefetched(ids).any()
+        assert not board.flags.prefetched(ids).any()
         assert ds.stats()["prefetch_hits"] == ids.size
         assert ds.stats()["store_reads"] == 1          # the first fetch only: nothing read again
 
@@ -473,18 +473,18 @@ def test_a_mate_on_its_way_from_the_prefetcher_is_not_read_again(store, cache_fa
 
     cache = cache_factory(len(store), capacity=32 << 20)
     with OrderBoard.create(cache.name, len(store)) as board:
-        board.set_prefetcher(os.getpid())            # a live process registered as prefetcher
+        board.control.set_prefetcher(os.getpid())            # a live process registered as prefetcher
         try:
             ds = dataset(store, cache)
             layout = ds.node.read_plan.layout
             first = int(store.disk_order()[0])
             mates = layout.mates([first])
             coming = mates[:3]
-            board.mark_on_way(coming)
+            board.flags.mark_on_way(coming)
             assert ds.node.misses.fetch_now([first]) == [store.read(first)]
             cached = np.asarray(cache.cached_mask(), dtype=bool)
             assert not cached[coming].any()
             assert cached[mates[3:]].all()
         finally:
-            board.set_prefetcher(0)
+            board.control.set_prefetcher(0)
             board.unlink()

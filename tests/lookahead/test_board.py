@@ -28,26 +28,26 @@ def board_name():
 
 def test_publish_window_cursor_and_next_use(board_name):
     with OrderBoard.create(board_name, 10, streams=2, capacity=8) as b:
-        assert b.snapshot(0) is None                         # nothing published yet
-        assert b.next_use([1, 2]).tolist() == [-1, -1]
-        assert b.publish(0, 3, [4, 1, 4, 7, 2, 9, 1, 0, 5, 5]) == 8     # bounded to capacity
-        epoch, ids, cursor = b.snapshot(0, window=3)
+        assert b.orders.snapshot(0) is None                         # nothing published yet
+        assert b.orders.next_use([1, 2]).tolist() == [-1, -1]
+        assert b.orders.publish(0, 3, [4, 1, 4, 7, 2, 9, 1, 0, 5, 5]) == 8     # bounded to capacity
+        epoch, ids, cursor = b.orders.snapshot(0, window=3)
         assert (epoch, ids.tolist(), cursor) == (3, [4, 1, 4], 0)
         # global position = epoch * capacity + k
-        assert b.next_use([4, 1, 9, 5, 3]).tolist() == [24, 25, 29, -1, -1]
-        b.publish(1, 3, [9, 3])
-        assert b.next_use([9, 3]).tolist() == [24, 25]      # stream 1 reads 9 sooner
-        taken = b.consumed(0, 0, 3)                          # 4, 1, 4 were taken
-        b.set_cursor(0, 3)
+        assert b.orders.next_use([4, 1, 9, 5, 3]).tolist() == [24, 25, 29, -1, -1]
+        b.orders.publish(1, 3, [9, 3])
+        assert b.orders.next_use([9, 3]).tolist() == [24, 25]      # stream 1 reads 9 sooner
+        taken = b.orders.consumed(0, 0, 3)                          # 4, 1, 4 were taken
+        b.orders.set_cursor(0, 3)
         assert taken.tolist() == [4, 1, 4]
-        assert b.next_use([4, 1]).tolist() == [-1, 30]      # 4: no later read; 1: at k=6
-        epoch, ids, cursor = b.snapshot(0, window=2)
+        assert b.orders.next_use([4, 1]).tolist() == [-1, 30]      # 4: no later read; 1: at k=6
+        epoch, ids, cursor = b.orders.snapshot(0, window=2)
         assert (ids.tolist(), cursor) == ([7, 2], 3)
-        b.publish(0, 4, [2])                                 # a new epoch resets the stream
-        assert b.stream_state(0) == {"seq": 4, "epoch": 4, "length": 1, "cursor": 0}
-        assert b.next_use([2, 1]).tolist() == [32, -1]
+        b.orders.publish(0, 4, [2])                                 # a new epoch resets the stream
+        assert b.orders.stream_state(0) == {"seq": 4, "epoch": 4, "length": 1, "cursor": 0}
+        assert b.orders.next_use([2, 1]).tolist() == [32, -1]
         attached = OrderBoard.attach(board_name)
-        assert attached.snapshot(0)[1].tolist() == [2] and attached.streams == 2
+        assert attached.orders.snapshot(0)[1].tolist() == [2] and attached.streams == 2
         attached.close()
 
 
@@ -66,14 +66,14 @@ def test_bad_input(board_name):
         with pytest.raises(FileExistsError):
             OrderBoard.create(board_name, 4)
         with pytest.raises(IndexError):
-            b.publish(1, 0, [0])
+            b.orders.publish(1, 0, [0])
         with pytest.raises(IndexError, match="sample id 4"):
-            b.publish(0, 0, [0, 4])
+            b.orders.publish(0, 0, [0, 4])
         with pytest.raises(TypeError):
-            b.publish(0, 0, [0.5])
+            b.orders.publish(0, 0, [0.5])
         with pytest.raises(TypeError):
-            b.snapshot("0")
-        assert b.snapshot(0) is None                         # nothing half-published
+            b.orders.snapshot("0")
+        assert b.orders.snapshot(0) is None                         # nothing half-published
     assert not os.path.exists(f"/dev/shm/shadecache-order.{board_name}")
     with open(os.open(f"/dev/shm/shadecache-order.{board_name}", os.O_WRONLY | os.O_CREAT, 0o600), "wb") as f:
         f.write(b"\0" * 8192)
@@ -91,7 +91,7 @@ def _publish_forever(name, n):
     while True:
         e += 1
         v = int(rng.integers(0, 1000))
-        b.publish(0, e, np.full(n, v, dtype=np.int64) + np.arange(n) * 0)   # every id equal
+        b.orders.publish(0, e, np.full(n, v, dtype=np.int64) + np.arange(n) * 0)   # every id equal
 
 
 def test_a_writer_killed_mid_publish_never_shows_a_torn_order(board_name):
@@ -106,14 +106,14 @@ def test_a_writer_killed_mid_publish_never_shows_a_torn_order(board_name):
             p.start()
             t_end = time.monotonic() + 0.3
             while time.monotonic() < t_end:
-                snap = b.snapshot(0, window=n)
+                snap = b.orders.snapshot(0, window=n)
                 if snap is not None:
                     ids = snap[1]
                     assert ids.size == 0 or (ids == ids[0]).all(), "a torn order was read"
                     seen += 1
             os.kill(p.pid, signal.SIGKILL)
             p.join()
-            snap = b.snapshot(0, window=n)     # odd seq left behind: None; else consistent
+            snap = b.orders.snapshot(0, window=n)     # odd seq left behind: None; else consistent
             assert snap is None or (snap[1] == snap[1][0]).all()
         assert seen > 0
 
@@ -126,14 +126,14 @@ def test_the_sampler_publishes_its_order_and_moves_the_cursor(board_name, tmp_pa
         s.set_epoch(2)
         it = iter(s)
         first = [next(it) for _ in range(70)]
-        st = b.stream_state(0)
+        st = b.orders.stream_state(0)
         assert st["epoch"] == 2 and st["length"] == len(s.order())
         assert st["cursor"] == 64                       # two batches of 32 fully taken
-        assert b.snapshot(0, window=6)[1].tolist() == s.order()[64:70].tolist()
+        assert b.orders.snapshot(0, window=6)[1].tolist() == s.order()[64:70].tolist()
         rest = list(it)
         assert first + rest == s.order().tolist()        # the hook changes nothing it yields
-        assert b.stream_state(0)["cursor"] == len(s.order())
-        assert (b.next_use(np.arange(n)) == -1).all()    # everything of the epoch was read
+        assert b.orders.stream_state(0)["cursor"] == len(s.order())
+        assert (b.orders.next_use(np.arange(n)) == -1).all()    # everything of the epoch was read
 
 
 def test_with_a_prefetcher_next_uses_move_one_batch_late(board_name):
@@ -147,16 +147,16 @@ def test_with_a_prefetcher_next_uses_move_one_batch_late(board_name):
         s = sc.ShadeSampler(n, cache=cache, batch_size=32, importance=False, pads=False,
                             rep_factor=0.0, seed=1)
         for prefetcher, consumed_upto in ((0, 64), (os.getpid(), 32)):
-            b.set_prefetcher(prefetcher)
+            b.control.set_prefetcher(prefetcher)
             s.set_epoch(3 if prefetcher else 2)
             it = iter(s)
             taken = [next(it) for _ in range(70)]
-            assert b.stream_state(0)["cursor"] == 64
-            nu = b.next_use(np.asarray(taken[:64]))
+            assert b.orders.stream_state(0)["cursor"] == 64
+            nu = b.orders.next_use(np.asarray(taken[:64]))
             assert (nu[:consumed_upto] == -1).all() and (nu[consumed_upto:] >= 0).all()
             list(it)
-            assert (b.next_use(np.arange(n)) == -1).all()
-        b.set_prefetcher(0)
+            assert (b.orders.next_use(np.arange(n)) == -1).all()
+        b.control.set_prefetcher(0)
 
 
 def _opt_hits(trace, cap):
@@ -195,15 +195,18 @@ def test_a_publish_after_a_writer_died_mid_publish_is_readable(board_name):
     """A writer killed mid-publish leaves its stream's sequence word odd. The next publish must
     still write under an odd word and end on an even one: flipping the parity would let readers
     take orders while they are written, and leave the finished one unreadable."""
-    from shadecache.lookahead.board import _S_SEQ
+    from shadecache.lookahead.board_layout import HEADER_BYTES, S_SEQ
     with OrderBoard.create(board_name, 100, capacity=10) as b:
-        b.publish(0, 0, np.arange(10))
-        b._srec[0, _S_SEQ] += 1                  # what a writer killed after its first store leaves
-        assert b.snapshot(0) is None
-        b.publish(0, 1, np.arange(10, 20))
-        snap = b.snapshot(0)
+        b.orders.publish(0, 0, np.arange(10))
+        # the stream's sequence word, as the file holds it
+        seq = np.ndarray((1,), dtype=np.int64, buffer=b._mm, offset=HEADER_BYTES + 8 * S_SEQ)
+        seq[0] += 1                              # what a writer killed after its first store leaves
+        assert b.orders.snapshot(0) is None
+        b.orders.publish(0, 1, np.arange(10, 20))
+        snap = b.orders.snapshot(0)
         assert snap is not None and snap[0] == 1 and np.array_equal(snap[1], np.arange(10, 20))
-        assert int(b._srec[0, _S_SEQ]) % 2 == 0
+        assert int(seq[0]) % 2 == 0
+        del seq
 
 
 def test_with_a_prefetcher_next_uses_move_one_batch_late_into_the_next_epochs_head(board_name):
@@ -215,13 +218,13 @@ def test_with_a_prefetcher_next_uses_move_one_batch_late_into_the_next_epochs_he
         s = sc.ShadeSampler(n, cache=cache, batch_size=32, importance=False, pads=False,
                             rep_factor=0.0, seed=1)
         for prefetcher, consumed_upto, epoch in ((0, 64, 2), (os.getpid(), 32, 3)):
-            b.set_prefetcher(prefetcher)
+            b.control.set_prefetcher(prefetcher)
             s.set_epoch(epoch)
             head = s.next_epoch_order()
             it = iter(s)
             taken = [next(it) for _ in range(70)]
-            assert b.stream_state(0)["cursor"] == 64
-            nu = b.next_use(np.asarray(taken[:64]))
+            assert b.orders.stream_state(0)["cursor"] == 64
+            nu = b.orders.next_use(np.asarray(taken[:64]))
             base = epoch * b.capacity
             in_head = base + n + np.argsort(head)[np.asarray(taken[:64])]   # head is a permutation
             assert (nu[:consumed_upto] == in_head[:consumed_upto]).all()
@@ -239,19 +242,19 @@ def test_set_epoch_and_end_epoch_publish_ahead_of_iter(board_name):
             OrderBoard.create(board_name, n) as b:
         s = sc.ShadeSampler(n, cache=cache, batch_size=32, seed=1, pads=True)
         s.set_epoch(4)
-        st = b.stream_state(0)
+        st = b.orders.stream_state(0)
         assert (st["epoch"], st["length"], st["cursor"]) == (4, len(s.order()), 0)
-        assert b.snapshot(0)[1].tolist() == s.order().tolist()
+        assert b.orders.snapshot(0)[1].tolist() == s.order().tolist()
         seq = st["seq"]
         s.set_epoch(4)                           # the same order: not published again
-        assert list(iter(s)) == s.order().tolist() and b.stream_state(0)["seq"] == seq
+        assert list(iter(s)) == s.order().tolist() and b.orders.stream_state(0)["seq"] == seq
         it = iter(s)                             # a second pass re-publishes (cursor went on)
         next(it)
-        assert b.stream_state(0)["seq"] == seq + 2 and b.stream_state(0)["cursor"] == 0
+        assert b.orders.stream_state(0)["seq"] == seq + 2 and b.orders.stream_state(0)["cursor"] == 0
         list(it)
         s.end_epoch(0.0)                         # epoch 5 is drawn and up before any __iter__
-        assert b.stream_state(0)["epoch"] == 5
-        assert b.snapshot(0)[1].tolist() == s.order().tolist()
+        assert b.orders.stream_state(0)["epoch"] == 5
+        assert b.orders.snapshot(0)[1].tolist() == s.order().tolist()
 
 
 def test_a_board_made_again_under_the_same_name_gets_the_order(board_name):
@@ -267,9 +270,9 @@ def test_a_board_made_again_under_the_same_name_gets_the_order(board_name):
         with OrderBoard.create(board_name, n) as b:
             it = iter(s)
             taken = [next(it) for _ in range(40)]
-            st = b.stream_state(0)
+            st = b.orders.stream_state(0)
             assert st["seq"] == 2 and st["epoch"] == 0 and st["cursor"] == 32
-            assert b.snapshot(0, window=5)[1].tolist() == s.order()[32:37].tolist()
+            assert b.orders.snapshot(0, window=5)[1].tolist() == s.order()[32:37].tolist()
             assert taken == s.order()[:40].tolist()
 
 
@@ -343,7 +346,7 @@ def test_a_board_changes_no_id_the_sampler_draws(board_name, skip_epoch):
     with sc.Cache.create(board_name, num_samples=n, capacity_bytes=1 << 20) as cache, \
             OrderBoard.create(board_name, n) as b:
         got = _served_ids(cache, board_name, n, skip_epoch)
-        assert b.stream_state(0)["seq"] > 0
+        assert b.orders.stream_state(0)["seq"] > 0
     assert got == want
 
 
@@ -361,10 +364,10 @@ def test_an_order_drawn_ahead_is_reported_and_saved_as_without_a_board(board_nam
         stats0 = dict(s.last_epoch_stats)
         cache.put_many(np.arange(1, n, 3), [b"y" * 16] * len(range(1, n, 3)))   # more cached
         s.end_epoch(0.0)
-        assert b.stream_state(0)["epoch"] == 1              # epoch 1 is up ahead...
+        assert b.orders.stream_state(0)["epoch"] == 1              # epoch 1 is up ahead...
         assert s.last_epoch_stats == stats0                 # ...but not reported as drawn
         assert s.state_dict()["order"] is None
-        ahead = b.snapshot(0)[1].tolist()
+        ahead = b.orders.snapshot(0)[1].tolist()
         assert list(iter(s)) == ahead                       # used: now it is the epoch's draw
         assert s.last_epoch_stats["cached_draws"] > stats0["cached_draws"]
         assert s.state_dict()["order"].tolist() == ahead
@@ -372,7 +375,7 @@ def test_an_order_drawn_ahead_is_reported_and_saved_as_without_a_board(board_nam
 
 def _publish_reversed(name, n):
     b = OrderBoard.attach(name)
-    b.publish(0, 0, np.arange(n)[::-1].copy())
+    b.orders.publish(0, 0, np.arange(n)[::-1].copy())
     b.close()
 
 
@@ -388,10 +391,10 @@ def test_iter_publishes_again_after_another_process_published_on_its_stream(boar
         p = mp.get_context("fork").Process(target=_publish_reversed, args=(board_name, n))
         p.start()
         p.join()
-        assert p.exitcode == 0 and b.snapshot(0)[1][0] == n - 1
+        assert p.exitcode == 0 and b.orders.snapshot(0)[1][0] == n - 1
         it = iter(s)
         assert [next(it) for _ in range(40)] == s.order()[:40].tolist()
-        assert b.snapshot(0)[1].tolist() == s.order()[32:].tolist()
+        assert b.orders.snapshot(0)[1].tolist() == s.order()[32:].tolist()
 
 
 def test_the_next_epoch_head_follows_a_known_order_on_the_board(board_name):
@@ -406,26 +409,26 @@ def test_the_next_epoch_head_follows_a_known_order_on_the_board(board_name):
                             rep_factor=0.0, seed=1)
         s.set_epoch(0)
         now, ahead = s.order().copy(), s.next_epoch_order()
-        st = b.stream_state(0)
+        st = b.orders.stream_state(0)
         assert (st["epoch"], st["length"], st["cursor"]) == (0, 2 * n, 0)
-        assert b.snapshot(0)[1].tolist() == now.tolist() + ahead.tolist()
+        assert b.orders.snapshot(0)[1].tolist() == now.tolist() + ahead.tolist()
         assert list(iter(s)) == now.tolist()                 # the loader gets this epoch only
-        assert b.stream_state(0)["cursor"] == n
-        assert b.snapshot(0, window=5)[1].tolist() == ahead[:5].tolist()
-        pos = b.next_use(ahead[:10])
+        assert b.orders.stream_state(0)["cursor"] == n
+        assert b.orders.snapshot(0, window=5)[1].tolist() == ahead[:5].tolist()
+        pos = b.orders.next_use(ahead[:10])
         assert pos.tolist() == [n + k for k in range(10)]   # epoch 0: position = k (0 * capacity)
         s.end_epoch(0.0)
         assert s.order().tolist() == ahead.tolist()
-        st = b.stream_state(0)
+        st = b.orders.stream_state(0)
         assert (st["epoch"], st["length"]) == (1, 2 * n)
-        assert b.next_use(ahead[:3]).tolist() == [b.capacity + k for k in range(3)]
+        assert b.orders.next_use(ahead[:3]).tolist() == [b.capacity + k for k in range(3)]
     # a board of one epoch's capacity has no room: the epoch alone, as before
     with sc.Cache.create(board_name + "y", num_samples=n, capacity_bytes=1 << 20) as cache, \
             OrderBoard.create(board_name + "y", n, capacity=n) as b:
         s = sc.ShadeSampler(n, cache=cache, batch_size=32, importance=False, pads=False,
                             rep_factor=0.0, seed=1)
         s.set_epoch(0)
-        assert b.stream_state(0)["length"] == n and b.snapshot(0)[1].tolist() == s.order().tolist()
+        assert b.orders.stream_state(0)["length"] == n and b.orders.snapshot(0)[1].tolist() == s.order().tolist()
 
 
 @pytest.mark.parametrize("jump", ["set_epoch", "load_state_dict"])
@@ -461,7 +464,7 @@ def test_ids_that_drop_out_of_the_board_lose_their_next_use_in_the_cache(board_n
             s.set_epoch(int(state.get("epoch", 0)))
             list(iter(s))                    # read again; then an epoch other than the head's
             s.set_epoch(7)
-        nu = b.next_use(np.arange(n))
+        nu = b.orders.next_use(np.arange(n))
         stale = [i for i in head.tolist() if nu[i] == -1]
         assert stale, "the case needs ids that left every published order"
         assert all(pushed.get(i, -1) == -1 for i in stale), [(i, pushed[i]) for i in stale[:5]]
@@ -504,18 +507,18 @@ def test_a_reader_does_not_wait_for_a_killed_prefetcher_whose_pid_names_another_
     import sys
     with OrderBoard.create(board_name, 100) as b:
         prefetcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-        b.set_prefetcher(prefetcher.pid)
-        b.mark_on_way([5, 6])
-        assert b.prefetcher_alive()
+        b.control.set_prefetcher(prefetcher.pid)
+        b.flags.mark_on_way([5, 6])
+        assert b.control.prefetcher_alive()
         time.sleep(0.05)   # a start time is in clock ticks (10 ms): the next process starts later
         prefetcher.send_signal(signal.SIGKILL)
         prefetcher.wait()
-        assert not b.prefetcher_alive()
+        assert not b.control.prefetcher_alive()
         other = _process_with_pid(prefetcher.pid)
         try:
-            assert not b.prefetcher_alive()
+            assert not b.control.prefetcher_alive()
             t0 = time.monotonic()
-            assert b.wait_for(np.array([5, 7]), 3.0).tolist() == [True, False]
+            assert b.flags.wait_for(np.array([5, 7]), 3.0).tolist() == [True, False]
             assert time.monotonic() - t0 < 1.0
         finally:
             other.kill()

@@ -126,7 +126,7 @@ def test_a_prefetcher_sigkilled_mid_batch_leaves_the_cache_consistent(store_path
                     pf.proc = None
                     kills += 1
                     c.check()
-                    assert board.prefetcher_pid != 0          # the dead one is still registered
+                    assert board.control.prefetcher_pid != 0          # the dead one is still registered
                     pf = sc.Node(store, c).prefetcher(lookahead_samples=200, batch=16).start()
                     t0, kill_at = time.monotonic(), rng.uniform(0.02, 0.12)
                 time.sleep(0.01)
@@ -134,7 +134,7 @@ def test_a_prefetcher_sigkilled_mid_batch_leaves_the_cache_consistent(store_path
             sampler.end_epoch(0.0)
         assert kills >= 3
         c.check()
-        assert board.prefetcher_pid == 0
+        assert board.control.prefetcher_pid == 0
 
 
 def _rank(name, path, stream, epochs, out):
@@ -181,13 +181,13 @@ def test_four_processes_with_a_prefetcher(store_path, name):
         assert sum(r[0] for r in results) == 2 * N
         assert all(not r[1] for r in results), [r[1] for r in results]
         # four processes added their reads to the same per-epoch rows: none lost
-        rows = board.epoch_counters()
+        rows = board.counters.epoch_counters()
         assert [(r["epoch"], r["samples"]) for r in rows if r["samples"]] == [(0, N), (1, N)]
         assert sum(r["prefetch_hits"] for r in rows) == sum(r[2] for r in results)
         # end_epoch(1) published epoch 2's order ahead (publish_ahead): read by no loader yet
-        assert all(board.stream_state(s)["epoch"] == 2 for s in range(4))
+        assert all(board.orders.stream_state(s)["epoch"] == 2 for s in range(4))
         assert all(r["samples"] == 0 for r in rows if r["epoch"] == 2)
-        assert board.totals()["prefetched"] > 0
+        assert board.counters.totals()["prefetched"] > 0
         c.check()
 
 
@@ -237,7 +237,7 @@ def test_one_prefetcher_per_node_and_a_clean_stop(store_path, name):
         pf = sc.Node(store, c).prefetcher().start()
         with pytest.raises(RuntimeError, match="already has a prefetcher"):
             sc.Node(store, c).prefetcher().start()
-        assert pf.stop() == 0 and board.prefetcher_pid == 0
+        assert pf.stop() == 0 and board.control.prefetcher_pid == 0
         with pytest.raises(TypeError, match="unknown options"):
             sc.Node(store, c).prefetcher(lookahead=3)
         with pytest.raises(ValueError):
@@ -262,12 +262,12 @@ def test_a_readers_late_wanted_flag_is_cleared_with_or_without_an_ssd_tier(store
         pf = sc.Node(store, c, ssd=ssd).prefetcher().start()
         try:
             ids = np.array([5, 7])
-            board.mark_on_way(ids)           # on its way, then offered: the reader's store lands late
-            board.wait_for(ids, 0.0)
+            board.flags.mark_on_way(ids)           # on its way, then offered: the reader's store lands late
+            board.flags.wait_for(ids, 0.0)
             deadline = time.monotonic() + 10
-            while board.on_way(ids).any() and time.monotonic() < deadline:
+            while board.flags.on_way(ids).any() and time.monotonic() < deadline:
                 time.sleep(0.01)
-            assert not board.on_way(ids).any()
+            assert not board.flags.on_way(ids).any()
         finally:
             assert pf.stop() == 0
             if ssd is not None:
@@ -286,7 +286,7 @@ def test_the_prefetcher_reads_the_ssd_tier_before_the_store(store_path, name, tm
     order = np.arange(200)
     with sc.Cache.create(name, num_samples=N, capacity_bytes=4 << 20, sizes=store.lengths) as c, \
             OrderBoard.create(name, N) as board:
-        board.publish(0, 0, order)
+        board.orders.publish(0, 0, order)
         with sc.Node(store, c, ssd=ssd).prefetcher(lookahead_samples=200, batch=32):
             # with an SSD tier it holds what it read until a reader asks, and offers it all to
             # the cache when it stops
@@ -342,7 +342,7 @@ def test_shadecache_stats_shows_the_prefetch_counters(store_path, name):
         next(it)                                      # published; the cursor stays at 0
         with sc.Node(store, c).prefetcher(lookahead_samples=100, batch=25):
             deadline = time.monotonic() + 30
-            while board.totals()["reads_issued"] < 100 and time.monotonic() < deadline:
+            while board.counters.totals()["reads_issued"] < 100 and time.monotonic() < deadline:
                 time.sleep(0.02)
             time.sleep(0.2)
         res = subprocess.run([sys.executable, "-m", "shadecache.cli", "stats", name],
@@ -350,7 +350,7 @@ def test_shadecache_stats_shows_the_prefetch_counters(store_path, name):
         assert res.returncode == 0, res.stderr
         import json
         pf = json.loads(res.stdout)["prefetch"]
-        assert pf["prefetched"] == board.totals()["prefetched"]
+        assert pf["prefetched"] == board.counters.totals()["prefetched"]
         assert pf["reads_issued"] >= 100                 # the window (a swap may re-read a few)
         assert 0 < c.stats()["items"] <= pf["prefetched"]   # swaps remove some it brought
         assert pf["per_epoch"][0]["epoch"] == 0 and pf["prefetcher_pid"] == 0
@@ -372,10 +372,10 @@ def test_the_prefetcher_reads_an_epoch_before_its_first_batch_is_asked_for(store
             while not c.cached_mask()[first].all() and time.monotonic() < deadline:
                 time.sleep(0.01)
             assert c.cached_mask()[first].all()
-            assert board.stream_state(0)["cursor"] == 0      # no id was taken yet
-            seq = board.stream_state(0)["seq"]
+            assert board.orders.stream_state(0)["cursor"] == 0      # no id was taken yet
+            seq = board.orders.stream_state(0)["seq"]
             assert list(iter(sampler)) == sampler.order().tolist()
-            assert board.stream_state(0)["seq"] == seq       # __iter__ took the published order
+            assert board.orders.stream_state(0)["seq"] == seq       # __iter__ took the published order
             for i, x in zip(first.tolist(), c.get_many(first.tolist())):
                 assert verify_value(i, x) == ""
         c.check()
@@ -398,8 +398,8 @@ def test_the_prefetcher_reads_the_next_epochs_first_misses_before_the_epoch_ends
             while not c.cached_mask()[head].all() and time.monotonic() < deadline:
                 time.sleep(0.01)
             assert c.cached_mask()[head].all()
-            assert board.stream_state(0)["epoch"] == 0     # epoch 1 is not published yet
-            assert board.prefetched(head).all()                 # brought by the prefetcher
+            assert board.orders.stream_state(0)["epoch"] == 0     # epoch 1 is not published yet
+            assert board.flags.prefetched(head).all()                 # brought by the prefetcher
             sampler.end_epoch(0.0)
             assert sampler.order()[:32].tolist() == head.tolist()
             for i, x in zip(head.tolist(), c.get_many(head.tolist())):
@@ -493,8 +493,8 @@ def test_a_reader_that_asks_during_a_hand_over_is_not_left_waiting(name):
 
     board = OrderBoard.create(name, 100, streams=1)
     try:
-        board.publish(0, 0, np.arange(100))
-        board.set_prefetcher(os.getpid())       # this process stands for the live prefetcher
+        board.orders.publish(0, 0, np.arange(100))
+        board.control.set_prefetcher(os.getpid())       # this process stands for the live prefetcher
         loop = ReadAhead.__new__(ReadAhead)      # the hand-over thread's state, no process
         loop.board, loop.held, loop.mu, loop.done = board, Held(), threading.Lock(), threading.Event()
         loop.options, loop.inflight = {"poll_s": 0.002}, collections.deque()
@@ -506,12 +506,12 @@ def test_a_reader_that_asks_during_a_hand_over_is_not_left_waiting(name):
             return r
 
         def ask(i):          # a reader's wait for a sample on its way (it sets WANTED)
-            board.wait_for(np.array([i]), 3.0)
+            board.flags.wait_for(np.array([i]), 3.0)
 
         def land(read, epoch):   # stands for the admission (put_many, the SSD tier's flush)
             i = int(read.ids[0])
             landed[i] = time.monotonic()
-            board.unmark(read.ids)
+            board.flags.unmark(read.ids)
             if i == 50:          # a second reader asks for 60 while 50 is being offered
                 readers.append(threading.Thread(target=ask, args=(60,)))
                 readers[-1].start()
@@ -519,7 +519,7 @@ def test_a_reader_that_asks_during_a_hand_over_is_not_left_waiting(name):
         loop._land = land
         for i in (50, 60):     # ahead of the cursor: due only when asked for
             loop.held.add(held_read(i), 0, np.array([i]), np.array([1]))
-        board.mark_on_way(np.array([50, 60]))
+        board.flags.mark_on_way(np.array([50, 60]))
         helper = threading.Thread(target=loop._hand_over_loop, daemon=True)
         helper.start()
         time.sleep(0.05)
@@ -531,6 +531,6 @@ def test_a_reader_that_asks_during_a_hand_over_is_not_left_waiting(name):
         helper.join(2)
         assert 60 in landed and landed[60] - t0 < 1.0, landed
     finally:
-        board.set_prefetcher(0)
+        board.control.set_prefetcher(0)
         board.close()
         board.unlink()

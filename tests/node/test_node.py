@@ -210,7 +210,7 @@ def test_ranks_that_compose_their_nodes_at_once_share_one_board(store, tmp_path)
     others wait until it is whole and attach it (none fails on a board half made)."""
     import multiprocessing as mp
 
-    from node_ranks import compose_at_once
+    from rank_processes import compose_at_once
 
     ctx = mp.get_context("fork")
     for trial in range(3):
@@ -262,7 +262,7 @@ def test_a_later_node_reads_ahead_when_none_runs(store, cache_factory):
     assert os.path.exists(f"/dev/shm/shadecache-order.{name}")
     try:
         node = sc.Node(store, left, read_plan="samples", streams=1)
-        assert node.board.streams == 1 and not node.board.creator_gone()
+        assert node.board.streams == 1 and not node.board.control.creator_gone()
         assert one_epoch(node)
         node.close()
     finally:
@@ -309,7 +309,7 @@ def test_only_rank_0s_choice_is_taken_and_remembered(tmp_path):
     import json
 
     import torch.multiprocessing as tmp_mp
-    from node_ranks import choose_on_rank
+    from rank_processes import choose_on_rank
 
     xdg = str(tmp_path / "xdg")
     for run in range(2):
@@ -327,7 +327,7 @@ def test_a_remembered_plan_out_of_range_is_measured_again(store, tmp_path, monke
     number) is no plan: the node measures again rather than fail for a week."""
     import json
 
-    from node_ranks import MeasuredStore
+    from rank_processes import MeasuredStore
     from shadecache import read_plan
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))

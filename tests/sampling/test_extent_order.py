@@ -232,15 +232,15 @@ def test_the_stall_planner_defers_nothing_under_the_extent_order(store, cache_fa
     cache = cache_factory(len(store), capacity=1 << 20, policy="importance")
     with OrderBoard.create(cache.name, len(store)) as board:
         try:
-            board.set_prefetcher(os.getpid())        # a live process registered as prefetcher
-            board.set_read_rule(READS_EVERY_MISS, 100)   # what a prefetcher without an SSD tier says
+            board.control.set_prefetcher(os.getpid())        # a live process registered as prefetcher
+            board.control.set_read_rule(READS_EVERY_MISS, 100)   # what a prefetcher without an SSD tier says
             uniform = sampler(store, "samples", cache)
             assert StallView(uniform, uniform._source).prefetching()
-            board.set_read_rule(READS_UNTIL_FULL, 100)   # ... and one under the extent plan
+            board.control.set_read_rule(READS_UNTIL_FULL, 100)   # ... and one under the extent plan
             extents = sampler(store, ReadPlan.of_extents(store, 64 << 10), cache)
             assert not StallView(extents, extents._source).prefetching()
         finally:
-            board.set_prefetcher(0)
+            board.control.set_prefetcher(0)
             board.unlink()
 
 

@@ -385,7 +385,7 @@ def test_a_sample_on_its_way_is_not_held_though_the_ssd_tier_holds_it(store_path
             look = np.array([0, 1, 5, 10, 11, 12])
             view.hold(look)
             assert view.cached(look).tolist() == [True, True, False, True, True, True]
-            board.mark_on_way([11, 5])
+            board.flags.mark_on_way([11, 5])
             # one snapshot per plan: its steps agree though a flag changed meanwhile
             assert view.cached(look).tolist() == [True, True, False, True, True, True]
             view.refresh()
@@ -483,11 +483,11 @@ def warm_node(path, cache_factory, budget, kind="CachedLoader", cached=120, ssd_
     s = sc.ShadeSampler(ds, batch_size=B, seed=7, stall_speeds=SLOW,
                         stall_budget=budget, coverage_epochs=0)
     try:
-        board.set_prefetcher(os.getpid())
+        board.control.set_prefetcher(os.getpid())
         # what the node's prefetcher says of itself: its rule (with an SSD tier it reads only what
         # a full cache would admit) and its reach (half the samples the cache holds)
         mean = float(np.mean(store.lengths))
-        board.set_read_rule(READS_ADMITTED if tier is not None else READS_EVERY_MISS,
+        board.control.set_read_rule(READS_ADMITTED if tier is not None else READS_EVERY_MISS,
                             max(1, int(cache.capacity_bytes // mean) // 2))
         loader = make_loader(kind, ds, s)
         run_epochs(loader, s, 1)
@@ -496,7 +496,7 @@ def warm_node(path, cache_factory, budget, kind="CachedLoader", cached=120, ssd_
                 ds.__getitems__(list(range(first, min(first + B, n))))
         yield cache, ds, s, loader
     finally:
-        board.set_prefetcher(0)
+        board.control.set_prefetcher(0)
         board.unlink()
         board.close()
         if tier is not None:
@@ -644,11 +644,11 @@ def test_a_read_that_lands_during_a_plan_is_seen_on_its_way(store_path, cache_fa
     with sc.OrderBoard.create(cache.name, N) as board:
         view = stalls.StallView(s, ds)
         look = np.array([3, 4, 5])
-        board.mark_on_way([4])
+        board.flags.mark_on_way([4])
         view.refresh()
         view.hold(look)
         cache.put_many([4], store.read_many([4]))     # the read lands, then its flag is cleared
-        board.unmark([4])
+        board.flags.unmark([4])
         assert view.on_way(look).tolist() == [False, True, False]
         assert not view.cached(look).any()
         view.refresh()

@@ -65,7 +65,7 @@ def test_prefetcher_reads_the_object_ahead(pair, cache_factory):
     cache = cache_factory(N, capacity=1 << 20, sizes=store.lengths)
     order = np.random.default_rng(3).permutation(N)[:300]
     with OrderBoard.create(cache.name, N) as board:
-        board.publish(0, 0, order)
+        board.orders.publish(0, 0, order)
         with sc.Node(store, cache, read_plan="samples").prefetcher(lookahead_samples=300, batch=32):
             wait_for_reads(board, order.size)
         assert cache.cached_mask()[order].all()

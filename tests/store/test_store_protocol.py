@@ -139,15 +139,15 @@ def test_prefetcher_reads_it_ahead(stores, cache_factory, tmp_path, importable):
     ssd.flush()
     order = np.random.default_rng(3).permutation(N)[:200]
     with OrderBoard.create(cache.name, N) as board:
-        board.publish(0, 0, order)
+        board.orders.publish(0, 0, order)
         with sc.Node(py, cache, ssd=ssd).prefetcher(lookahead_samples=200, batch=32):
             # with an SSD tier it holds what it read until a reader asks, and offers it all to
             # the cache when it stops
             wait_for_reads(board, order.size)
         assert cache.cached_mask()[order].all()
         assert cache.get_many(order) == packed.read_many(order)
-        assert board.prefetched(order).all()
-        t = board.totals()
+        assert board.flags.prefetched(order).all()
+        t = board.counters.totals()
         assert t["prefetched"] == order.size
     cache.check()
 
