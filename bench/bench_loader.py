@@ -167,7 +167,7 @@ def measure(size, args, tmp):
                          capacity_bytes=cap, max_item_bytes=max(size, 4096)) as cache:
         half = np.sort(np.random.default_rng(2).permutation(n)[:n // 2])
         fill(cache, store, half, args.progress)
-        ds = sc.Node(store, cache, admission=sc.ReadThrough(), read_ahead=False).dataset()
+        ds = sc.Node(store, cache, admission=sc.ReadThrough(), read_ahead=False, read_plan="samples").dataset()
         dl_cds = DataLoader(ds, num_workers=2, persistent_workers=True, **kw_part)
         cl = {w: sc.CachedLoader(ds, num_workers=w, **kw_part) for w in (0, 2)}
         contenders = {

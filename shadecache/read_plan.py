@@ -163,7 +163,8 @@ class ReadPlan:
         if not self.extents:
             return f"read plan: samples ({self.reason})"
         return (f"read plan: extents of {self.extent_bytes >> 10} KiB, {self.layout.extents} of them, "
-                f"window {self.window} ({self.reason})")
+                f"window {self.window} ({self.reason}; for the node's sampler, whose order it "
+                f"arranges: with a sampler of your own, read_plan='samples')")
 
     def __repr__(self) -> str:
         return f"<ReadPlan {self.describe()}>"

@@ -33,7 +33,8 @@ class CachedDataset(Dataset):
     """Items (decode(bytes) -> transform, target, index) of a node's store, read through its cache.
 
     node       an sc.Node (node.dataset() makes this); or a store, with `cache` (a node of the
-               two alone: no tiers below the cache, no prefetcher of its own)
+               two alone: no tiers below the cache, no prefetcher of its own, misses read sample
+               by sample)
     cache      with a store: a sc.Cache with num_samples == len(store), or None
     decode     bytes -> sample (default: a uint8 tensor of the bytes, raw_bytes)
     transform  sample -> sample, applied after decode (augmentation: the cache holds raw bytes)
@@ -49,7 +50,9 @@ class CachedDataset(Dataset):
     def __init__(self, node, cache=None, decode=None, transform=None):
         from ..node import Node
         if not isinstance(node, Node):
-            node = Node(node, cache, read_ahead=False)
+            # the two alone, read sample by sample: the extent plan pays only where the order is
+            # arranged by extents (the node's sampler), and this data set goes with any sampler
+            node = Node(node, cache, read_ahead=False, read_plan="samples")
         elif cache is not None and cache is not node.cache:
             raise ValueError("CachedDataset(node, cache): the node has its own cache; give one or the other")
         self.node = node

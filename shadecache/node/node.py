@@ -58,7 +58,10 @@ class Node:
                  (start the peer server with node.serve()); peer_options go to Cluster.from_torch
     keep_remote  also keep samples whose home is another node in this node's cache and SSD tier
     read_plan    "auto" (chosen from the store's device, printed, remembered on the node),
-                 "samples", "extents" or a ReadPlan
+                 "samples", "extents" or a ReadPlan. The extent plan reads each miss with its
+                 whole extent, which pays where the order asks for an extent's samples together:
+                 the node's sampler (node.sampler(), or a ShadeSampler of its data set) arranges
+                 its order so; with a sampler of your own, give read_plan="samples"
     admission    an sc.Admission (default: the engine's policy alone)
     read_ahead   True: an order board for the cache (made or attached) and the node's prefetcher
                  once a sampler publishes; False: no prefetcher of this node (a board made by
