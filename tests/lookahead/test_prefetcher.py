@@ -498,7 +498,7 @@ def test_a_reader_that_asks_during_a_hand_over_is_not_left_waiting(name):
         loop = ReadAhead.__new__(ReadAhead)      # the hand-over thread's state, no process
         loop.board, loop.held, loop.mu, loop.done = board, Held(), threading.Lock(), threading.Event()
         loop.options, loop.inflight = {"poll_s": 0.002}, collections.deque()
-        landed, readers = {}, []
+        landed, readers, helper = {}, [], None
 
         def held_read(i):
             r = Read(np.array([i], np.int64), np.ones(1, bool))
@@ -513,8 +513,9 @@ def test_a_reader_that_asks_during_a_hand_over_is_not_left_waiting(name):
             landed[i] = time.monotonic()
             board.flags.unmark(read.ids)
             if i == 50:          # a second reader asks for 60 while 50 is being offered
-                readers.append(threading.Thread(target=ask, args=(60,)))
-                readers[-1].start()
+                reader = threading.Thread(target=ask, args=(60,))
+                reader.start()
+                readers.append(reader)     # started first: the test joins what it finds here
                 time.sleep(0.05)
         loop._land = land
         for i in (50, 60):     # ahead of the cursor: due only when asked for
@@ -524,13 +525,16 @@ def test_a_reader_that_asks_during_a_hand_over_is_not_left_waiting(name):
         helper.start()
         time.sleep(0.05)
         t0 = time.monotonic()
-        ask(50)
+        ask(50)           # returns once 50 is offered: its reader for 60 may not have started yet
+        while 60 not in landed and time.monotonic() - t0 < 5.0:
+            time.sleep(0.005)
         for t in readers:
             t.join(5)
-        loop.done.set()
-        helper.join(2)
         assert 60 in landed and landed[60] - t0 < 1.0, landed
     finally:
+        if helper is not None:        # stopped before the board goes: the thread reads the board
+            loop.done.set()
+            helper.join(30)
         board.control.set_prefetcher(0)
         board.close()
         board.unlink()
