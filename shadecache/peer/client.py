@@ -64,7 +64,7 @@ class _Lookup:
     def _run(self):
         try:
             self.result = socket.getaddrinfo(*self.key, type=socket.SOCK_STREAM)
-        except OSError as e:
+        except Exception as e:   # OSError, and UnicodeError for a name IDNA refuses ("a..b")
             self.error = e
         finally:
             with _lookups_lock:
@@ -101,8 +101,12 @@ def resolve(host: str, port: int, deadline: float) -> list:
             lookup = _lookups[(host, port)] = _Lookup((host, port))
     if not lookup.done.wait(max(0.0, deadline - time.monotonic())):
         raise socket.timeout(f"no answer for the name {host!r} from the resolver in time")
-    if lookup.error is not None:
+    if isinstance(lookup.error, OSError):
         raise lookup.error
+    if lookup.error is not None:   # a peer failure like any other, not a crash of the caller
+        raise OSError(f"the peer name {host!r} cannot be looked up: {lookup.error}") from lookup.error
+    if lookup.result is None:   # the thread ended without an answer (it cannot, but never None)
+        raise OSError(f"the peer name {host!r} cannot be looked up")
     return lookup.result
 
 

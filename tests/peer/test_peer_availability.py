@@ -463,3 +463,22 @@ def test_a_peer_name_that_does_not_resolve_in_time_costs_at_most_the_timeout(sto
     client, cluster = lines[0].split(), lines[1].split()
     assert client[0] == "client" and float(client[2]) < 1.5, out.stdout + out.stderr
     assert cluster[:3] == ["cluster", "True", "1"] and float(cluster[3]) < 1.5, out.stdout + out.stderr
+
+
+def test_a_peer_name_the_resolver_refuses_to_encode_is_a_peer_failure(store):
+    """getaddrinfo raises UnicodeError, not OSError, for a name IDNA refuses (a label over 63
+    characters, an empty label): such a name, say one an outsider wrote into the rendezvous store,
+    is an OSError naming the host from the client and one failure for the cluster, whose ids come
+    from the next tier, never a TypeError from an answer that is None."""
+    from shadecache.peer import client
+    for host in ("a" * 64 + ".example", "a..b"):
+        with pytest.raises(OSError, match="cannot be looked up"):
+            client.resolve(host, 7070, time.monotonic() + 5)
+        with pytest.raises(OSError, match=host.split(".")[0]):
+            PeerClient(f"{host}:7070", dataset=store).get_many([1], timeout=1.0)
+    cluster = sc.Cluster([None, "a" * 64 + ".example:7070"], node=0, timeout=1.0, dataset=store)
+    try:
+        assert cluster.fetch(np.arange(N), home=np.ones(N, dtype=np.int64)) == [None] * N
+        assert cluster.stats()["failures"] == 1
+    finally:
+        cluster.close()
