@@ -2,6 +2,8 @@
 samplers' (any process, atomic adds), in rows of the last EPOCH_SLOTS epochs."""
 from __future__ import annotations
 
+import weakref
+
 from .board_layout import COUNTERS, EPOCH_SLOTS, READER_COUNTERS, SAMPLER_COUNTERS
 
 
@@ -14,7 +16,9 @@ class EpochCounters:
         self._orders = None   # bind_orders: the board's Orders, made after these rows
 
     def bind_orders(self, orders) -> None:
-        self._orders = orders
+        # Weakly: the Orders refer to these rows, and a cycle would keep the board's mapping
+        # (and an unlinked board's /dev/shm pages) alive until the cyclic collector runs.
+        self._orders = weakref.proxy(orders)
 
     def close(self) -> None:
         self._counters = self._readers = self._samplers = None

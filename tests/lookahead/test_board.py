@@ -523,3 +523,23 @@ def test_a_reader_does_not_wait_for_a_killed_prefetcher_whose_pid_names_another_
         finally:
             other.kill()
             other.wait()
+
+
+def test_a_dropped_board_unmaps_without_the_cyclic_collector(board_name):
+    """The board's parts refer to each other only weakly: a board dropped without close() gives
+    its mapping back at once (an unlinked board's /dev/shm pages with it), not at the next
+    cyclic collection."""
+    import gc
+    board = OrderBoard.create(board_name, 10_000, streams=2)
+    path = board.path
+    board.orders.publish(0, 0, np.arange(100))
+    board.counters.count_reads(0, samples=7, hits=3, prefetch_hits=0, wait_ns=0)   # counters -> orders
+    assert sum(row.get("samples", 0) for row in board.counters.epoch_counters()) == 7
+    board.unlink()
+    gc.disable()
+    try:
+        del board
+        with open("/proc/self/maps") as maps:
+            assert not any(path in line for line in maps)
+    finally:
+        gc.enable()
