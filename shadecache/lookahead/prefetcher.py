@@ -78,6 +78,7 @@ class Prefetcher:
         self.board = node.board
         self.options = opts
         self.proc = None
+        self._starter = None   # the pid that started it: only that process stops it
 
     def start(self) -> "Prefetcher":
         other = self.board.control.prefetcher_pid
@@ -87,6 +88,7 @@ class Prefetcher:
         self.board.control.request_stop(False)
         payload = pickle.dumps((self.node.pickled_for_process(), self.options, os.getpid()))
         self.proc = subprocess.Popen(isolated_python("shadecache.lookahead.prefetcher"), stdin=subprocess.PIPE)
+        self._starter = os.getpid()
         self.proc.stdin.write(payload)
         self.proc.stdin.close()
         # the child registers itself once running; wait for it so that stop() can find it
@@ -109,8 +111,13 @@ class Prefetcher:
 
     def stop(self, timeout: float = 10.0) -> int:
         """Asks the loop to finish its batches and exit; kills it after `timeout`. Returns its
-        exit status (0 after a clean stop)."""
+        exit status (0 after a clean stop). In a forked child of the process that started it
+        (a DataLoader worker, a subprocess of the training script) it only forgets it: the
+        prefetcher serves the parent, whose exit stops it."""
         if self.proc is None:
+            return 0
+        if os.getpid() != self._starter:
+            self.proc = None
             return 0
         self.board.control.request_stop(True)
         try:

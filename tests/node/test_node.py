@@ -372,3 +372,32 @@ def test_the_nodes_own_processes_get_the_clusters_secret_and_no_other_pickle_doe
     saved = pickle.loads(pickle.dumps(node.for_process()))   # the same node, another pickle
     with pytest.raises(sc.peer.SecretError):
         saved.cluster._secret()
+
+
+def test_a_forked_child_that_closes_its_copy_of_the_node_leaves_the_parents_prefetcher_running(
+        store, cache_factory):
+    """A DataLoader worker or a subprocess forked from the training script has a copy of the node
+    and of its prefetcher's handle; when it closes the node (or exits normally, and the exit
+    handler closes it) the prefetcher, its parent's, keeps running: only the process that
+    started it stops it."""
+    from shadecache.node import node as node_module
+    cache = cache_factory(N, 4 << 20, "lru")
+    node = sc.Node(store, cache, read_plan="samples")
+    sampler = node.sampler(batch_size=50, seed=0)
+    sampler.set_epoch(0)                        # publishes the order: the node starts its prefetcher
+    assert node.started_prefetcher is not None and node.board.control.prefetcher_alive()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            node.close()
+            node_module._stop_prefetchers()     # what the child's exit runs
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    time.sleep(0.5)
+    assert not node.board.control.stop_requested and node.board.control.prefetcher_alive()
+    prefetcher_pid = node.started_prefetcher.pid
+    node.close()
+    with pytest.raises(ProcessLookupError):     # the parent's close stops it (and reaps it)
+        os.kill(prefetcher_pid, 0)
