@@ -6,8 +6,13 @@ fork-context parent and spawn-context workers). Every add is one atomic read-mod
 (_io.atomic_add), so any number of processes and threads add to the same row and no add is lost;
 a reader of the totals sees each field's value at some moment (fields are not read as one
 snapshot).
+
+Only multiprocessing can hand the row to another process (while it starts one). A plain pickle (a
+checkpoint of the data set, a copy.deepcopy) carries the values as they were: the copy counts in a
+row of its own from there.
 """
 import multiprocessing as mp
+import multiprocessing.context
 
 import numpy as np
 
@@ -44,4 +49,12 @@ class SharedCounters:
         self._array()[:] = 0
 
     def __getstate__(self):
-        return {"fields": self.fields, "index": self.index, "_raw": self._raw, "_view": None}
+        if multiprocessing.context.get_spawning_popen() is not None:   # a process being started
+            return {"fields": self.fields, "index": self.index, "_raw": self._raw, "_view": None}
+        return {"fields": self.fields, "index": self.index, "_values": list(self._array())}
+
+    def __setstate__(self, state):
+        values = state.pop("_values", None)
+        self.__dict__.update(state)
+        if values is not None:
+            self._raw, self._view = mp.RawArray("q", values), None

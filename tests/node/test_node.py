@@ -401,3 +401,22 @@ def test_a_forked_child_that_closes_its_copy_of_the_node_leaves_the_parents_pref
     node.close()
     with pytest.raises(ProcessLookupError):     # the parent's close stops it (and reaps it)
         os.kill(prefetcher_pid, 0)
+
+
+def test_a_plain_pickle_of_the_data_set_is_a_copy_that_reads_and_counts_on_its_own(
+        store, cache_factory):
+    """A checkpoint pickles the data set with plain pickle (no process being started): the copy
+    reads the same bytes through the same tiers, starts from the counts as they were, and counts
+    in a row of its own (only a process multiprocessing starts shares the node's counters)."""
+    import pickle
+    cache = cache_factory(N, 4 << 20, "lru", fingerprint=store.fingerprint)
+    ds = sc.Node(store, cache, read_ahead=False).dataset()
+    ids = np.arange(0, N, 7)
+    want = store.read_many(list(ids))
+    assert ds.fetch_bytes(ids) == want
+    before = ds.stats()
+    copy = pickle.loads(pickle.dumps(ds))
+    assert copy.stats() == before
+    assert copy.fetch_bytes(ids) == want                    # hits now: the cache took them
+    assert copy.stats()["hits"] == before["hits"] + len(ids)
+    assert ds.stats() == before                             # the original's counts did not move
