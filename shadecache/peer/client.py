@@ -105,8 +105,6 @@ def resolve(host: str, port: int, deadline: float) -> list:
         raise lookup.error
     if lookup.error is not None:   # a peer failure like any other, not a crash of the caller
         raise OSError(f"the peer name {host!r} cannot be looked up: {lookup.error}") from lookup.error
-    if lookup.result is None:   # the thread ended without an answer (it cannot, but never None)
-        raise OSError(f"the peer name {host!r} cannot be looked up")
     return lookup.result
 
 

@@ -39,6 +39,8 @@ ENV_FILE = "SHADECACHE_SECRET_FILE"
 MIN_BYTES = 16
 HOW = ("make one with `shadecache secret --out FILE` (a 0600 file) and name it in $SHADECACHE_SECRET_FILE "
        "(or put `shadecache secret`'s output in $SHADECACHE_SECRET, or pass it as secret=)")
+RAW_AS_TEXT = (" (random raw bytes read as printable text with odds of about 3e-6 at 16 bytes and "
+               "4e-9 at 24: if these are random, give them as hex)")
 
 
 class SecretError(ValueError):
@@ -121,10 +123,6 @@ def check(secret) -> bytes:
         raise SecretError(f"the secret's {len(raw)} bytes read as {name}: written as such in {bits:.0f} bits, not "
                           f"the {8 * len(raw)} of random bytes (an estimate of how few guesses find it); {HOW}")
     return key
-
-
-RAW_AS_TEXT = (" (random raw bytes read as printable text with odds of about 3e-6 at 16 bytes and "
-               "4e-9 at 24: if these are random, give them as hex)")
 
 
 def _decoded(key: bytes):
