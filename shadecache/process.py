@@ -22,8 +22,11 @@ at any time in the child's life (modules are imported lazily too). Each entry is
 real path first, and that path is what the child gets: no symbolic link that someone could point
 elsewhere later.
 """
+import contextlib
+import fcntl
 import os
 import stat
+import struct
 import sys
 
 from . import _core
@@ -73,3 +76,43 @@ def trusted_dir(path: str) -> bool:
             parent = os.path.dirname(parent)
     except OSError:
         return False
+
+
+# ---- liveness the kernel vouches for: open-file-description byte locks ------------------------
+# A process says "I live" by holding a shared lock on one byte of a file (fcntl F_OFD_SETLK): the
+# kernel drops it when the last descriptor of that open file description closes, which a SIGKILL
+# does at once; a forked child shares the description, so the byte stays held while the parent
+# or any of its forked children lives (LMDB's reader table holds its readers' liveness the same
+# way, with per-process locks). Another process asks whether anyone holds the byte with
+# F_OFD_GETLK. The bytes may lie past the end of the file: nothing is read or written there.
+_F_RDLCK, _F_WRLCK, _F_UNLCK = 0, 1, 2
+_FLOCK = "hhxxxxqqixxxx"     # struct flock (Linux, 64-bit): l_type, l_whence, l_start, l_len, l_pid
+
+
+def _flock(kind: int, at: int) -> bytes:
+    return struct.pack(_FLOCK, kind, os.SEEK_SET, int(at), 1, 0)
+
+
+def hold_byte(fd: int, at: int) -> None:
+    """Takes a shared lock on byte `at` of the file open at `fd` for as long as that open file
+    description lives (OSError if the kernel refuses it)."""
+    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _flock(_F_RDLCK, at))
+
+
+def byte_held(fd: int, at: int) -> bool:
+    """Whether some open file description other than `fd`'s holds a lock on byte `at`."""
+    got = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _flock(_F_WRLCK, at))
+    return struct.unpack(_FLOCK, got)[0] != _F_UNLCK
+
+
+@contextlib.contextmanager
+def exclusive_byte(path: str, at: int):
+    """An exclusive lock on byte `at` of the file at `path`, waited for, on a descriptor of its
+    own (so two threads of one process exclude each other too); released when the block ends or
+    the process dies."""
+    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLKW, _flock(_F_WRLCK, at))
+        yield fd
+    finally:
+        os.close(fd)
