@@ -202,7 +202,7 @@ def run_together(disk, path, configs, rule="uses", policy="importance", kill=Non
     killed = None
     try:
         if kill is not None:
-            killed = _kill_mid_epoch(kids[kill], name)
+            killed = _kill_mid_epoch(kids[kill] if kill != "prefetcher" else _prefetchers_parent(kids, name), name)
         rcs = [k.wait(timeout) for k in kids]
         b1 = disk.counters()
         out = {"rule": rule, "policy": policy, "cache": name, "capacity_bytes": capacity,
@@ -220,6 +220,27 @@ def run_together(disk, path, configs, rule="uses", policy="importance", kill=Non
                 k.proc.kill()
         cache.close()
         cache.unlink()
+
+
+def _prefetchers_parent(kids, cache_name):
+    """The job whose process started the node's prefetcher (the worst one to lose: the
+    prefetcher goes with it, and another job must start one again)."""
+    from shadecache.lookahead.board import OrderBoard
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with OrderBoard.attach(cache_name) as b:
+                pid = b.control.prefetcher_pid
+        except (FileNotFoundError, ValueError):
+            pid = 0
+        if pid:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            for k in kids:
+                if k.proc.pid == ppid:
+                    return k
+        time.sleep(0.1)
+    return kids[0]
 
 
 def _kill_mid_epoch(child, cache_name):
@@ -605,7 +626,7 @@ def main_run(args) -> int:
             print(f"  together {rule}: {json.dumps(results['together'][rule])}", flush=True)
         if "kill" in args.parts:
             throttled_disk.drop_caches()
-            res = run_together(disk, path, JOBS, kill=args.kill)
+            res = run_together(disk, path, JOBS, kill=args.kill if args.kill == "prefetcher" else int(args.kill))
             res["rates"] = kill_rates(res)
             results["kill"] = {k: res[k] for k in ("killed", "pinned_after", "left_in_shm", "returncodes",
                                                    "rates", "store_bytes")}
@@ -638,7 +659,8 @@ def main(argv=None) -> int:
     r.add_argument("--epochs", type=int, default=EPOCHS)
     r.add_argument("--rules", default="uses,max,sum,last,lru")
     r.add_argument("--parts", default="alone,together,kill")
-    r.add_argument("--kill", type=int, default=0, help="the job killed (index in JOBS)")
+    r.add_argument("--kill", default="prefetcher",
+                   help="the job killed: an index in JOBS, or 'prefetcher': the one that started it")
     r.add_argument("--workdir", default="/var/tmp")
     r.add_argument("--out", default=os.path.join(HERE, "out", "jobs-run.json"))
     a = sub.add_parser("accuracy", help="acceptance 4: accuracy alone and with three others")
