@@ -1,0 +1,65 @@
+"""A job that is not alone on its cache follows the node (sampling/follow.py): its next batch takes
+first what the node holds or is reading, its epoch still an exact permutation of its own; alone,
+its order is what it was before jobs."""
+import numpy as np
+import pytest
+
+import shadecache as sc
+from shadecache.lookahead.board import OrderBoard
+from shadecache.sampling.follow import follow
+
+N, B = 400, 20
+
+
+def test_follow_trades_each_cold_sample_of_the_batch_with_the_nearest_warm_one_after_it():
+    order = np.arange(10, dtype=np.int64)
+    warm = np.zeros(10, dtype=bool)
+    warm[[1, 6, 8]] = True
+    near, far = follow(order, 0, 4, warm)          # batch: 0 1 2 3; warm after it: 6, 8
+    assert near.tolist() == [0, 2] and far.tolist() == [6, 8]
+    assert order.tolist() == [6, 1, 8, 3, 4, 5, 0, 7, 2, 9]
+    assert sorted(order.tolist()) == list(range(10))
+    assert [a.size for a in follow(order, 4, 8, np.zeros(10, bool))] == [0, 0]   # nothing warm
+    assert [a.size for a in follow(order, 0, 3, warm | True)] == [0, 0]          # all warm
+
+
+@pytest.fixture
+def store(tmp_path):
+    path = tmp_path / "f.shc"
+    sc.pack([(bytes([i % 251]) * 64, i % 10) for i in range(N)], path, progress=False)
+    with sc.PackedStore(path) as s:
+        yield s
+
+
+def _epoch(store, cache, other_job: bool, seed=3):
+    other = OrderBoard.join(cache.name, N, job="other") if other_job else None
+    node = sc.Node(store, cache, read_plan="samples", read_ahead=False, job="mine")
+    try:
+        if other is None:
+            OrderBoard.join(cache.name, N, job="mine")       # the job's board, alone on it
+        sampler = node.sampler(batch_size=B, seed=seed)
+        sampler.set_epoch(0)
+        taken = list(iter(sampler))
+        return np.asarray(taken), sampler
+    finally:
+        node.board.leave()
+        node.board.close()
+        if other is not None:
+            other.leave()
+            other.close()
+
+
+def test_with_another_job_the_epoch_takes_the_cached_samples_first(store, cache_name):
+    capacity = sc.Cache.capacity_for(N // 4, store.lengths)
+    with sc.Cache.for_store(cache_name, store, capacity_bytes=capacity, attach=False) as cache:
+        held = np.arange(0, N, 4)[:N // 4 - 5]
+        cache.put_many(held, store.read_many(held.tolist()))
+        held = np.flatnonzero(np.asarray(cache.cached_mask(), bool))
+        alone, s_alone = _epoch(store, cache, other_job=False)
+        shared, s_shared = _epoch(store, cache, other_job=True)
+    assert sorted(alone.tolist()) == sorted(shared.tolist()) == list(range(N))   # permutations
+    first = shared[:held.size]
+    assert np.isin(first, held).all()                 # every cached sample before any other
+    assert not np.isin(alone[:held.size], held).all() # alone: the order as drawn
+    assert s_alone.follow_history == [] and s_shared.follow_history[0] > 0
+    assert np.array_equal(alone, np.asarray(sc.ShadeSampler(N, batch_size=B, seed=3).order()))
