@@ -215,6 +215,8 @@ class ReadAhead:
                            self.full, self.engine_full, self.free)
         reads = plan.next_reads(ids, places, self.lengths, self.rule, ahead, self.limits,
                                 self.chain.held, self._would_admit)
+        if reads.evict and self._shared():
+            reads = plan.Reads(reads.ids, reads.places, reads.nbytes, 0)   # the engine's policy decides
         if reads.evict:
             latest = int(self.jobs.next_use(reads.ids).max())
             removed = self.admission.make_room(self.cache, self.jobs.next_use, reads.evict, latest)
@@ -307,9 +309,21 @@ class ReadAhead:
         board.counters.count(epoch, prefetched=int(got.size),
                     prefetched_bytes=int(sum(len(d) for d, a in zip(read.values, admitted) if a)))
 
+    def _shared(self) -> bool:
+        """Whether several jobs share the cache. Then the prefetcher makes no room of its own: the
+        engine's policy over the merged scores decides what a read displaces (job_scores.py:
+        under "uses", what the fewest live jobs still need). Room made by next use, as for one
+        job, took the samples one job had brought for the others first: their next use in each
+        job's order lies far ahead until the job takes them (sampling/follow.py brings a cached
+        sample forward only at the batch that takes it)."""
+        return len(self.jobs.registered()) > 1
+
     def _room_for(self, ids) -> bool:
         """A full cache refused `ids` (no copying tier): room among the samples needed later than
-        these (none when one of them is needed by nobody any more)."""
+        these (none when one of them is needed by nobody any more; none with several jobs:
+        _shared)."""
+        if self._shared():
+            return False
         nu = self.jobs.next_use(ids)
         if (nu < 0).any():
             return False

@@ -3,12 +3,19 @@
 Several jobs on one cache draw their epochs independently (each its own seed and scores), so in a
 given minute they want different samples: read as drawn, four jobs read the store four times. A
 job that follows the node (ShadeSampler, while another job lives on its board) bends the part of
-its epoch not taken yet, batch by batch: each sample of the next batch that the node neither
-holds nor is reading ("cold") trades places with the nearest sample after the batch that the node
-holds or is reading for someone ("warm": cached, or on its way from the prefetcher). A sample one
-job read is then taken by every other job while it is cached, and the store reads it once for all
-of them; the cache keeps it until every job that still needs it in its epoch has taken it (the
-"uses" merge, lookahead/job_scores.py).
+its epoch not taken yet before each batch: the next `window` positions take, in the order they
+come in the epoch, first the samples the node holds, then those on their way from the prefetcher,
+then the rest; the samples they move out of the window go to the places those came from. A
+sample one job read is then taken by every other job while it is cached, and the store reads it
+once for all of them; the cache keeps it until every job that still needs it in its epoch has
+taken it (the "uses" merge, lookahead/job_scores.py).
+
+The window is the prefetcher's reach, not the next batch: the prefetcher reads ahead what every
+job's published order holds next, and bent one batch at a time, those orders held each job's own
+draw beyond its next batch, which the prefetcher read for each of them (measured: three jobs read
+2.3 times what one read alone; bent over the prefetcher's window, docs/jobs.md). And cached
+first, not "cached or on its way" alike: a job's own next samples are on their way most of the
+time, and taken as they came, what the others brought went unused.
 
 What it keeps: the epoch holds the same samples as drawn, each as often (a trade of two
 positions, both not taken yet), so a uniform epoch is still an exact permutation and the
@@ -20,17 +27,36 @@ from __future__ import annotations
 import numpy as np
 
 
-def follow(order: np.ndarray, k: int, end: int, warm: np.ndarray) -> tuple:
-    """Trades each cold id of order[k:end] (warm: a bool per sample id) with the nearest warm id
-    in order[end:], in place; returns (positions of the batch, positions after it) traded, pair by
-    pair, nearest first."""
-    batch = order[k:end]
-    cold = np.flatnonzero(~warm[batch])
-    if not cold.size or end >= order.size:
+def follow(order: np.ndarray, k: int, window: int, cached: np.ndarray, on_way: np.ndarray):
+    """Bends order[k:] toward what the node holds (module docstring), in place: order[k:k+window]
+    takes the cached samples of order[k:] nearest first, then those on their way; cached and
+    on_way are bool masks over the sample ids. Returns (the positions whose ids changed, the moves
+    made in turn: [(places, sources)], order[places] now holding what order[sources] held)."""
+    changed, moves = [], []
+    start, room = k, max(0, min(window, order.size - k))
+    for wanted in (cached, on_way & ~cached):
+        if room <= 0:
+            break
+        places, sources = _gather(order, start, room, wanted)
+        if places.size:
+            moved = order[sources] != order[places]
+            order[places] = order[sources]
+            changed.append(places[moved])
+            moves.append((places, sources))
+        filled = int(np.count_nonzero(wanted[order[start:start + room]]))
+        start, room = start + filled, room - filled
+    if not changed:
+        return np.empty(0, np.int64), moves
+    return np.unique(np.concatenate(changed)), moves
+
+
+def _gather(order, start, room, wanted):
+    """The move that gives order[start:start + m] the m (<= room) ids of order[start:] that
+    `wanted` marks, nearest first, in their order, and the places those left the ids that were
+    there, in theirs: (places, sources), both int64."""
+    at = start + np.flatnonzero(wanted[order[start:]])[:room]
+    if not at.size:
         return np.empty(0, np.int64), np.empty(0, np.int64)
-    later = np.flatnonzero(warm[order[end:]])[:cold.size]
-    m = later.size
-    near, far = (k + cold[:m]).astype(np.int64), (end + later).astype(np.int64)
-    if m:
-        order[near], order[far] = order[far], order[near].copy()
-    return near, far
+    places = np.union1d(np.arange(start, start + at.size), at)   # its first m: the window's
+    keep = np.isin(places, at, invert=True)
+    return places.astype(np.int64), np.concatenate([at, places[keep]]).astype(np.int64)

@@ -524,20 +524,22 @@ class ShadeSampler(Sampler):
             self.node.start_reading_ahead()   # nothing when one runs (a /proc look)
 
     def _follow(self, board, k: int) -> None:
-        """The batch at k takes what the node holds or reads first (sampling/follow.py)."""
-        end = min((k // self.batch_size + 1) * self.batch_size, self._order.size)
-        warm = board.flags.on_way(slice(None))     # the flags first: a read landing in between
-        warm = warm | np.asarray(self.cache.cached_mask(), dtype=bool)   # is seen cached
-        near, far = follow(self._order, k, end, warm)
-        if not near.size:
+        """The order from k takes what the node holds or reads first, over the prefetcher's reach
+        (sampling/follow.py)."""
+        window = max(self.batch_size, board.control.reach)
+        on_way = board.flags.on_way(slice(None))   # the flags first: a read landing in between
+        cached = np.asarray(self.cache.cached_mask(), dtype=bool)   # is seen cached
+        changed, moves = follow(self._order, k, window, cached, on_way)
+        if not changed.size:
             return
         ahead = None if self._planner is None else self._planner.ahead
         if ahead is not None and ahead.size == self._order.size:
-            ahead.swap(near, far)     # the stall planner's marks go with their samples
-        rewrite_published(self, self._order, np.concatenate([near, far]), lo=max(0, k - self.batch_size))
+            for places, sources in moves:     # the stall planner's marks go with their samples
+                ahead.move(places, sources)
+        rewrite_published(self, self._order, changed, lo=max(0, k - self.batch_size))
         while len(self.follow_history) <= self.epoch:
             self.follow_history.append(0)
-        self.follow_history[self.epoch] += int(near.size)
+        self.follow_history[self.epoch] += int(changed.size)
 
     def _note(self, **counts) -> None:
         """This epoch's repeats and deferrals: the sampler's history, the data set's per-epoch

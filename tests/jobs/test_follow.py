@@ -11,16 +11,24 @@ from shadecache.sampling.follow import follow
 N, B = 400, 20
 
 
-def test_follow_trades_each_cold_sample_of_the_batch_with_the_nearest_warm_one_after_it():
-    order = np.arange(10, dtype=np.int64)
-    warm = np.zeros(10, dtype=bool)
-    warm[[1, 6, 8]] = True
-    near, far = follow(order, 0, 4, warm)          # batch: 0 1 2 3; warm after it: 6, 8
-    assert near.tolist() == [0, 2] and far.tolist() == [6, 8]
-    assert order.tolist() == [6, 1, 8, 3, 4, 5, 0, 7, 2, 9]
-    assert sorted(order.tolist()) == list(range(10))
-    assert [a.size for a in follow(order, 4, 8, np.zeros(10, bool))] == [0, 0]   # nothing warm
-    assert [a.size for a in follow(order, 0, 3, warm | True)] == [0, 0]          # all warm
+def test_follow_brings_the_cached_samples_then_those_on_their_way_into_the_window():
+    order = np.arange(12, dtype=np.int64)
+    cached, on_way = np.zeros(12, bool), np.zeros(12, bool)
+    cached[[1, 6, 9]] = True
+    on_way[[3, 10, 6]] = True            # 6: cached and on its way counts as cached
+    before = order.copy()
+    changed, moves = follow(order, 0, 5, cached, on_way)
+    assert order[:5].tolist() == [1, 6, 9, 3, 10]          # cached in their order, then coming
+    assert sorted(order.tolist()) == list(range(12))       # the same samples, each once
+    assert order[5:].tolist() == [5, 0, 7, 8, 2, 4, 11]    # what left, where the others came from
+    assert changed.tolist() == np.flatnonzero(order != before).tolist()
+    replay = before.copy()
+    for places, sources in moves:
+        replay[places] = replay[sources]
+    assert np.array_equal(replay, order)                   # the moves say what happened
+    again = order.copy()
+    assert follow(again, 0, 5, cached, on_way)[0].size == 0 and np.array_equal(again, order)
+    assert follow(order, 5, 4, np.zeros(12, bool), np.zeros(12, bool))[0].size == 0   # nothing
 
 
 @pytest.fixture
@@ -42,8 +50,9 @@ def _epoch(store, cache, other_job: bool, seed=3):
         taken = list(iter(sampler))
         return np.asarray(taken), sampler
     finally:
-        node.board.leave()
-        node.board.close()
+        mine = node.board
+        mine.leave()
+        mine.close()
         if other is not None:
             other.leave()
             other.close()

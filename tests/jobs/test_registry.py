@@ -170,7 +170,7 @@ def test_stats_lists_the_jobs_on_a_cache(cache_name, tmp_path):
         p, slot = _job(cache_name, 50, "other")
         try:
             mine.counters.count_job(samples=10, hits=4, store_reads=6, store_bytes=600, wait_ns=2 * 10**9)
-            out = subprocess.run([sys.executable, "-m", "shadecache", "stats", cache_name],
+            out = subprocess.run([sys.executable, "-m", "shadecache.cli", "stats", cache_name],
                                  capture_output=True, text=True, check=True)
             jobs = {j["name"]: j for j in json.loads(out.stdout)["jobs"]}
             assert set(jobs) == {"listed", "other"} and jobs["other"]["slot"] == slot
