@@ -112,7 +112,7 @@ import numpy as np
 
 from .. import shm
 from .all_jobs import AllJobs
-from .board_files import JobFile, NodeFile
+from .board_files import JobFile, NodeFile, unlink_if_current
 from .board_layout import (COUNTER_OFF, COUNTERS, EPOCH_SLOTS, FLAGS_AT, H_SCORE_MERGE,
                            HEADER_BYTES, MAX_STREAMS, NEXT_EPOCH_ROOM, NONE, ON_WAY, PREFETCHED,
                            READER_COUNTERS, READS_ADMITTED, READS_EVERY_MISS, READS_UNTIL_FULL,
@@ -170,6 +170,7 @@ class OrderBoard:
         self._node, self._view = node, view
         self.path = view.file.path
         self.identity = (node.identity, view.file.identity)
+        self._node_path = node.path
         self.streams, self.capacity = view.file.streams, view.file.capacity
         self.num_samples = view.file.num_samples
         self.slot, self.generation = view.slot, view.generation
@@ -343,8 +344,9 @@ class OrderBoard:
         """Removes the names of the node's file and of the job's (when each is still this board's
         file and this user's); processes that have them mapped keep them until they close."""
         shm.disown(self.path)
-        self._view.file.unlink()
-        self._node.unlink()
+        # by path and identity, not through the mappings: a closed board can be unlinked too
+        unlink_if_current(self.path, self.identity[1])
+        unlink_if_current(self._node_path, self.identity[0])
 
     def __enter__(self):
         return self
@@ -413,7 +415,7 @@ class BoardLink:
         self.num_samples, self.streams = num_samples, streams
         self.member, self.score_merge = bool(member), score_merge
         self._board = None
-        self._looked = None       # when a look last found no board
+        self._looked = None       # (when, the node file's identity or None) of a look that found no board
         self._pid = os.getpid()
 
     def observer(self) -> "BoardLink":
@@ -429,10 +431,14 @@ class BoardLink:
         b = self._board
         if b is not None and not b.closed and b.is_current():
             return b
-        now = time.monotonic()
-        if b is None and self._looked is not None and now - self._looked < self.RELOOK_S:
+        now, there = time.monotonic(), _file_identity(shm.board_path(self.cache_name))
+        # A look that found nothing is not repeated for RELOOK_S (a join costs opens and locks),
+        # unless the node's file changed since (one stat): a board made right after a sampler
+        # was (in the same process, a test, a rerun) is found at once.
+        if (b is None and self._looked is not None and now - self._looked[0] < self.RELOOK_S
+                and self._looked[1] == there):
             return None
-        self._looked = now
+        self._looked = (now, there)
         try:
             if self.member and self.num_samples is not None:
                 self._board = OrderBoard.join(self.cache_name, self.num_samples, self._streams(),
@@ -461,6 +467,15 @@ class BoardLink:
 
     def __setstate__(self, state):
         self.__init__(**state)
+
+
+def _file_identity(path: str):
+    """(device, inode) of the file at `path`, or None when there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def local_ranks() -> int:
