@@ -286,7 +286,7 @@ def summary(res):
                      "samples_per_s": [e["samples"] / e["seconds"] for e in ep],
                      "permutations": [e["permutation"] for e in ep], "followed": [e["followed"] for e in ep],
                      "failed": j["failed"]})
-    return {"store_bytes": res["store_bytes"], "jobs": rows, "hits": sum(
+    return {"store_bytes": res["store_bytes"], "store_requests": res["store_requests"], "jobs": rows, "hits": sum(
         sum(e["hits"] for e in j["epochs"]) for j in res["jobs"]), "segment_bytes": res["segment_bytes"]}
 
 
@@ -571,13 +571,18 @@ def print_accuracy(results):
 def print_run(results):
     alone = {s["jobs"][0]["job"]: s for s in results["alone"]}
     one = float(np.mean([s["store_bytes"] for s in alone.values()]))
-    print("\n| run | rule | store bytes | / one job alone | hits (all jobs) | segment bytes |")
-    print("|---|---|---|---|---|---|")
+    one_req = float(np.mean([s["store_requests"] for s in alone.values()]))
+    print("\n| run | rule | store bytes | / one job alone (mean of the four) | store requests | / one alone | "
+          "hits (all jobs) | hit ratio per job | segment bytes |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for s in results["alone"]:
-        print(f"| {s['jobs'][0]['job']} alone | uses | {s['store_bytes']:,} | {s['store_bytes'] / one:.2f}x | "
-              f"{s['hits']:,} | {s['segment_bytes'][1]:,} |")
+        print(f"| {s['jobs'][0]['job']} alone | - | {s['store_bytes']:,} | {s['store_bytes'] / one:.2f}x | "
+              f"{s['store_requests']:,} | {s['store_requests'] / one_req:.2f}x | {s['hits']:,} | "
+              f"{s['jobs'][0]['hit_ratio']:.3f} | {s['segment_bytes'][1]:,} |")
     for key, s in results["together"].items():
-        print(f"| 4 jobs | {key} | {s['store_bytes']:,} | {s['store_bytes'] / one:.2f}x | {s['hits']:,} | "
+        ratios = ", ".join(f"{j['hit_ratio']:.3f}" for j in s["jobs"])
+        print(f"| 4 jobs | {key} | {s['store_bytes']:,} | {s['store_bytes'] / one:.2f}x | "
+              f"{s['store_requests']:,} | {s['store_requests'] / one_req:.2f}x | {s['hits']:,} | {ratios} | "
               f"{s['segment_bytes'][0]:,} -> {s['segment_bytes'][1]:,} |")
     print("\n| job | seed | batch | lr | hit ratio alone | hit ratio with 4 (uses) | samples/s alone | "
           "samples/s with 4 | every epoch a permutation | samples followed per epoch |")

@@ -197,11 +197,11 @@ class Jobs:
 
     def leave(self, slot: int, generation: int) -> bool:
         """This process leaves the job at `slot` (its byte released); when no process of the job
-        is left, its slot is freed and its board removed. Returns whether a job still lives on
-        the cache. Registry lock held."""
+        is left, its slot is freed and its board removed, and so are those of jobs that died
+        meanwhile (the last job to leave must not leave a killed job's board behind: nobody
+        else would look). Returns whether a job still lives on the cache. Registry lock held."""
         release(self._file.identity, slot, generation)
-        if self.generation(slot) == generation and not self.lives(slot):
-            self._free(slot)
+        self.free_dead()
         return bool(self.live())
 
 

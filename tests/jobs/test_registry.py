@@ -134,6 +134,17 @@ def test_a_job_that_exits_takes_its_board_and_the_last_job_the_node_file(cache_n
     assert _files(cache_name) == []
 
 
+def test_the_last_job_to_leave_removes_the_board_of_a_job_killed_before_it_looked(cache_name):
+    mine = OrderBoard.join(cache_name, 50, job="last")
+    p, slot = _job(cache_name, 50, "killed")
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    assert os.path.exists(shm.job_board_path(cache_name, slot))   # nobody has looked yet
+    mine.leave()
+    mine.close()
+    assert _files(cache_name) == []
+
+
 def test_a_node_that_asks_for_another_merge_rule_is_refused(cache_name, tmp_path):
     path = tmp_path / "s.shc"
     sc.pack([(bytes([i]) * 64, i % 3) for i in range(40)], path, progress=False)
