@@ -290,7 +290,7 @@ def summary(res):
         sum(e["hits"] for e in j["epochs"]) for j in res["jobs"]), "segment_bytes": res["segment_bytes"]}
 
 
-def kill_rates(res, window_s=6.0):
+def kill_rates(res, window_s=4.0):
     """Each surviving job's samples/s in the `window_s` before the kill and after it (from its
     ticks; the second after the kill left out: the prefetcher starting again)."""
     t = res["killed"]["at"]
@@ -601,7 +601,7 @@ def print_run(results):
               f"after the run: {k['left_in_shm']}; return codes {k['returncodes']}")
         for job, (before, after) in k["rates"].items():
             change = f"{(after / before - 1) * 100:+.1f}%" if before and after else "-"
-            print(f"  {job}: {before or 0:,.0f} samples/s in the 6 s before the kill, {after or 0:,.0f} after ({change})")
+            print(f"  {job}: {before or 0:,.0f} samples/s in the 4 s before the kill, {after or 0:,.0f} after ({change})")
 
 
 def main_run(args) -> int:
