@@ -47,6 +47,7 @@ CACHE_SHARE = 0.2                 # the store holds 5x the cache
 EPOCHS = 3
 READ_IOPS, READ_BPS = 3000, 200 << 20
 RULES = ("uses", "max", "sum", "last")
+DROP_EVERY_S = 0.5                # peers: the page cache dropped this often (PageCacheDropper)
 TICK_S = 0.25                     # the jobs' timelines: samples trained, every TICK_S
 
 
@@ -155,7 +156,8 @@ class Child:
         self.err = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen([python, os.path.abspath(__file__), mode, json.dumps(cfg)],
                                      stdout=subprocess.PIPE, stderr=self.err, text=True, env=env,
-                                     preexec_fn=disk.enter_in_child if disk is not None else None)
+                                     preexec_fn=disk.enter_in_child if disk is not None else None,
+                                     start_new_session=True)   # a group: a hung job's workers go with it
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
 
@@ -168,7 +170,8 @@ class Child:
         try:
             rc = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            os.killpg(self.proc.pid, signal.SIGKILL)   # its DataLoader workers too
+            self.proc.wait()
             rc = "hung: killed after the time limit"
         self.thread.join(5)
         if rc not in (0, -signal.SIGKILL):
@@ -379,6 +382,32 @@ def _write_peer_data(system, root, n):
         peers.samples = gen
 
 
+class PageCacheDropper:
+    """Drops the page cache every `every_s` seconds while the block runs (every_s 0: never).
+    Streaming and LitData read the store with buffered reads: without drops, the node's page cache
+    is a second, unbounded cache that every job shares, outside the budget each system is given,
+    and the device counters show one read where the jobs made four. shadecache reads with
+    O_DIRECT, which the page cache never serves."""
+
+    def __init__(self, every_s: float):
+        self.every_s, self.stop = every_s, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self.stop.wait(self.every_s):
+            throttled_disk.drop_caches()
+
+    def __enter__(self):
+        if self.every_s > 0:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        if self.thread.is_alive():
+            self.thread.join()
+
+
 def run_peer(disk, system, data, n, epochs, shared_local, timeout):
     """The four jobs on `system` side by side: one local directory for all (shared_local) or one
     per job; device bytes, each job's outcome (read, refused, hung) and samples/s."""
@@ -389,7 +418,9 @@ def run_peer(disk, system, data, n, epochs, shared_local, timeout):
         cfg = {**c, **data, "system": system, "epochs": epochs, "data_bytes": n * SAMPLE_BYTES,
                "local_dir": os.path.join(local, "shared" if shared_local else f"job{k}")}
         kids.append(Child(cfg, disk, mode="_peer"))
-    rcs = [k.wait(timeout) for k in kids]
+    deadline = time.monotonic() + timeout      # one limit for the four, not one each
+    with PageCacheDropper(DROP_EVERY_S):
+        rcs = [k.wait(max(1.0, deadline - time.monotonic())) for k in kids]
     b1 = disk.counters()
     jobs = []
     for k, rc in zip(kids, rcs):
@@ -407,12 +438,12 @@ def run_peer(disk, system, data, n, epochs, shared_local, timeout):
 
 
 def main_peers(args) -> int:
-    global EPOCHS
-    EPOCHS = args.epochs
+    global EPOCHS, DROP_EVERY_S
+    EPOCHS, DROP_EVERY_S = args.epochs, args.drop_every
     import peers
     n = args.samples
     image = int(max(512 << 20, 4 * n * SAMPLE_BYTES + (256 << 20)))
-    results = {"samples": n, "sample_bytes": SAMPLE_BYTES, "epochs": args.epochs, "jobs": JOBS, "runs": []}
+    results = {"samples": n, "sample_bytes": SAMPLE_BYTES, "epochs": args.epochs, "jobs": JOBS, "drop_every_s": DROP_EVERY_S, "runs": []}
     with throttled_disk.ThrottledDisk(image, READ_IOPS, READ_BPS, image_dir=args.workdir) as disk:
         print(f"{disk.describe()}; {n:,} samples x {SAMPLE_BYTES:,} B; {args.epochs} epochs; jobs {JOBS}",
               flush=True)
@@ -593,6 +624,10 @@ def print_run(results):
               f"{', '.join(f'{r:,.0f}' for r in a['samples_per_s'])} | "
               f"{', '.join(f'{r:,.0f}' for r in j['samples_per_s'])} | "
               f"{all(j['permutations']) and all(a['permutations'])} | {j['followed']} |")
+    print_kill(results)
+
+
+def print_kill(results):
     k = results.get("kill")
     if k:
         print(f"\nSIGKILL of {k['killed']['job']} halfway through its epoch 1: its files removed after "
@@ -602,6 +637,30 @@ def print_run(results):
         for job, (before, after) in k["rates"].items():
             change = f"{(after / before - 1) * 100:+.1f}%" if before and after else "-"
             print(f"  {job}: {before or 0:,.0f} samples/s in the 4 s before the kill, {after or 0:,.0f} after ({change})")
+
+
+def plot_kill(kill, png):
+    """Each job's samples/s over time (from its ticks, per second), the kill marked."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    t0 = kill["killed"]["at"]
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    for job, ticks in sorted(kill["ticks"].items()):
+        a = np.asarray(ticks, dtype=np.float64)
+        if len(a) < 3:
+            continue
+        edges = np.arange(a[0, 0], a[-1, 0], 1.0)
+        counts = np.interp(edges, a[:, 0], a[:, 1])
+        ax.plot(edges[1:] - t0, np.diff(counts), label=job + (" (killed)" if job == kill["killed"]["job"] else ""))
+    ax.axvline(0.0, color="k", linestyle="--", linewidth=1)
+    ax.set_xlabel("seconds from the SIGKILL")
+    ax.set_ylabel("samples/s (1 s bins)")
+    ax.set_title("Four jobs on one cache, the prefetcher's job killed mid-epoch")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    print(f"wrote {png}")
 
 
 def main_run(args) -> int:
@@ -636,9 +695,14 @@ def main_run(args) -> int:
             results["kill"] = {k: res[k] for k in ("killed", "pinned_after", "left_in_shm", "returncodes",
                                                    "rates", "store_bytes")}
             results["kill"]["jobs"] = summary(res)["jobs"]
+            results["kill"]["ticks"] = {j["cfg"]["job"]: j["ticks"] for j in res["jobs"]}
+            if args.plot:
+                plot_kill(results["kill"], args.plot)
             print(f"  kill: {json.dumps(results['kill'])}", flush=True)
     if results["alone"] and "uses" in results["together"]:
         print_run(results)
+    else:
+        print_kill(results)
     _save(args.out, results)
     return 0
 
@@ -668,6 +732,8 @@ def main(argv=None) -> int:
                    help="the job killed: an index in JOBS, or 'prefetcher': the one that started it")
     r.add_argument("--workdir", default="/var/tmp")
     r.add_argument("--out", default=os.path.join(HERE, "out", "jobs-run.json"))
+    r.add_argument("--plot", default=os.path.join(REPO, "docs", "jobs-kill.png"),
+                   help="the kill's timeline (PNG; '' for none)")
     a = sub.add_parser("accuracy", help="acceptance 4: accuracy alone and with three others")
     a.add_argument("--datasets", default="tabular,gratings-s")
     a.add_argument("--seeds", type=int, default=4)
@@ -679,6 +745,8 @@ def main(argv=None) -> int:
     p.add_argument("--systems", default="shadecache,streaming,litdata")
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--workdir", default="/var/tmp")
+    p.add_argument("--drop-every", type=float, default=DROP_EVERY_S,
+                   help="seconds between page cache drops while Streaming and LitData run (0: none)")
     p.add_argument("--out", default=os.path.join(HERE, "out", "jobs-peers.json"))
     args = ap.parse_args(argv)
     return {"run": main_run, "accuracy": main_accuracy, "peers": main_peers}[args.mode](args)
