@@ -81,6 +81,17 @@ def _model(lr):
     return model, torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
 
 
+def train_step(model, opt, sampler, x, y, idx) -> None:
+    """One SHADE step: the per-sample losses to the sampler (its scores), their mean's gradient
+    to the model."""
+    import torch.nn.functional as F
+    losses = F.cross_entropy(model(x), y, reduction="none")
+    sampler.update(idx, losses.detach())
+    opt.zero_grad()
+    losses.mean().backward()
+    opt.step()
+
+
 class Ticker:
     """(seconds since start, samples trained) every TICK_S, written as they come."""
 
@@ -99,7 +110,6 @@ class Ticker:
 def job_child(cfg: dict) -> int:
     """One job: a node over the store and the cache the parent made, its sampler, its loop."""
     import torch
-    import torch.nn.functional as F
     import shadecache as sc
     torch.set_num_threads(1)
     out = os.fdopen(os.dup(1), "w", buffering=1)
@@ -123,11 +133,7 @@ def job_child(cfg: dict) -> int:
         sampler.set_epoch(epoch)
         before, t0, ids = ds.stats(), time.perf_counter(), []
         for x, y, idx in loader:
-            losses = F.cross_entropy(model(x), y, reduction="none")
-            sampler.update(idx, losses.detach())
-            opt.zero_grad()
-            losses.mean().backward()
-            opt.step()
+            train_step(model, opt, sampler, x, y, idx)
             ids.append(idx.numpy().copy())
             ticks.add(len(idx))
             if view is None:      # a zero-copy reader's pin, held for the run (a kill leaves it)
@@ -293,7 +299,7 @@ def summary(res):
         sum(e["hits"] for e in j["epochs"]) for j in res["jobs"]), "segment_bytes": res["segment_bytes"]}
 
 
-def kill_rates(res, window_s=4.0):
+def kill_rates(res, window_s):
     """Each surviving job's samples/s in the `window_s` before the kill and after it (from its
     ticks; the second after the kill left out: the prefetcher starting again)."""
     t = res["killed"]["at"]
@@ -497,7 +503,6 @@ def accuracy_child(cfg: dict) -> int:
     """One job on a fidelity data set (bench/fidelity.py's store, model and decode): its final
     test accuracy, trained through a node of its own job on the cache the parent made."""
     import torch
-    import torch.nn.functional as F
     import shadecache as sc
     import fidelity
     torch.set_num_threads(1)
@@ -518,11 +523,7 @@ def accuracy_child(cfg: dict) -> int:
         sampler.set_epoch(epoch)
         seen = []
         for x, y, idx in loader:
-            losses = F.cross_entropy(model(x), y, reduction="none")
-            sampler.update(idx, losses.detach())
-            opt.zero_grad()
-            losses.mean().backward()
-            opt.step()
+            train_step(model, opt, sampler, x, y, idx)
             seen.append(idx.numpy().copy())
         sampler.end_epoch()
         perms.append(bool((np.bincount(np.concatenate(seen), minlength=len(ds)) == 1).all()))
@@ -636,7 +637,8 @@ def print_kill(results):
               f"after the run: {k['left_in_shm']}; return codes {k['returncodes']}")
         for job, (before, after) in k["rates"].items():
             change = f"{(after / before - 1) * 100:+.1f}%" if before and after else "-"
-            print(f"  {job}: {before or 0:,.0f} samples/s in the 4 s before the kill, {after or 0:,.0f} after ({change})")
+            print(f"  {job}: {before or 0:,.0f} samples/s in the {k['window_s']:g} s before the kill, "
+                  f"{after or 0:,.0f} in the {k['window_s']:g} s after its first second ({change})")
 
 
 def plot_kill(kill, png):
@@ -691,9 +693,10 @@ def main_run(args) -> int:
         if "kill" in args.parts:
             throttled_disk.drop_caches()
             res = run_together(disk, path, JOBS, kill=args.kill if args.kill == "prefetcher" else int(args.kill))
-            res["rates"] = kill_rates(res)
+            res["rates"] = kill_rates(res, args.window)
+            res["window_s"] = args.window
             results["kill"] = {k: res[k] for k in ("killed", "pinned_after", "left_in_shm", "returncodes",
-                                                   "rates", "store_bytes")}
+                                                   "rates", "window_s", "store_bytes")}
             results["kill"]["jobs"] = summary(res)["jobs"]
             results["kill"]["ticks"] = {j["cfg"]["job"]: j["ticks"] for j in res["jobs"]}
             if args.plot:
@@ -728,6 +731,8 @@ def main(argv=None) -> int:
     r.add_argument("--epochs", type=int, default=EPOCHS)
     r.add_argument("--rules", default="uses,max,sum,last,lru")
     r.add_argument("--parts", default="alone,together,kill")
+    r.add_argument("--window", type=float, default=4.0,
+                   help="seconds of samples/s compared before the kill and after its first second")
     r.add_argument("--kill", default="prefetcher",
                    help="the job killed: an index in JOBS, or 'prefetcher': the one that started it")
     r.add_argument("--workdir", default="/var/tmp")
