@@ -48,13 +48,21 @@ _HELD: dict = {}
 
 def job_name(job=None) -> str:
     """The job's name: `job`, else the default (module docstring). ValueError for a name that is
-    empty, has a NUL, or takes more than JOB_NAME_BYTES - 1 bytes in UTF-8; TypeError for a
-    non-string."""
+    empty, has a NUL, takes more than JOB_NAME_BYTES - 1 bytes in UTF-8, or is not text UTF-8 can
+    hold (a lone surrogate: what os.environ gives for a non-UTF-8 byte of $SHADECACHE_JOB);
+    TypeError for a non-string."""
     if job is None:
         job = os.environ.get(JOB_ENV) or _torchrun_id() or launching_process()
     if not isinstance(job, str):
         raise TypeError(f"job must be a str naming the training job, got {type(job).__name__}")
-    raw = job.encode("utf-8", "surrogatepass")
+    try:
+        # strict: the registry stores these bytes and Jobs.name() decodes them, so every name
+        # accepted here reads back the same and is found again by every process of the job (a
+        # surrogate, passed through, would read back as U+FFFD: a new job per process)
+        raw = job.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"job name {job!r} is not valid UTF-8 text (a byte that is not UTF-8, "
+                         f"as in a $SHADECACHE_JOB of another encoding): give a UTF-8 name") from None
     if not raw or b"\0" in raw or len(raw) >= JOB_NAME_BYTES:
         raise ValueError(f"job name {job!r}: give 1 to {JOB_NAME_BYTES - 1} bytes of UTF-8 without NUL")
     return job
@@ -158,7 +166,7 @@ class Jobs:
         row = self._table[slot]
         me = os.getpid()
         row[J_PID // 8], row[J_START // 8], row[J_SINCE // 8] = me, start_time_of(me), time.time_ns()
-        raw = name.encode("utf-8", "surrogatepass")
+        raw = name.encode("utf-8")           # job_name() checked it encodes
         self._raw[slot, J_NAME:] = 0
         self._raw[slot, J_NAME:J_NAME + len(raw)] = np.frombuffer(raw, np.uint8)
         row[J_GENERATION // 8] = gen

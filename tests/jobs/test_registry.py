@@ -195,3 +195,14 @@ def test_stats_lists_the_jobs_on_a_cache(cache_name, tmp_path):
             mine.close()
     gc()
 
+
+
+def test_a_job_name_that_is_not_utf8_is_refused_naming_it(monkeypatch):
+    """A non-UTF-8 byte in $SHADECACHE_JOB reaches Python as a lone surrogate: a name the registry
+    could not read back (each process of the job would register a job of its own)."""
+    monkeypatch.setenv(registry.JOB_ENV, os.fsdecode(b"run-\xff"))
+    with pytest.raises(ValueError, match=r"job name 'run-\\udcff' is not valid UTF-8"):
+        registry.job_name()
+    with pytest.raises(ValueError, match="not valid UTF-8"):
+        registry.job_name("a\ud800b")
+    assert registry.job_name("läuft-✓") == "läuft-✓"          # any UTF-8 text is a name
