@@ -55,7 +55,7 @@ import torch.distributed as dist
 from torch.utils.data import Sampler
 
 from .extents import arrange
-from .follow import follow
+from .follow import REBEND, follow, horizon
 from .importance import ImportanceTable
 from .stalls import StallPlanner, StallView
 from ..lookahead.publish import board_of, publish_ahead, published_iter, rewrite_published
@@ -190,6 +190,7 @@ class ShadeSampler(Sampler):
         self.last_epoch_stats = {}
         self.repeats_history = []   # per epoch: accuracy_repeats, stall_deferrals, stall_repeats
         self.follow_history = []    # per epoch: samples of its batches traded to follow the node
+        self._follow_due = (-1, 0)  # (epoch, position) of the next bend (follow.REBEND)
         self._stall_plan = False
         self._prefetcher_looked = 0.0   # when _jobs_upkeep last looked for the node's prefetcher
         self._scores_on = None          # the board whose job table holds this sampler's scores
@@ -525,11 +526,15 @@ class ShadeSampler(Sampler):
 
     def _follow(self, board, k: int) -> None:
         """The order from k takes what the node holds or reads first, over the prefetcher's reach
-        (sampling/follow.py)."""
+        (sampling/follow.py), bent again each time 1/REBEND of that reach has been taken."""
         window = max(self.batch_size, board.control.reach)
+        due_epoch, due_k = self._follow_due
+        if due_epoch == self.epoch and k < due_k:
+            return
+        self._follow_due = (self.epoch, k + max(self.batch_size, window // REBEND))
         on_way = board.flags.on_way(slice(None))   # the flags first: a read landing in between
         cached = np.asarray(self.cache.cached_mask(), dtype=bool)   # is seen cached
-        changed, moves = follow(self._order, k, window, cached, on_way)
+        changed, moves = follow(self._order, k, window, cached, on_way, horizon=horizon(window))
         if not changed.size:
             return
         ahead = None if self._planner is None else self._planner.ahead

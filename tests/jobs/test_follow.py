@@ -31,6 +31,17 @@ def test_follow_brings_the_cached_samples_then_those_on_their_way_into_the_windo
     assert follow(order, 5, 4, np.zeros(12, bool), np.zeros(12, bool))[0].size == 0   # nothing
 
 
+def test_follow_looks_for_cached_samples_only_within_its_horizon():
+    """The search for what the node holds stops `horizon` positions after k (what bounds a bend's
+    cost whatever the epoch's length): a cached sample beyond it stays where it is."""
+    order = np.arange(20, dtype=np.int64)
+    cached = np.zeros(20, bool)
+    cached[[4, 9, 15]] = True
+    changed, _ = follow(order, 2, 3, cached, np.zeros(20, bool), horizon=10)
+    assert order[2:5].tolist() == [4, 9, 2]     # 4 and 9 are within 2..11, 15 is not
+    assert order[15] == 15 and sorted(order.tolist()) == list(range(20))
+
+
 @pytest.fixture
 def store(tmp_path):
     path = tmp_path / "f.shc"
