@@ -4,7 +4,7 @@ A job is one training run: every rank of it, its DataLoader workers and the proc
 Its name is given where the node is composed (sc.Node(job=...)), else taken from
 $SHADECACHE_JOB, else from torchrun's run id ($TORCHELASTIC_RUN_ID; "none", what torchrun says
 when it was given no --rdzv-id, names nothing), else from the launching process: the leader of
-this process's process group ("pgid-<pgid>-<its start time>"). A shell puts each command it
+this process's process group ("pgid-<pgid>-<its session id>"). A shell puts each command it
 starts in a group of its own, and the processes a program starts stay in its group (torchrun's
 ranks, mp.spawn's, subprocesses, DataLoader workers), so two commands are two jobs and the ranks
 of one are one. Processes that a driver starts as separate jobs need a name each (job=,
@@ -74,10 +74,13 @@ def _torchrun_id():
 
 
 def launching_process() -> str:
-    """The default job name of this process: its process group's, "pgid-<pgid>-<start time of
-    the group's leader>" (0 when the leader has exited: every member still gives the same)."""
-    pgid = os.getpgid(0)
-    return f"pgid-{pgid}-{start_time_of(pgid)}"
+    """The default job name of this process: its process group's, "pgid-<pgid>-<sid>" (the
+    group's id and its session's). Both stay what they are while the group has a member, whether
+    or not its leader still runs (a launcher that backgrounds its ranks and exits: the ranks that
+    compose their nodes after it are the same job). A group id is reused only once the group is
+    empty: its job's processes are gone (or left the group), and a dead job is never found by
+    name (Jobs.find asks its liveness byte), so a later group of the same id starts a new job."""
+    return f"pgid-{os.getpgid(0)}-{os.getsid(0)}"
 
 
 class Jobs:

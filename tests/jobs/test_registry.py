@@ -206,3 +206,18 @@ def test_a_job_name_that_is_not_utf8_is_refused_naming_it(monkeypatch):
     with pytest.raises(ValueError, match="not valid UTF-8"):
         registry.job_name("a\ud800b")
     assert registry.job_name("läuft-✓") == "läuft-✓"          # any UTF-8 text is a name
+
+
+def test_the_default_job_name_outlives_the_process_group_leader():
+    """A launcher that backgrounds its ranks and exits: a rank that composes its node after the
+    launcher is gone names the same job as one that composed it before."""
+    code = ("import sys, time; from shadecache.lookahead.jobs import job_name; "
+            "time.sleep(float(sys.argv[1])); print(job_name(), flush=True)")
+    env = {k: v for k, v in os.environ.items() if k not in (registry.JOB_ENV, registry.TORCHRUN_ENV)}
+    launcher = (f"{sys.executable} -c '{code}' 0 & {sys.executable} -c '{code}' 1.5 & "
+                "sleep 0.5; exit 0")
+    p = subprocess.Popen(["bash", "-c", launcher], start_new_session=True, env=env,
+                         stdout=subprocess.PIPE, text=True)
+    assert p.wait(10) == 0                     # the group's leader is gone; its ranks run on
+    names = p.stdout.read().split()            # EOF once both ranks have exited
+    assert len(names) == 2 and names[0] == names[1], names
