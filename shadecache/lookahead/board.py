@@ -123,9 +123,15 @@ from .job_scores import DEFAULT_RULE, ScoreMerge, check_rule, rule_name
 from .job_view import JobView
 from .jobs import Jobs, job_name
 
-__all__ = ["OrderBoard", "BoardLink", "READS_EVERY_MISS", "READS_ADMITTED", "READS_UNTIL_FULL",
-           "PREFETCHED", "ON_WAY", "WANTED", "NONE", "COUNTERS", "READER_COUNTERS",
+__all__ = ["OrderBoard", "BoardLink", "BoardMismatchError", "READS_EVERY_MISS", "READS_ADMITTED",
+           "READS_UNTIL_FULL", "PREFETCHED", "ON_WAY", "WANTED", "NONE", "COUNTERS", "READER_COUNTERS",
            "SAMPLER_COUNTERS", "EPOCH_SLOTS", "NEXT_EPOCH_ROOM", "MAX_STREAMS"]
+
+
+class BoardMismatchError(ValueError):
+    """The cache's board was made for another number of samples or another score merge rule
+    than this node asks for: a composition error, reported wherever the board is looked for
+    (never taken for "no board yet")."""
 
 
 def _check_shape(num_samples, streams, capacity) -> int:
@@ -244,12 +250,12 @@ class OrderBoard:
             return None
         if node.num_samples != num_samples:
             node.close()
-            raise ValueError(f"the board of cache {cache_name!r} is for {node.num_samples} samples, "
+            raise BoardMismatchError(f"the board of cache {cache_name!r} is for {node.num_samples} samples, "
                              f"not {num_samples}")
         have = rule_name(node.word(H_SCORE_MERGE))
         if rule is not None and have != rule:
             node.close()
-            raise ValueError(f"the jobs on cache {cache_name!r} merge their scores by {have!r}; "
+            raise BoardMismatchError(f"the jobs on cache {cache_name!r} merge their scores by {have!r}; "
                              f"this node asks for {rule!r}: compose it with score_merge={have!r}")
         if _abandoned(node):
             node.unlink()
@@ -425,7 +431,8 @@ class BoardLink:
 
     def get(self) -> Optional[OrderBoard]:
         """The board, or None while there is none (PermissionError when the board at its name
-        is another user's: refused, never attached)."""
+        is another user's: refused, never attached; BoardMismatchError when it was made for
+        another number of samples or score merge rule than this node's)."""
         if self._pid != os.getpid():   # a forked child attaches on its own
             self._board, self._looked, self._pid = None, None, os.getpid()
         b = self._board
@@ -445,7 +452,9 @@ class BoardLink:
                                               job=self.job, score_merge=self.score_merge, make=False)
             else:
                 self._board = OrderBoard.attach(self.cache_name, self.job)
-        except (FileNotFoundError, ValueError):
+        except BoardMismatchError:
+            raise      # the node's composition, not the board's state: a job never runs boardless by it
+        except (FileNotFoundError, ValueError):   # none yet, or one being made
             self._board = None
         return self._board
 

@@ -221,3 +221,22 @@ def test_the_default_job_name_outlives_the_process_group_leader():
     assert p.wait(10) == 0                     # the group's leader is gone; its ranks run on
     names = p.stdout.read().split()            # EOF once both ranks have exited
     assert len(names) == 2 and names[0] == names[1], names
+
+
+def test_a_node_that_does_not_read_ahead_is_refused_another_merge_rule_too(cache_name, tmp_path):
+    """Without read_ahead the node finds the board when first used: a board of another rule is an
+    error there, not a job that runs without a board."""
+    path = tmp_path / "s.shc"
+    sc.pack([(bytes([i]) * 64, i % 3) for i in range(40)], path, progress=False)
+    with sc.PackedStore(path) as store, sc.Cache.for_store(cache_name, store, 1 << 20) as cache:
+        first = sc.Node(store, cache, read_plan="samples", job="a", score_merge="max")
+        try:
+            late = sc.Node(store, cache, read_plan="samples", job="b", score_merge="sum",
+                           read_ahead=False)
+            with pytest.raises(ValueError, match="merge their scores by 'max'"):
+                late.board
+            assert [j["name"] for j in first.board.jobs.describe()] == ["a"]
+            late.close()
+        finally:
+            first.board.leave()
+            first.close()
