@@ -121,6 +121,7 @@ from .control import Control
 from .handoff import HandOff
 from .job_scores import DEFAULT_RULE, ScoreMerge, check_rule, rule_name
 from .job_view import JobView
+from . import jobs as registry
 from .jobs import Jobs, job_name
 
 __all__ = ["OrderBoard", "BoardLink", "BoardMismatchError", "READS_EVERY_MISS", "READS_ADMITTED",
@@ -172,7 +173,7 @@ class OrderBoard:
     """One job's handle on the board of its cache (module docstring). OrderBoard.create /
     join / attach make one; node: the NodeFile, view: the job's JobView."""
 
-    def __init__(self, node: NodeFile, view: JobView, made_job: bool):
+    def __init__(self, node: NodeFile, view: JobView, made_job: bool, held: bool = False):
         self._node, self._view = node, view
         self.path = view.file.path
         self.identity = (node.identity, view.file.identity)
@@ -185,11 +186,16 @@ class OrderBoard:
         self.control = Control(header, node.path)
         self.flags = HandOff(node.view(np.uint8, self.num_samples, FLAGS_AT), header, self.control)
         self.jobs = Jobs(node)
+        self.cache_name = self.jobs.cache_name
         self.job = self.jobs.name(self.slot)
         self.orders, self.counters, self.scores = view.orders, view.counters, view.scores
         self.all_jobs = AllJobs(node, self.jobs, (header, rows), own=view)
         self.merge = ScoreMerge(self.all_jobs, view, self.score_merge)
         self._creator = os.getpid() if made_job else None
+        # the process in which this handle holds one count of its job's byte (jobs.hold), or
+        # None (an observer's handle, or one that left): leave() gives that count back
+        self._held = os.getpid() if held else None
+        self._own_key = f"{self.path}#{self.generation}"   # its leave at exit (shm.own)
 
     @property
     def score_merge(self) -> str:
@@ -207,7 +213,7 @@ class OrderBoard:
         name = job_name(job)
         node = NodeFile.create(cache_name, int(num_samples), SCORE_MERGES[check_rule(score_merge)])
         try:
-            return cls._register(node, name, int(streams), capacity)
+            return cls._register(node, name, int(streams), capacity, True)
         except BaseException:
             node.unlink()
             node.close()
@@ -215,13 +221,16 @@ class OrderBoard:
 
     @classmethod
     def join(cls, cache_name: str, num_samples: int, streams: int = 1, capacity=None, job=None,
-             score_merge=None, make: bool = True, wait: float = 5.0) -> "OrderBoard":
+             score_merge=None, make: bool = True, wait: float = 5.0,
+             counted: bool = True) -> "OrderBoard":
         """The board of job `job` on cache `cache_name`: the cache's board made (make=True) or
         attached (one being made waited for up to `wait` seconds; one on which no job lives and
         whose creator is gone made anew), the job registered there or joined (this process then
         counts among its processes). score_merge: the rule the board must have (ValueError when
         another made it with another; None: the board's, DEFAULT_RULE for a new one).
-        FileNotFoundError when make=False and there is no board."""
+        FileNotFoundError when make=False and there is no board. counted=False: the handle is
+        never closed (a sampler's own link) and counts for nothing in this process's hold of the
+        job (jobs.Jobs.hold): it holds the job only while no counted handle does, until exit."""
         capacity = _check_shape(num_samples, streams, capacity)
         name = job_name(job)
         rule = check_rule(score_merge) if score_merge is not None else None
@@ -230,7 +239,7 @@ class OrderBoard:
             if node is None:
                 continue
             try:
-                return cls._register(node, name, int(streams), capacity)
+                return cls._register(node, name, int(streams), capacity, counted)
             except FileNotFoundError:
                 node.close()       # made again since it was attached: the one there now
 
@@ -264,28 +273,33 @@ class OrderBoard:
         return node
 
     @classmethod
-    def _register(cls, node: NodeFile, name: str, streams: int, capacity: int) -> "OrderBoard":
-        """Registers (or joins) job `name` on `node`; its file made (registered) or attached."""
+    def _register(cls, node: NodeFile, name: str, streams: int, capacity: int,
+                  counted: bool) -> "OrderBoard":
+        """Registers (or joins) job `name` on `node`; its file made (a new registration) or
+        attached (a live job's), under the registry lock. On return this process holds the
+        job's byte (one count: the board leaves it); on any failure it does not (a byte kept
+        would keep a job that never ran, or a later one at its slot, looking alive)."""
         jobs = Jobs(node)
         cache_name = jobs.cache_name
         try:
             with jobs.locked():
-                slot, gen, joined = jobs.register(name)
-                if not joined:
-                    try:
-                        f = JobFile.create(cache_name, slot, gen, node.num_samples, streams, capacity)
-                    except BaseException:
-                        jobs.leave(slot, gen)
-                        raise
-            if joined:
-                f = JobFile.attach(cache_name, slot)
-                if f.generation != gen:
-                    f.close()
-                    raise FileNotFoundError(f"job {name!r} left cache {cache_name!r} meanwhile")
+                slot, gen, joined = jobs.register(name, counted)
+                try:
+                    f = _job_file(node, cache_name, slot, gen, joined, streams, capacity)
+                except BaseException:
+                    registry.release(node.identity, slot, gen, counted=counted)
+                    jobs.settle()         # a registration of its own that failed: its slot freed
+                    raise
         finally:
             jobs.close()
-        board = cls(node, JobView(f, *_node_parts(node)), made_job=not joined)
-        shm.own(board.path, functools.partial(_leave_at_exit, cache_name, node.identity, slot, gen))
+        try:
+            board = cls(node, JobView(f, *_node_parts(node)), made_job=not joined, held=counted)
+        except BaseException:
+            f.close()
+            registry.release(node.identity, slot, gen, counted=counted)
+            _settle(node)
+            raise
+        shm.own(board._own_key, functools.partial(_leave_at_exit, cache_name, node.identity, slot, gen))
         return board
 
     @classmethod
@@ -296,6 +310,7 @@ class OrderBoard:
         or others. member=True: this process counts among the job's processes (jobs.py)."""
         node = NodeFile.attach(cache_name)
         jobs = Jobs(node)
+        held = f = None
         try:
             found = jobs.find(job_name(job))
             if found is None and job is None:
@@ -306,18 +321,22 @@ class OrderBoard:
                 raise FileNotFoundError(f"no {which} lives on the order board of cache {cache_name!r}")
             f = JobFile.attach(cache_name, found[0])
             if f.generation != found[1]:
-                f.close()
                 raise FileNotFoundError(f"the job at slot {found[0]} of cache {cache_name!r} left")
             if member:
                 jobs.hold(*found)
+                held = found
+            board = cls(node, JobView(f, *_node_parts(node)), made_job=False, held=member)
         except BaseException:
+            if f is not None:
+                f.close()
+            if held is not None:
+                registry.release(node.identity, *held)
             jobs.close()
             node.close()
             raise
         jobs.close()
-        board = cls(node, JobView(f, *_node_parts(node)), made_job=False)
         if member:
-            shm.own(board.path, functools.partial(_leave_at_exit, cache_name, node.identity, *found))
+            shm.own(board._own_key, functools.partial(_leave_at_exit, cache_name, node.identity, *found))
         return board
 
     @property
@@ -341,15 +360,35 @@ class OrderBoard:
         self._node = None
 
     def leave(self) -> None:
-        """This process leaves the job (what its exit does): the job's board goes with its last
-        process, the node's file with the last job."""
-        shm.disown(self.path)
-        _leave(self._node, self.slot, self.generation)
+        """This process leaves the job (what its exit does), whichever of its handles joined it:
+        the job's board goes with the job's last process, the node's file with the last job."""
+        self._held = None
+        registry.release(self.identity[0], self.slot, self.generation, everything=True)
+        shm.disown(self._own_key)
+        self._settle()
+
+    def let_go(self) -> None:
+        """This handle gives back its count of this process's hold of the job (one node of the
+        job closes: BoardLink.close): the process leaves the job with the last counted handle
+        (several nodes of one job in one process), as leave() does. Nothing for a handle that
+        holds no count (an observer's, one that let go already)."""
+        if self._held != os.getpid():
+            return
+        self._held = None
+        if registry.release(self.identity[0], self.slot, self.generation) == 0:
+            shm.disown(self._own_key)
+            self._settle()
+
+    def _settle(self) -> None:
+        if self._node is not None:
+            _settle(self._node)
+        else:
+            _settle_named(self.cache_name, self.identity[0])
 
     def unlink(self):
         """Removes the names of the node's file and of the job's (when each is still this board's
         file and this user's); processes that have them mapped keep them until they close."""
-        shm.disown(self.path)
+        shm.disown(self._own_key)
         # by path and identity, not through the mappings: a closed board can be unlinked too
         unlink_if_current(self.path, self.identity[1])
         unlink_if_current(self._node_path, self.identity[0])
@@ -372,12 +411,33 @@ class OrderBoard:
         return (OrderBoard.attach, (self.jobs.cache_name, self.job))
 
 
-def _leave(node: NodeFile, slot: int, generation: int) -> None:
-    """Leaves the job at `slot` of `node`; the node's file removed when no job lives on it."""
+def _job_file(node: NodeFile, cache_name: str, slot: int, gen: int, joined: bool, streams: int,
+              capacity: int) -> JobFile:
+    """The file of the job just registered (made) or joined (attached) at `slot`; registry lock
+    held, so a live job's file is whole. A live job whose file is missing or another's (removed
+    under it: by hand, or by a `gc` older than the registry lock's) gets it made again, rather
+    than having every later rank wait for it forever: the ranks that had the removed one see
+    their board is no longer current and attach the new one (BoardLink.get)."""
+    if joined:
+        try:
+            f = JobFile.attach(cache_name, slot, wait=0)
+        except FileNotFoundError:
+            f = None
+        if f is not None and f.generation == gen:
+            return f
+        if f is not None:
+            f.close()
+    return JobFile.create(cache_name, slot, gen, node.num_samples, streams, capacity)
+
+
+def _settle(node: NodeFile) -> None:
+    """After this process let go of a job on `node` (registry.release): under the registry lock,
+    the slots of the jobs no process holds freed and their boards removed; the node's file
+    removed when no job lives on it."""
     jobs = Jobs(node)
     try:
         with jobs.locked():
-            if not jobs.leave(slot, generation):
+            if not jobs.settle():
                 node.unlink()
     except FileNotFoundError:
         pass   # the node's file was made again since: that one is other jobs'
@@ -385,44 +445,54 @@ def _leave(node: NodeFile, slot: int, generation: int) -> None:
         jobs.close()
 
 
-def _leave_at_exit(cache_name: str, identity: tuple, slot: int, generation: int) -> None:
-    """At this process's exit: it leaves its job on the node's file of `identity`, if that file is
-    still the cache's board (else its byte goes with it)."""
+def _settle_named(cache_name: str, identity: tuple) -> None:
+    """_settle on the node's file of `identity`, attached by name, if that file is still the
+    cache's board."""
     try:
         node = NodeFile.attach(cache_name)
     except (OSError, ValueError):
-        node = None
-    if node is None or node.identity != identity:
-        from . import jobs as registry
-        registry.release(identity, slot, generation)
-        if node is not None:
-            node.close()
         return
     try:
-        _leave(node, slot, generation)
+        if node.identity == identity:
+            _settle(node)
     finally:
         node.close()
+
+
+def _leave_at_exit(cache_name: str, identity: tuple, slot: int, generation: int) -> None:
+    """At this process's exit: every handle of it lets go of its job on the node's file of
+    `identity` (its byte released now, not at the last close of its descriptor), then that file
+    is settled if it is still the cache's board."""
+    registry.release(identity, slot, generation, everything=True)
+    _settle_named(cache_name, identity)
 
 
 class BoardLink:
     """The board of one job on one cache as a node holds it (sc.Node passes it to its miss path,
     its samplers and its prefetcher): the board attached when it exists, looked for again at most
     once a second while it does not (another rank, or the node's own first publish, may make it
-    later), and dropped once it is no longer current. A member link (the job's processes: the
-    training process, its DataLoader workers) joins the job on a board it finds; an observer
-    (observer(): the prefetcher, the peer server) only attaches. Pickles as the cache's and the
-    job's names: a DataLoader worker or the prefetcher attaches in its own process."""
+    later), and dropped once it is no longer current. A member link (the node's: the job's
+    training process) joins the job on a board it finds, and leaves it at close(); an observer
+    (observer(): the prefetcher, the peer server; and every copy of a link in another process:
+    a DataLoader worker, forked or spawned) only attaches, so the job lives exactly as long as
+    the processes that composed its nodes (jobs.py). Pickles as the cache's and the job's names:
+    a DataLoader worker or the prefetcher attaches in its own process."""
 
     RELOOK_S = 1.0
 
     def __init__(self, cache_name: str, job=None, num_samples=None, streams=None,
-                 member: bool = True, score_merge=None):
+                 member: bool = True, score_merge=None, counted: bool = False):
         self.cache_name, self.job = cache_name, job_name(job)
         self.num_samples, self.streams = num_samples, streams
         self.member, self.score_merge = bool(member), score_merge
+        # counted: this link is closed by its owner (a node's: Node.close), and its join counts
+        # in this process's hold of the job until then; a link nobody closes (a sampler's own)
+        # rides along (OrderBoard.join counted=False)
+        self.counted = bool(counted)
         self._board = None
         self._looked = None       # (when, the node file's identity or None) of a look that found no board
         self._pid = os.getpid()
+        self._closed = False
 
     def observer(self) -> "BoardLink":
         """A link to the same board that does not join the job (processes the node starts)."""
@@ -433,11 +503,27 @@ class BoardLink:
         """The board, or None while there is none (PermissionError when the board at its name
         is another user's: refused, never attached; BoardMismatchError when it was made for
         another number of samples or score merge rule than this node's)."""
-        if self._pid != os.getpid():   # a forked child attaches on its own
+        if self._pid != os.getpid():
+            # a forked child (a DataLoader worker) attaches on its own, as an observer: it holds
+            # none of its parent's jobs (jobs.py) and must not keep a job alive after its parent
             self._board, self._looked, self._pid = None, None, os.getpid()
+            self.member = False
+        if self._closed:
+            return None
         b = self._board
         if b is not None and not b.closed and b.is_current():
             return b
+        # b, if any, is no longer what the names hold: let go of it (its mapping, its descriptors
+        # and this link's count of its job) once the one there now is joined (joined first: the
+        # job's byte stays held across, so a job of one process is not freed in between)
+        self._board = None
+        try:
+            return self._look(b)
+        finally:
+            if b is not None:
+                self._drop(b)
+
+    def _look(self, b) -> Optional[OrderBoard]:
         now, there = time.monotonic(), _file_identity(shm.board_path(self.cache_name))
         # A look that found nothing is not repeated for RELOOK_S (a join costs opens and locks),
         # unless the node's file changed since (one stat): a board made right after a sampler
@@ -449,7 +535,8 @@ class BoardLink:
         try:
             if self.member and self.num_samples is not None:
                 self._board = OrderBoard.join(self.cache_name, self.num_samples, self._streams(),
-                                              job=self.job, score_merge=self.score_merge, make=False)
+                                              job=self.job, score_merge=self.score_merge, make=False,
+                                              counted=self.counted)
             else:
                 self._board = OrderBoard.attach(self.cache_name, self.job)
         except BoardMismatchError:
@@ -457,6 +544,22 @@ class BoardLink:
         except (FileNotFoundError, ValueError):   # none yet, or one being made
             self._board = None
         return self._board
+
+    def close(self) -> None:
+        """The node is done: a member link leaves its job (the job's board goes with the job's
+        last process, the node's file with the last job: another node of the same job in this
+        process keeps the job until it closes too); the board is closed. Later get() gives None."""
+        self._closed = True
+        b, self._board = self._board, None
+        if b is not None and self._pid == os.getpid():
+            self._drop(b)
+
+    @staticmethod
+    def _drop(board: OrderBoard) -> None:
+        try:
+            board.let_go()        # this link's count of the job, if it holds one
+        finally:
+            board.close()
 
     def _streams(self) -> int:
         return self.streams if self.streams is not None else local_ranks()
@@ -466,8 +569,11 @@ class BoardLink:
         or joined once it is whole (a board being made is waited for up to `wait` seconds), or
         made anew in place of one on which no job lives (a killed job's)."""
         self.num_samples, self.streams = num_samples, streams
+        if self._board is not None:
+            b, self._board = self._board, None
+            self._drop(b)
         self._board = OrderBoard.join(self.cache_name, num_samples, streams, job=self.job,
-                                      score_merge=self.score_merge, wait=wait)
+                                      score_merge=self.score_merge, wait=wait, counted=self.counted)
         return self._board
 
     def __getstate__(self):
@@ -475,7 +581,9 @@ class BoardLink:
                 "streams": self.streams, "member": self.member, "score_merge": self.score_merge}
 
     def __setstate__(self, state):
-        self.__init__(**state)
+        # a copy in another process (a spawned DataLoader worker) is an observer: the processes
+        # that compose a node are the job's members, not those the node travels to
+        self.__init__(**{**state, "member": False, "counted": False})
 
 
 def _file_identity(path: str):

@@ -15,10 +15,15 @@ The registry is a table in the order board's file (board_layout.py: MAX_JOBS slo
 header): a slot holds a job's generation (0: free; every registration gets a new one, so a slot
 given to another job is told from the one a board was made for), the pid and start time of the
 process that registered it, when, and its name. A job lives while some process holds the shared
-lock on its slot's byte of that file (JOB_LIVE_AT + slot; process.hold_byte): each process of the
-job takes it when it joins, a forked child shares its parent's, and the kernel drops a process's
-when it dies, SIGKILL included. Nothing is written at a death: whoever looks next (a live job
-every half second, the prefetcher, `shadecache gc`) sees the byte free.
+lock on its slot's byte of that file (JOB_LIVE_AT + slot; process.hold_byte): each member process
+of the job (one that joined it: composed a node of the job, or joined its board) takes it when it
+joins, and the kernel drops a process's when it dies, SIGKILL included. A forked child does not
+keep it (process.keep_from_children: the child closes its copy of the descriptor at the fork) and
+is no member: a DataLoader worker, forked or spawned, attaches its job's board as an observer
+(board.BoardLink), so the job lives exactly as long as its training processes, and its workers
+neither keep a finished job's files (they are stopped after the atexit hook that leaves) nor a
+SIGKILLed job alive until torch's watchdog ends them. Nothing is written at a death: whoever
+looks next (a live job every half second, the prefetcher, `shadecache gc`) sees the byte free.
 
 Contract: registrations, departures and the freeing of dead jobs' slots are made under the
 registry lock (an exclusive lock on REGISTRY_LOCK_AT, process.exclusive_byte; a waiter of a dead
@@ -36,14 +41,19 @@ import time
 import numpy as np
 
 from .. import node_files, shm
-from ..process import byte_held, exclusive_byte, hold_byte, start_time_of
+from ..process import (byte_held, close_kept, exclusive_byte, hold_byte, keep_from_children,
+                       start_time_of)
 from .board_layout import (H_GENERATIONS, J_GENERATION, J_NAME, J_PID, J_SINCE, J_START,
                            JOB_LIVE_AT, JOB_NAME_BYTES, JOB_SLOT_BYTES, MAX_JOBS, REGISTRY_LOCK_AT)
 
 JOB_ENV = "SHADECACHE_JOB"
 TORCHRUN_ENV = "TORCHELASTIC_RUN_ID"
-# (board identity, slot, generation) -> the descriptor holding that job's byte in this process
+# (board identity, slot, generation) -> [token of the descriptor holding that job's byte in this
+# process (process.keep_from_children), how many of this process's handles joined it]
 _HELD: dict = {}
+# a forked child is no member of its parent's jobs: its copies of the descriptors are closed by
+# process.py's hook, and it forgets them here
+os.register_at_fork(after_in_child=_HELD.clear)
 
 
 def job_name(job=None) -> str:
@@ -141,21 +151,24 @@ class Jobs:
     @contextlib.contextmanager
     def locked(self):
         """The registry lock. FileNotFoundError when the board's name no longer names this file
-        (removed, made again): the caller attaches the one there now."""
+        (removed, made again): the caller attaches the one there now. Whoever removes the file
+        (the last job to leave, `gc`) does so holding this lock, so a waiter that opened the file
+        before the removal sees it has no name left (st_nlink 0) once it gets in."""
         with exclusive_byte(self._file.path, REGISTRY_LOCK_AT) as fd:
             st = os.fstat(fd)
-            if (st.st_dev, st.st_ino) != self._file.identity:
-                raise FileNotFoundError(f"{self._file.path} was made again since it was attached")
+            if (st.st_dev, st.st_ino) != self._file.identity or st.st_nlink == 0:
+                raise FileNotFoundError(f"{self._file.path} was removed or made again since it "
+                                        "was attached")
             yield
 
-    def register(self, name: str):
+    def register(self, name: str, counted: bool = True):
         """(slot, generation, joined): the live job `name` joined (this process holds its byte
         from now on), or a new registration in a free slot (or one a dead job held, its board
         removed). sc.CapacityError when MAX_JOBS jobs live on the cache. Registry lock held."""
         self.free_dead()
         found = self.find(name)
         if found is not None:
-            self.hold(*found)
+            self.hold(*found, counted=counted)
             return found[0], found[1], True
         free = [s for s in range(MAX_JOBS) if not self.generation(s)]
         if not free:
@@ -165,7 +178,7 @@ class Jobs:
         slot = free[0]
         gen = int(self._header[H_GENERATIONS // 8]) + 1
         self._header[H_GENERATIONS // 8] = gen
-        self.hold(slot, gen)                 # the byte before the generation (module docstring)
+        self.hold(slot, gen, counted=counted)   # the byte before the generation (module docstring)
         row = self._table[slot]
         me = os.getpid()
         row[J_PID // 8], row[J_START // 8], row[J_SINCE // 8] = me, start_time_of(me), time.time_ns()
@@ -175,20 +188,25 @@ class Jobs:
         row[J_GENERATION // 8] = gen
         return slot, gen, False
 
-    def hold(self, slot: int, generation: int) -> None:
-        """This process holds the byte of the job at `slot` (once per process and registration;
-        a forked child shares the descriptor its parent holds it on)."""
+    def hold(self, slot: int, generation: int, counted: bool = True) -> None:
+        """This process holds the byte of the job at `slot`: once per process and registration
+        (one descriptor), counted per handle that joins it (release() lets go with the last);
+        counted=False: a handle that is never closed rides along (it holds the byte if no handle
+        does, and counts for nothing: the last counted handle's release, or the exit, ends it).
+        A forked child does not hold it (module docstring)."""
         key = (self._file.identity, int(slot), int(generation))
         if key in _HELD:
+            _HELD[key][1] += int(counted)
             return
         fd = os.open(self._file.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        token = keep_from_children(fd)
         try:
             node_files.check(fd, self._file.path, "order board")
             hold_byte(fd, JOB_LIVE_AT + int(slot))
         except BaseException:
-            os.close(fd)
+            close_kept(token)
             raise
-        _HELD[key] = fd
+        _HELD[key] = [token, int(counted)]
 
     def free_dead(self) -> list:
         """Frees the slots of the jobs that are gone and removes their boards; returns the slots
@@ -206,20 +224,34 @@ class Jobs:
         if os.path.lexists(path) and node_files.owned(path):
             os.unlink(path)
 
-    def leave(self, slot: int, generation: int) -> bool:
-        """This process leaves the job at `slot` (its byte released); when no process of the job
+    def settle(self) -> bool:
+        """After a process released its hold of a job (release()): when no process of that job
         is left, its slot is freed and its board removed, and so are those of jobs that died
-        meanwhile (the last job to leave must not leave a killed job's board behind: nobody
-        else would look). Returns whether a job still lives on the cache. Registry lock held."""
-        release(self._file.identity, slot, generation)
+        meanwhile (the last job to leave must not leave a killed job's board behind: nobody else
+        would look). Returns whether a job still lives on the cache. Registry lock held."""
         self.free_dead()
         return bool(self.live())
 
 
+def release(identity: tuple, slot: int, generation: int, counted: bool = True,
+            everything: bool = False) -> int:
+    """One of this process's handles of the job at `slot` of the node file `identity` lets go
+    (counted=False: one that counted for nothing, hold(counted=False); everything=True: all of
+    them, at exit); the byte is released when no counted handle is left. Returns how many of
+    this process's handles still hold it."""
+    key = (identity, int(slot), int(generation))
+    held = _HELD.get(key)
+    if held is None:
+        return 0
+    held[1] = 0 if everything else held[1] - int(counted)
+    if held[1] > 0:
+        return held[1]
+    del _HELD[key]
+    close_kept(held[0])
+    return 0
 
-def release(identity: tuple, slot: int, generation: int) -> None:
-    """This process no longer holds the byte of the job at `slot` of the node file `identity`
-    (its forked children that share the descriptor still do, while they live)."""
-    fd = _HELD.pop((identity, int(slot), int(generation)), None)
-    if fd is not None:
-        os.close(fd)
+
+def holding(identity: tuple, slot: int, generation: int) -> int:
+    """How many of this process's handles hold the job at `slot` of the node file `identity`."""
+    held = _HELD.get((identity, int(slot), int(generation)))
+    return 0 if held is None else held[1]

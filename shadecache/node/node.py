@@ -113,6 +113,10 @@ class Node:
         if score_merge is not None:
             check_rule(score_merge)
         self._boards = _board_link(cache, streams, self.read_ahead, self.job, score_merge)
+        if self._boards is not None:
+            # a node dropped without close() leaves its job too, when it is collected (a
+            # temporary node must not keep the job alive for the rest of the process)
+            weakref.finalize(self, self._boards.close)
         self._notes = {}      # epoch -> a sampler's counts (note_epoch), without a board
         self.cluster = None
         self.misses = MissPath.counted(self._chain(peer=False), self._boards)
@@ -277,7 +281,11 @@ class Node:
 
     def close(self) -> None:
         """Stops the prefetcher this node started, and the cluster (with its peer server) it
-        made from torch.distributed; the parts given to it stay their owners'."""
+        made from torch.distributed; leaves the node's job on the cache's board (when this
+        process joined it through this node: the job ends with the last node of it in this
+        process, and the last of its processes; a driver that runs jobs one after another in
+        one process is not taken for several jobs sharing the cache); the parts given to it stay
+        their owners'."""
         p, self._prefetcher = self._prefetcher, None
         if p is not None:
             p.stop()
@@ -285,6 +293,8 @@ class Node:
                 _STARTED.remove(p)
         if self._owns_cluster and self.cluster is not None:
             self.cluster.close()
+        if self._boards is not None:
+            self._boards.close()
         _LIVE.discard(self)
 
     def __enter__(self) -> "Node":
@@ -344,7 +354,8 @@ def _board_link(cache, streams, create: bool, job: str, score_merge):
         return None
     from ..lookahead.board import BoardLink, local_ranks
     streams = local_ranks() if streams is None else streams
-    link = BoardLink(cache.name, job, cache.num_samples, streams, score_merge=score_merge)
+    link = BoardLink(cache.name, job, cache.num_samples, streams, score_merge=score_merge,
+                     counted=True)   # Node.close() closes it: the node's join ends there
     if create:
         link.create(cache.num_samples, streams)
     return link
