@@ -27,6 +27,10 @@ order board held by no process, its slot freed or given to another job, or no or
 files whose writer is gone, and the temporary files of a writer that is gone. A file's owner is the
 process that wrote it: the board header's creator (pid and start time, at BOARD_CREATOR_AT), the
 status file's "pid", the temporary name's <pid>; a job's, the processes that hold its byte.
+An order board and a job board are judged and removed under the order board's registry lock (the
+lock jobs register, make their boards and leave under: lookahead/jobs.py), and a job board only
+when its generation is not that of a live registration of its slot: a job that registers between
+gc's look and its unlink would otherwise lose its new board.
 """
 import atexit
 import json
@@ -34,7 +38,7 @@ import os
 import struct
 
 from . import node_files
-from .process import alive, byte_held
+from .process import alive, byte_held, exclusive_byte
 
 SHM_DIR = "/dev/shm"
 SEGMENT_PREFIX = "shadecache."        # the engine's (csrc/cache/segment.cc); the others must differ
@@ -57,6 +61,7 @@ MAX_JOBS = 32
 JOB_TABLE_AT = 4096
 JOB_SLOT_BYTES = 128
 JOB_LIVE_AT = 1 << 40
+REGISTRY_LOCK_AT = JOB_LIVE_AT - 1     # the registry lock's byte (lookahead/jobs.py Jobs.locked)
 JOB_SLOT_AT, JOB_GENERATION_AT = 48, 56
 
 
@@ -187,18 +192,76 @@ def board_jobs(path: str):
         os.close(fd)
 
 
-def _job_board_gone(entry: str) -> bool:
-    """Whether the job board `entry` (shadecache-job.<cache>.<slot>) is a job's that is gone: no
-    order board of its cache, or nobody holds its slot's liveness byte there (a live job at that
-    slot owns the name: it removes a stale file of the slot before it makes its own)."""
-    cache, _, slot = entry[len(JOB_PREFIX):].rpartition(".")
-    if not cache or not slot.isdigit():
+def _word(fd: int, at: int):
+    raw = os.pread(fd, 8, at)
+    return struct.unpack("<q", raw)[0] if len(raw) == 8 else None
+
+
+def _same_file(path: str, fd: int) -> bool:
+    """Whether the name `path` still holds the file open at `fd`."""
+    try:
+        st, mine = os.lstat(path), os.fstat(fd)
+    except FileNotFoundError:
         return False
-    jobs = board_jobs(board_path(cache))
-    if jobs is None:
-        return not os.path.exists(board_path(cache))
-    live = jobs.get(int(slot))
-    return live is None or not live[1]
+    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+def _sweep_job_board(entry: str, path: str) -> bool:
+    """Removes the job board `entry` (shadecache-job.<cache>.<slot>) when it is a gone job's;
+    returns whether it did. Gone: no order board of its cache, or the order board's slot holds
+    no registration, another one than the file's (its generation), or one whose liveness byte
+    nobody holds. Decided and removed under the order board's registry lock, the lock under
+    which jobs register and make their files: a job that registers at the slot meanwhile waits,
+    and its file is never taken for the dead one's."""
+    cache, _, slot = entry[len(JOB_PREFIX):].rpartition(".")
+    if not cache or not slot.isdigit() or int(slot) >= MAX_JOBS:
+        return False
+    slot, board = int(slot), board_path(cache)
+    try:
+        job_fd = node_files.open_file(path, os.O_RDONLY | os.O_NONBLOCK, "job board")
+    except OSError:
+        return False
+    try:
+        mine = _word(job_fd, JOB_GENERATION_AT)
+        if not node_files.owned(board):
+            if os.path.lexists(board):
+                return False          # another user's name: not this user's cache's board
+            # No order board: no registration can name this file. (One made from now on
+            # registers at the slot and makes its file under its own lock, removing a stale one
+            # first: the window is this look to the unlink, a name checked to be this file.)
+            return _same_file(path, job_fd) and _unlink(path)
+        try:
+            with exclusive_byte(board, REGISTRY_LOCK_AT) as fd:
+                if os.fstat(fd).st_nlink == 0:
+                    return False      # removed while this waited: look again at the next gc
+                gen = _word(fd, JOB_TABLE_AT + slot * JOB_SLOT_BYTES)
+                version = _word(fd, 8)
+                if gen is None or version is None or version < 2:
+                    return False      # no registry (being made, or an older layout)
+                live = gen != 0 and gen == mine and byte_held(fd, JOB_LIVE_AT + slot)
+                return not live and _same_file(path, job_fd) and _unlink(path)
+        except FileNotFoundError:
+            return False              # the order board went meanwhile: the next gc sees it
+    finally:
+        os.close(job_fd)
+
+
+def _sweep_board(entry: str, path: str, live_caches) -> bool:
+    """Removes the order board `entry` when no job lives on it and its creator is gone (when the
+    header names none: when its cache is not in `live_caches`); returns whether it did. Decided
+    and removed under its registry lock: a job registering meanwhile waits, then finds the file
+    removed (Jobs.locked) and makes the board anew."""
+    try:
+        with exclusive_byte(path, REGISTRY_LOCK_AT) as fd:
+            if os.fstat(fd).st_nlink == 0 or not _same_file(path, fd):
+                return False
+            creator = board_creator(path)
+            jobs = board_jobs(path) or {}
+            gone = not any(lives for _, lives in jobs.values()) and (
+                not alive(*creator) if creator is not None else entry[len(BOARD_PREFIX):] not in live_caches)
+            return gone and _unlink(path)
+    except OSError:       # gone meanwhile, a link (O_NOFOLLOW), not ours to open for writing
+        return False
 
 
 def sweep(live_caches) -> list:
@@ -216,12 +279,13 @@ def sweep(live_caches) -> list:
         if (status or entry.startswith(boards)) and not node_files.owned(path):
             continue
         if entry.startswith(BOARD_PREFIX):
-            creator = board_creator(path)
-            jobs = board_jobs(path) or {}
-            gone = not any(lives for _, lives in jobs.values()) and (
-                not alive(*creator) if creator is not None else entry[len(BOARD_PREFIX):] not in live)
+            if _sweep_board(entry, path, live):
+                removed.append(entry)
+            continue
         elif entry.startswith(JOB_PREFIX):
-            gone = _job_board_gone(entry)
+            if _sweep_job_board(entry, path):
+                removed.append(entry)
+            continue
         elif status and entry.endswith(".json"):
             try:
                 d = read_status(path)

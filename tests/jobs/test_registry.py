@@ -240,3 +240,43 @@ def test_a_node_that_does_not_read_ahead_is_refused_another_merge_rule_too(cache
         finally:
             first.board.leave()
             first.close()
+
+
+def test_gc_decides_and_removes_job_boards_under_the_registry_lock(cache_name):
+    """gc's look at a job board and its removal are one step under the lock jobs register under:
+    a job that registers at a dead job's slot between the two never has its new board removed."""
+    import threading
+    keeper = OrderBoard.join(cache_name, 50, job="keeper")
+    p, slot = _job(cache_name, 50, "killed")
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    dead = shm.job_board_path(cache_name, slot)
+    try:
+        with keeper.jobs.locked():          # a registration under way
+            sweeper = threading.Thread(target=gc)
+            sweeper.start()
+            sweeper.join(0.3)
+            assert sweeper.is_alive() and os.path.exists(dead), "gc did not wait for the lock"
+        sweeper.join(10)
+        assert not os.path.exists(dead) and os.path.exists(keeper.path)
+    finally:
+        keeper.leave()
+        keeper.close()
+    assert _files(cache_name) == []
+
+
+def test_a_rank_joins_a_live_job_whose_board_file_was_removed(cache_name):
+    """Every later rank of the job used to wait for the removed file forever (join's retries)."""
+    mine = OrderBoard.join(cache_name, 50, job="removed")
+    try:
+        os.unlink(mine.path)                # by hand, or by a gc that raced the registration
+        code = ("import sys; from shadecache.lookahead.board import OrderBoard as O; "
+                "b = O.join(sys.argv[1], 50, job='removed'); print(b.slot)")
+        out = subprocess.run([sys.executable, "-c", code, cache_name], capture_output=True,
+                             text=True, timeout=20)
+        assert out.stdout.split() == [str(mine.slot)], out.stderr[-2000:]
+        assert os.path.exists(mine.path) and not mine.is_current()   # made again; mine moves on
+    finally:
+        mine.leave()
+        mine.close()
+    assert _files(cache_name) == []
