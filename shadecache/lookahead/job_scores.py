@@ -142,10 +142,18 @@ class ScoreMerge:
             if written:
                 cache.update_scores(ids, self.own.scores.read(ids))
             return
-        with self.all_jobs.locked():
-            jobs = self.all_jobs.views()
-            if len(jobs) < 2 or self.rule == "last":
-                if written:   # alone (or "last"): the job's own scores, as written
-                    cache.update_scores(ids, self.own.scores.read(ids))
-                return
-            cache.update_scores(ids, merge(self.rule, jobs, ids))
+        try:
+            with self.all_jobs.locked():
+                jobs = self.all_jobs.views()
+                if len(jobs) < 2 or self.rule == "last":
+                    if written:   # alone (or "last"): the job's own scores, as written
+                        cache.update_scores(ids, self.own.scores.read(ids))
+                    return
+                cache.update_scores(ids, merge(self.rule, jobs, ids))
+        except FileNotFoundError:
+            # The node's file was removed or made again under this live job (by hand): there is
+            # no registry to merge under. The job's own scores, as a job alone writes them, and
+            # the sampler finds the board there now at its next look (BoardLink.get: this one is
+            # no longer current); a crash mid-epoch would be worse than one unmerged write.
+            if written:
+                cache.update_scores(ids, self.own.scores.read(ids))

@@ -131,3 +131,16 @@ def test_a_killed_jobs_scores_leave_the_merge(cache_name):
             p.wait()
             a.leave()
             a.close()
+
+
+def test_a_merge_after_the_node_file_was_removed_writes_the_jobs_own_scores(two_jobs):
+    """The node's file removed under two live jobs (by hand): a job's next score write must not
+    crash its sampler mid-epoch; with no registry to merge under it writes its own scores."""
+    import os
+
+    from shadecache import shm
+    cache, a, b = two_jobs
+    sa = _scores(np.random.default_rng(1), 64)
+    os.unlink(shm.board_path(cache.name))
+    a.merge.scores(cache, IDS, sa)
+    assert np.array_equal(np.asarray(cache.scores())[IDS], sa)
