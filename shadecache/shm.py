@@ -17,8 +17,8 @@ removal for interpreter exit in the creating pid only (a forked child inherits t
 must not remove its parent's files), and the removal takes the file only while it is still the
 one this process made (its own may have been removed, and another job's made under the name); a
 peer server removes its status file when it stops. A job's board goes when its job leaves (the
-process that registered the job, at its exit, once no other process of the job holds the job's
-liveness byte), and the order board with the last job that leaves (docs/jobs.md).
+last of its member processes to leave: its last node closed, or its exit; a forked DataLoader
+worker is no member), and the order board with the last job that leaves (docs/jobs.md).
 
 What a killed owner leaves, sweep() removes (with the segments of dead creators, cache/node.py's
 gc): order boards on which no job lives and whose creator is gone (a board whose creator is

@@ -193,7 +193,8 @@ class OrderBoard:
         self.merge = ScoreMerge(self.all_jobs, view, self.score_merge)
         self._creator = os.getpid() if made_job else None
         # the process in which this handle holds one count of its job's byte (jobs.hold), or
-        # None (an observer's handle, or one that left): leave() gives that count back
+        # None (an observer's handle, one that rides along uncounted, or one that let go):
+        # let_go() gives that count back, leave() every count of the process
         self._held = os.getpid() if held else None
         self._own_key = f"{self.path}#{self.generation}"   # its leave at exit (shm.own)
 
