@@ -200,3 +200,19 @@ def test_a_link_whose_board_was_removed_closes_it(cache_name):
     old.unlink()                           # both names removed under the live job
     assert link.get() is None and old.closed
     link.close()
+
+
+def test_a_link_unpickled_in_a_spawned_worker_observes(cache_name):
+    """A spawned DataLoader worker gets the node's link by pickle: it attaches, never joins."""
+    import pickle
+    link = BoardLink(cache_name, "spawns", 50, 1, counted=True)
+    board = link.create(50, 1)
+    code = ("import pickle, sys; from shadecache.lookahead import jobs; "
+            "link = pickle.loads(bytes.fromhex(sys.argv[1])); b = link.get(); "
+            "print(b is not None, link.member, len(jobs._HELD))")
+    out = subprocess.run([sys.executable, "-c", code, pickle.dumps(link).hex()],
+                         capture_output=True, text=True, timeout=30)
+    assert out.stdout.split() == ["True", "False", "0"], out.stderr[-2000:]
+    assert board.jobs.lives(board.slot)
+    link.close()
+    assert _files(cache_name) == []
