@@ -9,7 +9,8 @@ starts in a group of its own, and the processes a program starts stay in its gro
 ranks, mp.spawn's, subprocesses, DataLoader workers), so two commands are two jobs and the ranks
 of one are one. Processes that a driver starts as separate jobs need a name each (job=,
 $SHADECACHE_JOB, or a session of their own: start_new_session=True). The node's own processes
-(workers, the prefetcher, the peer server) get the node's job with the node.
+(workers, the prefetcher, the peer server) get the node's job with the node, as observers of its
+board: they read and count for it, they do not keep it alive (below).
 
 The registry is a table in the order board's file (board_layout.py: MAX_JOBS slots after the
 header): a slot holds a job's generation (0: free; every registration gets a new one, so a slot
