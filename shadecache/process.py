@@ -22,8 +22,11 @@ at any time in the child's life (modules are imported lazily too). Each entry is
 real path first, and that path is what the child gets: no symbolic link that someone could point
 elsewhere later.
 """
+import contextlib
+import fcntl
 import os
 import stat
+import struct
 import sys
 
 from . import _core
@@ -73,3 +76,86 @@ def trusted_dir(path: str) -> bool:
             parent = os.path.dirname(parent)
     except OSError:
         return False
+
+
+# ---- liveness the kernel vouches for: open-file-description byte locks ------------------------
+# A process says "I live" by holding a shared lock on one byte of a file (fcntl F_OFD_SETLK): the
+# kernel drops it when the last descriptor of that open file description closes, which a SIGKILL
+# does at once. Another process asks whether anyone holds the byte with F_OFD_GETLK (LMDB's
+# reader table holds its readers' liveness the same way, with per-process locks). The bytes may
+# lie past the end of the file: nothing is read or written there.
+#
+# A forked child gets a copy of every descriptor, and a copy refers to the same open file
+# description: while the child keeps it, the description and its locks live on, whatever the
+# parent does (closes its own descriptor, exits, is SIGKILLed). And the child cannot let go of the
+# lock for itself alone: F_UNLCK on the shared description would drop it for the parent too. So
+# the descriptors that carry this process's locks are kept here (keep_from_children), and a
+# forked child closes its copies at once (os.register_at_fork): a lock this process holds is
+# this process's alone, never its DataLoader workers'. (The child's close leaves the parent's
+# descriptor, and so the lock, as they were.) A child started by fork + exec (subprocess) closes
+# them at the exec: each is O_CLOEXEC.
+_F_RDLCK, _F_WRLCK, _F_UNLCK = 0, 1, 2
+_FLOCK = "hhxxxxqqixxxx"     # struct flock (Linux, 64-bit): l_type, l_whence, l_start, l_len, l_pid
+_KEPT: dict = {}             # token -> a descriptor that carries a lock of this process
+
+
+def keep_from_children(fd: int) -> object:
+    """Registers `fd` as carrying a lock of this process only: a forked child closes its copy.
+    Returns the token that close_kept() takes."""
+    token = object()
+    _KEPT[token] = fd
+    return token
+
+
+def close_kept(token) -> None:
+    """Closes the descriptor of `token` (keep_from_children), once; nothing when it is not this
+    process's (a child forked while it was open has closed its copy already)."""
+    fd = _KEPT.pop(token, None)
+    if fd is not None:
+        os.close(fd)
+
+
+def _close_kept_in_child() -> None:
+    # the child runs one thread now: nothing else touches _KEPT
+    for fd in _KEPT.values():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _KEPT.clear()
+
+
+os.register_at_fork(after_in_child=_close_kept_in_child)
+
+
+def _flock(kind: int, at: int) -> bytes:
+    return struct.pack(_FLOCK, kind, os.SEEK_SET, int(at), 1, 0)
+
+
+def hold_byte(fd: int, at: int) -> None:
+    """Takes a shared lock on byte `at` of the file open at `fd` for as long as that open file
+    description lives (OSError if the kernel refuses it). Register `fd` with keep_from_children
+    unless forked children are to keep the lock alive."""
+    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _flock(_F_RDLCK, at))
+
+
+def byte_held(fd: int, at: int) -> bool:
+    """Whether some open file description other than `fd`'s holds a lock on byte `at`."""
+    got = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _flock(_F_WRLCK, at))
+    return struct.unpack(_FLOCK, got)[0] != _F_UNLCK
+
+
+@contextlib.contextmanager
+def exclusive_byte(path: str, at: int):
+    """An exclusive lock on byte `at` of the file at `path`, waited for, on a descriptor of its
+    own (so two threads of one process exclude each other too); released when the block ends or
+    the process dies, never kept by a child forked meanwhile (keep_from_children: another
+    thread's fork, a DataLoader starting its workers, would otherwise hold it as long as the
+    child lives)."""
+    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+    token = keep_from_children(fd)
+    try:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLKW, _flock(_F_WRLCK, at))
+        yield fd
+    finally:
+        close_kept(token)

@@ -56,11 +56,13 @@ def no_leaked_segments():
     from shadecache import shm
 
     def left(e):
-        creator = shm.board_creator(os.path.join(shm.SHM_DIR, e)) if e.startswith(shm.BOARD_PREFIX) else None
+        boards = (shm.BOARD_PREFIX, shm.JOB_PREFIX)
+        creator = shm.board_creator(os.path.join(shm.SHM_DIR, e)) if e.startswith(boards) else None
         return mine in e and (creator is None or creator[0] != os.getpid())
 
     others = {e for e in os.listdir(shm.SHM_DIR)
-              if e.startswith((shm.BOARD_PREFIX, shm.STATUS_PREFIX, shm.PREFETCH_STATUS_PREFIX))
+              if e.startswith((shm.BOARD_PREFIX, shm.JOB_PREFIX, shm.STATUS_PREFIX,
+                               shm.PREFETCH_STATUS_PREFIX))
               and left(e)} - before_files
     assert not others, f"tests left files in {shm.SHM_DIR} behind: {sorted(others)}"
 

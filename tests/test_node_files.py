@@ -35,7 +35,7 @@ def name():
     """A unique cache name; everything any user made under it in /dev/shm is removed after."""
     n = _name()
     yield n
-    for p in (_seg_path(n), shm.board_path(n), tier_status.path_of(n)):
+    for p in (_seg_path(n), shm.board_path(n), shm.job_board_path(n, 0), tier_status.path_of(n)):
         unlink_quietly(p)
 
 
@@ -124,16 +124,19 @@ def test_rm_and_gc_leave_another_users_files_alone(name):
 
     run_as(ATTACKER, attacker)
     board, link = shm.board_path(name + "-noboard"), tier_status.path_of(name + "-link")
+    job = shm.job_board_path(name + "-noboard", 0)      # the job the attacker registered on it
     try:
         removed = cache_mod.gc()
         assert name not in removed and os.path.exists(_seg_path(name))
         assert os.path.exists(board) and os.path.exists(tier_status.path_of(name))
+        assert os.path.exists(job)
         assert os.path.lexists(link)
         with pytest.raises(PermissionError, match=OWNER):
             cache_mod.remove(name)
         assert os.path.exists(_seg_path(name))
     finally:
         unlink_quietly(board)
+        unlink_quietly(job)
         unlink_quietly(link)
 
 
@@ -256,6 +259,7 @@ def test_order_board_made_first_by_another_user_is_refused(name):
     def attacker():
         b = order.OrderBoard.create(name, 16)
         b.orders.publish(0, 0, list(range(15, -1, -1)))
+        os.chmod(shm.board_path(name), 0o666)      # the node's file, and the job's
         os.chmod(b.path, 0o666)
         b.close()
 

@@ -51,16 +51,54 @@ def cmd_stats(args) -> int:
     with Cache.attach(args.name) as c:
         d = c.stats()
         d["huge_pages"] = c.huge_pages()
-        from ..lookahead.board import BoardLink   # the prefetcher's per-epoch counters, if any
-        board = BoardLink(c.name).get()
+        from ..lookahead.board import OrderBoard   # the prefetcher's per-epoch counters, if any
+        try:
+            board = OrderBoard.attach(c.name)      # an observer: it joins no job
+        except (FileNotFoundError, ValueError):
+            board = None
         if board is not None:
-            d["prefetch"] = {"prefetcher_pid": board.control.prefetcher_pid, **board.counters.totals(),
-                             "per_epoch": board.counters.epoch_counters()}
+            try:
+                d["prefetch"] = {"prefetcher_pid": board.control.prefetcher_pid, **board.counters.totals(),
+                                 "per_epoch": board.counters.epoch_counters()}
+                d["score_merge"] = board.score_merge
+                d["jobs"] = job_rows(board)
+            finally:
+                board.close()
         pf = tier_status.read(c.name, tier_status.PREFETCHER)
         if pf is not None:
             d.setdefault("prefetch", {})["status"] = pf
         print(json.dumps(d, indent=2, sort_keys=True))
+        if d.get("jobs"):
+            print(jobs_table(d["jobs"]), file=sys.stderr)
     return 0
+
+
+def job_rows(board) -> list:
+    """One row per job registered on the cache's board: who, whether it lives, and its totals
+    (samples, hits, reads from the store, stalls: the seconds its loaders waited on misses, the
+    stall budget's deferrals and repeats)."""
+    rows = []
+    views = {v.slot: v for v in board.all_jobs.views()}
+    for j in board.jobs.describe():
+        v = views.get(j["slot"])
+        t = v.counters.job_totals() if v is not None else {}
+        samples = t.get("samples", 0)
+        rows.append({**j, **t, "hit_ratio": t.get("hits", 0) / samples if samples else 0.0,
+                     "wait_s": t.get("wait_ns", 0) / 1e9})
+    return rows
+
+
+def jobs_table(rows) -> str:
+    """The jobs as a table for people (stats prints it on stderr, the JSON on stdout)."""
+    head = ("JOB", "PID", "LIVE", "SAMPLES", "HIT RATIO", "STORE READS", "STORE BYTES", "WAIT S",
+            "DEFERRED", "REPEATED")
+    lines = [head] + [(r["name"], str(r["pid"]), "yes" if r["live"] else "no", str(r.get("samples", 0)),
+                       f"{r['hit_ratio']:.3f}", str(r.get("store_reads", 0)),
+                       _fmt_bytes(r.get("store_bytes", 0)), f"{r['wait_s']:.2f}",
+                       str(r.get("stall_deferrals", 0)), str(r.get("stall_repeats", 0)))
+                      for r in rows]
+    widths = [max(len(x[i]) for x in lines) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(x, widths)).rstrip() for x in lines)
 
 
 def cmd_rm(args) -> int:

@@ -7,7 +7,7 @@ import contextlib
 import fcntl
 import os
 
-from ..process import alive, start_time_of
+from ..process import alive, close_kept, keep_from_children, start_time_of
 from .board_layout import (H_CREATOR, H_CREATOR_START, H_PREFETCHER, H_PREFETCHER_START, H_REACH,
                            H_READ_RULE, H_STOP)
 
@@ -62,6 +62,7 @@ class Control:
         flock on the board file, not waited for: the kernel drops it when the holder dies), False
         in any other that asks meanwhile."""
         fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        token = keep_from_children(fd)   # a child forked meanwhile must not keep the claim
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -70,7 +71,7 @@ class Control:
                 return
             yield True
         finally:
-            os.close(fd)
+            close_kept(token)
     def creator_gone(self) -> bool:
         """Whether the process that made this board is gone (its pid and start time)."""
         pid = int(self._header[H_CREATOR // 8])

@@ -1,18 +1,22 @@
-"""The order board's per-epoch counters: the prefetcher's (one writer), the readers' and the
-samplers' (any process, atomic adds), in rows of the last EPOCH_SLOTS epochs."""
+"""The order board's per-epoch counters: the prefetcher's (one writer, node-wide), the readers'
+and the samplers' (any process of the job, atomic adds), in rows of the last EPOCH_SLOTS epochs;
+and the job's totals (any process of the job, atomic adds)."""
 from __future__ import annotations
 
 import weakref
 
-from .board_layout import COUNTERS, EPOCH_SLOTS, READER_COUNTERS, SAMPLER_COUNTERS
+from .board_layout import COUNTERS, EPOCH_SLOTS, JOB_COUNTERS, READER_COUNTERS, SAMPLER_COUNTERS
 
 
 class EpochCounters:
-    """The counter rows of one board (board.py: OrderBoard.counters). orders: the board's
-    Orders, which say in which epoch a stream's reads count."""
+    """The counter rows of one job's board (board.py: OrderBoard.counters): the prefetcher's rows
+    (the node's file; None for a view that does not count them), the job's reader and sampler
+    rows and its totals (the job's file). orders: the job's Orders, which say in which epoch a
+    stream's reads count."""
 
-    def __init__(self, counters, readers, samplers):
+    def __init__(self, counters, readers, samplers, totals):
         self._counters, self._readers, self._samplers = counters, readers, samplers
+        self._totals = totals
         self._orders = None   # bind_orders: the board's Orders, made after these rows
 
     def bind_orders(self, orders) -> None:
@@ -21,7 +25,23 @@ class EpochCounters:
         self._orders = weakref.proxy(orders)
 
     def close(self) -> None:
-        self._counters = self._readers = self._samplers = None
+        self._counters = self._readers = self._samplers = self._totals = None
+
+    def count_job(self, **deltas) -> None:
+        """Adds to the job's totals (JOB_COUNTERS; any process, atomic adds)."""
+        from .. import _io
+        for name, v in deltas.items():
+            if v:
+                _io.atomic_add(self._totals, JOB_COUNTERS.index(name), int(v))
+
+    def job_totals(self) -> dict:
+        """The job's totals, with the sampler rows' repeats and deferrals summed over the epochs
+        kept: what `shadecache stats` lists per job."""
+        d = dict(zip(JOB_COUNTERS, (int(v) for v in self._totals)))
+        ws = len(SAMPLER_COUNTERS)
+        for k, name in enumerate(SAMPLER_COUNTERS):
+            d[name] = int(sum(int(self._samplers[r * ws + k]) for r in range(EPOCH_SLOTS)))
+        return d
 
     def epoch_published(self, e: int) -> None:
         """A stream published epoch `e`. A row is never zeroed while it can be counted into:

@@ -1,5 +1,7 @@
 """The order board's orders: each rank's published order, its cursor and every sample's next use
-(one writer per stream, a seqlock; readers take no lock: board.py's memory contract)."""
+(one writer per stream, a seqlock; readers take no lock: board.py's memory contract). One job's:
+the streams are its ranks' (its board file, board_files.JobFile); the header given is the node's
+(the WANTED count that marks() includes)."""
 from __future__ import annotations
 
 import time
@@ -7,7 +9,8 @@ from typing import Optional
 
 import numpy as np
 
-from .board_layout import (NONE, H_WANTED_SEQ, S_CURSOR, S_EPOCH, S_LENGTH, S_SEQ, fence)
+from .board_layout import (NONE, H_WANTED_SEQ, S_CURSOR, S_EPOCH, S_EPOCH_LENGTH, S_LENGTH, S_SEQ,
+                           fence)
 
 
 class Orders:
@@ -30,9 +33,10 @@ class Orders:
         if not 0 <= stream < self.streams:
             raise IndexError(f"stream {stream} is not in 0..{self.streams - 1}")
         return int(stream)
-    def publish(self, stream: int, epoch: int, order) -> int:
+    def publish(self, stream: int, epoch: int, order, epoch_length=None) -> int:
         """Publishes `order` (sample ids) as stream's order for `epoch`; returns how many entries
-        were published (at most `capacity`). The cursor goes back to 0."""
+        were published (at most `capacity`). The cursor goes back to 0. epoch_length: how many of
+        the entries are the epoch's (the rest are the head of the next one; default all)."""
         s = self._check_stream(stream)
         ids = np.asarray(order)
         if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
@@ -61,6 +65,7 @@ class Orders:
         row[:] = NONE
         row[ids[::-1]] = k[::-1].astype(np.int32)    # the last write per id wins: its first k
         rec[S_LENGTH] = m
+        rec[S_EPOCH_LENGTH] = m if epoch_length is None else min(max(int(epoch_length), 0), m)
         rec[S_EPOCH] = int(epoch)
         rec[S_CURSOR] = 0
         fence()
@@ -160,6 +165,27 @@ class Orders:
             np.minimum(best, pos, out=best)
         best[best == np.iinfo(np.int64).max] = -1
         return best
+    def pending(self, ids) -> np.ndarray:
+        """Bool mask: which ids some stream still reads in its current epoch (after its cursor:
+        taken entries have moved their next use on; the next epoch's head does not count).
+        Without the seqlock, as next_use: a publish under way may show an id as not pending."""
+        ids = np.asarray(ids, dtype=np.int64)
+        out = np.zeros(ids.size, dtype=bool)
+        for s in range(self.streams):
+            if int(self._srec[s, S_SEQ]) == 0:
+                continue
+            out |= self._next[s][ids] < int(self._srec[s, S_EPOCH_LENGTH])
+        return out
+
+    def now(self) -> int:
+        """The global position of the most advanced cursor (-1: none published)."""
+        best = -1
+        for s in range(self.streams):
+            rec = self._srec[s]
+            if int(rec[S_SEQ]):
+                best = max(best, int(rec[S_EPOCH]) * self.capacity + int(rec[S_CURSOR]))
+        return best
+
     def marks(self) -> bytes:
         """What changes whenever a stream publishes, rewrites or moves its cursor, or a reader
         asks for a sample on its way (WANTED): the streams' (seq, epoch, cursor) words and the

@@ -75,8 +75,11 @@ def _publish(sampler, board, s, order):
     # that came: set_epoch jumped, a checkpoint was loaded, another rank's share) must get their
     # next use again too, or the policy keeps the stale, sooner one and never evicts them.
     before = board.orders.published(s)
-    m = min(board.orders.publish(s, sampler.epoch, full), order.size)
-    _push_next_use(sampler.cache, board, np.unique(np.concatenate([full[:board.capacity], before])))
+    m = min(board.orders.publish(s, sampler.epoch, full, epoch_length=order.size), order.size)
+    changed = np.unique(np.concatenate([full[:board.capacity], before]))
+    _push_next_use(sampler.cache, board, changed)
+    if sampler.cache is not None:   # what this job still reads changed: the merge ("uses")
+        board.merge.uses(sampler.cache, changed)
     for k in [k for k, v in _PUBLISHED.items() if v[2]() is None]:
         del _PUBLISHED[k]         # orders freed since: their entries can never match again
     _PUBLISHED[(os.getpid(), board.path, s)] = (board.identity, sampler.epoch, weakref.ref(order),
@@ -135,6 +138,8 @@ def rewrite_published(sampler, order: np.ndarray, positions: np.ndarray, lo: int
     touched = board.orders.rewrite(stream_of(getattr(sampler, "rank", 0), board.streams), positions,
                             order[positions], lo=lo)
     _push_next_use(sampler.cache, board, touched)
+    if sampler.cache is not None:   # a repeat in place of a miss changes what the job still reads
+        board.merge.uses(sampler.cache, touched)
 
 
 def _batches(order, start, step, plan):
@@ -180,6 +185,8 @@ def _tracked(board, s, order, start, m, cache, step, plan=None):
             taken = board.orders.consumed(s, used, upto)
             if setter is not None:
                 _push_next_use(cache, board, taken)
+            if cache is not None:
+                board.merge.uses(cache, taken)
             used = upto
 
     k = start

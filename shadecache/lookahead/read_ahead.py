@@ -29,6 +29,7 @@ from .. import _io
 from ..cache.handle import DEFAULT_MAX_ITEM_BYTES
 from ..store.protocol import lengths_of
 from . import plan
+from .all_jobs import PLACE_SPAN
 from .board import READS_ADMITTED, READS_EVERY_MISS, READS_UNTIL_FULL
 from .pace import Pace
 
@@ -36,22 +37,23 @@ IDLE_S = 0.05      # how often a prefetcher with nothing to read or hand over lo
 
 
 class Window:
-    """The published orders of every stream, merged: ids by distance from their stream's cursor
-    (first occurrence kept), their global positions (board.py: epoch * capacity + entry), the
-    most advanced stream's epoch, and {stream: (epoch, cursor)}."""
+    """The published orders of every stream of every job, merged: ids by distance from their
+    stream's cursor (first occurrence kept), their places (all_jobs.py: the job's slot and its
+    global position, board.py: epoch * capacity + entry), the most advanced stream's epoch, and
+    {(slot, stream): (epoch, cursor)}."""
 
-    def __init__(self, board, lookahead: int):
+    def __init__(self, jobs, lookahead: int):
         parts, dists, places, self.epoch, self.cursors = [], [], [], -1, {}
-        for s in range(board.streams):
-            snap = board.orders.snapshot(s, window=lookahead)
+        for slot, s, view in jobs.streams():
+            snap = view.orders.snapshot(s, window=lookahead)
             if snap is None:
                 continue
             e, ids, cursor = snap
-            self.cursors[s] = (e, cursor)
+            self.cursors[(slot, s)] = (e, cursor)
             self.epoch = max(self.epoch, e)
             parts.append(ids)
             dists.append(np.arange(ids.size))
-            places.append(e * board.capacity + cursor + dists[-1])
+            places.append(slot * PLACE_SPAN + e * view.orders.capacity + cursor + dists[-1])
         if not parts:
             self.ids = self.places = np.empty(0, np.int64)
             return
@@ -61,16 +63,6 @@ class Window:
         _, first = np.unique(ids, return_index=True)
         first = np.sort(first)
         self.ids, self.places = ids[first], places[first]
-
-
-def now_position(board) -> int:
-    """The global position of the most advanced cursor (-1: none published)."""
-    best = -1
-    for s in range(board.streams):
-        st = board.orders.stream_state(s)
-        if st["seq"]:
-            best = max(best, st["epoch"] * board.capacity + st["cursor"])
-    return best
 
 
 class Held:
@@ -111,6 +103,7 @@ class ReadAhead:
 
     def __init__(self, node, options: dict):
         self.chain, self.cache, self.board = node.chain, node.cache, node.board
+        self.jobs = self.board.all_jobs      # every job's orders (the flags are the node's)
         self.admission, self.options = node.admission, options
         self.lengths = lengths_of(self.chain.store)
         self.tier = self.chain.reader(options["max_batches"], options["queue_depth"], options["lanes"])
@@ -124,7 +117,7 @@ class ReadAhead:
         self.pace = None
         if self.lookahead is None:   # automatic: the loaders' pace and the reads' latency
             self.pace = Pace(options["batch"], options["max_batches"], items)
-            self.lookahead = self.pace.window(self.board.capacity)
+            self.lookahead = self.pace.window(self._top())
         self.limits = plan.Limits(options["batch"], options["max_batches"], options["lookahead_bytes"],
                                   min(self.cache.max_item_bytes, DEFAULT_MAX_ITEM_BYTES))
         self.copying = [t for _, t in self.chain.tiers if callable(getattr(t, "put_many", None))]
@@ -139,6 +132,10 @@ class ReadAhead:
         self.stopping = False
         self.done = threading.Event()
 
+    def _top(self) -> int:
+        """The longest order a stream of any job holds (the automatic lookahead's cap)."""
+        return max([v.orders.capacity for v in self.jobs.views()] or [self.board.capacity])
+
     def _fullness(self, st: dict) -> None:
         """The cache is full when it has refused or evicted before (then what is read ahead makes
         room, or is what it would admit); `engine_full`: the engine itself said so (it refused,
@@ -152,7 +149,8 @@ class ReadAhead:
     # ---- one pass ------------------------------------------------------------------------------
     def step(self) -> None:
         """One pass: observe, plan and submit a batch; else take the oldest read, or rest."""
-        window = Window(self.board, self.lookahead)   # before mu: the hand-over waits on it
+        self.jobs.free_dead()                          # a killed job's board goes (all_jobs.py)
+        window = Window(self.jobs, self.lookahead)     # before mu: the hand-over waits on it
         cached = np.asarray(self.cache.cached_mask(), dtype=bool)
         with self.mu:
             self._observe(window, cached)
@@ -172,10 +170,10 @@ class ReadAhead:
         if self.full and self.rule == READS_UNTIL_FULL and not self.held.batches:
             time.sleep(IDLE_S)
             return
-        seen = self.board.orders.marks()
+        seen = self.jobs.marks()
         while time.monotonic() < deadline and not self.stopping:
             time.sleep(self.options["poll_s"])
-            if self.board.orders.marks() != seen or self.board.control.stop_requested:
+            if self.jobs.marks() != seen or self.board.control.stop_requested:
                 return
 
     def _observe(self, window: Window, cached: np.ndarray) -> None:
@@ -212,14 +210,16 @@ class ReadAhead:
                                       np.fromiter(skip, np.int64, len(skip)))
         if self.pace is not None:
             self.pace.saw_window(int(window.ids.size), int(ids.size) + len(self.on_way))
-            self.lookahead = self.pace.window(self.board.capacity)
+            self.lookahead = self.pace.window(self._top())
         ahead = plan.Ahead(len(self.inflight), len(self.on_way), self._pending_bytes(),
                            self.full, self.engine_full, self.free)
         reads = plan.next_reads(ids, places, self.lengths, self.rule, ahead, self.limits,
                                 self.chain.held, self._would_admit)
+        if reads.evict and self._shared():
+            reads = plan.Reads(reads.ids, reads.places, reads.nbytes, 0)   # the engine's policy decides
         if reads.evict:
-            latest = int(self.board.orders.next_use(reads.ids).max())
-            removed = self.admission.make_room(self.cache, self.board.orders.next_use, reads.evict, latest)
+            latest = int(self.jobs.next_use(reads.ids).max())
+            removed = self.admission.make_room(self.cache, self.jobs.next_use, reads.evict, latest)
             k = reads.ids.size - reads.evict + removed
             reads = plan.Reads(reads.ids[:k], reads.places[:k], reads.nbytes[:k], 0)
         return reads
@@ -238,7 +238,7 @@ class ReadAhead:
         # before it was made, and reads it itself: leave it to it. (The loader moves the cursor
         # before it looks; the fence orders our mark before our look at the cursor.)
         _io.memory_fence()
-        taken = places < now_position(board)
+        taken = self.jobs.behind(places)
         if taken.any():
             board.flags.unmark(batch[taken])
             batch, places, nbytes = batch[~taken], places[~taken], nbytes[~taken]
@@ -309,13 +309,25 @@ class ReadAhead:
         board.counters.count(epoch, prefetched=int(got.size),
                     prefetched_bytes=int(sum(len(d) for d, a in zip(read.values, admitted) if a)))
 
+    def _shared(self) -> bool:
+        """Whether several jobs share the cache. Then the prefetcher makes no room of its own: the
+        engine's policy over the merged scores decides what a read displaces (job_scores.py:
+        under "uses", what the fewest live jobs still need). Room made by next use, as for one
+        job, took the samples one job had brought for the others first: their next use in each
+        job's order lies far ahead until the job takes them (sampling/follow.py brings a cached
+        sample forward only at the batch that takes it)."""
+        return len(self.jobs.registered()) > 1
+
     def _room_for(self, ids) -> bool:
         """A full cache refused `ids` (no copying tier): room among the samples needed later than
-        these (none when one of them is needed by nobody any more)."""
-        nu = self.board.orders.next_use(ids)
+        these (none when one of them is needed by nobody any more; none with several jobs:
+        _shared)."""
+        if self._shared():
+            return False
+        nu = self.jobs.next_use(ids)
         if (nu < 0).any():
             return False
-        return self.admission.make_room(self.cache, self.board.orders.next_use, 2 * int(ids.size),
+        return self.admission.make_room(self.cache, self.jobs.next_use, 2 * int(ids.size),
                                         int(nu.max())) > 0
 
     def hand_over(self, everything: bool = False) -> None:
@@ -327,8 +339,8 @@ class ReadAhead:
         def due(ids, positions):
             if everything:
                 return np.ones(ids.size, dtype=bool)
-            nu = board.orders.next_use(ids)
-            return board.flags.wanted(ids) | (nu < 0) | (positions < now_position(board))
+            nu = self.jobs.next_use(ids)
+            return board.flags.wanted(ids) | (nu < 0) | self.jobs.behind(positions)
         for read, epoch in self.held.take(due):
             self._land(read, epoch)
 
@@ -344,12 +356,12 @@ class ReadAhead:
     def _hand_over_loop(self) -> None:
         """Every poll_s while something is held or in flight (else IDLE_S): hands over what is
         due, when something that decides it moved since the last hand-over began (a stream's
-        cursor or order, a reader's WANTED: board.orders.marks; a read held since). The marks are taken
+        cursor or order, a reader's WANTED: AllJobs.marks; a read held since). The marks are taken
         before the hand-over, so what moves while it runs is seen at the next poll."""
         seen = None
         while not self.done.wait(self.options["poll_s"] if self.held.batches or self.inflight
                                  else IDLE_S):
-            marks = (self.board.orders.marks(), len(self.held.batches))
+            marks = (self.jobs.marks(), len(self.held.batches))
             if marks == seen:
                 continue
             seen = marks

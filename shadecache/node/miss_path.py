@@ -152,11 +152,16 @@ class MissPath:
 
     # ---- counting ------------------------------------------------------------------------------
     def count_tiers(self, r) -> None:
-        """Adds one chain read's per-tier counts (calls, hits, bytes, ns)."""
+        """Adds one chain read's per-tier counts (calls, hits, bytes, ns), and what it read from
+        the store to the job's totals (the board's)."""
         if self.counters is not None:
             self.counters.add(**{f"{name}_{field}": v for name, c in r.counts.items()
                                  for field, v in (("calls", 1), ("hits", c.hits),
                                                   ("bytes", c.bytes), ("ns", c.ns))})
+        store = r.counts.get(STORE)
+        board = self.board
+        if board is not None and store is not None and store.hits:
+            board.counters.count_job(store_reads=store.hits, store_bytes=store.bytes)
 
     def count_batch(self, ids: np.ndarray, hits: int, hit, wait_ns: int = 0) -> None:
         """Counts one batch (ids: int64) of which `hits` were cache hits, `hit()` their bool mask
@@ -168,8 +173,9 @@ class MissPath:
         if self.counters is not None:
             self.counters.add(hits=hits, misses=ids.size - hits, samples=ids.size,
                               prefetch_hits=pf, wait_ns=wait_ns)
-        if board is not None:   # per epoch, for stats() and `shadecache stats`
+        if board is not None:   # per epoch, for stats() and `shadecache stats`; the job's totals
             board.counters.count_reads(_reader_stream(board), ids.size, hits, pf, wait_ns)
+            board.counters.count_job(samples=ids.size, hits=hits, prefetch_hits=pf, wait_ns=wait_ns)
 
     def _claim_prefetched(self, ids: list) -> None:
         """The ids found in the cache on a second look that the prefetcher brought: used now."""
@@ -188,6 +194,7 @@ class MissPath:
         if self.counters is not None:
             self.counters.add(prefetch_hits=len(ids))
         board.counters.count_reads(_reader_stream(board), 0, 0, len(ids), 0)
+        board.counters.count_job(prefetch_hits=len(ids))
 
     def _cached_now(self, ids: list) -> dict:
         """{id: value} of the ids the cache holds now. The look-up that finds them counts

@@ -18,7 +18,10 @@ reads through). With it the node fixes, once:
   - the admission rule (admission.py): what enters the cache, asked by every path;
   - the order board (lookahead/board.py): where the samplers of the node publish their orders and
     the prefetcher reads ahead; one per cache, made by the first node of the cache on this
-    machine and attached by the others;
+    machine and joined by the others;
+  - the job (lookahead/jobs.py, docs/jobs.md): the training run this node reads for. Several jobs
+    may share one cache: each registers on its board with its own orders, counters and scores,
+    the cache evicts by their merged scores (score_merge), one prefetcher reads ahead for all;
   - reading ahead: with read_ahead=True (the default) the node's prefetcher starts when a sampler
     first publishes an order (one process of the node starts it, whichever rank claims the board
     first), and stops when the node that started it closes or its process exits.
@@ -29,7 +32,6 @@ cache, the board and the tiers by name in its own process.
 from __future__ import annotations
 
 import atexit
-import os
 import sys
 import warnings
 import weakref
@@ -40,6 +42,8 @@ from ..read_plan import choose as choose_plan
 from ..store.protocol import check_store
 from ..tiers import TierChain
 from ..admission import Admission
+from ..lookahead.jobs import job_name
+from ..lookahead.job_scores import check_rule
 from .miss_path import MissPath
 
 CLUSTER_FROM_TORCH = "torch"
@@ -68,11 +72,17 @@ class Node:
                  another node is attached, so its prefetcher's hand-over is followed)
     streams      ranks on this node publishing orders (default $LOCAL_WORLD_SIZE, else 1)
     prefetch     options of the prefetcher (lookahead/prefetcher.py: DEFAULTS)
+    job          the training job's name: every rank and process of one job gives the same
+                 (default: $SHADECACHE_JOB, else torchrun's run id, else the launching
+                 process's: its process group's; lookahead/jobs.py)
+    score_merge  how the cache's scores merge the live jobs' own (lookahead/job_scores.py:
+                 "uses", the default, "max", "sum", or "last": no merge); the first job's board
+                 decides, a node that asks for another is refused
     """
 
     def __init__(self, store, cache=None, ssd=None, cluster=None, keep_remote: bool = False,
                  read_plan="auto", admission=None, read_ahead: bool = True, streams=None,
-                 prefetch=None, peer_options=None):
+                 prefetch=None, peer_options=None, job=None, score_merge=None):
         if store is None and cache is None:
             raise ValueError("a node needs a store, or (to serve what it holds) a cache")
         if store is not None:
@@ -99,7 +109,14 @@ class Node:
         check_options(dict(prefetch or {}))   # refused now, not at the first publish
         self.prefetch_options = dict(prefetch or {})
         self._prefetcher = None
-        self._boards = _board_link(cache, streams, create=self.read_ahead)
+        self.job = job_name(job)
+        if score_merge is not None:
+            check_rule(score_merge)
+        self._boards = _board_link(cache, streams, self.read_ahead, self.job, score_merge)
+        if self._boards is not None:
+            # a node dropped without close() leaves its job too, when it is collected (a
+            # temporary node must not keep the job alive for the rest of the process)
+            weakref.finalize(self, self._boards.close)
         self._notes = {}      # epoch -> a sampler's counts (note_epoch), without a board
         self.cluster = None
         self.misses = MissPath.counted(self._chain(peer=False), self._boards)
@@ -174,7 +191,9 @@ class Node:
         (they travel only to processes a DataLoader starts; those processes publish their own)."""
         clone = object.__new__(Node)
         clone.__dict__.update(self.__getstate__())
-        clone.misses = MissPath(self.misses.chain, self._boards)
+        if self._boards is not None:    # it serves the node's jobs, it is none of them
+            clone._boards = self._boards.observer()
+        clone.misses = MissPath(self.misses.chain, clone._boards)
         return clone
 
     # ---- what is built from the node ----------------------------------------------------------
@@ -262,7 +281,11 @@ class Node:
 
     def close(self) -> None:
         """Stops the prefetcher this node started, and the cluster (with its peer server) it
-        made from torch.distributed; the parts given to it stay their owners'."""
+        made from torch.distributed; leaves the node's job on the cache's board (when this
+        process joined it through this node: the job ends with the last node of it in this
+        process, and the last of its processes; a driver that runs jobs one after another in
+        one process is not taken for several jobs sharing the cache); the parts given to it stay
+        their owners'."""
         p, self._prefetcher = self._prefetcher, None
         if p is not None:
             p.stop()
@@ -270,6 +293,8 @@ class Node:
                 _STARTED.remove(p)
         if self._owns_cluster and self.cluster is not None:
             self.cluster.close()
+        if self._boards is not None:
+            self._boards.close()
         _LIVE.discard(self)
 
     def __enter__(self) -> "Node":
@@ -320,17 +345,17 @@ def _check_plan(plan, store) -> None:
                          "sc.ReadPlan.of_extents(store, ...) of this store")
 
 
-def _board_link(cache, streams, create: bool):
-    """The link to the cache's order board (None without a cache); with `create` the board is
-    made now when there is none, or made anew in place of a killed job's (streams: the ranks of
-    this node; removed when the process that made it exits), else only looked for when used."""
+def _board_link(cache, streams, create: bool, job: str, score_merge):
+    """The link of `job` to the cache's order board (None without a cache); with `create` the
+    board is made now when there is none, or made anew in place of a killed job's, and the job
+    registered on it (streams: the ranks of this job on this node; its files removed when its
+    last process, and the last job, leave), else only looked for when used (and joined then)."""
     if cache is None:
         return None
-    from ..lookahead.board import BoardLink
-    link = BoardLink(cache.name)
+    from ..lookahead.board import BoardLink, local_ranks
+    streams = local_ranks() if streams is None else streams
+    link = BoardLink(cache.name, job, cache.num_samples, streams, score_merge=score_merge,
+                     counted=True)   # Node.close() closes it: the node's join ends there
     if create:
-        if streams is None:
-            local = os.environ.get("LOCAL_WORLD_SIZE", "1")
-            streams = int(local) if local.isdigit() and int(local) >= 1 else 1
         link.create(cache.num_samples, streams)
     return link

@@ -46,6 +46,7 @@ epoch's observations, coverage and losses are summed across ranks (torch.distrib
 backend that reduces CPU tensors, e.g. gloo) and folded into the scores.
 """
 import math
+import time
 import warnings
 
 import numpy as np
@@ -54,6 +55,7 @@ import torch.distributed as dist
 from torch.utils.data import Sampler
 
 from .extents import arrange
+from .follow import REBEND, follow, horizon
 from .importance import ImportanceTable
 from .stalls import StallPlanner, StallView
 from ..lookahead.publish import board_of, publish_ahead, published_iter, rewrite_published
@@ -187,6 +189,11 @@ class ShadeSampler(Sampler):
         self._loss_cnt = 0
         self.last_epoch_stats = {}
         self.repeats_history = []   # per epoch: accuracy_repeats, stall_deferrals, stall_repeats
+        self.follow_history = []    # per epoch: samples of its batches traded to follow the node
+        self._follow_due = (-1, 0)  # (epoch, position) of the next bend (follow.REBEND)
+        self._stall_plan = False
+        self._prefetcher_looked = 0.0   # when _jobs_upkeep last looked for the node's prefetcher
+        self._scores_on = None          # the board whose job table holds this sampler's scores
         self._source = data_source if hasattr(data_source, "loader_totals") else None
         self._planner = (StallPlanner(self.batch_size, self.stall_budget, stall_speeds)
                          if self.stalls else None)
@@ -208,9 +215,9 @@ class ShadeSampler(Sampler):
                 raise ValueError("ShadeSampler: the data set's node has its own order board; leave "
                                  "board= out")
             return self.node.cache, None
-        if board is None and cache is not None:
+        if board is None and cache is not None:   # this process's job on the cache's board
             from ..lookahead.board import BoardLink
-            board = BoardLink(cache.name)
+            board = BoardLink(cache.name, num_samples=cache.num_samples)
         return cache, board
 
     @property
@@ -455,8 +462,9 @@ class ShadeSampler(Sampler):
         # save its read: measured, epochs with the budget there ran slower than without it and
         # did not reliably read less (docs/importance.md, "The stall budget", "Not under the
         # extent order").
-        if (self._planner is not None and self.cache is not None and self._source is not None
-                and self.extents is None):
+        self._stall_plan = (self._planner is not None and self.cache is not None
+                            and self._source is not None and self.extents is None)
+        if self._stall_plan:
             # Once per order drawn (set_epoch to another epoch and end_epoch drop the order and
             # the planner's claim to it): a second pass over the same order (a pass stopped
             # early and started over) takes it as planned, repeats written in included;
@@ -467,6 +475,7 @@ class ShadeSampler(Sampler):
             if self._planner_epoch != self.epoch:
                 self._planner.start_epoch(self._rng(2 + self.num_replicas + self.rank))
                 self._planner_epoch = self.epoch
+        if self._stall_plan or self.cache is not None:   # and with a board, the jobs' upkeep
             plan = self._plan_batch
         if self.node is not None:   # the chain's record of what this pass asks for starts anew
             self.node.chain.begin_pass(order[start:])
@@ -477,8 +486,16 @@ class ShadeSampler(Sampler):
 
     # ---- the stall budget ----------------------------------------------------------------------
     def _plan_batch(self, k: int) -> None:
-        """Before the batch at position k is taken: the stall budget may defer or repeat misses
-        from k on (shadecache/sampling/stalls.py); the board shows the changed entries."""
+        """Before the batch at position k is taken: with other jobs on the board, the batch
+        follows the node (sampling/follow.py); the stall budget may defer or repeat misses from k
+        on (shadecache/sampling/stalls.py); the board shows the changed entries."""
+        board = board_of(self)
+        if board is not None:
+            self._jobs_upkeep(board)
+            if self.extents is None and len(board.all_jobs.registered()) > 1:
+                self._follow(board, k)
+        if not self._stall_plan:
+            return
         p = self._planner
         if self._view is None:
             self._view = StallView(self, self._source)
@@ -490,6 +507,44 @@ class ShadeSampler(Sampler):
         if (p.deferrals, p.repeats) != before:
             self._note(stall_deferrals=p.deferrals - before[0],
                        stall_repeats=p.repeats - before[1])
+
+    def _jobs_upkeep(self, board) -> None:
+        """Per batch, cheap: a dead job's board freed (at most every half second), the cache's
+        scores merged again when jobs came or went, and, with other jobs on the cache, the
+        node's prefetcher started again when the one that ran went with the job that started it
+        (alone, a job starts it at its publishes, as before jobs)."""
+        if self._scores_on != board.identity:   # a board this sampler has not written to yet
+            self._scores_on = board.identity
+            self._push_scores(np.arange(self.n, dtype=np.int64), self.table.scores)
+        freed = board.all_jobs.free_dead()
+        board.merge.jobs_changed(self.cache)
+        shared = freed or len(board.all_jobs.registered()) > 1
+        now = time.monotonic()
+        if self.node is not None and shared and now - self._prefetcher_looked >= 0.5:
+            self._prefetcher_looked = now
+            self.node.start_reading_ahead()   # nothing when one runs (a /proc look)
+
+    def _follow(self, board, k: int) -> None:
+        """The order from k takes what the node holds or reads first, over the prefetcher's reach
+        (sampling/follow.py), bent again each time 1/REBEND of that reach has been taken."""
+        window = max(self.batch_size, board.control.reach)
+        due_epoch, due_k = self._follow_due
+        if due_epoch == self.epoch and k < due_k:
+            return
+        self._follow_due = (self.epoch, k + max(self.batch_size, window // REBEND))
+        on_way = board.flags.on_way(slice(None))   # the flags first: a read landing in between
+        cached = np.asarray(self.cache.cached_mask(), dtype=bool)   # is seen cached
+        changed, moves = follow(self._order, k, window, cached, on_way, horizon=horizon(window))
+        if not changed.size:
+            return
+        ahead = None if self._planner is None else self._planner.ahead
+        if ahead is not None and ahead.size == self._order.size:
+            for places, sources in moves:     # the stall planner's marks go with their samples
+                ahead.move(places, sources)
+        rewrite_published(self, self._order, changed, lo=max(0, k - self.batch_size))
+        while len(self.follow_history) <= self.epoch:
+            self.follow_history.append(0)
+        self.follow_history[self.epoch] += int(changed.size)
 
     def _note(self, **counts) -> None:
         """This epoch's repeats and deferrals: the sampler's history, the data set's per-epoch
@@ -543,6 +598,8 @@ class ShadeSampler(Sampler):
         return touched, scores
 
     def _push_scores(self, ids, scores):
+        """The scores of `ids` into the cache's table: through the job's own table and the merge
+        over the jobs on the board (lookahead/job_scores.py), or straight without a board."""
         if self.cache is None or not ids.size:
             return
         if self.extents is not None:
@@ -552,7 +609,13 @@ class ShadeSampler(Sampler):
             # same ones, not this rank's unmerged losses of the epoch)
             ids, scores = self.extents.shared_scores(ids, self.table.base,
                                                      np.asarray(self.cache.cached_mask(), bool))
-        self.cache.update_scores(ids, np.asarray(scores, dtype=np.float32))
+        board = board_of(self)
+        if board is None:
+            self.cache.update_scores(ids, np.asarray(scores, dtype=np.float32))
+            return
+        if board.scores.batch != self.batch_size:
+            board.scores.set_batch(self.batch_size)
+        board.merge.scores(self.cache, ids, np.asarray(scores, dtype=np.float32))
 
     @property
     def scores(self) -> np.ndarray:

@@ -491,6 +491,11 @@ class LookAhead:
         for m in (self.seen, self.placed, self.deferred):
             m[a], m[b] = m[b], m[a].copy()
 
+    def move(self, places, sources) -> None:
+        """Positions `places` took the samples of positions `sources` (sampling/follow.py)."""
+        for m in (self.seen, self.placed, self.deferred):
+            m[places] = m[sources].copy()
+
     def state(self) -> dict:
         return {"size": self.size, "seen": np.flatnonzero(self.seen).tolist(),
                 "placed": np.flatnonzero(self.placed).tolist(),

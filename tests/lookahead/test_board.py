@@ -198,8 +198,11 @@ def test_a_publish_after_a_writer_died_mid_publish_is_readable(board_name):
     from shadecache.lookahead.board_layout import HEADER_BYTES, S_SEQ
     with OrderBoard.create(board_name, 100, capacity=10) as b:
         b.orders.publish(0, 0, np.arange(10))
-        # the stream's sequence word, as the file holds it
-        seq = np.ndarray((1,), dtype=np.int64, buffer=b._mm, offset=HEADER_BYTES + 8 * S_SEQ)
+        # the stream's sequence word, as the job's file holds it
+        import mmap
+        with open(b.path, "r+b") as f:
+            mm = mmap.mmap(f.fileno(), 0)
+        seq = np.ndarray((1,), dtype=np.int64, buffer=mm, offset=HEADER_BYTES + 8 * S_SEQ)
         seq[0] += 1                              # what a writer killed after its first store leaves
         assert b.orders.snapshot(0) is None
         b.orders.publish(0, 1, np.arange(10, 20))
@@ -207,6 +210,7 @@ def test_a_publish_after_a_writer_died_mid_publish_is_readable(board_name):
         assert snap is not None and snap[0] == 1 and np.array_equal(snap[1], np.arange(10, 20))
         assert int(seq[0]) % 2 == 0
         del seq
+        mm.close()
 
 
 def test_with_a_prefetcher_next_uses_move_one_batch_late_into_the_next_epochs_head(board_name):

@@ -497,6 +497,7 @@ def test_a_reader_that_asks_during_a_hand_over_is_not_left_waiting(name):
         board.control.set_prefetcher(os.getpid())       # this process stands for the live prefetcher
         loop = ReadAhead.__new__(ReadAhead)      # the hand-over thread's state, no process
         loop.board, loop.held, loop.mu, loop.done = board, Held(), threading.Lock(), threading.Event()
+        loop.jobs = board.all_jobs               # every job's orders: here the one job's
         loop.options, loop.inflight = {"poll_s": 0.002}, collections.deque()
         landed, readers, helper = {}, [], None
 
