@@ -546,6 +546,13 @@ class BoardLink:
             self._board = None
         return self._board
 
+    def let_go(self) -> None:
+        """This link's count of its job given back now, as close() gives it, the board kept open
+        (Node.close: the prefetcher it started asks the board who still trains before it
+        closes)."""
+        if self._board is not None and self._pid == os.getpid():
+            self._board.let_go()
+
     def close(self) -> None:
         """The node is done: a member link leaves its job (the job's board goes with the job's
         last process, the node's file with the last job: another node of the same job in this

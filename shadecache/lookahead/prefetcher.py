@@ -19,14 +19,18 @@ What it reads next is the plan's (plan.py, a pure function); the loop around the
 read_ahead.py; how far ahead it reads, pace.py. When it starts it publishes its read rule and
 reach on the board (board.READS_*: the samplers' stall budget bends the order around what it reads)
 and what it reads through in its status file (status.py). It exits when the board's stop word is
-set (stop()), when its parent dies (PR_SET_PDEATHSIG, and a check of the parent pid), or on
-SIGTERM.
+set (stop()), on SIGTERM, or once no job lives on the board (read_ahead.ReadAhead.serving).
+
+It is the node's, not its starter's: every job on the node reads ahead through it. When the
+process that started it leaves (its node closed: release(); or killed) while another job, or
+another rank of its own, still trains on the node, it goes on serving them and exits when the
+last of them leaves. A stop, or its starter's death, midway would leave the others without reads
+ahead until one of them published its next epoch's order (and started another).
 """
 from __future__ import annotations
 
 import os
 import pickle
-import signal
 import subprocess
 import sys
 import time
@@ -128,6 +132,18 @@ class Prefetcher:
         self.proc = None
         return rc
 
+    def release(self, timeout: float = 10.0) -> int:
+        """What closing the node that started it does (Node.close, and this process's exit),
+        called after this process left its job: stops the prefetcher when no job lives on the
+        board any more, else leaves it to the jobs that do (it exits when the last of them
+        leaves: module docstring). Returns stop()'s status, 0 when left running."""
+        if self.proc is None or os.getpid() != self._starter:
+            return self.stop(timeout)
+        if not self.board.closed and self.board.jobs.live() and self.alive():
+            self.proc = None     # theirs now; its exit is reaped by whoever adopts it
+            return 0
+        return self.stop(timeout)
+
     def __enter__(self):
         return self.start()
 
@@ -136,7 +152,7 @@ class Prefetcher:
 
 
 # ---- the prefetcher process ------------------------------------------------------------------
-def run(node, options: dict, parent_pid: int) -> None:
+def run(node, options: dict) -> None:
     """The process's body: registers on the board, publishes its rule, runs the loop
     (read_ahead.py), and leaves nothing behind that a reader would wait for."""
     cache, board = node.cache, node.board
@@ -146,7 +162,7 @@ def run(node, options: dict, parent_pid: int) -> None:
     board.flags.clear_on_way()          # a killed predecessor's
     _publish_status(cache.name, node.chain, loop.rule, loop.reach)
     try:
-        loop.run(parent_pid)
+        loop.run()
     finally:
         if board.control.prefetcher_pid == os.getpid():
             board.flags.clear_on_way()      # batches dropped unread: nobody waits for them
@@ -168,16 +184,11 @@ def _publish_status(cache_name: str, chain, rule: int, reach: int) -> None:
 
 
 def _main():
-    try:   # die with the parent even if it is SIGKILLed (Linux)
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
     pickled, options, parent_pid = pickle.loads(sys.stdin.buffer.read())
     node = pickle.loads(pickled)   # attaches the cache and the board, reopens the tiers
     if os.getppid() != parent_pid:
-        return 0
-    run(node, options, parent_pid)
+        return 0       # the starter died before it could register this one: nobody waits for it
+    run(node, options)
     return 0
 
 

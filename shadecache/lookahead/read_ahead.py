@@ -34,6 +34,7 @@ from .board import READS_ADMITTED, READS_EVERY_MISS, READS_UNTIL_FULL
 from .pace import Pace
 
 IDLE_S = 0.05      # how often a prefetcher with nothing to read or hand over looks again
+READERS_EVERY_S = 0.2   # how often a prefetcher whose starter is gone looks for a live job
 
 
 class Window:
@@ -131,6 +132,7 @@ class ReadAhead:
         self.last_epoch = None
         self.stopping = False
         self.done = threading.Event()
+        self._readers_seen = 0.0     # when a live job was last seen (serving())
 
     def _top(self) -> int:
         """The longest order a stream of any job holds (the automatic lookahead's cap)."""
@@ -369,10 +371,24 @@ class ReadAhead:
                 self.hand_over()
             seen = (seen[0], len(self.held.batches))   # what it took is no news
 
-    def run(self, parent_pid: int) -> None:
-        """Runs passes until the board's stop word, SIGTERM or the parent's exit; then finishes
-        what is in flight and offers everything held (a clean stop leaves no read to die with
-        the process)."""
+    def serving(self) -> bool:
+        """Whether a job lives on the board: a training process of any job holds its byte
+        (jobs.py). The prefetcher is the node's, not its starter's: it outlives the process that
+        started it, killed or done, for as long as another job (or another rank of the
+        starter's) trains on the node, and exits within READERS_EVERY_S once none does. The
+        registry is looked at no more often than that."""
+        now = time.monotonic()
+        if now - self._readers_seen < READERS_EVERY_S:
+            return True
+        if not self.board.jobs.live():
+            return False
+        self._readers_seen = now
+        return True
+
+    def run(self) -> None:
+        """Runs passes until the board's stop word, SIGTERM or no one is served (serving());
+        then finishes what is in flight and offers everything held (a clean stop leaves no
+        read to die with the process)."""
         helper = None
         if self.copies:
             helper = threading.Thread(target=self._hand_over_loop, name="sc-prefetch-hand-over",
@@ -380,7 +396,7 @@ class ReadAhead:
             helper.start()
         signal.signal(signal.SIGTERM, self._on_term)
         try:
-            while not self.stopping and not self.board.control.stop_requested and os.getppid() == parent_pid:
+            while not self.stopping and not self.board.control.stop_requested and self.serving():
                 self.step()
             self.done.set()
             if helper is not None:

@@ -280,15 +280,18 @@ class Node:
             row[k] = row.get(k, 0) + int(v)
 
     def close(self) -> None:
-        """Stops the prefetcher this node started, and the cluster (with its peer server) it
-        made from torch.distributed; leaves the node's job on the cache's board (when this
-        process joined it through this node: the job ends with the last node of it in this
-        process, and the last of its processes; a driver that runs jobs one after another in
-        one process is not taken for several jobs sharing the cache); the parts given to it stay
-        their owners'."""
+        """Leaves the node's job on the cache's board (when this process joined it through this
+        node: the job ends with the last node of it in this process, and the last of its
+        processes; a driver that runs jobs one after another in one process is not taken for
+        several jobs sharing the cache); then stops the prefetcher this node started, unless a
+        job still lives on the board (it serves them, and exits after the last:
+        Prefetcher.release); stops the cluster (with its peer server) it made from
+        torch.distributed. The parts given to it stay their owners'."""
         p, self._prefetcher = self._prefetcher, None
+        if self._boards is not None:
+            self._boards.let_go()
         if p is not None:
-            p.stop()
+            p.release()
             if p in _STARTED:
                 _STARTED.remove(p)
         if self._owns_cluster and self.cluster is not None:
@@ -327,7 +330,7 @@ def _stop_prefetchers() -> None:
     for node in list(_LIVE):
         node.close()
     while _STARTED:
-        _STARTED.pop().stop()
+        _STARTED.pop().release()
 
 
 def _check_plan(plan, store) -> None:

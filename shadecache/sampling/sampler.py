@@ -511,8 +511,8 @@ class ShadeSampler(Sampler):
     def _jobs_upkeep(self, board) -> None:
         """Per batch, cheap: a dead job's board freed (at most every half second), the cache's
         scores merged again when jobs came or went, and, with other jobs on the cache, the
-        node's prefetcher started again when the one that ran went with the job that started it
-        (alone, a job starts it at its publishes, as before jobs)."""
+        node's prefetcher started again should the one that ran die (it outlives the job that
+        started it: lookahead/prefetcher.py; alone, a job starts it at its publishes)."""
         if self._scores_on != board.identity:   # a board this sampler has not written to yet
             self._scores_on = board.identity
             self._push_scores(np.arange(self.n, dtype=np.int64), self.table.scores)

@@ -1,7 +1,7 @@
 """The prefetcher (shadecache/lookahead/prefetcher.py), a real background process reading real files into a
 real shared-memory cache: the loader reads the same bytes in the same order with it as without
 it; many processes and a crashing writer run next to it; a prefetcher SIGKILLed mid-batch leaves
-check() passing and the job running; it stops cleanly, alone per node, and with its parent."""
+check() passing and the job running; it stops cleanly, alone per node, and with the last job on the node."""
 import multiprocessing as mp
 import os
 import random
@@ -300,8 +300,9 @@ def test_the_prefetcher_reads_the_ssd_tier_before_the_store(store_path, name, tm
     ssd.close()
 
 
-def test_the_prefetcher_dies_with_its_parent(store_path, name, tmp_path):
-    """A job SIGKILLed leaves no prefetcher behind (PR_SET_PDEATHSIG and a parent check)."""
+def test_a_prefetcher_alone_on_its_node_dies_with_the_job_that_started_it(store_path, name, tmp_path):
+    """A job SIGKILLed, alone on its node, leaves no prefetcher behind: it exits once no job lives
+    on the board."""
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(f"""
         import sys, time, shadecache as sc
