@@ -141,7 +141,7 @@ def job_child(cfg: dict) -> int:
         sampler.end_epoch()
         after, ids = ds.stats(), np.concatenate(ids)
         counts = np.bincount(ids, minlength=len(ds))
-        report({"epoch": epoch, "seconds": time.perf_counter() - t0, "samples": int(ids.size),
+        report({"epoch": epoch, "seconds": time.perf_counter() - t0, "end": time.time(), "samples": int(ids.size),
                 "hits": after["hits"] - before["hits"], "store_reads": after["store_reads"] - before["store_reads"],
                 "permutation": bool((counts == 1).all()), "followed": (sampler.follow_history + [0] * (epoch + 1))[epoch]})
     if view is not None:
@@ -196,10 +196,11 @@ def segment_bytes(name: str) -> int:
     return os.stat(f"/dev/shm/shadecache.{name}").st_size
 
 
-def run_together(disk, path, configs, rule="uses", policy="importance", kill=None, timeout=1800):
+def run_together(disk, path, configs, rule="uses", policy="importance", kill=None, kill_at=1.5,
+                 timeout=1800):
     """The jobs of `configs` side by side on one new cache: device bytes, each job's epochs, the
-    segment's size before and after, and with kill=k the SIGKILL of job k mid-epoch 1 and what
-    became of its files."""
+    segment's size before and after, and with kill=k the SIGKILL of job k when it has trained
+    `kill_at` epochs, and what became of its files."""
     import shadecache as sc
     with sc.PackedStore(path) as store:
         capacity = sc.Cache.capacity_for(int(CACHE_SHARE * len(store)), store.lengths)
@@ -211,7 +212,8 @@ def run_together(disk, path, configs, rule="uses", policy="importance", kill=Non
     killed = None
     try:
         if kill is not None:
-            killed = _kill_mid_epoch(kids[kill] if kill != "prefetcher" else _prefetchers_parent(kids, name), name)
+            victim = kids[kill] if kill != "prefetcher" else _prefetchers_parent(kids, name)
+            killed = _kill_mid_epoch(victim, name, kill_at)
         rcs = [k.wait(timeout) for k in kids]
         b1 = disk.counters()
         out = {"rule": rule, "policy": policy, "cache": name, "capacity_bytes": capacity,
@@ -252,11 +254,12 @@ def _prefetchers_parent(kids, cache_name):
     return kids[0]
 
 
-def _kill_mid_epoch(child, cache_name):
-    """SIGKILLs `child` halfway through its epoch 1; returns when, and when its job's board left
-    /dev/shm (removed by the other jobs) and how many pins the cache held meanwhile."""
+def _kill_mid_epoch(child, cache_name, at_epochs):
+    """SIGKILLs `child` once it has trained `at_epochs` epochs (1.5: halfway through epoch 1);
+    returns when, and when its job's board left /dev/shm (removed by the other jobs) and how many
+    pins the cache held meanwhile."""
     import shadecache as sc
-    half = 1.5 * child.cfg["samples"]     # halfway through epoch 1
+    half = at_epochs * child.cfg["samples"]
     while not child.ticks() or child.ticks()[-1][1] < half:
         if child.proc.poll() is not None:
             return {"error": "the job ended before it could be killed"}
@@ -276,7 +279,7 @@ def _kill_mid_epoch(child, cache_name):
                 break
             time.sleep(0.01)
         pinned = c.stats()["pinned"]
-    return {"at": t_kill, "job": child.cfg["job"], "files_removed_after_s": gone_after,
+    return {"at": t_kill, "at_epochs": at_epochs, "job": child.cfg["job"], "files_removed_after_s": gone_after,
             "removed": slot_file, "pinned_right_after": pinned}
 
 
@@ -299,24 +302,23 @@ def summary(res):
         sum(e["hits"] for e in j["epochs"]) for j in res["jobs"]), "segment_bytes": res["segment_bytes"]}
 
 
-def kill_rates(res, window_s):
-    """Each surviving job's samples/s in the `window_s` before the kill and after it (from its
-    ticks; the second after the kill left out: the prefetcher starting again)."""
+def kill_rates(res):
+    """Each surviving job's samples/s over whole epochs: [its last warm epoch (1 on) that ended
+    before the kill, the first that began a second or more after it, their numbers]. Whole
+    epochs, not windows of seconds: an epoch begins with a burst (the cached samples first, at
+    2-3x the job's pace for a second), and a window of a few seconds holds zero, one or two of
+    them, which moved its rate by up to 25% either way."""
     t = res["killed"]["at"]
     out = {}
     for j in res["jobs"]:
         if j["cfg"]["job"] == res["killed"]["job"]:
             continue
-        ticks = np.asarray(j["ticks"], dtype=np.float64)
-        out[j["cfg"]["job"]] = [_rate(ticks, t - window_s, t), _rate(ticks, t + 1.0, t + 1.0 + window_s)]
+        spans = [(e["end"] - e["seconds"], e["end"], e["samples"] / e["seconds"], e["epoch"]) for e in j["epochs"]]
+        before = [s for s in spans if s[3] >= 1 and s[1] <= t]
+        after = [s for s in spans if s[0] >= t + 1.0]
+        out[j["cfg"]["job"]] = [before[-1][2] if before else None, after[0][2] if after else None,
+                                before[-1][3] if before else None, after[0][3] if after else None]
     return out
-
-
-def _rate(ticks, a, b):
-    inside = ticks[(ticks[:, 0] >= a) & (ticks[:, 0] <= b)]
-    if len(inside) < 2:
-        return None
-    return float((inside[-1, 1] - inside[0, 1]) / (inside[-1, 0] - inside[0, 0]))
 
 
 # ---- the peers: the same jobs on Mosaic Streaming and LitData ------------------------------------
@@ -631,14 +633,14 @@ def print_run(results):
 def print_kill(results):
     k = results.get("kill")
     if k:
-        print(f"\nSIGKILL of {k['killed']['job']} halfway through its epoch 1: its files removed after "
+        print(f"\nSIGKILL of {k['killed']['job']} after {k['killed'].get('at_epochs', 1.5):g} of its epochs: its files removed after "
               f"{k['killed']['files_removed_after_s']} s ({k['killed']['removed']}); pins right after the "
               f"kill {k['killed']['pinned_right_after']}, after the run {k['pinned_after']}; left in /dev/shm "
               f"after the run: {k['left_in_shm']}; return codes {k['returncodes']}")
-        for job, (before, after) in k["rates"].items():
+        for job, (before, after, e0, e1) in k["rates"].items():
             change = f"{(after / before - 1) * 100:+.1f}%" if before and after else "-"
-            print(f"  {job}: {before or 0:,.0f} samples/s in the {k['window_s']:g} s before the kill, "
-                  f"{after or 0:,.0f} in the {k['window_s']:g} s after its first second ({change})")
+            print(f"  {job}: {before or 0:,.0f} samples/s in its epoch {e0} (before the kill), "
+                  f"{after or 0:,.0f} in its epoch {e1} (begun after it) ({change})")
 
 
 def plot_kill(kill, png):
@@ -692,11 +694,11 @@ def main_run(args) -> int:
             print(f"  together {rule}: {json.dumps(results['together'][rule])}", flush=True)
         if "kill" in args.parts:
             throttled_disk.drop_caches()
-            res = run_together(disk, path, JOBS, kill=args.kill if args.kill == "prefetcher" else int(args.kill))
-            res["rates"] = kill_rates(res, args.window)
-            res["window_s"] = args.window
+            res = run_together(disk, path, JOBS, kill=args.kill if args.kill == "prefetcher" else int(args.kill),
+                               kill_at=args.kill_at)
+            res["rates"] = kill_rates(res)
             results["kill"] = {k: res[k] for k in ("killed", "pinned_after", "left_in_shm", "returncodes",
-                                                   "rates", "window_s", "store_bytes")}
+                                                   "rates", "store_bytes")}
             results["kill"]["jobs"] = summary(res)["jobs"]
             results["kill"]["ticks"] = {j["cfg"]["job"]: j["ticks"] for j in res["jobs"]}
             if args.plot:
@@ -731,8 +733,10 @@ def main(argv=None) -> int:
     r.add_argument("--epochs", type=int, default=EPOCHS)
     r.add_argument("--rules", default="uses,max,sum,last,lru")
     r.add_argument("--parts", default="alone,together,kill")
-    r.add_argument("--window", type=float, default=4.0,
-                   help="seconds of samples/s compared before the kill and after its first second")
+    r.add_argument("--kill-at", type=float, default=2.5,
+                   help="the epochs the killed job has trained when it is killed (2.5: halfway through "
+                        "epoch 2; the survivors' warm epochs before and after it are compared: "
+                        "--epochs 5 leaves one after it)")
     r.add_argument("--kill", default="prefetcher",
                    help="the job killed: an index in JOBS, or 'prefetcher': the one that started it")
     r.add_argument("--workdir", default="/var/tmp")

@@ -38,6 +38,10 @@ class Control:
         new prefetcher for gone, which costs it a read of its own, never a wrong value."""
         pid = self.prefetcher_pid
         return bool(pid) and alive(pid, self.prefetcher_start())
+    def prefetcher_died(self) -> bool:
+        """Whether a prefetcher is registered and gone without unregistering (killed: a clean
+        stop unregisters)."""
+        return bool(self.prefetcher_pid) and not self.prefetcher_alive()
     def set_read_rule(self, rule: int, reach: int) -> None:
         """The prefetcher's rule (READS_*) and reach (half the samples the cache holds: how far
         ahead of the cursors its automatic lookahead reads at most), for the samplers' stall

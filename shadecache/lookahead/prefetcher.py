@@ -33,6 +33,7 @@ import os
 import pickle
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -41,6 +42,7 @@ from .. import status
 from ..process import isolated_python
 from .read_ahead import ReadAhead
 
+ORPHANED_EXIT_S = 10.0   # _exit_when_orphaned: how long a stuck prefetcher outlives the last job
 DEFAULTS = dict(lookahead_samples=None, lookahead_bytes=256 << 20, batch=256, queue_depth=32,
                 lanes=2, max_batches=4, poll_s=0.002)
 
@@ -83,15 +85,20 @@ class Prefetcher:
         self.options = opts
         self.proc = None
         self._starter = None   # the pid that started it: only that process stops it
+        self._own_board = False   # a handle attached for it once left to other jobs (release)
 
     def start(self) -> "Prefetcher":
+        release_handed()
         other = self.board.control.prefetcher_pid
         if self.board.control.prefetcher_alive():   # pid and start time: a reused pid is not a prefetcher
             raise RuntimeError(f"cache {self.cache_name!r} already has a prefetcher (pid {other}); "
                                "one per node")
         self.board.control.request_stop(False)
         payload = pickle.dumps((self.node.pickled_for_process(), self.options, os.getpid()))
-        self.proc = subprocess.Popen(isolated_python("shadecache.lookahead.prefetcher"), stdin=subprocess.PIPE)
+        # a session of its own: it is the node's, so a Ctrl-C or a hang-up of the starter's
+        # terminal (its process group) must not end it while other jobs train
+        self.proc = subprocess.Popen(isolated_python("shadecache.lookahead.prefetcher"), stdin=subprocess.PIPE,
+                                     start_new_session=True)
         self._starter = os.getpid()
         self.proc.stdin.write(payload)
         self.proc.stdin.close()
@@ -115,34 +122,48 @@ class Prefetcher:
 
     def stop(self, timeout: float = 10.0) -> int:
         """Asks the loop to finish its batches and exit; kills it after `timeout`. Returns its
-        exit status (0 after a clean stop). In a forked child of the process that started it
-        (a DataLoader worker, a subprocess of the training script) it only forgets it: the
-        prefetcher serves the parent, whose exit stops it."""
-        if self.proc is None:
+        exit status (0 after a clean stop). The board's stop word asks the node's registered
+        prefetcher: one that is not (or no longer) registered, or whose board this process
+        closed, is sent SIGTERM instead, so that another's prefetcher is never stopped by it. In
+        a forked child of the process that started it (a DataLoader worker, a subprocess of the
+        training script) it only forgets it: the prefetcher is not the child's to stop."""
+        proc, self.proc = self.proc, None
+        if proc is None or os.getpid() != self._starter:
             return 0
-        if os.getpid() != self._starter:
-            self.proc = None
-            return 0
-        self.board.control.request_stop(True)
-        try:
-            rc = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            rc = self.proc.wait()
-        self.proc = None
-        return rc
+        if proc.poll() is None:
+            if not self.board.closed and self.board.control.prefetcher_pid == proc.pid:
+                self.board.control.request_stop(True)
+            else:
+                proc.terminate()          # its loop's SIGTERM handler: a clean stop
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self._own_board and not self.board.closed:
+            self.board.close()
+        return proc.returncode
 
     def release(self, timeout: float = 10.0) -> int:
         """What closing the node that started it does (Node.close, and this process's exit),
         called after this process left its job: stops the prefetcher when no job lives on the
         board any more, else leaves it to the jobs that do (it exits when the last of them
-        leaves: module docstring). Returns stop()'s status, 0 when left running."""
-        if self.proc is None or os.getpid() != self._starter:
-            return self.stop(timeout)
-        if not self.board.closed and self.board.jobs.live() and self.alive():
-            self.proc = None     # theirs now; its exit is reaped by whoever adopts it
+        leaves: module docstring), holding a board handle of its own (the node's closes) and the
+        process, to reap it and to stop it should it outlive them (release_handed). Returns
+        stop()'s status, 0 when left running."""
+        if self.alive() and os.getpid() == self._starter and self._jobs_live():
+            try:
+                from .board import OrderBoard
+                board = OrderBoard.attach(self.cache_name)   # observes: keeps no job alive
+            except (FileNotFoundError, ValueError, PermissionError):
+                return self.stop(timeout)                  # the last job left meanwhile
+            self.board, self._own_board = board, True
+            _HANDED.append(self)
             return 0
         return self.stop(timeout)
+
+    def _jobs_live(self) -> bool:
+        return not self.board.closed and bool(self.board.jobs.live())
 
     def __enter__(self):
         return self.start()
@@ -151,19 +172,39 @@ class Prefetcher:
         self.stop()
 
 
+_HANDED = []   # prefetchers this process started and left to other jobs (Prefetcher.release)
+
+
+def release_handed(timeout: float = 10.0) -> None:
+    """The prefetchers this process left to other jobs: those that exited are reaped, and those
+    on a board where no job lives any more are stopped (Node.close, this process's exit, and
+    every start call it)."""
+    for p in list(_HANDED):
+        if not p.alive() or not p._jobs_live():
+            _HANDED.remove(p)
+            p.stop(timeout)
+
+
 # ---- the prefetcher process ------------------------------------------------------------------
-def run(node, options: dict) -> None:
+def run(node, options: dict, parent_pid: int) -> None:
     """The process's body: registers on the board, publishes its rule, runs the loop
     (read_ahead.py), and leaves nothing behind that a reader would wait for."""
     cache, board = node.cache, node.board
+    if os.getppid() != parent_pid:
+        return       # the starter died before it could register this one: nobody waits for it
     loop = ReadAhead(node, options)
     board.control.set_read_rule(loop.rule, loop.reach)   # before registering: a sampler sees both at once
     board.control.set_prefetcher(os.getpid())
     board.flags.clear_on_way()          # a killed predecessor's
     _publish_status(cache.name, node.chain, loop.rule, loop.reach)
+    watchdog = threading.Thread(target=_exit_when_orphaned, args=(board, cache.name, loop.done),
+                                name="sc-prefetch-orphaned", daemon=True)
+    watchdog.start()
     try:
         loop.run()
     finally:
+        loop.done.set()
+        watchdog.join()
         if board.control.prefetcher_pid == os.getpid():
             board.flags.clear_on_way()      # batches dropped unread: nobody waits for them
             board.control.set_prefetcher(0)
@@ -172,6 +213,23 @@ def run(node, options: dict) -> None:
             t.close()
         cache.close()
         board.close()
+
+
+def _exit_when_orphaned(board, cache_name: str, done) -> None:
+    """A backstop for a loop stuck in a read that never returns (a hung store): once no job has
+    lived on the board for ORPHANED_EXIT_S, the process exits where it stands (its cache writes
+    are the engine's crash-safe ones). The normal exit is the loop's (ReadAhead.serving)."""
+    gone = None
+    while not done.wait(1.0):
+        if board.jobs.live():
+            gone = None
+            continue
+        gone = gone or time.monotonic()
+        if time.monotonic() - gone >= ORPHANED_EXIT_S:
+            if board.control.prefetcher_pid == os.getpid():
+                board.control.set_prefetcher(0)
+            status.remove(cache_name, os.getpid(), status.PREFETCHER)
+            os._exit(0)
 
 
 def _publish_status(cache_name: str, chain, rule: int, reach: int) -> None:
@@ -186,9 +244,7 @@ def _publish_status(cache_name: str, chain, rule: int, reach: int) -> None:
 def _main():
     pickled, options, parent_pid = pickle.loads(sys.stdin.buffer.read())
     node = pickle.loads(pickled)   # attaches the cache and the board, reopens the tiers
-    if os.getppid() != parent_pid:
-        return 0       # the starter died before it could register this one: nobody waits for it
-    run(node, options)
+    run(node, options, parent_pid)
     return 0
 
 

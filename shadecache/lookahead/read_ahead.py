@@ -34,7 +34,7 @@ from .board import READS_ADMITTED, READS_EVERY_MISS, READS_UNTIL_FULL
 from .pace import Pace
 
 IDLE_S = 0.05      # how often a prefetcher with nothing to read or hand over looks again
-READERS_EVERY_S = 0.2   # how often a prefetcher whose starter is gone looks for a live job
+READERS_EVERY_S = 0.2   # how often the prefetcher looks for a live job (serving)
 
 
 class Window:
@@ -372,11 +372,15 @@ class ReadAhead:
             seen = (seen[0], len(self.held.batches))   # what it took is no news
 
     def serving(self) -> bool:
-        """Whether a job lives on the board: a training process of any job holds its byte
-        (jobs.py). The prefetcher is the node's, not its starter's: it outlives the process that
-        started it, killed or done, for as long as another job (or another rank of the
-        starter's) trains on the node, and exits within READERS_EVERY_S once none does. The
-        registry is looked at no more often than that."""
+        """Whether this process is the node's registered prefetcher (one whose start outlasted
+        its starter's wait may have registered over another: one of them goes) and a job lives
+        on the board: a training process of any job holds its byte (jobs.py). The prefetcher is
+        the node's, not its starter's: it outlives the process that started it, killed or done,
+        for as long as another job (or another rank of the starter's) trains on the node, and
+        exits within READERS_EVERY_S once none does. The registry is looked at no more often
+        than that."""
+        if self.board.control.prefetcher_pid != os.getpid():
+            return False
         now = time.monotonic()
         if now - self._readers_seen < READERS_EVERY_S:
             return True

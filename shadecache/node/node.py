@@ -24,7 +24,10 @@ reads through). With it the node fixes, once:
     the cache evicts by their merged scores (score_merge), one prefetcher reads ahead for all;
   - reading ahead: with read_ahead=True (the default) the node's prefetcher starts when a sampler
     first publishes an order (one process of the node starts it, whichever rank claims the board
-    first), and stops when the node that started it closes or its process exits.
+    first); it is the node's, not its starter's: it stops when the node that started it closes
+    or its process exits while no other job trains on the node, else when the last job leaves.
+    It reads through the composition of the node that started it (its tiers, admission and
+    options): every node of one cache should be composed alike.
 
 A node is picklable: a DataLoader worker (fork or spawn) gets the same composition and attaches the
 cache, the board and the tiers by name in its own process.
@@ -44,6 +47,7 @@ from ..tiers import TierChain
 from ..admission import Admission
 from ..lookahead.jobs import job_name
 from ..lookahead.job_scores import check_rule
+from ..lookahead.prefetcher import release_handed
 from .miss_path import MissPath
 
 CLUSTER_FROM_TORCH = "torch"
@@ -116,7 +120,8 @@ class Node:
         if self._boards is not None:
             # a node dropped without close() leaves its job too, when it is collected (a
             # temporary node must not keep the job alive for the rest of the process)
-            weakref.finalize(self, self._boards.close)
+            # (not at exit: _stop_prefetchers closes the live nodes, the board last)
+            weakref.finalize(self, self._boards.close).atexit = False
         self._notes = {}      # epoch -> a sampler's counts (note_epoch), without a board
         self.cluster = None
         self.misses = MissPath.counted(self._chain(peer=False), self._boards)
@@ -294,6 +299,7 @@ class Node:
             p.release()
             if p in _STARTED:
                 _STARTED.remove(p)
+        release_handed()
         if self._owns_cluster and self.cluster is not None:
             self.cluster.close()
         if self._boards is not None:
@@ -308,7 +314,7 @@ class Node:
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_prefetcher"] = None     # the process that started it stops it
+        state["_prefetcher"] = None     # the process that started it stops or releases it
         state["_owns_cluster"] = False  # ... and the cluster it made
         return state
 
@@ -321,16 +327,23 @@ class Node:
 
 
 _LIVE = weakref.WeakSet()   # nodes of this process: closed at its exit
-_STARTED = []               # the prefetchers nodes of this process started: stopped at its exit,
+_STARTED = []               # the prefetchers nodes of this process started: released at its exit,
 #                             also those of a node dropped without close()
 
 
 @atexit.register
 def _stop_prefetchers() -> None:
+    """At this process's exit: every live node closed (each lets go of its job, then releases
+    the prefetcher it started), then the prefetchers left over, then those handed to other jobs
+    that no job needs any more. One that fails does not keep the others open."""
     for node in list(_LIVE):
-        node.close()
+        try:
+            node.close()
+        except Exception as e:   # at exit nothing is left to raise to: said, and the rest closed
+            print(f"shadecache: closing {node!r} at exit: {e!r}", file=sys.stderr)
     while _STARTED:
         _STARTED.pop().release()
+    release_handed()
 
 
 def _check_plan(plan, store) -> None:

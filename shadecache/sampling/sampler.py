@@ -512,7 +512,8 @@ class ShadeSampler(Sampler):
         """Per batch, cheap: a dead job's board freed (at most every half second), the cache's
         scores merged again when jobs came or went, and, with other jobs on the cache, the
         node's prefetcher started again should the one that ran die (it outlives the job that
-        started it: lookahead/prefetcher.py; alone, a job starts it at its publishes)."""
+        started it: lookahead/prefetcher.py); alone, a job starts it at its publishes, and
+        again within half a second should it die (killed, not stopped)."""
         if self._scores_on != board.identity:   # a board this sampler has not written to yet
             self._scores_on = board.identity
             self._push_scores(np.arange(self.n, dtype=np.int64), self.table.scores)
@@ -520,9 +521,10 @@ class ShadeSampler(Sampler):
         board.merge.jobs_changed(self.cache)
         shared = freed or len(board.all_jobs.registered()) > 1
         now = time.monotonic()
-        if self.node is not None and shared and now - self._prefetcher_looked >= 0.5:
+        if self.node is not None and now - self._prefetcher_looked >= 0.5:
             self._prefetcher_looked = now
-            self.node.start_reading_ahead()   # nothing when one runs (a /proc look)
+            if shared or board.control.prefetcher_died():
+                self.node.start_reading_ahead()   # nothing when one runs (a /proc look)
 
     def _follow(self, board, k: int) -> None:
         """The order from k takes what the node holds or reads first, over the prefetcher's reach

@@ -1,6 +1,8 @@
 """The node's prefetcher is the node's, not the process's that started it (lookahead/prefetcher.py):
-when its starter closes its node or is SIGKILLed while another job trains on the node, the same
-prefetcher goes on reading ahead for that job, and it exits once no job lives on the board."""
+when its starter closes its node, exits, is SIGKILLed or gets a Ctrl-C while another job trains
+on the node, the same prefetcher goes on reading ahead for that job; it exits once no job lives on
+the board (stopped and reaped by a process that holds it, or on its own, stuck reads included);
+one prefetcher per node, and a process stops only its own."""
 import os
 import signal
 import subprocess
@@ -12,7 +14,10 @@ import numpy as np
 import pytest
 
 import shadecache as sc
+from shadecache.lookahead.prefetcher import ORPHANED_EXIT_S
 from shadecache.process import alive, start_time_of
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 N, SIZE = 600, 300
 
@@ -108,8 +113,140 @@ def test_a_sigkilled_starter_leaves_the_prefetcher_serving_the_job_still_trainin
         assert survivor.prefetching and survivor.board.control.prefetcher_pid == pid
         read, _ = _reads_ahead_for(survivor, cache)
         assert read, f"the prefetcher read nothing ahead for the survivor: {cache.stats()['items']} items"
+        survivor.close()
+        assert _wait_for(lambda: not alive(pid, start), 5), "the prefetcher outlived the last job"
     finally:
         survivor.close()
-    assert _wait_for(lambda: not alive(pid, start), 5), "the prefetcher outlived the last job"
+        _kill(pid, start)
+
+
+def _kill(pid, start):
     if alive(pid, start):
         os.kill(pid, signal.SIGKILL)
+
+
+def test_a_ctrl_c_at_the_starter_leaves_the_prefetcher_to_the_job_still_training(store_path, cache):
+    """A Ctrl-C reaches the starter's whole process group; the prefetcher has a session of its own."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    starter = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_STARTER), store_path, cache.name],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+                               start_new_session=True)
+    pid = int(starter.stdout.readline())
+    start = start_time_of(pid)
+    survivor = _node(store_path, cache, "survivor")
+    try:
+        os.killpg(starter.pid, signal.SIGINT)
+        assert starter.wait(30) != 0            # KeyboardInterrupt
+        time.sleep(0.5)
+        assert alive(pid, start), "a Ctrl-C at the job that started it ended the node's prefetcher"
+        assert survivor.board.control.prefetcher_pid == pid
+    finally:
+        survivor.close()
+        assert _wait_for(lambda: not alive(pid, start), 5), "the prefetcher outlived the last job"
+        _kill(pid, start)
+
+
+def test_a_starter_whose_prefetcher_died_does_not_stop_the_one_another_job_started(store_path, cache):
+    a, b = _node(store_path, cache, "a"), _node(store_path, cache, "b")
+    try:
+        a.start_reading_ahead()
+        first = a.started_prefetcher.pid
+        os.kill(first, signal.SIGKILL)
+        assert _wait_for(lambda: not b.prefetching, 5)
+        b.start_reading_ahead()                 # what b's sampler does within half a second
+        second = b.started_prefetcher.pid
+        assert second != first
+        a.close()                               # reaps its own; the stop word is not a's to set
+        assert b.prefetching and b.board.control.prefetcher_pid == second
+        assert not b.board.control.stop_requested
+    finally:
+        a.close()
+        b.close()
+    assert not alive(second, 0)
+
+
+def test_a_prefetcher_registered_over_by_another_exits(store_path, cache):
+    """Two prefetchers never read for one node: the one no longer registered (another, whose
+    start outlasted its starter's wait, registered over it) leaves at its next pass."""
+    a = _node(store_path, cache, "a")
+    try:
+        a.start_reading_ahead()
+        p = a.started_prefetcher
+        a.board.control.set_prefetcher(os.getpid())   # a live process that is not it
+        assert p.proc.wait(10) == 0
+    finally:
+        a.board.control.set_prefetcher(0)
+        a.close()
+
+
+def test_the_last_node_of_a_process_stops_and_reaps_the_prefetcher_it_handed_over(store_path, cache):
+    a, b = _node(store_path, cache, "a"), _node(store_path, cache, "b")   # two jobs, one process
+    a.start_reading_ahead()
+    pid = a.started_prefetcher.pid
+    a.close()                                   # b still trains: handed over
+    assert b.prefetching
+    b.close()
+    assert not alive(pid, 0)
+    with pytest.raises(ChildProcessError):       # reaped: no zombie left in this process
+        os.waitpid(pid, os.WNOHANG)
+
+
+_HUNG_STARTER = """
+import sys, time, shadecache as sc
+sys.path.insert(0, sys.argv[4])
+from counting_store import CountingStore
+cache = sc.Cache.attach(sys.argv[2])
+node = sc.Node(CountingStore(sys.argv[1], sys.argv[3], delay_s=600.0), cache, job="starter",
+               read_plan="samples", prefetch=dict(lookahead_samples=64))
+node.start_reading_ahead()
+print(node.started_prefetcher.pid, flush=True)
+sys.stdin.readline()
+node.close()
+"""
+
+
+def test_a_prefetcher_stuck_in_a_read_exits_after_the_last_job_left(store_path, cache, tmp_path):
+    """Its starter exits normally (the prefetcher handed to the survivor), its store never
+    answers; the survivor leaves: the stuck prefetcher exits ORPHANED_EXIT_S later."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    starter = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_HUNG_STARTER), store_path, cache.name,
+                                str(tmp_path / "count"), HERE], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True, env=env)
+    pid = int(starter.stdout.readline())
+    start = start_time_of(pid)
+    survivor = _node(store_path, cache, "survivor")
+    try:
+        starter.stdin.write("\n")
+        starter.stdin.flush()
+        assert starter.wait(30) == 0
+        assert alive(pid, start)
+        sampler = survivor.sampler(batch_size=32, seed=1, stall_budget=0.0, importance=False)
+        sampler.set_epoch(0)
+        next(iter(sampler))                     # published: the prefetcher's read hangs
+        time.sleep(1.0)
+        survivor.close()
+        t0 = time.monotonic()
+        assert _wait_for(lambda: not alive(pid, start), ORPHANED_EXIT_S + 10), \
+            "a prefetcher stuck in a read outlived the last job"
+        assert time.monotonic() - t0 >= ORPHANED_EXIT_S - 2   # its loop was stuck: the backstop ended it
+    finally:
+        survivor.close()
+        _kill(pid, start)
+
+
+_EXITS_WITHOUT_CLOSE = """
+import sys, shadecache as sc
+cache = sc.Cache.attach(sys.argv[2])
+node = sc.Node(sc.PackedStore(sys.argv[1]), cache, job="leaves", read_plan="samples")
+node.start_reading_ahead()
+print(node.started_prefetcher.pid, flush=True)
+"""
+
+
+def test_a_process_that_exits_without_closing_its_node_stops_its_prefetcher_cleanly(store_path, cache):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(_EXITS_WITHOUT_CLOSE), store_path, cache.name],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0 and "Exception" not in out.stderr and "Error" not in out.stderr, out.stderr
+    pid = int(out.stdout)
+    assert _wait_for(lambda: not alive(pid, 0), 5)
