@@ -41,15 +41,20 @@ class Window:
     """The published orders of every stream of every job, merged: ids by distance from their
     stream's cursor (first occurrence kept), their places (all_jobs.py: the job's slot and its
     global position, board.py: epoch * capacity + entry), the most advanced stream's epoch, and
-    {(slot, stream): (epoch, cursor)}."""
+    {(slot, stream): (epoch, cursor)}.
+
+    `lookahead` is the whole window (pace.py measures the loaders' pace over every stream, and
+    caps it at half the cache): each of the streams that published takes an equal share of it.
+    Each taking all of it, four jobs read four times what the cache can keep ahead of them, and
+    evicted their own reads before their turn."""
 
     def __init__(self, jobs, lookahead: int):
         parts, dists, places, self.epoch, self.cursors = [], [], [], -1, {}
-        for slot, s, view in jobs.streams():
-            snap = view.orders.snapshot(s, window=lookahead)
-            if snap is None:
-                continue
-            e, ids, cursor = snap
+        snaps = [(slot, s, view, view.orders.snapshot(s, window=lookahead)) for slot, s, view in jobs.streams()]
+        snaps = [(slot, s, view, snap) for slot, s, view, snap in snaps if snap is not None]
+        share = max(1, lookahead // max(1, len(snaps)))
+        for slot, s, view, (e, ids, cursor) in snaps:
+            ids = ids[:share]
             self.cursors[(slot, s)] = (e, cursor)
             self.epoch = max(self.epoch, e)
             parts.append(ids)
