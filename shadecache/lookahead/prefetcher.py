@@ -70,7 +70,8 @@ class Prefetcher:
     """Starts and stops the prefetcher process of a node (sc.Node: node.prefetcher(**options)),
     which reads through the node's tier chain, as the node's loaders do, into its cache. The node
     must have a cache and an order board (Node(read_ahead=True) makes one). Options: see DEFAULTS
-    and the module docstring."""
+    and the module docstring; lookahead_samples is the node's whole window, over every rank and
+    job (read_ahead.Window), None: automatic (pace.py)."""
 
     def __init__(self, node, **options):
         opts = check_options(options)

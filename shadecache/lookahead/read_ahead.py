@@ -43,18 +43,20 @@ class Window:
     global position, board.py: epoch * capacity + entry), the most advanced stream's epoch, and
     {(slot, stream): (epoch, cursor)}.
 
-    `lookahead` is the whole window (pace.py measures the loaders' pace over every stream, and
-    caps it at half the cache): each of the streams that published takes an equal share of it.
-    Each taking all of it, four jobs read four times what the cache can keep ahead of them, and
-    evicted their own reads before their turn."""
+    `lookahead` is the whole window: at most that many distinct ids over every stream (pace.py
+    measures the loaders' pace over every stream and caps it at half the cache). Merged by
+    distance, the streams reach the same depth; a stream with fewer ids left, and a sample two
+    streams share (jobs that follow the node converge), leave the rest to the others. Each
+    stream taking the whole lookahead, four jobs read four times what the cache keeps ahead of
+    them and evicted their own reads."""
 
     def __init__(self, jobs, lookahead: int):
         parts, dists, places, self.epoch, self.cursors = [], [], [], -1, {}
-        snaps = [(slot, s, view, view.orders.snapshot(s, window=lookahead)) for slot, s, view in jobs.streams()]
-        snaps = [(slot, s, view, snap) for slot, s, view, snap in snaps if snap is not None]
-        share = max(1, lookahead // max(1, len(snaps)))
-        for slot, s, view, (e, ids, cursor) in snaps:
-            ids = ids[:share]
+        for slot, s, view in jobs.streams():
+            snap = view.orders.snapshot(s, window=lookahead)
+            if snap is None:
+                continue
+            e, ids, cursor = snap
             self.cursors[(slot, s)] = (e, cursor)
             self.epoch = max(self.epoch, e)
             parts.append(ids)
@@ -67,7 +69,7 @@ class Window:
         by_distance = np.argsort(np.concatenate(dists), kind="stable")
         ids, places = ids[by_distance], np.concatenate(places)[by_distance]
         _, first = np.unique(ids, return_index=True)
-        first = np.sort(first)
+        first = np.sort(first)[:max(int(lookahead), len(parts))]   # every stream one id at least
         self.ids, self.places = ids[first], places[first]
 
 

@@ -1,7 +1,11 @@
 """The prefetcher's window over every job's published order (lookahead/read_ahead.py: Window):
-the lookahead is the whole window, shared equally by the streams that published, merged by
-distance from each stream's cursor."""
+the lookahead is the whole window, at most that many distinct ids over every stream, merged by
+distance from each stream's cursor; a stream with less left, and a sample two streams share,
+leave the rest to the others."""
+import contextlib
+
 import numpy as np
+import pytest
 
 import shadecache as sc
 from shadecache.lookahead.board import OrderBoard
@@ -28,3 +32,34 @@ def test_the_streams_that_published_share_the_lookahead_equally(cache_name):
             for board in (a, b):
                 board.leave()
                 board.close()
+
+
+@contextlib.contextmanager
+def _two_jobs(cache_name):
+    with sc.Cache.create(cache_name, num_samples=N, capacity_bytes=1 << 20):
+        a = OrderBoard.join(cache_name, N, job="a")
+        b = OrderBoard.join(cache_name, N, job="b")
+        try:
+            yield a, b
+        finally:
+            for board in (a, b):
+                board.leave()
+                board.close()
+
+
+@pytest.mark.parametrize("left", [0, 50])
+def test_a_stream_with_less_left_than_its_share_leaves_the_rest_to_the_others(cache_name, left):
+    """A job at (or near) the end of its epoch: idle, in evaluation, between epochs."""
+    with _two_jobs(cache_name) as (a, b):
+        a.orders.publish(0, 0, np.arange(N), epoch_length=N)
+        b.orders.publish(0, 0, np.roll(np.arange(N), -N // 2), epoch_length=N)   # ids N/2.., 0..
+        b.orders.set_cursor(0, N - left)                         # b's last `left`: N/2-left..N/2-1
+        w = Window(a.all_jobs, 400)
+        assert sorted(w.ids.tolist()) == sorted(list(range(400 - left)) + list(range(N // 2 - left, N // 2)))
+
+
+def test_a_sample_two_streams_share_takes_one_place(cache_name):
+    with _two_jobs(cache_name) as (a, b):
+        a.orders.publish(0, 0, np.arange(N), epoch_length=N)
+        b.orders.publish(0, 0, np.arange(N), epoch_length=N)    # the same order: jobs that follow the node
+        assert Window(a.all_jobs, 400).ids.tolist() == list(range(400))
