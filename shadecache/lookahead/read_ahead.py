@@ -43,20 +43,21 @@ class Window:
     global position, board.py: epoch * capacity + entry), the most advanced stream's epoch, and
     {(slot, stream): (epoch, cursor)}.
 
-    `lookahead` is the whole window: at most that many distinct ids over every stream (pace.py
-    measures the loaders' pace over every stream and caps it at half the cache). Merged by
-    distance, the streams reach the same depth; a stream with fewer ids left, and a sample two
-    streams share (jobs that follow the node converge), leave the rest to the others. Each
-    stream taking the whole lookahead, four jobs read four times what the cache keeps ahead of
-    them and evicted their own reads."""
+    `lookahead` is the node's whole window, and it is a depth: pace.py sizes it by the loaders'
+    pace summed over every stream (what they take while a few reads complete), so each stream
+    with ids left reads an equal share of it ahead of its cursor; a sample two streams share
+    counts in both. Each stream taking all of it, four jobs read four times what the cache keeps
+    ahead of them and evicted their own reads (1.16x one job's bytes; 1.02x and 0.95x once
+    shared). Keeping the lookahead's first distinct ids instead (a shared sample counted once, a
+    short stream's rest to the others) read deeper where jobs converge, and 1.26x (docs/jobs.md)."""
 
     def __init__(self, jobs, lookahead: int):
         parts, dists, places, self.epoch, self.cursors = [], [], [], -1, {}
-        for slot, s, view in jobs.streams():
-            snap = view.orders.snapshot(s, window=lookahead)
-            if snap is None:
-                continue
-            e, ids, cursor = snap
+        snaps = [(slot, s, view, view.orders.snapshot(s, window=lookahead)) for slot, s, view in jobs.streams()]
+        snaps = [(slot, s, view, snap) for slot, s, view, snap in snaps if snap is not None]
+        share = max(1, lookahead // max(1, sum(1 for *_, snap in snaps if snap[1].size)))
+        for slot, s, view, (e, ids, cursor) in snaps:
+            ids = ids[:share]
             self.cursors[(slot, s)] = (e, cursor)
             self.epoch = max(self.epoch, e)
             parts.append(ids)
@@ -69,7 +70,7 @@ class Window:
         by_distance = np.argsort(np.concatenate(dists), kind="stable")
         ids, places = ids[by_distance], np.concatenate(places)[by_distance]
         _, first = np.unique(ids, return_index=True)
-        first = np.sort(first)[:max(int(lookahead), len(parts))]   # every stream one id at least
+        first = np.sort(first)
         self.ids, self.places = ids[first], places[first]
 
 

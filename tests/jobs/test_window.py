@@ -1,11 +1,9 @@
 """The prefetcher's window over every job's published order (lookahead/read_ahead.py: Window):
-the lookahead is the whole window, at most that many distinct ids over every stream, merged by
-distance from each stream's cursor; a stream with less left, and a sample two streams share,
-leave the rest to the others."""
+the lookahead is the node's whole window, a depth shared equally by the streams with ids left,
+merged by distance from each stream's cursor."""
 import contextlib
 
 import numpy as np
-import pytest
 
 import shadecache as sc
 from shadecache.lookahead.board import OrderBoard
@@ -47,19 +45,20 @@ def _two_jobs(cache_name):
                 board.close()
 
 
-@pytest.mark.parametrize("left", [0, 50])
-def test_a_stream_with_less_left_than_its_share_leaves_the_rest_to_the_others(cache_name, left):
-    """A job at (or near) the end of its epoch: idle, in evaluation, between epochs."""
+def test_a_stream_with_nothing_left_takes_no_share(cache_name):
+    """A job at the end of its epoch (idle, in evaluation, finished) reads nothing ahead: the
+    others read as deep as the lookahead allows."""
     with _two_jobs(cache_name) as (a, b):
         a.orders.publish(0, 0, np.arange(N), epoch_length=N)
         b.orders.publish(0, 0, np.roll(np.arange(N), -N // 2), epoch_length=N)   # ids N/2.., 0..
-        b.orders.set_cursor(0, N - left)                         # b's last `left`: N/2-left..N/2-1
-        w = Window(a.all_jobs, 400)
-        assert sorted(w.ids.tolist()) == sorted(list(range(400 - left)) + list(range(N // 2 - left, N // 2)))
+        b.orders.set_cursor(0, N - 50)                          # b's last 50: N/2-50..N/2-1
+        assert sorted(Window(a.all_jobs, 400).ids.tolist()) == list(range(200)) + list(range(N // 2 - 50, N // 2))
+        b.orders.set_cursor(0, N)
+        assert Window(a.all_jobs, 400).ids.tolist() == list(range(400))
 
 
-def test_a_sample_two_streams_share_takes_one_place(cache_name):
+def test_a_sample_two_streams_share_is_read_once_at_the_same_depth(cache_name):
     with _two_jobs(cache_name) as (a, b):
         a.orders.publish(0, 0, np.arange(N), epoch_length=N)
         b.orders.publish(0, 0, np.arange(N), epoch_length=N)    # the same order: jobs that follow the node
-        assert Window(a.all_jobs, 400).ids.tolist() == list(range(400))
+        assert Window(a.all_jobs, 400).ids.tolist() == list(range(200))
