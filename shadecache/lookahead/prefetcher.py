@@ -159,7 +159,8 @@ class Prefetcher:
             except (FileNotFoundError, ValueError, PermissionError):
                 return self.stop(timeout)                  # the last job left meanwhile
             self.board, self._own_board = board, True
-            _HANDED.append(self)
+            with _HANDED_LOCK:
+                _HANDED.append(self)
             return 0
         return self.stop(timeout)
 
@@ -174,16 +175,19 @@ class Prefetcher:
 
 
 _HANDED = []   # prefetchers this process started and left to other jobs (Prefetcher.release)
+_HANDED_LOCK = threading.Lock()   # guards _HANDED (a node's close and a sampler's start may race)
 
 
 def release_handed(timeout: float = 10.0) -> None:
     """The prefetchers this process left to other jobs: those that exited are reaped, and those
     on a board where no job lives any more are stopped (Node.close, this process's exit, and
-    every start call it)."""
-    for p in list(_HANDED):
-        if not p.alive() or not p._jobs_live():
+    every start call it). The stops run outside the lock."""
+    with _HANDED_LOCK:
+        done = [p for p in _HANDED if not p.alive() or not p._jobs_live()]
+        for p in done:
             _HANDED.remove(p)
-            p.stop(timeout)
+    for p in done:
+        p.stop(timeout)
 
 
 # ---- the prefetcher process ------------------------------------------------------------------
@@ -198,13 +202,16 @@ def run(node, options: dict, parent_pid: int) -> None:
     board.control.set_prefetcher(os.getpid())
     board.flags.clear_on_way()          # a killed predecessor's
     _publish_status(cache.name, node.chain, loop.rule, loop.reach)
-    watchdog = threading.Thread(target=_exit_when_orphaned, args=(board, cache.name, loop.done),
+    # The backstop watches until the loop has returned, its drain of the reads in flight and its
+    # reader's close included: a hung read blocks those too
+    returned = threading.Event()
+    watchdog = threading.Thread(target=_exit_when_orphaned, args=(board, cache.name, returned),
                                 name="sc-prefetch-orphaned", daemon=True)
     watchdog.start()
     try:
         loop.run()
     finally:
-        loop.done.set()
+        returned.set()
         watchdog.join()
         if board.control.prefetcher_pid == os.getpid():
             board.flags.clear_on_way()      # batches dropped unread: nobody waits for them
@@ -228,6 +235,7 @@ def _exit_when_orphaned(board, cache_name: str, done) -> None:
         gone = gone or time.monotonic()
         if time.monotonic() - gone >= ORPHANED_EXIT_S:
             if board.control.prefetcher_pid == os.getpid():
+                board.flags.clear_on_way()   # nobody waits for what it had on its way
                 board.control.set_prefetcher(0)
             status.remove(cache_name, os.getpid(), status.PREFETCHER)
             os._exit(0)
@@ -246,7 +254,8 @@ def _main():
     pickled, options, parent_pid = pickle.loads(sys.stdin.buffer.read())
     node = pickle.loads(pickled)   # attaches the cache and the board, reopens the tiers
     run(node, options, parent_pid)
-    return 0
+    # cleaned up: exit now, not after the interpreter joins a reader thread a hung read holds
+    os._exit(0)
 
 
 if __name__ == "__main__":

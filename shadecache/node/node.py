@@ -293,18 +293,22 @@ class Node:
         Prefetcher.release); stops the cluster (with its peer server) it made from
         torch.distributed. The parts given to it stay their owners'."""
         p, self._prefetcher = self._prefetcher, None
-        if self._boards is not None:
-            self._boards.let_go()
-        if p is not None:
-            p.release()
-            if p in _STARTED:
-                _STARTED.remove(p)
-        release_handed()
-        if self._owns_cluster and self.cluster is not None:
-            self.cluster.close()
-        if self._boards is not None:
-            self._boards.close()
-        _LIVE.discard(self)
+        try:
+            if self._boards is not None:
+                self._boards.let_go()
+            if p is not None:
+                if p in _STARTED:
+                    _STARTED.remove(p)
+                p.release()
+            release_handed()
+        finally:
+            try:
+                if self._owns_cluster and self.cluster is not None:
+                    self.cluster.close()
+            finally:
+                if self._boards is not None:
+                    self._boards.close()
+                _LIVE.discard(self)
 
     def __enter__(self) -> "Node":
         return self

@@ -193,6 +193,8 @@ class ShadeSampler(Sampler):
         self._follow_due = (-1, 0)  # (epoch, position) of the next bend (follow.REBEND)
         self._stall_plan = False
         self._prefetcher_looked = 0.0   # when _jobs_upkeep last looked for the node's prefetcher
+        self._restart_gap = 0.5         # seconds between its looks: doubled after each restart,
+        self._restarted_at = -1e9       # ... and back to 0.5 once a restarted one lived 60 s
         self._scores_on = None          # the board whose job table holds this sampler's scores
         self._source = data_source if hasattr(data_source, "loader_totals") else None
         self._planner = (StallPlanner(self.batch_size, self.stall_budget, stall_speeds)
@@ -513,7 +515,8 @@ class ShadeSampler(Sampler):
         scores merged again when jobs came or went, and, with other jobs on the cache, the
         node's prefetcher started again should the one that ran die (it outlives the job that
         started it: lookahead/prefetcher.py); alone, a job starts it at its publishes, and
-        again within half a second should it die (killed, not stopped)."""
+        again within half a second should it die (killed, not stopped); one that keeps dying is
+        started again after 1, 2, 4 ... 60 s."""
         if self._scores_on != board.identity:   # a board this sampler has not written to yet
             self._scores_on = board.identity
             self._push_scores(np.arange(self.n, dtype=np.int64), self.table.scores)
@@ -521,10 +524,19 @@ class ShadeSampler(Sampler):
         board.merge.jobs_changed(self.cache)
         shared = freed or len(board.all_jobs.registered()) > 1
         now = time.monotonic()
-        if self.node is not None and now - self._prefetcher_looked >= 0.5:
+        if self.node is not None and now - self._prefetcher_looked >= self._restart_gap:
             self._prefetcher_looked = now
-            if shared or board.control.prefetcher_died():
-                self.node.start_reading_ahead()   # nothing when one runs (a /proc look)
+            if board.control.prefetcher_died():
+                # a start blocks this batch until the new process registers: one that keeps
+                # dying (the OOM killer, a full /dev/shm) is started again ever more rarely
+                self.node.start_reading_ahead()
+                self._restart_gap = min(2.0 * self._restart_gap, 60.0)
+                self._restarted_at = now
+            else:
+                if now - self._restarted_at >= 60.0:
+                    self._restart_gap = 0.5
+                if shared:
+                    self.node.start_reading_ahead()   # nothing when one runs (a /proc look)
 
     def _follow(self, board, k: int) -> None:
         """The order from k takes what the node holds or reads first, over the prefetcher's reach

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import shadecache as sc
+from shadecache import status
 from shadecache.lookahead.prefetcher import ORPHANED_EXIT_S
 from shadecache.process import alive, start_time_of
 
@@ -73,7 +74,7 @@ def test_a_starter_that_closes_its_node_leaves_the_prefetcher_to_a_job_still_tra
     assert b.prefetching and b.board.control.prefetcher_pid == pid
     read, _ = _reads_ahead_for(b, cache)
     assert read, f"the prefetcher read nothing ahead for job b: {cache.stats()['items']} items"
-    b.close()                       # the last job leaves: the prefetcher exits on its own
+    b.close()                       # the last job leaves: this process stops the prefetcher it handed over
     assert _wait_for(lambda: not alive(pid, start), 5), "the prefetcher outlived the last job"
 
 
@@ -223,7 +224,8 @@ def test_a_prefetcher_stuck_in_a_read_exits_after_the_last_job_left(store_path, 
         sampler = survivor.sampler(batch_size=32, seed=1, stall_budget=0.0, importance=False)
         sampler.set_epoch(0)
         next(iter(sampler))                     # published: the prefetcher's read hangs
-        time.sleep(1.0)
+        assert _wait_for(lambda: survivor.board.flags.on_way(np.arange(N)).any(), 30), \
+            "the prefetcher put no read on its way"
         survivor.close()
         t0 = time.monotonic()
         assert _wait_for(lambda: not alive(pid, start), ORPHANED_EXIT_S + 10), \
@@ -250,3 +252,5 @@ def test_a_process_that_exits_without_closing_its_node_stops_its_prefetcher_clea
     assert out.returncode == 0 and "Exception" not in out.stderr and "Error" not in out.stderr, out.stderr
     pid = int(out.stdout)
     assert _wait_for(lambda: not alive(pid, 0), 5)
+    # stopped, not killed: a prefetcher that ends cleanly removes its status file
+    assert not os.path.exists(status.path_of(cache.name, status.PREFETCHER))

@@ -44,14 +44,15 @@ def _lines(p):
 
 def _run(store_path, cache_name, count_file, jobs, epochs=2):
     """The jobs side by side on a new cache of a fifth of the data, started together; each step
-    takes STEP_S per 32 samples (the jobs' paces as their batch sizes make them)."""
+    takes STEP_S per 32 samples (the jobs' paces as their batch sizes make them). The node's
+    lookahead is its whole window, shared by the jobs: 64 samples deep for each."""
     with sc.PackedStore(store_path) as store:
         capacity = sc.Cache.capacity_for(N // 5, store.lengths)
         cache = sc.Cache.for_store(cache_name, store, capacity_bytes=capacity, attach=False)
     size0 = os.stat(f"/dev/shm/shadecache.{cache_name}").st_size
     go = count_file + ".go"
     procs = [_start({"path": store_path, "count_file": count_file, "cache": cache_name, "job": f"j{k}",
-                     "epochs": epochs, "start_file": go, "lookahead": 64, "delay_s": DELAY_S,
+                     "epochs": epochs, "start_file": go, "lookahead": 64 * len(jobs), "delay_s": DELAY_S,
                      "step_s": STEP_S * j["batch"] / 32, **j}) for k, j in enumerate(jobs)]
     for p in procs:
         assert json.loads(p.stdout.readline())["ready"]
