@@ -46,3 +46,10 @@ def reads(count_file: str) -> int:
         return 0
     with open(count_file, "rb") as f:
         return int(np.frombuffer(f.read(), dtype="<i8").sum())
+
+
+def pack_random(path, n: int, size: int) -> str:
+    """A packed store at `path` of `n` random values of `size` bytes (seed 0), labels i % 10."""
+    rng = np.random.default_rng(0)
+    sc.pack([(rng.bytes(size), i % 10) for i in range(n)], path, progress=False)
+    return str(path)

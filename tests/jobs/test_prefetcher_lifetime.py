@@ -19,16 +19,15 @@ from shadecache.lookahead.prefetcher import ORPHANED_EXIT_S
 from shadecache.process import alive, start_time_of
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from counting_store import pack_random  # noqa: E402
 
 N, SIZE = 600, 300
 
 
 @pytest.fixture
 def store_path(tmp_path):
-    path = tmp_path / "s.shc"
-    rng = np.random.default_rng(0)
-    sc.pack([(rng.bytes(SIZE), i % 10) for i in range(N)], path, progress=False)
-    return str(path)
+    return pack_random(tmp_path / "s.shc", N, SIZE)
 
 
 @pytest.fixture

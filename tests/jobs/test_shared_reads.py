@@ -19,17 +19,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 STEP_S = 0.02     # a training step, per 32 samples
 DELAY_S = 0.001   # the store's time per sample: slower than the jobs' training
 sys.path.insert(0, HERE)
-from counting_store import reads  # noqa: E402
+from counting_store import pack_random, reads  # noqa: E402
 
 N, SIZE = 1500, 200     # values below the cache's chunk size: a view pins them (no private copy)
 
 
 @pytest.fixture
 def store_path(tmp_path):
-    path = tmp_path / "jobs.shc"
-    rng = np.random.default_rng(0)
-    sc.pack([(rng.bytes(SIZE), i % 10) for i in range(N)], path, progress=False)
-    return str(path)
+    return pack_random(tmp_path / "jobs.shc", N, SIZE)
 
 
 def _start(cfg):
