@@ -44,20 +44,23 @@ class Window:
     {(slot, stream): (epoch, cursor)}.
 
     `lookahead` is the node's whole window, and it is a depth: pace.py sizes it by the loaders'
-    pace summed over every stream (what they take while a few reads complete), so each stream
-    with ids left reads an equal share of it ahead of its cursor; a sample two streams share
-    counts in both. Each stream taking all of it, four jobs read four times what the cache keeps
-    ahead of them and evicted their own reads (1.16x one job's bytes; 1.02x and 0.95x once
-    shared). Keeping the lookahead's first distinct ids instead (a shared sample counted once, a
-    short stream's rest to the others) read deeper where jobs converge, and 1.26x (docs/jobs.md)."""
+    pace summed over every stream (what they take while a few reads complete). The streams with
+    ids left share it in proportion to their own pace (`rates`, samples/s by (slot, stream); a
+    stream not measured yet counts as the mean of those that are, equal shares before any is),
+    so each reads the same time ahead of its cursor; a sample two streams share counts in both.
+    Each stream taking all of it, four jobs read four times what the cache keeps ahead of them and
+    evicted their own reads (1.16x one job's bytes; 1.02x and 0.95x once shared). Keeping the
+    lookahead's first distinct ids instead (a shared sample counted once, a short stream's rest to
+    the others) read deeper where jobs converge, and 1.26x (docs/jobs.md). Equal depths starved
+    the fastest loader (a job of large batches): its depth lasted it the least time."""
 
-    def __init__(self, jobs, lookahead: int):
+    def __init__(self, jobs, lookahead: int, rates: dict | None = None):
         parts, dists, places, self.epoch, self.cursors = [], [], [], -1, {}
         snaps = [(slot, s, view, view.orders.snapshot(s, window=lookahead)) for slot, s, view in jobs.streams()]
         snaps = [(slot, s, view, snap) for slot, s, view, snap in snaps if snap is not None]
-        share = max(1, lookahead // max(1, sum(1 for *_, snap in snaps if snap[1].size)))
+        shares = _shares(lookahead, [(slot, s) for slot, s, _, snap in snaps if snap[1].size], rates or {})
         for slot, s, view, (e, ids, cursor) in snaps:
-            ids = ids[:share]
+            ids = ids[:shares.get((slot, s), 0)]
             self.cursors[(slot, s)] = (e, cursor)
             self.epoch = max(self.epoch, e)
             parts.append(ids)
@@ -72,6 +75,15 @@ class Window:
         _, first = np.unique(ids, return_index=True)
         first = np.sort(first)
         self.ids, self.places = ids[first], places[first]
+
+
+def _shares(lookahead: int, streams: list, rates: dict) -> dict:
+    """{stream: its part of the lookahead}: in proportion to its pace (Window), at least 1."""
+    known = [rates[k] for k in streams if rates.get(k, 0) > 0]
+    default = sum(known) / len(known) if known else 1.0
+    weights = {k: rates[k] if rates.get(k, 0) > 0 else default for k in streams}
+    total = sum(weights.values()) or 1.0
+    return {k: max(1, int(lookahead * w / total)) for k, w in weights.items()}
 
 
 class Held:
@@ -160,7 +172,8 @@ class ReadAhead:
     def step(self) -> None:
         """One pass: observe, plan and submit a batch; else take the oldest read, or rest."""
         self.jobs.free_dead()                          # a killed job's board goes (all_jobs.py)
-        window = Window(self.jobs, self.lookahead)     # before mu: the hand-over waits on it
+        rates = self.pace.rates if self.pace is not None else None
+        window = Window(self.jobs, self.lookahead, rates)   # before mu: the hand-over waits on it
         cached = np.asarray(self.cache.cached_mask(), dtype=bool)
         with self.mu:
             self._observe(window, cached)

@@ -1,5 +1,5 @@
 """The prefetcher's window over every job's published order (lookahead/read_ahead.py: Window):
-the lookahead is the node's whole window, a depth shared equally by the streams with ids left,
+the lookahead is the node's whole window, a depth the streams with ids left share by their pace,
 merged by distance from each stream's cursor."""
 import contextlib
 
@@ -7,6 +7,7 @@ import numpy as np
 
 import shadecache as sc
 from shadecache.lookahead.board import OrderBoard
+from shadecache.lookahead.pace import Pace
 from shadecache.lookahead.read_ahead import Window
 
 N = 4000
@@ -62,3 +63,28 @@ def test_a_sample_two_streams_share_is_read_once_at_the_same_depth(cache_name):
         a.orders.publish(0, 0, np.arange(N), epoch_length=N)
         b.orders.publish(0, 0, np.arange(N), epoch_length=N)    # the same order: jobs that follow the node
         assert Window(a.all_jobs, 400).ids.tolist() == list(range(200))
+
+
+def test_streams_share_the_lookahead_by_their_pace(cache_name):
+    """A loader that takes samples three times as fast reads three times as deep: every stream
+    reads the same time ahead of its cursor. A stream whose pace is not measured yet counts as the
+    mean of the others."""
+    with _two_jobs(cache_name) as (a, b):
+        a.orders.publish(0, 0, np.arange(N), epoch_length=N)
+        b.orders.publish(0, 0, np.arange(N)[::-1].copy(), epoch_length=N)
+        (ka, _), (kb, _) = Window(a.all_jobs, 400).cursors.items()
+        assert ka[1] == kb[1] == 0 and ka[0] != kb[0]
+        fast_a = Window(a.all_jobs, 400, {ka: 3000.0, kb: 1000.0})
+        assert set(fast_a.ids.tolist()) == set(range(300)) | set(range(N - 100, N))
+        one_known = Window(a.all_jobs, 400, {kb: 500.0})
+        assert set(one_known.ids.tolist()) == set(range(200)) | set(range(N - 200, N))
+
+
+def test_the_pace_is_measured_per_stream_and_forgets_a_stream_that_left():
+    pace = Pace(batch=64, max_batches=4, cache_items=100_000)
+    pace.saw_cursors(0.0, {(0, 0): (0, 0), (1, 0): (0, 0)})
+    pace.saw_cursors(0.1, {(0, 0): (0, 300), (1, 0): (0, 100)})
+    assert pace.rates == {(0, 0): 3000.0, (1, 0): 1000.0}
+    assert pace.rate == 4000.0
+    pace.saw_cursors(0.2, {(0, 0): (0, 300)})        # (1, 0) left; (0, 0) idle: its rate kept
+    assert pace.rates == {(0, 0): 3000.0}
