@@ -45,9 +45,9 @@ class Window:
 
     `lookahead` is the node's whole window, and it is a depth: pace.py sizes it by the loaders'
     pace summed over every stream (what they take while a few reads complete). The streams with
-    ids left share it in proportion to their own pace (`rates`, samples/s by (slot, stream); a
-    stream not measured yet counts as the mean of those that are, equal shares before any is),
-    so each reads the same time ahead of its cursor; a sample two streams share counts in both.
+    ids left share it, half in equal depths and half in proportion to their own pace (`rates`,
+    samples/s by (slot, stream); a stream not measured yet counts as the mean of those that are),
+    so a faster loader reads further ahead (_shares); a sample two streams share counts in both.
     Each stream taking all of it, four jobs read four times what the cache keeps ahead of them and
     evicted their own reads (1.16x one job's bytes; 1.02x and 0.95x once shared). Keeping the
     lookahead's first distinct ids instead (a shared sample counted once, a short stream's rest to
@@ -78,12 +78,16 @@ class Window:
 
 
 def _shares(lookahead: int, streams: list, rates: dict) -> dict:
-    """{stream: its part of the lookahead}: in proportion to its pace (Window), at least 1."""
+    """{stream: its part of the lookahead}, at least 1: half of it in equal depths, half in
+    proportion to the stream's pace (Window). The equal half keeps a loader that fell behind
+    from a feedback loop: a share by pace alone shrinks with its pace, and a stream that reads
+    less ahead misses more and slows further."""
     known = [rates[k] for k in streams if rates.get(k, 0) > 0]
     default = sum(known) / len(known) if known else 1.0
     weights = {k: rates[k] if rates.get(k, 0) > 0 else default for k in streams}
     total = sum(weights.values()) or 1.0
-    return {k: max(1, int(lookahead * w / total)) for k, w in weights.items()}
+    n = max(1, len(streams))
+    return {k: max(1, int(lookahead * (0.5 / n + 0.5 * w / total))) for k, w in weights.items()}
 
 
 class Held:
