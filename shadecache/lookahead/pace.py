@@ -20,7 +20,6 @@ class Pace:
         self.batch, self.max_batches, self.margin, self.alpha = batch, max_batches, margin, alpha
         self.cap = max(1, cache_items // 2)   # a small cache: below one batch, not above
         self.rate = None          # samples/s taken by the loaders (all streams)
-        self.rates = {}           # {stream: samples/s}: each stream's own, for its share (stream_rates)
         self.read_s = None        # seconds from submit to insert of one batch
         self.miss = None          # fraction of the window neither cached nor on its way
         self._last = None         # (time, {stream: (epoch, cursor)}) of the last rate sample
@@ -36,15 +35,10 @@ class Pace:
         t0, before = self._last
         if now - t0 < 0.02:       # short intervals measure the poll, not the loader
             return
-        steps = {s: c - before[s][1] for s, (e, c) in cursors.items()
-                 if s in before and before[s][0] == e and c >= before[s][1]}
+        moved = sum(c - before[s][1] for s, (e, c) in cursors.items()
+                    if s in before and before[s][0] == e and c >= before[s][1])
         self._last = (now, cursors)
-        self.rates = {s: r for s, r in self.rates.items() if s in cursors}   # streams that left
-        for s, step in steps.items():   # idle gaps (evaluation, epoch ends) lower no rate
-            if step:
-                self.rates[s] = self._ewma(self.rates.get(s), step / (now - t0), self.alpha)
-        moved = sum(steps.values())
-        if moved:
+        if moved:                 # idle gaps (evaluation, epoch ends) do not lower the rate
             self.rate = self._ewma(self.rate, moved / (now - t0), self.alpha)
 
     def saw_batch(self, seconds: float) -> None:

@@ -45,20 +45,21 @@ class Window:
 
     `lookahead` is the node's whole window, and it is a depth: pace.py sizes it by the loaders'
     pace summed over every stream (what they take while a few reads complete). The streams with
-    ids left share it, half in equal depths and half in proportion to their own pace (`rates`,
-    samples/s by (slot, stream); a stream not measured yet counts as the mean of those that are),
-    so a faster loader reads further ahead (_shares); a sample two streams share counts in both.
-    Each stream taking all of it, four jobs read four times what the cache keeps ahead of them and
-    evicted their own reads (1.16x one job's bytes; 1.02x and 0.95x once shared). Keeping the
-    lookahead's first distinct ids instead (a shared sample counted once, a short stream's rest to
-    the others) read deeper where jobs converge, and 1.26x (docs/jobs.md). Equal depths starved
-    the fastest loader (a job of large batches): its depth lasted it the least time."""
+    ids left share it in proportion to their batch size (`_shares`): a loader takes its order a
+    batch at a time, so each stream reads the same number of its own batches ahead of its cursor;
+    a sample two streams share counts in both. Each stream taking all of it, four jobs read four
+    times what the cache keeps ahead of them and evicted their own reads (1.16x one job's bytes;
+    1.02x and 0.95x once shared). Keeping the lookahead's first distinct ids instead (a shared
+    sample counted once, a short stream's rest to the others) read deeper where jobs converge,
+    and 1.26x. Equal depths gave a job of batches of 256 beside jobs of 64-128 two of its
+    batches ahead, and it hit less than alone in 2 of 5 runs (docs/jobs.md)."""
 
-    def __init__(self, jobs, lookahead: int, rates: dict | None = None):
+    def __init__(self, jobs, lookahead: int):
         parts, dists, places, self.epoch, self.cursors = [], [], [], -1, {}
         snaps = [(slot, s, view, view.orders.snapshot(s, window=lookahead)) for slot, s, view in jobs.streams()]
         snaps = [(slot, s, view, snap) for slot, s, view, snap in snaps if snap is not None]
-        shares = _shares(lookahead, [(slot, s) for slot, s, _, snap in snaps if snap[1].size], rates or {})
+        batches = {(slot, s): view.orders.stream_state(s)["batch"] for slot, s, view, snap in snaps if snap[1].size}
+        shares = _shares(lookahead, batches)
         for slot, s, view, (e, ids, cursor) in snaps:
             ids = ids[:shares.get((slot, s), 0)]
             self.cursors[(slot, s)] = (e, cursor)
@@ -77,17 +78,15 @@ class Window:
         self.ids, self.places = ids[first], places[first]
 
 
-def _shares(lookahead: int, streams: list, rates: dict) -> dict:
-    """{stream: its part of the lookahead}, at least 1: half of it in equal depths, half in
-    proportion to the stream's pace (Window). The equal half keeps a loader that fell behind
-    from a feedback loop: a share by pace alone shrinks with its pace, and a stream that reads
-    less ahead misses more and slows further."""
-    known = [rates[k] for k in streams if rates.get(k, 0) > 0]
+def _shares(lookahead: int, batches: dict) -> dict:
+    """{stream: its part of the lookahead, at least 1}, in proportion to its batch size
+    (`batches`: {stream: batch}); a stream whose publisher gave none (0) counts as the mean of
+    those that did, and equal shares where none did."""
+    known = [b for b in batches.values() if b > 0]
     default = sum(known) / len(known) if known else 1.0
-    weights = {k: rates[k] if rates.get(k, 0) > 0 else default for k in streams}
+    weights = {k: b if b > 0 else default for k, b in batches.items()}
     total = sum(weights.values()) or 1.0
-    n = max(1, len(streams))
-    return {k: max(1, int(lookahead * (0.5 / n + 0.5 * w / total))) for k, w in weights.items()}
+    return {k: max(1, int(lookahead * w / total)) for k, w in weights.items()}
 
 
 class Held:
@@ -176,8 +175,7 @@ class ReadAhead:
     def step(self) -> None:
         """One pass: observe, plan and submit a batch; else take the oldest read, or rest."""
         self.jobs.free_dead()                          # a killed job's board goes (all_jobs.py)
-        rates = self.pace.rates if self.pace is not None else None
-        window = Window(self.jobs, self.lookahead, rates)   # before mu: the hand-over waits on it
+        window = Window(self.jobs, self.lookahead)     # before mu: the hand-over waits on it
         cached = np.asarray(self.cache.cached_mask(), dtype=bool)
         with self.mu:
             self._observe(window, cached)

@@ -1,13 +1,12 @@
 """The prefetcher's window over every job's published order (lookahead/read_ahead.py: Window):
-the lookahead is the node's whole window, a depth the streams with ids left share (half equally,
-half by their pace), merged by distance from each stream's cursor."""
+the lookahead is the node's whole window, a depth the streams with ids left share by their batch
+size, merged by distance from each stream's cursor."""
 import contextlib
 
 import numpy as np
 
 import shadecache as sc
 from shadecache.lookahead.board import OrderBoard
-from shadecache.lookahead.pace import Pace
 from shadecache.lookahead.read_ahead import Window
 
 N = 4000
@@ -65,26 +64,15 @@ def test_a_sample_two_streams_share_is_read_once_at_the_same_depth(cache_name):
         assert Window(a.all_jobs, 400).ids.tolist() == list(range(200))
 
 
-def test_streams_share_the_lookahead_by_their_pace(cache_name):
-    """Half the lookahead goes in equal depths, half by pace: a loader that takes samples three
-    times as fast reads 250 of 400 ahead, the other 150. A stream whose pace is not measured yet
-    counts as the mean of the others."""
+def test_streams_share_the_lookahead_by_their_batch_size(cache_name):
+    """A loader takes its order a batch at a time: a job of batches of 256 beside one of 64 reads
+    four times as deep, the same number of its own batches ahead. A stream published without a
+    batch size counts as the mean of those with one."""
     with _two_jobs(cache_name) as (a, b):
-        a.orders.publish(0, 0, np.arange(N), epoch_length=N)
-        b.orders.publish(0, 0, np.arange(N)[::-1].copy(), epoch_length=N)
-        (ka, _), (kb, _) = Window(a.all_jobs, 400).cursors.items()
-        assert ka[1] == kb[1] == 0 and ka[0] != kb[0]
-        fast_a = Window(a.all_jobs, 400, {ka: 3000.0, kb: 1000.0})
-        assert set(fast_a.ids.tolist()) == set(range(250)) | set(range(N - 150, N))
-        one_known = Window(a.all_jobs, 400, {kb: 500.0})
-        assert set(one_known.ids.tolist()) == set(range(200)) | set(range(N - 200, N))
-
-
-def test_the_pace_is_measured_per_stream_and_forgets_a_stream_that_left():
-    pace = Pace(batch=64, max_batches=4, cache_items=100_000)
-    pace.saw_cursors(0.0, {(0, 0): (0, 0), (1, 0): (0, 0)})
-    pace.saw_cursors(0.1, {(0, 0): (0, 300), (1, 0): (0, 100)})
-    assert pace.rates == {(0, 0): 3000.0, (1, 0): 1000.0}
-    assert pace.rate == 4000.0
-    pace.saw_cursors(0.2, {(0, 0): (0, 300)})        # (1, 0) left; (0, 0) idle: its rate kept
-    assert pace.rates == {(0, 0): 3000.0}
+        a.orders.publish(0, 0, np.arange(N), epoch_length=N, batch=256)
+        b.orders.publish(0, 0, np.arange(N)[::-1].copy(), epoch_length=N, batch=64)
+        assert a.orders.stream_state(0)["batch"] == 256
+        big_a = Window(a.all_jobs, 400)
+        assert set(big_a.ids.tolist()) == set(range(320)) | set(range(N - 80, N))
+        b.orders.publish(0, 0, np.arange(N)[::-1].copy(), epoch_length=N)     # no batch size given
+        assert set(Window(a.all_jobs, 400).ids.tolist()) == set(range(200)) | set(range(N - 200, N))
