@@ -63,7 +63,7 @@ Layout (little-endian; all offsets fixed by the header so attach checks them):
     header   4096 bytes   magic, version, streams, capacity, num_samples, creator, slot and
                           generation, the batch size of its scores; its totals; per-epoch rows:
                           the readers' (CachedDataset), the samplers' (repeats and deferrals)
-    streams  S x 64 bytes seq, epoch, length, cursor, epoch length, batch (see the contract below)
+    streams  S x 64 bytes seq, epoch, length, cursor, epoch length (see the contract below)
     ids      S x capacity int64    the published order of each stream
     nxt      S x capacity int32    nxt[k]: the next k' > k with ids[k'] == ids[k] in the same stream
                                    and epoch, or NONE

@@ -86,10 +86,9 @@ READER_OFF = 2048
 # the reader row of that slot; cleared with it. The header's last bytes (3328..4096).
 SAMPLER_COUNTERS = ("accuracy_repeats", "stall_deferrals", "stall_repeats")
 SAMPLER_OFF = READER_OFF + EPOCH_SLOTS * len(READER_COUNTERS) * 8
-# stream record words: seq, epoch, length published, cursor, how many of the entries are the
-# epoch's (the rest: the head of the next epoch), and the batch size its loader takes (0: not given;
-# the word was unused before, so a board an older writer made reads 0)
-S_SEQ, S_EPOCH, S_LENGTH, S_CURSOR, S_EPOCH_LENGTH, S_BATCH = 0, 1, 2, 3, 4, 5
+# stream record words: seq, epoch, length published, cursor, and how many of the entries are the
+# epoch's (the rest: the head of the next epoch)
+S_SEQ, S_EPOCH, S_LENGTH, S_CURSOR, S_EPOCH_LENGTH = 0, 1, 2, 3, 4
 
 
 def fence():

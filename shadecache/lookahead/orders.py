@@ -9,8 +9,8 @@ from typing import Optional
 
 import numpy as np
 
-from .board_layout import (NONE, H_WANTED_SEQ, S_BATCH, S_CURSOR, S_EPOCH, S_EPOCH_LENGTH, S_LENGTH,
-                           S_SEQ, fence)
+from .board_layout import (NONE, H_WANTED_SEQ, S_CURSOR, S_EPOCH, S_EPOCH_LENGTH, S_LENGTH, S_SEQ,
+                           fence)
 
 
 class Orders:
@@ -33,11 +33,10 @@ class Orders:
         if not 0 <= stream < self.streams:
             raise IndexError(f"stream {stream} is not in 0..{self.streams - 1}")
         return int(stream)
-    def publish(self, stream: int, epoch: int, order, epoch_length=None, batch: int = 0) -> int:
+    def publish(self, stream: int, epoch: int, order, epoch_length=None) -> int:
         """Publishes `order` (sample ids) as stream's order for `epoch`; returns how many entries
         were published (at most `capacity`). The cursor goes back to 0. epoch_length: how many of
-        the entries are the epoch's (the rest are the head of the next one; default all). batch:
-        how many entries the stream's loader takes at a time (the cursor's step; 0: not given)."""
+        the entries are the epoch's (the rest are the head of the next one; default all)."""
         s = self._check_stream(stream)
         ids = np.asarray(order)
         if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
@@ -69,7 +68,6 @@ class Orders:
         rec[S_EPOCH_LENGTH] = m if epoch_length is None else min(max(int(epoch_length), 0), m)
         rec[S_EPOCH] = int(epoch)
         rec[S_CURSOR] = 0
-        rec[S_BATCH] = max(int(batch), 0)
         fence()
         rec[S_SEQ] = odd + 1         # even: a consistent order is up
         self._counters.epoch_published(int(epoch))
@@ -197,7 +195,7 @@ class Orders:
     def stream_state(self, stream: int) -> dict:
         rec = self._srec[self._check_stream(stream)]
         return {"seq": int(rec[S_SEQ]), "epoch": int(rec[S_EPOCH]), "length": int(rec[S_LENGTH]),
-                "cursor": int(rec[S_CURSOR]), "batch": int(rec[S_BATCH])}
+                "cursor": int(rec[S_CURSOR])}
 
     def epoch_of(self, stream: int) -> int:
         """The epoch `stream` published last, else the latest any stream has (-1: none yet)."""

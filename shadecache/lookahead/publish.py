@@ -75,8 +75,7 @@ def _publish(sampler, board, s, order):
     # that came: set_epoch jumped, a checkpoint was loaded, another rank's share) must get their
     # next use again too, or the policy keeps the stale, sooner one and never evicts them.
     before = board.orders.published(s)
-    m = min(board.orders.publish(s, sampler.epoch, full, epoch_length=order.size,
-                                 batch=int(getattr(sampler, "batch_size", 0) or 0)), order.size)
+    m = min(board.orders.publish(s, sampler.epoch, full, epoch_length=order.size), order.size)
     changed = np.unique(np.concatenate([full[:board.capacity], before]))
     _push_next_use(sampler.cache, board, changed)
     if sampler.cache is not None:   # what this job still reads changed: the merge ("uses")

@@ -44,24 +44,20 @@ class Window:
     {(slot, stream): (epoch, cursor)}.
 
     `lookahead` is the node's whole window, and it is a depth: pace.py sizes it by the loaders'
-    pace summed over every stream (what they take while a few reads complete). The streams with
-    ids left share it in proportion to their batch size (`_shares`): a loader takes its order a
-    batch at a time, so each stream reads the same number of its own batches ahead of its cursor;
-    a sample two streams share counts in both. Each stream taking all of it, four jobs read four
-    times what the cache keeps ahead of them and evicted their own reads (1.16x one job's bytes;
-    1.02x and 0.95x once shared). Keeping the lookahead's first distinct ids instead (a shared
-    sample counted once, a short stream's rest to the others) read deeper where jobs converge,
-    and 1.26x. Equal depths gave a job of batches of 256 beside jobs of 64-128 two of its
-    batches ahead, and it hit less than alone in 2 of 5 runs (docs/jobs.md)."""
+    pace summed over every stream (what they take while a few reads complete), so each stream
+    with ids left reads an equal share of it ahead of its cursor; a sample two streams share
+    counts in both. Each stream taking all of it, four jobs read four times what the cache keeps
+    ahead of them and evicted their own reads (1.16x one job's bytes; 1.02x and 0.95x once
+    shared). Keeping the lookahead's first distinct ids instead (a shared sample counted once, a
+    short stream's rest to the others) read deeper where jobs converge, and 1.26x (docs/jobs.md)."""
 
     def __init__(self, jobs, lookahead: int):
         parts, dists, places, self.epoch, self.cursors = [], [], [], -1, {}
         snaps = [(slot, s, view, view.orders.snapshot(s, window=lookahead)) for slot, s, view in jobs.streams()]
         snaps = [(slot, s, view, snap) for slot, s, view, snap in snaps if snap is not None]
-        batches = {(slot, s): view.orders.stream_state(s)["batch"] for slot, s, view, snap in snaps if snap[1].size}
-        shares = _shares(lookahead, batches)
+        share = max(1, lookahead // max(1, sum(1 for *_, snap in snaps if snap[1].size)))
         for slot, s, view, (e, ids, cursor) in snaps:
-            ids = ids[:shares.get((slot, s), 0)]
+            ids = ids[:share]
             self.cursors[(slot, s)] = (e, cursor)
             self.epoch = max(self.epoch, e)
             parts.append(ids)
@@ -76,17 +72,6 @@ class Window:
         _, first = np.unique(ids, return_index=True)
         first = np.sort(first)
         self.ids, self.places = ids[first], places[first]
-
-
-def _shares(lookahead: int, batches: dict) -> dict:
-    """{stream: its part of the lookahead, at least 1}, in proportion to its batch size
-    (`batches`: {stream: batch}); a stream whose publisher gave none (0) counts as the mean of
-    those that did, and equal shares where none did."""
-    known = [b for b in batches.values() if b > 0]
-    default = sum(known) / len(known) if known else 1.0
-    weights = {k: b if b > 0 else default for k, b in batches.items()}
-    total = sum(weights.values()) or 1.0
-    return {k: max(1, int(lookahead * w / total)) for k, w in weights.items()}
 
 
 class Held:

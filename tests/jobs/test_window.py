@@ -1,6 +1,6 @@
 """The prefetcher's window over every job's published order (lookahead/read_ahead.py: Window):
-the lookahead is the node's whole window, a depth the streams with ids left share by their batch
-size, merged by distance from each stream's cursor."""
+the lookahead is the node's whole window, a depth shared equally by the streams with ids left,
+merged by distance from each stream's cursor."""
 import contextlib
 
 import numpy as np
@@ -62,17 +62,3 @@ def test_a_sample_two_streams_share_is_read_once_at_the_same_depth(cache_name):
         a.orders.publish(0, 0, np.arange(N), epoch_length=N)
         b.orders.publish(0, 0, np.arange(N), epoch_length=N)    # the same order: jobs that follow the node
         assert Window(a.all_jobs, 400).ids.tolist() == list(range(200))
-
-
-def test_streams_share_the_lookahead_by_their_batch_size(cache_name):
-    """A loader takes its order a batch at a time: a job of batches of 256 beside one of 64 reads
-    four times as deep, the same number of its own batches ahead. A stream published without a
-    batch size counts as the mean of those with one."""
-    with _two_jobs(cache_name) as (a, b):
-        a.orders.publish(0, 0, np.arange(N), epoch_length=N, batch=256)
-        b.orders.publish(0, 0, np.arange(N)[::-1].copy(), epoch_length=N, batch=64)
-        assert a.orders.stream_state(0)["batch"] == 256
-        big_a = Window(a.all_jobs, 400)
-        assert set(big_a.ids.tolist()) == set(range(320)) | set(range(N - 80, N))
-        b.orders.publish(0, 0, np.arange(N)[::-1].copy(), epoch_length=N)     # no batch size given
-        assert set(Window(a.all_jobs, 400).ids.tolist()) == set(range(200)) | set(range(N - 200, N))

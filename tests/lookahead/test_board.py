@@ -44,7 +44,7 @@ def test_publish_window_cursor_and_next_use(board_name):
         epoch, ids, cursor = b.orders.snapshot(0, window=2)
         assert (ids.tolist(), cursor) == ([7, 2], 3)
         b.orders.publish(0, 4, [2])                                 # a new epoch resets the stream
-        assert b.orders.stream_state(0) == {"seq": 4, "epoch": 4, "length": 1, "cursor": 0, "batch": 0}
+        assert b.orders.stream_state(0) == {"seq": 4, "epoch": 4, "length": 1, "cursor": 0}
         assert b.orders.next_use([2, 1]).tolist() == [32, -1]
         attached = OrderBoard.attach(board_name)
         assert attached.orders.snapshot(0)[1].tolist() == [2] and attached.streams == 2
@@ -129,7 +129,6 @@ def test_the_sampler_publishes_its_order_and_moves_the_cursor(board_name, tmp_pa
         st = b.orders.stream_state(0)
         assert st["epoch"] == 2 and st["length"] == len(s.order())
         assert st["cursor"] == 64                       # two batches of 32 fully taken
-        assert st["batch"] == 32                        # the prefetcher shares its window by it
         assert b.orders.snapshot(0, window=6)[1].tolist() == s.order()[64:70].tolist()
         rest = list(it)
         assert first + rest == s.order().tolist()        # the hook changes nothing it yields
