@@ -247,10 +247,14 @@ def run_shadecache(cfg, epochs, report):
 
     def tier_counts():
         t = ds.stats()["tiers"]
+        board = node.board
+        pf = board.counters.totals() if board is not None else {"reads_issued": 0, "prefetched": 0}
         return {"ram_hits": ds.stats()["hits"], "ssd_hits": t["ssd"]["hits"],
                 "ssd_requests": ssd.stats()["read_requests"] if ssd is not None else 0,
                 "store_samples": t["store"]["hits"], "ssd_items": ssd.stats()["items"] if ssd else 0,
-                "ssd_written": ssd.stats()["writes"] if ssd else 0}
+                "ssd_written": ssd.stats()["writes"] if ssd else 0,
+                # the prefetcher's reads (store and SSD tier) and what it put in the cache
+                "prefetcher_reads": pf["reads_issued"], "prefetched": pf["prefetched"]}
 
     def one_epoch(e):
         sampler.set_epoch(e)
