@@ -125,18 +125,31 @@ def _kill(pid, start):
         os.kill(pid, signal.SIGKILL)
 
 
-def test_a_ctrl_c_at_the_starter_leaves_the_prefetcher_to_the_job_still_training(store_path, cache):
-    """A Ctrl-C reaches the starter's whole process group; the prefetcher has a session of its own."""
+def test_a_ctrl_c_at_the_starter_leaves_the_prefetcher_to_the_job_still_training(store_path, cache, tmp_path):
+    """A Ctrl-C reaches the starter's whole process group; the prefetcher has a session of its own.
+    A starter that does not exit says where it is (its stacks, faulthandler on SIGUSR1): it did
+    not exit within 30 s once in a full-suite run, and passed in every run since."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    starter = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_STARTER), store_path, cache.name],
-                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
-                               start_new_session=True)
+    stacks = tmp_path / "starter-stderr.txt"
+    code = "import faulthandler, signal\nfaulthandler.register(signal.SIGUSR1, all_threads=True)\n"
+    with open(stacks, "w") as err:
+        starter = subprocess.Popen([sys.executable, "-c", code + textwrap.dedent(_STARTER), store_path,
+                                    cache.name], stdout=subprocess.PIPE, stderr=err, text=True, env=env,
+                                   start_new_session=True)
     pid = int(starter.stdout.readline())
     start = start_time_of(pid)
     survivor = _node(store_path, cache, "survivor")
     try:
         os.killpg(starter.pid, signal.SIGINT)
-        assert starter.wait(30) != 0            # KeyboardInterrupt
+        try:
+            code = starter.wait(30)
+        except subprocess.TimeoutExpired:
+            starter.send_signal(signal.SIGUSR1)
+            time.sleep(1.0)
+            starter.kill()
+            starter.wait()
+            pytest.fail("the starter did not exit within 30 s of a Ctrl-C; its stacks:\n" + stacks.read_text())
+        assert code != 0                        # KeyboardInterrupt
         time.sleep(0.5)
         assert alive(pid, start), "a Ctrl-C at the job that started it ended the node's prefetcher"
         assert survivor.board.control.prefetcher_pid == pid
