@@ -247,14 +247,18 @@ def run_shadecache(cfg, epochs, report):
 
     def tier_counts():
         t = ds.stats()["tiers"]
-        board = node.board
-        pf = board.counters.totals() if board is not None else {"reads_issued": 0, "prefetched": 0}
         return {"ram_hits": ds.stats()["hits"], "ssd_hits": t["ssd"]["hits"],
                 "ssd_requests": ssd.stats()["read_requests"] if ssd is not None else 0,
                 "store_samples": t["store"]["hits"], "ssd_items": ssd.stats()["items"] if ssd else 0,
-                "ssd_written": ssd.stats()["writes"] if ssd else 0,
-                # the prefetcher's reads (store and SSD tier) and what it put in the cache
-                "prefetcher_reads": pf["reads_issued"], "prefetched": pf["prefetched"]}
+                "ssd_written": ssd.stats()["writes"] if ssd else 0}
+
+    def prefetcher_counts(e):
+        """The prefetcher's reads for epoch e (store and SSD tier) and what it put in the cache:
+        the board's row of that epoch (it counts a read in the epoch of the window it read)."""
+        board = node.board
+        rows = [r for r in board.counters.epoch_counters() if r["epoch"] == e] if board is not None else []
+        return {"prefetcher_reads": sum(r["reads_issued"] for r in rows),
+                "prefetched": sum(r["prefetched"] for r in rows)}
 
     def one_epoch(e):
         sampler.set_epoch(e)
@@ -263,7 +267,7 @@ def run_shadecache(cfg, epochs, report):
         sampler.end_epoch()
         after = tier_counts()
         report({"epoch_tiers": e, **{k: after[k] - before[k] if k not in ("ssd_items",) else after[k]
-                                     for k in after}})
+                                     for k in after}, **prefetcher_counts(e)})
         return n
     try:
         _Epochs(cfg["device"], cfg.get("proxy")).run(epochs, one_epoch, report)

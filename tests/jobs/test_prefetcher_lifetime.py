@@ -133,33 +133,44 @@ def test_a_ctrl_c_at_the_starter_leaves_the_prefetcher_to_the_job_still_training
     is (its stacks: faulthandler on SIGUSR1)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     stacks = tmp_path / "starter-stderr.txt"
-    code = ("import faulthandler, signal\nfaulthandler.register(signal.SIGUSR1, all_threads=True)\n"
-            "signal.signal(signal.SIGINT, signal.default_int_handler)\n")
+    script = ("import faulthandler, signal\nfaulthandler.register(signal.SIGUSR1, all_threads=True)\n"
+              "signal.signal(signal.SIGINT, signal.default_int_handler)\n" + textwrap.dedent(_STARTER))
     with open(stacks, "w") as err:
-        starter = subprocess.Popen([sys.executable, "-c", code + textwrap.dedent(_STARTER), store_path,
-                                    cache.name], stdout=subprocess.PIPE, stderr=err, text=True, env=env,
+        starter = subprocess.Popen([sys.executable, "-c", script, store_path, cache.name],
+                                   stdout=subprocess.PIPE, stderr=err, text=True, env=env,
                                    start_new_session=True)
-    pid = int(starter.stdout.readline())
-    start = start_time_of(pid)
-    survivor = _node(store_path, cache, "survivor")
+    pid = start = survivor = None
+    body_passed = False
     try:
+        line = starter.stdout.readline()
+        assert line.strip().isdigit(), f"the starter printed {line!r}; its stderr:\n{stacks.read_text()}"
+        pid = int(line)
+        start = start_time_of(pid)
+        survivor = _node(store_path, cache, "survivor")
         os.killpg(starter.pid, signal.SIGINT)
         try:
-            code = starter.wait(30)
+            rc = starter.wait(30)
         except subprocess.TimeoutExpired:
             starter.send_signal(signal.SIGUSR1)
             time.sleep(1.0)
-            starter.kill()
-            starter.wait()
             pytest.fail("the starter did not exit within 30 s of a Ctrl-C; its stacks:\n" + stacks.read_text())
-        assert code != 0                        # KeyboardInterrupt
+        assert rc == -signal.SIGINT, f"the starter ended with {rc}, not by the Ctrl-C (KeyboardInterrupt)"
         time.sleep(0.5)
         assert alive(pid, start), "a Ctrl-C at the job that started it ended the node's prefetcher"
         assert survivor.board.control.prefetcher_pid == pid
+        body_passed = True
     finally:
-        survivor.close()
-        assert _wait_for(lambda: not alive(pid, start), 5), "the prefetcher outlived the last job"
-        _kill(pid, start)
+        if starter.poll() is None:
+            starter.kill()
+        starter.wait()
+        starter.stdout.close()
+        if survivor is not None:
+            survivor.close()
+        if pid is not None:
+            gone = _wait_for(lambda: not alive(pid, start), 5)
+            _kill(pid, start)
+            # (after a failure above that one is the message, not this)
+            assert gone or not body_passed, "the prefetcher outlived the last job"
 
 
 def test_a_starter_whose_prefetcher_died_does_not_stop_the_one_another_job_started(store_path, cache):
