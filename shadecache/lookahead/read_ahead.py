@@ -53,8 +53,8 @@ class Window:
 
     def __init__(self, jobs, lookahead: int):
         parts, dists, places, self.epoch, self.cursors = [], [], [], -1, {}
-        snaps = [(slot, s, view, view.orders.snapshot(s, window=lookahead)) for slot, s, view in jobs.streams()]
-        snaps = [(slot, s, view, snap) for slot, s, view, snap in snaps if snap is not None]
+        snaps = [(slot, s, view, snap) for slot, s, view in jobs.streams()
+                 if (snap := view.orders.snapshot(s, window=lookahead)) is not None]
         share = max(1, lookahead // max(1, sum(1 for *_, snap in snaps if snap[1].size)))
         for slot, s, view, (e, ids, cursor) in snaps:
             ids = ids[:share]
